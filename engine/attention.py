@@ -1,0 +1,41 @@
+"""Attention of new queries over the cached keys and values, with GQA.
+
+For one head: s_j = q·k_j · scale, a = softmax(s), out = Σ_j a_j v_j. The output is a head_dim
+vector per head (not a word, not probabilities); the heads are concatenated for o_proj.
+With GQA, Q head h reads KV head h // (q_heads / kv_heads), as in transformers' `repeat_kv`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionResult:
+    output: torch.Tensor  # (T, q_heads × head_dim): the concatenated head outputs
+    probs: torch.Tensor  # (q_heads, T, L): softmax over the L cached positions, 0 where masked
+    scores: torch.Tensor  # (q_heads, T, L): scaled scores q·k·scale, −inf where the causal mask hides a key
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor, scale: float) -> AttentionResult:
+    """q: (T, q_heads, D) at positions q_positions (T,); k, v: (L, kv_heads, D) for positions 0…L−1.
+
+    A query at position p sees keys 0…p: prompt and answer are one sequence under a causal mask.
+    """
+    t, q_heads, d = q.shape
+    length, kv_heads, _ = k.shape
+    group = q_heads // kv_heads
+    qh = q.view(t, kv_heads, group, d).permute(1, 2, 0, 3)  # (kv_heads, group, T, D)
+    kh = k.permute(1, 0, 2).unsqueeze(1)  # (kv_heads, 1, L, D): shared by the group's Q heads
+    vh = v.permute(1, 0, 2).unsqueeze(1)
+    scores = torch.matmul(qh, kh.transpose(-1, -2)) * scale  # (kv_heads, group, T, L)
+    key_positions = torch.arange(length, device=q.device)
+    hidden = key_positions[None, :] > q_positions[:, None]  # (T, L): the future
+    if hidden.any():
+        scores = scores.masked_fill(hidden, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    out = torch.matmul(probs, vh)  # (kv_heads, group, T, D)
+    output = out.permute(2, 0, 1, 3).reshape(t, q_heads * d)
+    return AttentionResult(output, probs.reshape(q_heads, t, length), scores.reshape(q_heads, t, length))

@@ -1,0 +1,48 @@
+"""Incremental detokenization: the piece of text each new token id adds to what the user sees.
+
+A byte-level tokenizer can split one character (a CJK character, an emoji) over several tokens;
+decoding a partial character gives U+FFFD. We hold such bytes back until the character is complete,
+so a piece never shows a broken character, and the pieces joined equal `tokenizer.decode(ids)`.
+"""
+
+from __future__ import annotations
+
+REPLACEMENT = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.shown = ""  # text already handed out
+
+    def add(self, token_id: int, final: bool = False) -> str:
+        """Append one id; return the new text that is safe to show (possibly ""). `final` flushes."""
+        self.ids.append(token_id)
+        return self._emit(final)
+
+    def flush(self) -> str:
+        return self._emit(final=True)
+
+    def _emit(self, final: bool) -> str:
+        text = self.tokenizer.decode(self.ids)
+        if not final and text.endswith(REPLACEMENT):
+            return ""  # an unfinished multi-byte character: wait for its remaining bytes
+        if not text.startswith(self.shown):
+            # Decoding more ids rewrote earlier text (tokenizers with space clean-up can): the piece
+            # starts at the first changed character; `self.shown` stays the true full decode.
+            common = _common_prefix_length(text, self.shown)
+            piece = text[common:]
+        else:
+            piece = text[len(self.shown) :]
+        self.shown = text
+        return piece
+
+
+def _common_prefix_length(a: str, b: str) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

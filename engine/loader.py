@@ -1,0 +1,135 @@
+"""`load_model(spec)`: the embedded default, a local folder or a hub id, read through transformers.
+
+transformers reads the config, tokenizer and weights (safetensors or GGUF; `trust_remote_code` is
+never used); we take its tensors and run our own forward pass (`engine.model`).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+from engine import embedded
+from engine.errors import ModelNotFoundError, UnsupportedModelError
+from engine.model import Model, ModelInfo
+from engine.rope import Rope
+from engine.weights import weights_from_gpt2, weights_from_llama_like
+
+EMBEDDED = "embedded"
+SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "gpt2")
+# owner/name, as the hub spells repository ids; nothing that could climb out of a folder.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_source(spec: str) -> str:
+    """The folder or hub id that `spec` names; raises ModelNotFoundError for anything else."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ModelNotFoundError("no model given: use 'embedded', a local folder or a hub id like 'Qwen/Qwen3-0.6B'")
+    spec = spec.strip()
+    if spec == EMBEDDED:
+        return embedded.embedded_source()
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"folder {spec!r} has no config.json, so it holds no transformers model")
+        return str(path)
+    if _HUB_ID.match(spec) and ".." not in spec and not path.exists():
+        return spec
+    raise ModelNotFoundError(f"no model folder or hub id {spec!r}: use 'embedded', a local folder or a hub id")
+
+
+def load_model(spec: str = EMBEDDED, device: str | torch.device = "auto", dtype: torch.dtype = torch.float32) -> Model:
+    """Load a decoder-only model of a supported family.
+
+    Raises ModelNotFoundError when nothing can be read under `spec`, and UnsupportedModelError when
+    its architecture is not one of SUPPORTED_FAMILIES (or uses a feature the engine does not model).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    source = resolve_source(spec)
+    target = resolve_device(device)
+    try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=False)
+    except ValueError as error:  # a model_type transformers does not know
+        raise UnsupportedModelError(f"{spec!r}: {_first_line(error)}; supported: {', '.join(SUPPORTED_FAMILIES)}") from error
+    except OSError as error:
+        raise ModelNotFoundError(f"cannot read model {spec!r}: {_first_line(error)}") from error
+    _check_supported(spec, config)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
+        hf = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=False)
+    except OSError as error:
+        raise ModelNotFoundError(f"cannot read model {spec!r}: {_first_line(error)}") from error
+    hf.eval()
+    if config.model_type == "gpt2":
+        weights = weights_from_gpt2(hf, config)
+        rope, scales = None, [block.attn.scaling for block in hf.transformer.h]
+        positions = "learned"
+    else:
+        weights = weights_from_llama_like(hf, config)
+        rope = Rope.from_hf(hf.model.rotary_emb)
+        scales = [block.self_attn.scaling for block in hf.model.layers]
+        positions = f"RoPE ({rope.rope_type})"
+    if target.type != "cpu":
+        weights = weights.to(target)
+    name = f"{embedded.HUB_ID} (embedded)" if spec.strip() == EMBEDDED else spec.strip()
+    info = _info(name, config, weights, dtype, positions)
+    return Model(weights, info, tokenizer, rope, scales, _eos_ids(hf, config, tokenizer), target)
+
+
+def _check_supported(spec: str, config) -> None:
+    family = config.model_type
+    if family not in SUPPORTED_FAMILIES:
+        raise UnsupportedModelError(
+            f"{spec!r} is a {family!r} model; kvscope supports these families: {', '.join(SUPPORTED_FAMILIES)}"
+        )
+    if getattr(config, "use_sliding_window", False):
+        raise UnsupportedModelError(f"{spec!r} uses sliding-window attention, which kvscope does not model")
+    if family == "gpt2" and getattr(config, "add_cross_attention", False):
+        raise UnsupportedModelError(f"{spec!r} has cross-attention; kvscope shows decoder-only models")
+
+
+def _info(name: str, config, weights, dtype: torch.dtype, positions: str) -> ModelInfo:
+    q_heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // q_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or q_heads
+    return ModelInfo(
+        name=name,
+        family=config.model_type,
+        layers=config.num_hidden_layers,
+        hidden=config.hidden_size,
+        q_heads=q_heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate=weights.layers[0].up_proj.weight.shape[0],
+        vocab=weights.embed_tokens.shape[0],
+        tied_embeddings=weights.tied,
+        context_limit=config.max_position_embeddings,
+        dtype=str(dtype).removeprefix("torch."),
+        parameters=weights.parameter_count(),
+        norm="LayerNorm" if config.model_type == "gpt2" else "RMSNorm",
+        positions=positions,
+    )
+
+
+def _eos_ids(hf, config, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    for value in (getattr(hf.generation_config, "eos_token_id", None), config.eos_token_id, tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(v for v in value if isinstance(v, int))
+    return ids
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

@@ -1,0 +1,140 @@
+"""Our own forward pass, layer by layer, over the loaded weights and the paged KV cache.
+
+Per layer (pre-norm):  x1 = x0 + o_proj(attention(norm(x0)))   then   x2 = x1 + mlp(norm(x1)).
+The second add is onto x1, not x0: a layer adds to the residual stream twice.
+After the last layer: final norm → lm_head → logits over the vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention import attend
+from engine.kv_cache import BlockPool
+from engine.rope import Rope, apply_rope
+from engine.trace import Capture
+from engine.weights import Weights
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """The facts the model card shows."""
+
+    name: str
+    family: str  # "llama", "qwen2", "qwen3" or "gpt2"
+    layers: int
+    hidden: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied_embeddings: bool
+    context_limit: int
+    dtype: str
+    parameters: int
+    norm: str  # "RMSNorm" or "LayerNorm"
+    positions: str  # "RoPE (<type>)" or "learned"
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """2 (K and V) × layers × kv_heads × head_dim × bytes per element."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * torch.finfo(getattr(torch, self.dtype)).bits // 8
+
+    @property
+    def gqa_group(self) -> int:
+        """How many Q heads share one KV head."""
+        return self.q_heads // self.kv_heads
+
+
+@dataclass
+class ForwardRecord:
+    """What one forward pass returns: logits for the last position and what `Capture` asked for."""
+
+    logits: torch.Tensor  # (vocab,) float32
+    final_hidden: torch.Tensor  # (hidden,) after the final norm
+    attention: torch.Tensor | None  # (layers, q_heads, rows, L)
+    scores: torch.Tensor | None
+    attention_rows: list[int]
+    residual: torch.Tensor | None  # (layers, 3, hidden) at the last position
+
+
+class Model:
+    def __init__(self, weights: Weights, info: ModelInfo, tokenizer, rope: Rope | None, attention_scales: list[float],
+                 eos_ids: set[int], device: torch.device):
+        self.weights = weights
+        self.info = info
+        self.tokenizer = tokenizer
+        self.rope = rope
+        self.attention_scales = attention_scales  # per layer (GPT-2 can scale by 1/(layer+1))
+        self.eos_ids = eos_ids
+        self.device = device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.weights.embed_tokens.dtype
+
+    def new_pool(self, num_blocks: int, block_size: int) -> BlockPool:
+        i = self.info
+        return BlockPool(i.layers, i.kv_heads, i.head_dim, num_blocks, block_size, self.dtype, self.device)
+
+    def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Rows of the embedding table (an id is only a row number), plus GPT-2's learned positions."""
+        x = self.weights.embed_tokens[ids]
+        if self.weights.position_embeddings is not None:
+            x = x + self.weights.position_embeddings[positions]
+        return x
+
+    @torch.inference_mode()
+    def forward(self, ids: list[int], positions: list[int], pool: BlockPool, blocks: torch.Tensor,
+                slots: torch.Tensor, capture: Capture) -> ForwardRecord:
+        """Process `ids` at `positions` (the next ones after what `blocks` already holds).
+
+        Each layer writes the new K/V into the pool at `slots`, then attends over every cached position.
+        """
+        w, info = self.weights, self.info
+        ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)
+        pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
+        t, length = len(ids), positions[-1] + 1
+        rows = _attention_rows(t, length, info, capture)
+        x = self.embed(ids_t, pos_t)
+        cos_sin = self.rope.cos_sin(pos_t, x.dtype) if self.rope else None
+        attn_record, score_record, residual = [], [], []
+        for index, layer in enumerate(w.layers):
+            x0 = x
+            h = layer.input_layernorm(x0)
+            q = layer.q_proj(h).view(t, info.q_heads, info.head_dim)
+            k = layer.k_proj(h).view(t, info.kv_heads, info.head_dim)
+            v = layer.v_proj(h).view(t, info.kv_heads, info.head_dim)
+            if layer.q_norm is not None:
+                q, k = layer.q_norm(q), layer.k_norm(k)
+            if cos_sin is not None:
+                q, k = apply_rope(q, *cos_sin), apply_rope(k, *cos_sin)
+            pool.write(index, slots, k, v)
+            cached_k, cached_v = pool.read(index, blocks, length)
+            result = attend(q, cached_k, cached_v, pos_t, self.attention_scales[index])
+            x1 = x0 + layer.o_proj(result.output)
+            x = x1 + layer.mlp(layer.post_attention_layernorm(x1))
+            if capture.attention:  # copy the kept rows so the full (q_heads, T, L) matrices can be freed
+                attn_record.append(result.probs[:, -rows:].clone())
+                score_record.append(result.scores[:, -rows:].clone())
+            if capture.residuals:
+                residual.append(torch.stack((x0[-1], x1[-1], x[-1])))
+        final_hidden = w.norm(x[-1])
+        logits = torch.mv(w.lm_head, final_hidden).float()
+        return ForwardRecord(
+            logits=logits.cpu(),
+            final_hidden=final_hidden.cpu(),
+            attention=torch.stack(attn_record).cpu() if attn_record else None,
+            scores=torch.stack(score_record).cpu() if score_record else None,
+            attention_rows=positions[-rows:] if attn_record else [],
+            residual=torch.stack(residual).cpu() if residual else None,
+        )
+
+
+def _attention_rows(t: int, length: int, info: ModelInfo, capture: Capture) -> int:
+    """How many of the last query rows fit in the capture budget (at least one)."""
+    per_row = info.layers * info.q_heads * length
+    return max(1, min(t, capture.attention_budget // per_row))

@@ -1,0 +1,46 @@
+"""Rotary position embedding (RoPE): the position enters q and k by rotation, not the embedding table.
+
+The frequencies come from transformers' own rotary module for the model (so llama3, linear and yarn
+scaling are exactly theirs); the rotation itself is the usual `rotate_half` form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.errors import UnsupportedModelError
+
+# These types change their frequencies with the sequence length; the engine does not model that.
+LENGTH_DEPENDENT_ROPE_TYPES = {"dynamic", "longrope"}
+
+
+@dataclass
+class Rope:
+    inv_freq: torch.Tensor  # (head_dim / 2,) float32
+    attention_scaling: float
+    rope_type: str
+
+    @classmethod
+    def from_hf(cls, rotary_module) -> Rope:
+        rope_type = getattr(rotary_module, "rope_type", "default")
+        if rope_type in LENGTH_DEPENDENT_ROPE_TYPES:
+            raise UnsupportedModelError(
+                f"RoPE type {rope_type!r} depends on the sequence length and is not supported; "
+                "supported: default, linear, llama3, yarn"
+            )
+        return cls(rotary_module.inv_freq.detach().float().clone(), float(rotary_module.attention_scaling), rope_type)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of shape (T, head_dim) for integer positions (T,)."""
+        freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)[None, :]
+        angles = torch.cat((freqs, freqs), dim=-1)
+        return (angles.cos() * self.attention_scaling).to(dtype), (angles.sin() * self.attention_scaling).to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x (T, heads, head_dim) by its positions' angles; cos/sin are (T, head_dim)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]

@@ -1,0 +1,104 @@
+"""Choosing the next token id from the logits.
+
+Order and tie rules as in transformers' logits processors: temperature → top-k → top-p → softmax
+→ multinomial draw; greedy (temperature 0) is argmax. Top-k keeps every token whose logit equals
+the k-th largest; top-p keeps the smallest high-probability set whose mass exceeds p, found on an
+ascending sort exactly as `TopPLogitsWarper` does.
+
+Each step draws with its own generator seeded from (seed, step), so step N's draw depends only on
+the seed, N and that step's logits: a link can rebuild any step, and stepping back then forward
+draws the same token again.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from engine.errors import InvalidSettingError
+
+_STEP_SEED_STRIDE = 1_000_003  # a prime, so (seed, step) pairs map to distinct generator seeds
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """temperature 0 means greedy; top_k 0 and top_p 1 switch those filters off."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if not _is_number(self.temperature) or self.temperature < 0:
+            raise InvalidSettingError(f"temperature must be a number ≥ 0 (0 = greedy), got {self.temperature!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise InvalidSettingError(f"top_k must be an integer ≥ 0 (0 = off), got {self.top_k!r}")
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+            raise InvalidSettingError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise InvalidSettingError(f"seed must be an integer ≥ 0, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+@dataclass
+class FilterStages:
+    """The logits (vocab,) after each stage; −inf marks a token a filter removed."""
+
+    raw: torch.Tensor
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+
+
+def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    return logits if temperature in (0, 1) else logits / temperature
+
+
+def apply_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    if top_k == 0:
+        return logits
+    kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def apply_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    if top_p >= 1:
+        return logits
+    ascending, order = torch.sort(logits, descending=False)
+    cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
+    remove_sorted = cumulative <= (1 - top_p)
+    remove_sorted[..., -1:] = False  # always keep the most likely token
+    remove = remove_sorted.scatter(-1, order, remove_sorted)
+    return logits.masked_fill(remove, float("-inf"))
+
+
+def filter_logits(logits: torch.Tensor, sampling: Sampling) -> FilterStages:
+    if sampling.greedy:  # argmax: as in transformers, no filter applies
+        return FilterStages(raw=logits, temperature=logits, top_k=logits, top_p=logits)
+    tempered = apply_temperature(logits, sampling.temperature)
+    top_k = apply_top_k(tempered, sampling.top_k)
+    return FilterStages(raw=logits, temperature=tempered, top_k=top_k, top_p=apply_top_p(top_k, sampling.top_p))
+
+
+def step_generator(seed: int, step: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed * _STEP_SEED_STRIDE + step)
+
+
+def sample(logits: torch.Tensor, sampling: Sampling, step: int) -> tuple[int, FilterStages]:
+    """Draw the next id from float32 CPU logits (vocab,); return it and the filtered stages."""
+    stages = filter_logits(logits, sampling)
+    if sampling.greedy:
+        return int(torch.argmax(logits)), stages
+    probs = torch.softmax(stages.top_p, dim=-1)
+    drawn = torch.multinomial(probs, 1, generator=step_generator(sampling.seed, step))
+    return int(drawn), stages

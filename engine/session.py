@@ -1,0 +1,226 @@
+"""A decode session: one prompt, prefilled once, then decoded one token per step, with a trace per step.
+
+    session = DecodeSession(model, "What is a KV cache?", chat=True, sampling=Sampling(temperature=0.7, seed=1))
+    first = session.prefill()          # all prompt tokens in one pass → the first answer token
+    while not session.finished:
+        trace = session.step()         # the last token's embedding row → every layer → the next token
+    session.close()                    # the session's KV blocks go back to the pool
+
+The session's KV cache is private to it and freed at the end.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+
+import torch
+
+from engine.detokenizer import IncrementalDetokenizer
+from engine.errors import EmptyPromptError, InvalidSettingError, PromptTooLongError, SessionStateError
+from engine.kv_cache import BlockPool, BlockTable
+from engine.model import Model
+from engine.sampler import FilterStages, Sampling, sample
+from engine.trace import Candidate, Capture, StepTrace
+
+TOP_CANDIDATES = 10
+
+
+class DecodeSession:
+    """Step-by-step generation for one prompt.
+
+    prompt: text, or a list of token ids. With `chat=True` a text prompt is wrapped as a user message
+    by the tokenizer's chat template (with the generation prompt).
+    keep_full_traces: how many of the latest steps keep their heavy tensors (attention, logits,
+    residuals); older traces are slimmed, so a long run's memory stays bounded.
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        prompt: str | Sequence[int],
+        *,
+        chat: bool = False,
+        sampling: Sampling | None = None,
+        block_size: int = 16,
+        max_new_tokens: int = 256,
+        capture: Capture | None = None,
+        keep_full_traces: int = 32,
+    ):
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise InvalidSettingError(f"block_size must be an integer ≥ 1, got {block_size!r}")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise InvalidSettingError(f"max_new_tokens must be an integer ≥ 1, got {max_new_tokens!r}")
+        self.model = model
+        self.sampling = sampling or Sampling()
+        self.capture = capture or Capture()
+        self.keep_full_traces = keep_full_traces
+        self.max_new_tokens = max_new_tokens
+        self.prompt_ids = tokenize_prompt(model, prompt, chat)
+        limit = model.info.context_limit
+        if len(self.prompt_ids) >= limit:
+            raise PromptTooLongError(
+                f"the prompt is {len(self.prompt_ids)} tokens; {model.info.name} reads at most {limit} positions, "
+                f"so a prompt can have at most {limit - 1} tokens to leave room for an answer"
+            )
+        capacity = min(len(self.prompt_ids) + max_new_tokens, limit)
+        self.pool: BlockPool = model.new_pool(math.ceil(capacity / block_size), block_size)
+        self.table = BlockTable(self.pool)
+        self.generated: list[int] = []
+        self.traces: list[StepTrace] = []
+        self.detokenizer = IncrementalDetokenizer(model.tokenizer)
+        self.stop_reason: str | None = None
+        self.closed = False
+
+    # -- state -------------------------------------------------------------------------------
+
+    @property
+    def ids(self) -> list[int]:
+        """Prompt and answer: one sequence."""
+        return self.prompt_ids + self.generated
+
+    @property
+    def finished(self) -> bool:
+        return self.stop_reason is not None
+
+    @property
+    def text(self) -> str:
+        """The answer text shown so far."""
+        return self.detokenizer.shown
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def prefill(self) -> StepTrace:
+        """All prompt tokens in one pass; their K/V fill the cache; the last position gives the first token."""
+        if self.closed:
+            raise SessionStateError("the session is closed")
+        if self.traces:
+            raise SessionStateError("prefill() runs once, at the start; call step() to decode")
+        positions = list(range(len(self.prompt_ids)))
+        return self._run("prefill", self.prompt_ids, positions)
+
+    def step(self) -> StepTrace:
+        """One decode step: the last sampled token goes in, the next token comes out."""
+        if self.closed:
+            raise SessionStateError("the session is closed")
+        if not self.traces:
+            raise SessionStateError("call prefill() before step()")
+        if self.finished:
+            raise SessionStateError(f"generation has ended ({self.stop_reason})")
+        position = len(self.prompt_ids) + len(self.generated) - 1
+        return self._run("decode", [self.generated[-1]], [position])
+
+    def close(self) -> None:
+        """Return this session's KV blocks to the pool."""
+        self.table.free()
+        self.closed = True
+
+    def __enter__(self) -> DecodeSession:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _run(self, phase: str, ids: list[int], positions: list[int]) -> StepTrace:
+        model = self.model
+        start = time.perf_counter()
+        placed = self.table.append(len(ids))
+        record = model.forward(ids, positions, self.pool, self.table.device_blocks(), self.table.slots(placed),
+                               self.capture)
+        forward_done = time.perf_counter()
+        step = len(self.traces)
+        token_id, stages = sample(record.logits, self.sampling, step)
+        sample_done = time.perf_counter()
+        self.generated.append(token_id)
+        self.stop_reason = self._stop_reason(token_id)
+        tokenizer = model.tokenizer
+        trace = StepTrace(
+            step=step,
+            phase=phase,
+            input_ids=list(ids),
+            positions=list(positions),
+            kv_slots=placed,
+            block_table=list(self.table.blocks),
+            context_length=self.table.length,
+            token_id=token_id,
+            token=tokenizer.convert_ids_to_tokens(token_id),
+            text=self.detokenizer.add(token_id, final=self.finished),
+            candidates=candidates(stages, tokenizer, drawn=token_id),
+            timings_ms={},
+            stop_reason=self.stop_reason,
+            logits=record.logits,
+            attention=record.attention,
+            scores=record.scores,
+            attention_rows=record.attention_rows,
+            residual=record.residual,
+            final_hidden=record.final_hidden,
+            next_input_embedding=model.weights.embed_tokens[token_id].detach().cpu().clone(),
+        )
+        done = time.perf_counter()
+        trace.timings_ms = {
+            "forward": 1000 * (forward_done - start),
+            "sample": 1000 * (sample_done - forward_done),
+            "total": 1000 * (done - start),
+        }
+        self.traces.append(trace)
+        if len(self.traces) > self.keep_full_traces:
+            self.traces[-self.keep_full_traces - 1].slim()
+        return trace
+
+    def _stop_reason(self, token_id: int) -> str | None:
+        if token_id in self.model.eos_ids:
+            return "eos"
+        if len(self.generated) >= self.max_new_tokens:
+            return "max_new_tokens"
+        if len(self.prompt_ids) + len(self.generated) >= self.model.info.context_limit:
+            return "context_limit"  # the newest token would sit beyond the positions the model was trained on
+        return None
+
+
+def tokenize_prompt(model: Model, prompt: str | Sequence[int], chat: bool) -> list[int]:
+    tokenizer = model.tokenizer
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise EmptyPromptError("the prompt is empty; type some text")
+        if chat:
+            if not getattr(tokenizer, "chat_template", None):
+                raise InvalidSettingError(f"{model.info.name} has no chat template; switch the chat option off")
+            text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                                 add_generation_prompt=True)
+            return tokenizer.encode(text, add_special_tokens=False)
+        return tokenizer.encode(prompt)
+    ids = list(prompt)
+    if not ids:
+        raise EmptyPromptError("the prompt has no token ids")
+    vocab = model.info.vocab
+    bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab]
+    if bad:
+        raise InvalidSettingError(f"token ids must be integers in [0, {vocab}); got {bad[:5]}")
+    return ids
+
+
+def candidates(stages: FilterStages, tokenizer, drawn: int, count: int = TOP_CANDIDATES) -> list[Candidate]:
+    """The `count` most likely tokens by raw logit, with their probability after each filter.
+
+    The drawn token is appended when a sample picked one outside that list.
+    """
+    probs = {name: torch.softmax(getattr(stages, name), dim=-1) for name in ("raw", "temperature", "top_k", "top_p")}
+    ids = torch.topk(stages.raw, min(count, stages.raw.shape[-1])).indices.tolist()
+    if drawn not in ids:
+        ids.append(drawn)
+    out = []
+    for token_id in ids:
+        out.append(Candidate(
+            token_id=token_id,
+            token=tokenizer.convert_ids_to_tokens(token_id),
+            text=tokenizer.decode([token_id]),
+            logit=float(stages.raw[token_id]),
+            p_raw=float(probs["raw"][token_id]),
+            p_temperature=float(probs["temperature"][token_id]),
+            p_top_k=float(probs["top_k"][token_id]),
+            p_top_p=float(probs["top_p"][token_id]),
+        ))
+    return out

@@ -1,0 +1,203 @@
+"""The model's weights as plain tensors, named as in Hugging Face transformers' Llama/Qwen files.
+
+We take the tensors out of a transformers model once, then run our own forward pass over them
+(`engine.model`). GPT-2's fused `c_attn` (a Conv1D, stored input × output) is split into
+q/k/v and transposed so every family goes through the same code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers.activations import ACT2FN
+
+from engine.errors import UnsupportedModelError
+
+
+@dataclass
+class Linear:
+    weight: torch.Tensor  # (out, in)
+    bias: torch.Tensor | None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+@dataclass
+class Norm:
+    """RMSNorm (Llama, Qwen) when `bias` is None and `kind == "rms"`, else LayerNorm (GPT-2)."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    eps: float
+    kind: str  # "rms" or "layer"
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "layer":
+            return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+        # As transformers does: normalise in float32, scale in the weight's dtype.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+@dataclass
+class LayerWeights:
+    input_layernorm: Norm
+    q_proj: Linear
+    k_proj: Linear
+    v_proj: Linear
+    o_proj: Linear
+    q_norm: Norm | None  # Qwen3 only: RMSNorm over each head's 128 dims, before RoPE
+    k_norm: Norm | None
+    post_attention_layernorm: Norm
+    gate_proj: Linear | None  # gated MLP (Llama, Qwen); None for GPT-2's plain MLP
+    up_proj: Linear  # GPT-2: c_fc
+    down_proj: Linear  # GPT-2: mlp.c_proj
+    act: object  # the activation function (silu, gelu_new, ...)
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_proj is None:
+            return self.down_proj(self.act(self.up_proj(x)))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+@dataclass
+class Weights:
+    embed_tokens: torch.Tensor  # (vocab, hidden): one row per token id
+    position_embeddings: torch.Tensor | None  # (context, hidden), GPT-2's learned positions
+    layers: list[LayerWeights]
+    norm: Norm  # final norm before lm_head
+    lm_head: torch.Tensor  # (vocab, hidden); the same tensor as embed_tokens when tied
+    tied: bool
+
+    def parameter_count(self) -> int:
+        """Distinct parameters: a tied lm_head shares embed_tokens' storage and counts once."""
+        sizes = {getattr(owner, name).data_ptr(): getattr(owner, name).numel() for owner, name in _tensor_slots(self)}
+        return sum(sizes.values())
+
+    def to(self, device: torch.device) -> Weights:
+        """Move every tensor to `device` in place, keeping tied tensors tied."""
+        moved: dict[int, torch.Tensor] = {}
+        for owner, name in _tensor_slots(self):
+            tensor = getattr(owner, name)
+            key = tensor.data_ptr()
+            if key not in moved:
+                moved[key] = tensor.to(device)
+            setattr(owner, name, moved[key])
+        return self
+
+
+def _tensor_slots(w: Weights):
+    """(object, attribute) for every tensor in the weights."""
+    owners = [w, w.norm]
+    for layer in w.layers:
+        owners.extend(getattr(layer, name) for name in _LAYER_PARTS)
+    for owner in owners:
+        if owner is None:
+            continue
+        for name in ("embed_tokens", "lm_head", "position_embeddings", "weight", "bias"):
+            if isinstance(getattr(owner, name, None), torch.Tensor):
+                yield owner, name
+
+
+_LAYER_PARTS = ("input_layernorm", "q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm",
+                "post_attention_layernorm", "gate_proj", "up_proj", "down_proj")
+
+
+def _linear(module) -> Linear:
+    bias = module.bias.detach() if getattr(module, "bias", None) is not None else None
+    return Linear(module.weight.detach(), bias)
+
+
+def _rms(module, eps: float) -> Norm:
+    return Norm(module.weight.detach(), None, eps, "rms")
+
+
+def _activation(name: str):
+    if name not in ACT2FN:
+        raise UnsupportedModelError(f"activation {name!r} is not supported")
+    return ACT2FN[name]
+
+
+def weights_from_llama_like(hf, config) -> Weights:
+    """Llama / SmolLM, Qwen2 (q/k/v bias) and Qwen3 (q_norm, k_norm) share one layout."""
+    eps = config.rms_norm_eps
+    act = _activation(config.hidden_act)
+    layers = []
+    for block in hf.model.layers:
+        attn, mlp = block.self_attn, block.mlp
+        has_qk_norm = hasattr(attn, "q_norm")
+        layers.append(
+            LayerWeights(
+                input_layernorm=_rms(block.input_layernorm, eps),
+                q_proj=_linear(attn.q_proj),
+                k_proj=_linear(attn.k_proj),
+                v_proj=_linear(attn.v_proj),
+                o_proj=_linear(attn.o_proj),
+                q_norm=_rms(attn.q_norm, eps) if has_qk_norm else None,
+                k_norm=_rms(attn.k_norm, eps) if has_qk_norm else None,
+                post_attention_layernorm=_rms(block.post_attention_layernorm, eps),
+                gate_proj=_linear(mlp.gate_proj),
+                up_proj=_linear(mlp.up_proj),
+                down_proj=_linear(mlp.down_proj),
+                act=act,
+            )
+        )
+    embed = hf.get_input_embeddings().weight.detach()
+    head = hf.get_output_embeddings().weight.detach()
+    return Weights(
+        embed_tokens=embed,
+        position_embeddings=None,
+        layers=layers,
+        norm=_rms(hf.model.norm, eps),
+        lm_head=head,
+        tied=head.data_ptr() == embed.data_ptr(),
+    )
+
+
+def _conv1d(module) -> Linear:
+    # transformers' Conv1D stores weight as (in, out); F.linear wants (out, in).
+    return Linear(module.weight.detach().t().contiguous(), module.bias.detach())
+
+
+def _layer_norm(module) -> Norm:
+    return Norm(module.weight.detach(), module.bias.detach(), module.eps, "layer")
+
+
+def weights_from_gpt2(hf, config) -> Weights:
+    act = _activation(config.activation_function)
+    hidden = config.hidden_size
+    layers = []
+    for block in hf.transformer.h:
+        fused = _conv1d(block.attn.c_attn)  # (3 × hidden, hidden): q, k, v stacked
+        q_w, k_w, v_w = fused.weight.split(hidden, dim=0)
+        q_b, k_b, v_b = fused.bias.split(hidden, dim=0)
+        layers.append(
+            LayerWeights(
+                input_layernorm=_layer_norm(block.ln_1),
+                q_proj=Linear(q_w, q_b),
+                k_proj=Linear(k_w, k_b),
+                v_proj=Linear(v_w, v_b),
+                o_proj=_conv1d(block.attn.c_proj),
+                q_norm=None,
+                k_norm=None,
+                post_attention_layernorm=_layer_norm(block.ln_2),
+                gate_proj=None,
+                up_proj=_conv1d(block.mlp.c_fc),
+                down_proj=_conv1d(block.mlp.c_proj),
+                act=act,
+            )
+        )
+    embed = hf.transformer.wte.weight.detach()
+    head = hf.get_output_embeddings().weight.detach()
+    return Weights(
+        embed_tokens=embed,
+        position_embeddings=hf.transformer.wpe.weight.detach(),
+        layers=layers,
+        norm=_layer_norm(hf.transformer.ln_f),
+        lm_head=head,
+        tied=head.data_ptr() == embed.data_ptr(),
+    )

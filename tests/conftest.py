@@ -1,0 +1,93 @@
+"""Shared fixtures: tiny random-weight models of each family, saved like any model folder.
+
+Nothing here touches the network: HF_HUB_OFFLINE is set before transformers is imported, and every
+tiny model uses the embedded SmolLM2 tokenizer (read from the GGUF package) saved beside its weights.
+"""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import engine  # noqa: E402
+from engine import embedded  # noqa: E402
+
+HIDDEN, LAYERS, CONTEXT = 64, 2, 256
+
+
+def family_config(family: str, vocab: int):
+    """A tiny config per family; each variant exercises one feature the engine must get right."""
+    from transformers import GPT2Config, LlamaConfig, Qwen2Config, Qwen3Config
+
+    common = dict(vocab_size=vocab, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=LAYERS,
+                  max_position_embeddings=CONTEXT, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    if family == "llama":  # GQA: 4 Q heads share 2 KV heads
+        return LlamaConfig(num_attention_heads=4, num_key_value_heads=2, **common)
+    if family == "llama3-rope":  # RoPE scaled as Llama 3.x / SmolLM do, tied embeddings
+        rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+        return LlamaConfig(num_attention_heads=4, num_key_value_heads=1, rope_parameters=rope,
+                           **{**common, "tie_word_embeddings": True})
+    if family == "qwen2":  # q/k/v biases
+        return Qwen2Config(num_attention_heads=4, num_key_value_heads=2, **common)
+    if family == "qwen3":  # q_norm/k_norm, and 4 heads × 32 = 128 ≠ hidden 64, as Qwen3-0.6B's 2048 ≠ 1024
+        return Qwen3Config(num_attention_heads=4, num_key_value_heads=2, head_dim=32, **common)
+    if family == "gpt2":  # LayerNorm, learned positions, Conv1D weights, MHA
+        return GPT2Config(vocab_size=vocab, n_embd=HIDDEN, n_layer=LAYERS, n_head=4, n_positions=CONTEXT,
+                          bos_token_id=1, eos_token_id=2)
+    raise ValueError(family)
+
+
+FAMILIES = ["llama", "llama3-rope", "qwen2", "qwen3", "gpt2"]
+
+
+@pytest.fixture(scope="session")
+def embedded_folder() -> str:
+    return embedded.embedded_source()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(embedded_folder):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(embedded_folder)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tokenizer):
+    """family → folder with a random-weight model (seeded) and the SmolLM2 tokenizer."""
+    from transformers import AutoModelForCausalLM
+
+    made: dict[str, str] = {}
+
+    def make(family: str) -> str:
+        if family not in made:
+            torch.manual_seed(1234)
+            model = AutoModelForCausalLM.from_config(family_config(family, len(tokenizer)))
+            folder = tmp_path_factory.mktemp(family)
+            model.save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
+            made[family] = str(folder)
+        return made[family]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_model_dir):
+    loaded: dict[str, engine.Model] = {}
+
+    def load(family: str) -> engine.Model:
+        if family not in loaded:
+            loaded[family] = engine.load_model(tiny_model_dir(family), device="cpu")
+        return loaded[family]
+
+    return load
+
+
+@pytest.fixture(scope="session")
+def embedded_model(embedded_folder) -> engine.Model:
+    return engine.load_model("embedded", device="cpu")

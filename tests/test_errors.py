@@ -1,0 +1,99 @@
+"""Bad input raises a clear, documented exception (never a bare traceback from deep inside)."""
+
+import json
+
+import pytest
+
+import engine
+from tests.conftest import CONTEXT
+
+
+@pytest.mark.parametrize("prompt", ["", "   ", "\n\t  \n", []])
+def test_empty_or_whitespace_prompt(prompt, tiny_model):
+    with pytest.raises(engine.EmptyPromptError, match="empty|no token ids"):
+        engine.DecodeSession(tiny_model("llama"), prompt)
+
+
+def test_prompt_longer_than_the_context_limit(tiny_model):
+    model = tiny_model("llama")
+    with pytest.raises(engine.PromptTooLongError, match=f"at most {CONTEXT - 1} tokens"):
+        engine.DecodeSession(model, [5] * CONTEXT)
+    engine.DecodeSession(model, [5] * (CONTEXT - 1))  # one position left for the answer: allowed
+
+
+def test_generation_stops_at_the_context_limit(tiny_model):
+    session = engine.DecodeSession(tiny_model("gpt2"), [7] * (CONTEXT - 4), max_new_tokens=100)
+    session.prefill()
+    while not session.finished:
+        session.step()
+    assert session.stop_reason == "context_limit"
+    assert len(session.ids) == CONTEXT
+
+
+def test_token_ids_out_of_range(tiny_model):
+    with pytest.raises(engine.InvalidSettingError, match="token ids"):
+        engine.DecodeSession(tiny_model("llama"), [1, 2, 10**9])
+
+
+@pytest.mark.parametrize("spec", ["/no/such/folder", "nobody-here/no-such-model-xyz", "../../etc", "not a model", ""])
+def test_unknown_model_id_or_folder(spec):
+    with pytest.raises(engine.ModelNotFoundError):
+        engine.load_model(spec)
+
+
+def test_folder_without_a_config(tmp_path):
+    with pytest.raises(engine.ModelNotFoundError, match="config.json"):
+        engine.load_model(str(tmp_path))
+
+
+def test_unsupported_architecture(tmp_path):
+    from transformers import GPTNeoXConfig
+
+    GPTNeoXConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64).save_pretrained(tmp_path)
+    with pytest.raises(engine.UnsupportedModelError, match="llama, qwen2, qwen3, gpt2"):
+        engine.load_model(str(tmp_path))
+
+
+def test_architecture_transformers_does_not_know(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "not-a-real-family"}))
+    with pytest.raises(engine.UnsupportedModelError, match="supported"):
+        engine.load_model(str(tmp_path))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"temperature": -0.1}, "temperature"),
+    ({"temperature": float("nan")}, "temperature"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"top_p": -0.2}, "top_p"),
+    ({"top_k": -1}, "top_k"),
+    ({"top_k": 2.5}, "top_k"),
+    ({"seed": -1}, "seed"),
+])
+def test_bad_sampling_settings(kwargs, match):
+    with pytest.raises(engine.InvalidSettingError, match=match):
+        engine.Sampling(**kwargs)
+
+
+@pytest.mark.parametrize("block_size", [0, -3, 1.5, True])
+def test_bad_block_size(block_size, tiny_model):
+    with pytest.raises(engine.InvalidSettingError, match="block_size"):
+        engine.DecodeSession(tiny_model("llama"), "hello", block_size=block_size)
+
+
+def test_steps_out_of_order(tiny_model):
+    session = engine.DecodeSession(tiny_model("llama"), "hello", max_new_tokens=1)
+    with pytest.raises(engine.SessionStateError, match="prefill"):
+        session.step()
+    session.prefill()
+    with pytest.raises(engine.SessionStateError, match="ended"):
+        session.step()
+    session.close()
+    with pytest.raises(engine.SessionStateError, match="closed"):
+        session.prefill()
+
+
+def test_every_error_is_a_kvscope_error():
+    for cls in (engine.EmptyPromptError, engine.PromptTooLongError, engine.ModelNotFoundError,
+                engine.UnsupportedModelError, engine.InvalidSettingError, engine.SessionStateError):
+        assert issubclass(cls, engine.KvscopeError)

@@ -1,0 +1,94 @@
+"""The engine against Hugging Face transformers on the same weights: logits, tokens, attention, K/V."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import engine
+from tests.conftest import FAMILIES
+
+DECODE_STEPS = 32
+PROMPT = "The KV cache stores keys and values for every layer, so decoding"
+
+
+def hf_model(folder: str):
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
+
+
+def cached_kv(session: engine.DecodeSession, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Our cache for one layer as (kv_heads, length, head_dim), the layout transformers caches."""
+    k, v = session.pool.read(layer, session.table.device_blocks(), session.table.length)
+    return k.permute(1, 0, 2), v.permute(1, 0, 2)
+
+
+def assert_close(ours: torch.Tensor, theirs: torch.Tensor, atol: float, what: str):
+    diff = (ours.float() - theirs.float()).abs().max().item()
+    assert diff <= atol, f"{what}: max |engine − transformers| = {diff:.3g} > {atol}"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("block_size", [16, 5])
+def test_engine_matches_transformers_prefill_and_32_greedy_steps(family, block_size, tiny_model, tiny_model_dir):
+    model = tiny_model(family)
+    hf = hf_model(tiny_model_dir(family))
+    session = engine.DecodeSession(model, PROMPT, block_size=block_size, max_new_tokens=DECODE_STEPS + 1)
+    ids = torch.tensor([session.prompt_ids])
+    with torch.inference_mode():
+        out = hf(input_ids=ids, use_cache=True, output_attentions=True)
+    trace = session.prefill()
+    for step in range(DECODE_STEPS + 1):
+        what = f"{family} step {step}"
+        assert_close(trace.logits, out.logits[0, -1], 1e-4, f"{what} logits")
+        assert trace.token_id == int(out.logits[0, -1].argmax()), f"{what}: greedy tokens differ"
+        for layer in range(model.info.layers):
+            theirs = out.attentions[layer][0]  # (q_heads, new tokens, L)
+            assert trace.attention[layer].shape == theirs.shape
+            assert_close(trace.attention[layer], theirs, 1e-5, f"{what} layer {layer} attention")
+            k, v = cached_kv(session, layer)
+            assert_close(k, out.past_key_values.layers[layer].keys[0], 1e-5, f"{what} layer {layer} K")
+            assert_close(v, out.past_key_values.layers[layer].values[0], 1e-5, f"{what} layer {layer} V")
+        if step == DECODE_STEPS:
+            break
+        assert not session.finished, f"{what}: stopped early ({session.stop_reason})"
+        with torch.inference_mode():
+            out = hf(input_ids=torch.tensor([[trace.token_id]]), cache=out.past_key_values,
+                     use_cache=True, output_attentions=True)
+        trace = session.step()
+    assert session.stop_reason == "max_new_tokens"
+    assert len(session.generated) == DECODE_STEPS + 1
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_scores_are_the_scaled_dot_products_behind_the_probabilities(family, tiny_model):
+    """The raw scores are q·k/√d with −inf on the causal mask; their softmax is the recorded attention."""
+    session = engine.DecodeSession(tiny_model(family), PROMPT, max_new_tokens=4)
+    trace = session.prefill()
+    scores = trace.scores
+    t = len(session.prompt_ids)
+    future = torch.ones(t, t, dtype=torch.bool).triu(1)
+    assert torch.isinf(scores[:, :, future]).all() and (scores[:, :, future] < 0).all()
+    assert torch.isfinite(scores[:, :, ~future]).all()
+    assert_close(torch.softmax(scores, dim=-1), trace.attention, 1e-6, "softmax(scores)")
+    assert (trace.attention[:, :, future] == 0).all()
+
+
+def test_residual_stream_and_dual_path_match_transformers(tiny_model, tiny_model_dir):
+    """x0/x2 per layer equal transformers' hidden states; the next input is the new id's embedding row."""
+    model = tiny_model("qwen3")
+    hf = hf_model(tiny_model_dir("qwen3"))
+    session = engine.DecodeSession(model, PROMPT, max_new_tokens=3)
+    trace = session.prefill()
+    with torch.inference_mode():
+        out = hf(input_ids=torch.tensor([session.prompt_ids]), output_hidden_states=True)
+    hidden = out.hidden_states  # embeddings, then after each layer (the last one after the final norm)
+    for layer in range(model.info.layers):
+        assert_close(trace.residual[layer, 0], hidden[layer][0, -1], 1e-5, f"x0 of layer {layer}")
+    for layer in range(model.info.layers - 1):
+        assert_close(trace.residual[layer, 2], hidden[layer + 1][0, -1], 1e-5, f"x2 of layer {layer}")
+    assert_close(trace.final_hidden, hidden[-1][0, -1], 1e-5, "final norm output")
+    embedding = hf.get_input_embeddings().weight[trace.token_id]
+    assert torch.equal(trace.next_input_embedding, embedding.detach())
+    step = session.step()
+    assert step.input_ids == [trace.token_id]
+    assert step.positions == [len(session.prompt_ids)]
+    assert torch.equal(step.residual[0, 0], embedding.detach()), "decode input is the embedding row, not the last hidden"

@@ -1,6 +1,8 @@
 """kvscope's decode engine: pure PyTorch, no UI. See README.md for the API."""
 
+from engine import split_kv
 from engine.errors import (
+    CacheFullError,
     EmptyPromptError,
     InvalidSettingError,
     KvscopeError,
@@ -12,12 +14,14 @@ from engine.errors import (
 from engine.kv_cache import BlockPool, BlockTable
 from engine.loader import EMBEDDED, SUPPORTED_FAMILIES, load_model
 from engine.model import Model, ModelInfo
+from engine.prefix_cache import POLICIES, PrefixCache
 from engine.sampler import Sampling
 from engine.session import DecodeSession
-from engine.trace import Candidate, Capture, StepTrace
+from engine.trace import Candidate, Capture, PrefixHit, SplitKVTrace, StepTrace
 
 __all__ = [
-    "EMBEDDED", "SUPPORTED_FAMILIES", "BlockPool", "BlockTable", "Candidate", "Capture", "DecodeSession",
+    "EMBEDDED", "POLICIES", "SUPPORTED_FAMILIES", "BlockPool", "BlockTable", "CacheFullError", "Candidate",
+    "Capture", "DecodeSession", "PrefixCache", "PrefixHit", "SplitKVTrace", "split_kv",
     "EmptyPromptError", "InvalidSettingError", "KvscopeError", "Model", "ModelInfo", "ModelNotFoundError",
     "PromptTooLongError", "Sampling", "SessionStateError", "StepTrace", "UnsupportedModelError", "load_model",
 ]

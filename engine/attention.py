@@ -11,18 +11,33 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.split_kv import Merged, Partials, merge, partials, split_ranges
+
 
 @dataclass
 class AttentionResult:
     output: torch.Tensor  # (T, q_heads × head_dim): the concatenated head outputs
     probs: torch.Tensor  # (q_heads, T, L): softmax over the L cached positions, 0 where masked
     scores: torch.Tensor  # (q_heads, T, L): scaled scores q·k·scale, −inf where the causal mask hides a key
+    split: SplitRecord | None = None  # with kv_splits > 1: the last query row's splits
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor, scale: float) -> AttentionResult:
+@dataclass
+class SplitRecord:
+    """Split-KV for the last query row, per Q head (S splits, head_dim D)."""
+
+    ranges: list[tuple[int, int]]
+    partials: Partials  # max_score, exp_sum (q_heads, S); output (q_heads, S, D)
+    merged: Merged  # output (q_heads, D), weight (q_heads, S)
+    unsplit: torch.Tensor  # (q_heads, D): Σ_j a_j v_j over all keys at once
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor, scale: float,
+           kv_splits: int = 1) -> AttentionResult:
     """q: (T, q_heads, D) at positions q_positions (T,); k, v: (L, kv_heads, D) for positions 0…L−1.
 
     A query at position p sees keys 0…p: prompt and answer are one sequence under a causal mask.
+    With kv_splits > 1 the output is the merge of the splits' partial outputs (FlashDecoding).
     """
     t, q_heads, d = q.shape
     length, kv_heads, _ = k.shape
@@ -37,5 +52,18 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch
         scores = scores.masked_fill(hidden, float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     out = torch.matmul(probs, vh)  # (kv_heads, group, T, D)
+    split = None
+    if kv_splits > 1:
+        ranges = split_ranges(length, kv_splits)
+        parts = partials(scores, vh, ranges)  # (kv_heads, group, T, S[, D])
+        merged = merge(parts)
+        split = SplitRecord(
+            ranges=ranges,
+            partials=Partials(*(x[:, :, -1].reshape(q_heads, *x.shape[3:]) for x in
+                                (parts.max_score, parts.exp_sum, parts.output))),
+            merged=Merged(merged.output[:, :, -1].reshape(q_heads, d), merged.weight[:, :, -1].reshape(q_heads, -1)),
+            unsplit=out[:, :, -1].reshape(q_heads, d),
+        )
+        out = merged.output.to(q.dtype)  # the layer goes on with the merged output
     output = out.permute(2, 0, 1, 3).reshape(t, q_heads * d)
-    return AttentionResult(output, probs.reshape(q_heads, t, length), scores.reshape(q_heads, t, length))
+    return AttentionResult(output, probs.reshape(q_heads, t, length), scores.reshape(q_heads, t, length), split)

@@ -31,3 +31,7 @@ class InvalidSettingError(KvscopeError, ValueError):
 
 class SessionStateError(KvscopeError, RuntimeError):
     """A session method was called out of order (step before prefill, after close, after the end)."""
+
+
+class CacheFullError(KvscopeError, MemoryError):
+    """Every block of a KV pool is in use; none can be evicted."""

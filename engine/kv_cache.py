@@ -10,16 +10,30 @@ grows a block at a time without ever copying what is already stored.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
-from engine.errors import InvalidSettingError
+from engine.errors import CacheFullError, InvalidSettingError
+
+
+class BlockCacheOwner(Protocol):
+    """A prefix cache that keeps released blocks hittable until the pool reuses them."""
+
+    def holds(self, block: int) -> bool: ...
+
+    def evict(self, block: int) -> None: ...
 
 
 class BlockPool:
-    """K and V storage for all layers: two tensors of shape (layers, blocks, block_size, kv_heads, head_dim)."""
+    """K and V storage for all layers: two tensors of shape (layers, blocks, block_size, kv_heads, head_dim).
+
+    Free blocks wait in `free`, least recently used first. A released block that a prefix cache still
+    holds goes to the back (it stays hittable); an empty one goes to the front (reused first).
+    Allocation takes the front block, evicting it from the cache if the cache held it.
+    """
 
     def __init__(
         self,
@@ -41,7 +55,8 @@ class BlockPool:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.ref_count = [0] * num_blocks
-        self.free: deque[int] = deque(range(num_blocks))
+        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.owner: BlockCacheOwner | None = None
 
     @property
     def bytes_per_token(self) -> int:
@@ -55,18 +70,34 @@ class BlockPool:
 
     def allocate(self) -> int:
         if not self.free:
-            raise MemoryError(f"KV pool is full: all {self.num_blocks} blocks are in use")
-        block = self.free.popleft()
+            raise CacheFullError(f"the KV pool is full: all {self.num_blocks} blocks are in use by running sessions")
+        block, _ = self.free.popitem(last=False)
+        if self.owner is not None and self.owner.holds(block):
+            self.owner.evict(block)
         self.ref_count[block] = 1
         return block
 
     def retain(self, block: int) -> None:
+        """One more user of `block`; a cached free block leaves the free list (a cache hit)."""
+        if self.ref_count[block] == 0:
+            del self.free[block]
         self.ref_count[block] += 1
 
     def release(self, block: int) -> None:
         self.ref_count[block] -= 1
         if self.ref_count[block] == 0:
-            self.free.append(block)
+            self.free[block] = None
+            if self.owner is None or not self.owner.holds(block):
+                self.free.move_to_end(block, last=False)
+
+    def copy_slots(self, source: list[int], target: list[int]) -> None:
+        """Copy K/V of flat slots `source` into flat slots `target`, in every layer (no recomputation)."""
+        layers, _, _, kv_heads, head_dim = self.k.shape
+        src = torch.tensor(source, dtype=torch.long, device=self.k.device)
+        dst = torch.tensor(target, dtype=torch.long, device=self.k.device)
+        for cache in (self.k, self.v):
+            flat = cache.view(layers, -1, kv_heads, head_dim)
+            flat[:, dst] = flat[:, src]
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v (T, kv_heads, head_dim) at flat slots (T,) = block × block_size + offset."""
@@ -114,7 +145,8 @@ class BlockTable:
         return torch.tensor([b * size + o for b, o in placed], dtype=torch.long, device=self.pool.k.device)
 
     def free(self) -> None:
-        for block in self.blocks:
+        # Last blocks first, so a sequence's tail is evicted before the prefix others may share.
+        for block in reversed(self.blocks):
             self.pool.release(block)
         self.blocks = []
         self.length = 0

@@ -14,7 +14,7 @@ import torch
 from engine.attention import attend
 from engine.kv_cache import BlockPool
 from engine.rope import Rope, apply_rope
-from engine.trace import Capture
+from engine.trace import Capture, SplitKVTrace
 from engine.weights import Weights
 
 
@@ -59,6 +59,7 @@ class ForwardRecord:
     scores: torch.Tensor | None
     attention_rows: list[int]
     residual: torch.Tensor | None  # (layers, 3, hidden) at the last position
+    split: SplitKVTrace | None
 
 
 class Model:
@@ -89,10 +90,11 @@ class Model:
 
     @torch.inference_mode()
     def forward(self, ids: list[int], positions: list[int], pool: BlockPool, blocks: torch.Tensor,
-                slots: torch.Tensor, capture: Capture) -> ForwardRecord:
+                slots: torch.Tensor, capture: Capture, kv_splits: int = 1) -> ForwardRecord:
         """Process `ids` at `positions` (the next ones after what `blocks` already holds).
 
-        Each layer writes the new K/V into the pool at `slots`, then attends over every cached position.
+        Each layer writes the new K/V into the pool at `slots`, then attends over every cached position
+        (in `kv_splits` merged splits when > 1).
         """
         w, info = self.weights, self.info
         ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)
@@ -101,7 +103,7 @@ class Model:
         rows = _attention_rows(t, length, info, capture)
         x = self.embed(ids_t, pos_t)
         cos_sin = self.rope.cos_sin(pos_t, x.dtype) if self.rope else None
-        attn_record, score_record, residual = [], [], []
+        attn_record, score_record, residual, splits = [], [], [], []
         for index, layer in enumerate(w.layers):
             x0 = x
             h = layer.input_layernorm(x0)
@@ -114,7 +116,7 @@ class Model:
                 q, k = apply_rope(q, *cos_sin), apply_rope(k, *cos_sin)
             pool.write(index, slots, k, v)
             cached_k, cached_v = pool.read(index, blocks, length)
-            result = attend(q, cached_k, cached_v, pos_t, self.attention_scales[index])
+            result = attend(q, cached_k, cached_v, pos_t, self.attention_scales[index], kv_splits)
             x1 = x0 + layer.o_proj(result.output)
             x = x1 + layer.mlp(layer.post_attention_layernorm(x1))
             if capture.attention:  # copy the kept rows so the full (q_heads, T, L) matrices can be freed
@@ -122,6 +124,8 @@ class Model:
                 score_record.append(result.scores[:, -rows:].clone())
             if capture.residuals:
                 residual.append(torch.stack((x0[-1], x1[-1], x[-1])))
+            if result.split is not None:
+                splits.append(result.split)
         final_hidden = w.norm(x[-1])
         logits = torch.mv(w.lm_head, final_hidden).float()
         return ForwardRecord(
@@ -131,7 +135,23 @@ class Model:
             scores=torch.stack(score_record).cpu() if score_record else None,
             attention_rows=positions[-rows:] if attn_record else [],
             residual=torch.stack(residual).cpu() if residual else None,
+            split=_stack_splits(splits) if splits else None,
         )
+
+
+def _stack_splits(records) -> SplitKVTrace:
+    def stack(get):
+        return torch.stack([get(r) for r in records]).cpu()
+
+    return SplitKVTrace(
+        ranges=records[0].ranges,
+        max_score=stack(lambda r: r.partials.max_score),
+        exp_sum=stack(lambda r: r.partials.exp_sum),
+        partial=stack(lambda r: r.partials.output),
+        weight=stack(lambda r: r.merged.weight),
+        merged=stack(lambda r: r.merged.output),
+        unsplit=stack(lambda r: r.unsplit),
+    )
 
 
 def _attention_rows(t: int, length: int, info: ModelInfo, capture: Capture) -> int:

@@ -6,7 +6,9 @@
         trace = session.step()         # the last token's embedding row → every layer → the next token
     session.close()                    # the session's KV blocks go back to the pool
 
-The session's KV cache is private to it and freed at the end.
+The session's KV cache is private to it and freed at the end. With a `PrefixCache`, its blocks come
+from the cache's pool: the prefill reuses what the cache holds, and on close the prompt's blocks
+are published there for later prompts.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import EmptyPromptError, InvalidSettingError, PromptTooLongError, SessionStateError
 from engine.kv_cache import BlockPool, BlockTable
 from engine.model import Model
+from engine.prefix_cache import PrefixCache
 from engine.sampler import FilterStages, Sampling, sample
-from engine.trace import Candidate, Capture, StepTrace
+from engine.trace import Candidate, Capture, PrefixHit, StepTrace
 
 TOP_CANDIDATES = 10
 
@@ -34,6 +37,8 @@ class DecodeSession:
     by the tokenizer's chat template (with the generation prompt).
     keep_full_traces: how many of the latest steps keep their heavy tensors (attention, logits,
     residuals); older traces are slimmed, so a long run's memory stays bounded.
+    kv_splits: attention reads the cached K/V in this many splits and merges them (FlashDecoding).
+    prefix_cache: reuse (and later publish) prompt K/V; block_size then defaults to the cache's.
     """
 
     def __init__(
@@ -43,13 +48,25 @@ class DecodeSession:
         *,
         chat: bool = False,
         sampling: Sampling | None = None,
-        block_size: int = 16,
+        block_size: int | None = None,
         max_new_tokens: int = 256,
         capture: Capture | None = None,
         keep_full_traces: int = 32,
+        kv_splits: int = 1,
+        prefix_cache: PrefixCache | None = None,
     ):
+        if block_size is None:
+            block_size = prefix_cache.block_size if prefix_cache is not None else 16
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
             raise InvalidSettingError(f"block_size must be an integer ≥ 1, got {block_size!r}")
+        if isinstance(kv_splits, bool) or not isinstance(kv_splits, int) or kv_splits < 1:
+            raise InvalidSettingError(f"kv_splits must be an integer ≥ 1, got {kv_splits!r}")
+        if prefix_cache is not None:
+            if prefix_cache.model is not model:
+                raise InvalidSettingError("the prefix cache belongs to another model")
+            if block_size != prefix_cache.block_size:
+                raise InvalidSettingError(
+                    f"block_size {block_size} differs from the prefix cache's block size {prefix_cache.block_size}")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise InvalidSettingError(f"max_new_tokens must be an integer ≥ 1, got {max_new_tokens!r}")
         self.model = model
@@ -57,6 +74,8 @@ class DecodeSession:
         self.capture = capture or Capture()
         self.keep_full_traces = keep_full_traces
         self.max_new_tokens = max_new_tokens
+        self.kv_splits = kv_splits
+        self.prefix_cache = prefix_cache
         self.prompt_ids = tokenize_prompt(model, prompt, chat)
         limit = model.info.context_limit
         if len(self.prompt_ids) >= limit:
@@ -64,8 +83,11 @@ class DecodeSession:
                 f"the prompt is {len(self.prompt_ids)} tokens; {model.info.name} reads at most {limit} positions, "
                 f"so a prompt can have at most {limit - 1} tokens to leave room for an answer"
             )
-        capacity = min(len(self.prompt_ids) + max_new_tokens, limit)
-        self.pool: BlockPool = model.new_pool(math.ceil(capacity / block_size), block_size)
+        if prefix_cache is not None:
+            self.pool: BlockPool = prefix_cache.pool
+        else:
+            capacity = min(len(self.prompt_ids) + max_new_tokens, limit)
+            self.pool = model.new_pool(math.ceil(capacity / block_size), block_size)
         self.table = BlockTable(self.pool)
         self.generated: list[int] = []
         self.traces: list[StepTrace] = []
@@ -97,8 +119,11 @@ class DecodeSession:
             raise SessionStateError("the session is closed")
         if self.traces:
             raise SessionStateError("prefill() runs once, at the start; call step() to decode")
-        positions = list(range(len(self.prompt_ids)))
-        return self._run("prefill", self.prompt_ids, positions)
+        prefix = self._reuse_cached_prefix() if self.prefix_cache is not None else None
+        start = self.table.length
+        trace = self._run("prefill", self.prompt_ids[start:], list(range(start, len(self.prompt_ids))))
+        trace.prefix = prefix
+        return trace
 
     def step(self) -> StepTrace:
         """One decode step: the last sampled token goes in, the next token comes out."""
@@ -112,7 +137,11 @@ class DecodeSession:
         return self._run("decode", [self.generated[-1]], [position])
 
     def close(self) -> None:
-        """Return this session's KV blocks to the pool."""
+        """Publish the prompt's K/V to the prefix cache (if any), then return this session's blocks."""
+        if self.closed:
+            return
+        if self.prefix_cache is not None and self.traces:
+            self.prefix_cache.publish(self.prompt_ids, self.table.blocks)
         self.table.free()
         self.closed = True
 
@@ -129,7 +158,7 @@ class DecodeSession:
         start = time.perf_counter()
         placed = self.table.append(len(ids))
         record = model.forward(ids, positions, self.pool, self.table.device_blocks(), self.table.slots(placed),
-                               self.capture)
+                               self.capture, self.kv_splits)
         forward_done = time.perf_counter()
         step = len(self.traces)
         token_id, stages = sample(record.logits, self.sampling, step)
@@ -158,6 +187,8 @@ class DecodeSession:
             residual=record.residual,
             final_hidden=record.final_hidden,
             next_input_embedding=model.weights.embed_tokens[token_id].detach().cpu().clone(),
+            split=record.split,
+            evicted_blocks=self.prefix_cache.take_evictions() if self.prefix_cache is not None else [],
         )
         done = time.perf_counter()
         trace.timings_ms = {
@@ -169,6 +200,49 @@ class DecodeSession:
         if len(self.traces) > self.keep_full_traces:
             self.traces[-self.keep_full_traces - 1].slim()
         return trace
+
+    def _reuse_cached_prefix(self) -> PrefixHit:
+        """Start the block table from cached K/V: whole blocks are shared, a partly reused one is copied."""
+        cache, pool, size = self.prefix_cache, self.pool, self.pool.block_size
+        per_token = cache.lookup(self.prompt_ids)
+        reused = len(per_token)
+        sources = sorted(set(per_token))
+        for block in sources:  # pin them: allocating a copy must not evict a block we read from
+            pool.retain(block)
+        shared, copied = [], []
+        try:
+            for start in range(0, reused, size):
+                segment = per_token[start:start + size]
+                if len(segment) == size and len(set(segment)) == 1:
+                    pool.retain(segment[0])
+                    self.table.blocks.append(segment[0])
+                    shared.append(segment[0])
+                else:
+                    block = pool.allocate()
+                    self.table.blocks.append(block)
+                    copied.append(block)
+                    pool.copy_slots([b * size + i for i, b in enumerate(segment)],
+                                    [block * size + i for i in range(len(segment))])
+        finally:
+            for block in sources:
+                pool.release(block)
+        self.table.length = reused
+        closest = cache.closest_prompt(self.prompt_ids)
+        n = len(self.prompt_ids)
+        if cache.policy == "block":
+            hits = [(k + 1) * size <= reused for k in range(math.ceil(n / size))]
+        else:
+            hits = [p < reused for p in range(n)]
+        return PrefixHit(
+            policy=cache.policy,
+            reused_tokens=reused,
+            computed_tokens=n - reused,
+            first_difference=None if closest is None else closest[1],
+            unit="block" if cache.policy == "block" else "token",
+            hits=hits,
+            shared_blocks=shared,
+            copied_blocks=copied,
+        )
 
     def _stop_reason(self, token_id: int) -> str | None:
         if token_id in self.model.eos_ids:

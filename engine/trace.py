@@ -36,6 +36,38 @@ class Candidate:
 
 
 @dataclass
+class SplitKVTrace:
+    """FlashDecoding at the position that predicts the next token, for every layer and Q head."""
+
+    ranges: list[tuple[int, int]]  # each split's [start, end) over the cached positions
+    max_score: torch.Tensor  # (layers, q_heads, S): m_i, −inf for an empty split
+    exp_sum: torch.Tensor  # (layers, q_heads, S): l_i
+    partial: torch.Tensor  # (layers, q_heads, S, head_dim): O_i
+    weight: torch.Tensor  # (layers, q_heads, S): w_i / Σw
+    merged: torch.Tensor  # (layers, q_heads, head_dim): what the layer used
+    unsplit: torch.Tensor  # (layers, q_heads, head_dim): attention over all keys at once
+
+    @property
+    def max_abs_diff(self) -> torch.Tensor:
+        """(layers, q_heads): max |merged − unsplit| over head_dim."""
+        return (self.merged - self.unsplit).abs().amax(dim=-1)
+
+
+@dataclass
+class PrefixHit:
+    """How a prefill used the prefix cache."""
+
+    policy: str  # "block", "radix" or "whole"
+    reused_tokens: int  # K/V taken from the cache, not recomputed
+    computed_tokens: int  # prompt tokens this prefill computed
+    first_difference: int | None  # first position differing from the closest cached prompt (None: cache empty)
+    unit: str  # "block" or "token": what `hits` is per
+    hits: list[bool]  # per prompt block (block policy) or token: reused or not
+    shared_blocks: list[int]  # cached physical blocks now in this sequence's table
+    copied_blocks: list[int]  # new blocks filled by copying cached K/V (a partly reused block)
+
+
+@dataclass
 class StepTrace:
     """One forward pass: prefill (all prompt tokens at once) or decode (one token)."""
 
@@ -52,6 +84,8 @@ class StepTrace:
     candidates: list[Candidate]
     timings_ms: dict[str, float]  # forward, sample, total
     stop_reason: str | None = None  # "eos", "max_new_tokens" or "context_limit" when this step ends the run
+    prefix: PrefixHit | None = None  # prefill with a prefix cache
+    evicted_blocks: list[int] = field(default_factory=list)  # cached blocks this step's allocations reclaimed
     # Heavy fields: dropped from older steps by `slim()` to keep a long run's memory bounded.
     logits: torch.Tensor | None = None  # (vocab,) float32, at the position that predicts the next token
     attention: torch.Tensor | None = None  # (layers, q_heads, rows, L) probabilities
@@ -60,8 +94,9 @@ class StepTrace:
     residual: torch.Tensor | None = None  # (layers, 3, hidden): x0, x1 (after attention), x2 (after FFN)
     final_hidden: torch.Tensor | None = None  # (hidden,) after the final norm: lm_head's input
     next_input_embedding: torch.Tensor | None = None  # (hidden,) embed_tokens[token_id]: next step's input
+    split: SplitKVTrace | None = None  # with kv_splits > 1
 
-    HEAVY = ("logits", "attention", "scores", "residual", "final_hidden", "next_input_embedding")
+    HEAVY = ("logits", "attention", "scores", "residual", "final_hidden", "next_input_embedding", "split")
 
     def slim(self) -> None:
         """Drop the heavy tensors (kept: ids, positions, slots, text, candidates, timings)."""
@@ -82,5 +117,7 @@ class StepTrace:
                 value = value.tolist()
             elif f.name == "candidates":
                 value = [vars(c) for c in value]
+            elif f.name in ("split", "prefix") and value is not None:
+                value = {k: (x.tolist() if isinstance(x, torch.Tensor) else x) for k, x in vars(value).items()}
             out[f.name] = value
         return out

@@ -72,7 +72,7 @@ def test_pool_refuses_to_overflow_and_counts_bytes():
     assert pool.bytes_per_token == 114_688  # Qwen3-0.6B in bf16: 112 KiB per token
     table = BlockTable(pool)
     table.append(8)
-    with pytest.raises(MemoryError):
+    with pytest.raises(engine.CacheFullError):
         table.append(1)
 
 

@@ -1,0 +1,290 @@
+"""Prefix caching: reuse the K/V of an earlier prompt's leading tokens instead of recomputing them.
+
+Only an exact token-id match from position 0 can be reused, and only prompt tokens are published
+(an answer is sampled, so it is not shared). Three policies, because the sources disagree:
+
+- "block" (vLLM): each full block is keyed by a hash chained with its parent block's hash; a lookup
+  walks from block 0 and stops at the first miss. Reuse comes in whole blocks.
+- "radix" (SGLang): a radix tree over token ids; reuse is the longest common prefix, token by token.
+- "whole" (the source article): an entry is a whole earlier prompt; a new prompt reuses the longest
+  entry that is a prefix of it, otherwise nothing.
+
+At most n−1 tokens of an n-token prompt are reused: the last one must be computed to get logits.
+Cached blocks live in the cache's `BlockPool`; when no session uses them they wait in the pool's
+LRU free list, still hittable, until an allocation evicts the least recently used one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from array import array
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+from engine.errors import InvalidSettingError
+from engine.kv_cache import BlockPool
+
+POLICIES = ("block", "radix", "whole")
+RECENT_PROMPTS = 64  # published prompts remembered to show where a new prompt first differs
+
+
+@dataclass(frozen=True)
+class Eviction:
+    block: int
+    policy: str
+
+
+class PrefixCache:
+    """A bounded pool of K/V blocks shared by the sessions that use this cache, plus a prefix index."""
+
+    def __init__(self, model, policy: str = "block", block_size: int = 16, capacity_blocks: int = 512):
+        if policy not in POLICIES:
+            raise InvalidSettingError(f"unknown prefix-cache policy {policy!r}; choose one of {', '.join(POLICIES)}")
+        if isinstance(capacity_blocks, bool) or not isinstance(capacity_blocks, int) or capacity_blocks < 1:
+            raise InvalidSettingError(f"capacity_blocks must be an integer ≥ 1, got {capacity_blocks!r}")
+        self.model = model
+        self.policy = policy
+        self.pool: BlockPool = model.new_pool(capacity_blocks, block_size)
+        self.pool.owner = self
+        self.block_size = block_size
+        self.index = {"block": BlockHashIndex, "radix": RadixIndex, "whole": WholePromptIndex}[policy](block_size)
+        self.prompts: OrderedDict[tuple[int, ...], None] = OrderedDict()
+        self.evictions: deque[Eviction] = deque(maxlen=1000)
+        self._unreported: list[int] = []
+
+    # -- used by the pool ----------------------------------------------------------------------
+
+    def holds(self, block: int) -> bool:
+        return self.index.holds(block)
+
+    def evict(self, block: int) -> None:
+        self.index.forget(block)
+        self.evictions.append(Eviction(block, self.policy))
+        self._unreported.append(block)
+
+    # -- used by sessions ----------------------------------------------------------------------
+
+    def lookup(self, ids: list[int]) -> list[int]:
+        """For each reusable leading token of `ids`, the physical block that holds its K/V."""
+        blocks = self.index.match(ids)
+        reusable = min(len(blocks), len(ids) - 1)
+        if self.policy == "block":
+            reusable = reusable // self.block_size * self.block_size
+        return blocks[:reusable]
+
+    def publish(self, ids: list[int], table_blocks: list[int]) -> None:
+        """Make a finished session's prompt K/V findable (its blocks stay put; nothing is copied)."""
+        self.index.publish(ids, table_blocks)
+        key = tuple(ids)
+        self.prompts[key] = None
+        self.prompts.move_to_end(key)
+        while len(self.prompts) > RECENT_PROMPTS:
+            self.prompts.popitem(last=False)
+
+    def closest_prompt(self, ids: list[int]) -> tuple[list[int], int] | None:
+        """The recently published prompt sharing the longest prefix with `ids`, and that prefix's length."""
+        best = None
+        for prompt in reversed(self.prompts):
+            shared = common_prefix_length(prompt, ids)
+            if best is None or shared > best[1]:
+                best = (list(prompt), shared)
+        return best
+
+    def take_evictions(self) -> list[int]:
+        """Blocks evicted since the last call."""
+        out, self._unreported = self._unreported, []
+        return out
+
+    @property
+    def cached_blocks(self) -> int:
+        return sum(1 for b in range(self.pool.num_blocks) if self.holds(b))
+
+
+def common_prefix_length(a, b) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def block_hash(parent: bytes, tokens: list[int]) -> bytes:
+    """The key of a full block: its token ids chained with the parent block's key."""
+    return hashlib.sha256(parent + array("q", tokens).tobytes()).digest()
+
+
+class BlockHashIndex:
+    """vLLM: full blocks only, keyed by chained hashes."""
+
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+        self.by_hash: dict[bytes, int] = {}
+        self.by_block: dict[int, bytes] = {}
+
+    def hashes(self, ids: list[int]) -> list[bytes]:
+        """The chained key of each full block of `ids`."""
+        keys, parent, size = [], b"", self.block_size
+        for start in range(0, len(ids) - size + 1, size):
+            parent = block_hash(parent, ids[start:start + size])
+            keys.append(parent)
+        return keys
+
+    def match(self, ids: list[int]) -> list[int]:
+        blocks: list[int] = []
+        for key in self.hashes(ids):
+            block = self.by_hash.get(key)
+            if block is None:
+                break  # the chain is broken: later blocks cannot be reused even if equal
+            blocks.extend([block] * self.block_size)
+        return blocks
+
+    def publish(self, ids: list[int], table_blocks: list[int]) -> None:
+        for key, block in zip(self.hashes(ids), table_blocks):
+            if key not in self.by_hash and block not in self.by_block:
+                self.by_hash[key] = block
+                self.by_block[block] = key
+
+    def holds(self, block: int) -> bool:
+        return block in self.by_block
+
+    def forget(self, block: int) -> None:
+        del self.by_hash[self.by_block.pop(block)]
+
+
+class WholePromptIndex:
+    """The source article's rule: an entry is a whole earlier prompt."""
+
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+        self.entries: dict[tuple[int, ...], list[int]] = {}
+        self.by_block: dict[int, set[tuple[int, ...]]] = {}
+
+    def match(self, ids: list[int]) -> list[int]:
+        for length in sorted({len(key) for key in self.entries if len(key) <= len(ids)}, reverse=True):
+            blocks = self.entries.get(tuple(ids[:length]))
+            if blocks is not None:
+                return [blocks[p // self.block_size] for p in range(length)]
+        return []
+
+    def publish(self, ids: list[int], table_blocks: list[int]) -> None:
+        key = tuple(ids)
+        if key in self.entries:
+            return
+        blocks = table_blocks[: math.ceil(len(ids) / self.block_size)]
+        self.entries[key] = blocks
+        for block in blocks:
+            self.by_block.setdefault(block, set()).add(key)
+
+    def holds(self, block: int) -> bool:
+        return block in self.by_block
+
+    def forget(self, block: int) -> None:
+        for key in self.by_block.pop(block, set()):
+            for other in self.entries.pop(key):
+                users = self.by_block.get(other)
+                if users is not None:
+                    users.discard(key)
+                    if not users:
+                        del self.by_block[other]
+
+
+class _Node:
+    __slots__ = ("tokens", "blocks", "children", "parent")
+
+    def __init__(self, tokens: list[int], blocks: list[int], parent: _Node | None):
+        self.tokens = tokens  # the edge label: token ids
+        self.blocks = blocks  # for each of those tokens, the physical block holding its K/V
+        self.children: dict[int, _Node] = {}  # by first token
+        self.parent = parent
+
+
+class RadixIndex:
+    """SGLang: a radix tree over token ids; reuse is the longest common prefix."""
+
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+        self.root = _Node([], [], None)
+        self.by_block: dict[int, set[_Node]] = {}
+
+    def match(self, ids: list[int]) -> list[int]:
+        node, i, blocks = self.root, 0, []
+        while i < len(ids) and ids[i] in node.children:
+            child = node.children[ids[i]]
+            shared = common_prefix_length(child.tokens, ids[i:])
+            blocks.extend(child.blocks[:shared])
+            i += shared
+            if shared < len(child.tokens):
+                break
+            node = child
+        return blocks
+
+    def publish(self, ids: list[int], table_blocks: list[int]) -> None:
+        per_token = [table_blocks[p // self.block_size] for p in range(len(ids))]
+        node, i = self.root, 0
+        while i < len(ids):
+            child = node.children.get(ids[i])
+            if child is None:
+                self._attach(_Node(ids[i:], per_token[i:], node))
+                return
+            shared = common_prefix_length(child.tokens, ids[i:])
+            if shared < len(child.tokens):
+                child = self._split(child, shared)
+            i += shared
+            node = child
+
+    def holds(self, block: int) -> bool:
+        return block in self.by_block
+
+    def forget(self, block: int) -> None:
+        """Cut every path at its first token stored in `block`; what hangs below goes too."""
+        for node in list(self.by_block.get(block, ())):
+            if block not in node.blocks:  # already cut while handling another node
+                continue
+            cut, first = node.blocks.index(block), node.tokens[0]
+            for child in list(node.children.values()):
+                self._drop(child)
+            node.children = {}
+            self._unregister(node)
+            node.tokens, node.blocks = node.tokens[:cut], node.blocks[:cut]
+            if cut == 0:
+                del node.parent.children[first]
+            else:
+                self._register(node)
+
+    # -- tree upkeep ---------------------------------------------------------------------------
+
+    def _attach(self, node: _Node) -> None:
+        node.parent.children[node.tokens[0]] = node
+        self._register(node)
+
+    def _split(self, node: _Node, at: int) -> _Node:
+        """Split `node`'s edge after `at` tokens; return the new upper part."""
+        upper = _Node(node.tokens[:at], node.blocks[:at], node.parent)
+        self._unregister(node)
+        node.parent.children[upper.tokens[0]] = upper
+        node.tokens, node.blocks, node.parent = node.tokens[at:], node.blocks[at:], upper
+        upper.children[node.tokens[0]] = node
+        self._register(upper)
+        self._register(node)
+        return upper
+
+    def _drop(self, node: _Node) -> None:
+        for child in list(node.children.values()):
+            self._drop(child)
+        self._unregister(node)
+        node.children = {}
+        node.blocks = []
+
+    def _register(self, node: _Node) -> None:
+        for block in set(node.blocks):
+            self.by_block.setdefault(block, set()).add(node)
+
+    def _unregister(self, node: _Node) -> None:
+        for block in set(node.blocks):
+            users = self.by_block.get(block)
+            if users is not None:
+                users.discard(node)
+                if not users:
+                    del self.by_block[block]

@@ -1,0 +1,224 @@
+"""Prefix caching under the three policies: what is reused, that reuse is exact, and eviction."""
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import engine
+from engine.prefix_cache import PrefixCache
+
+CASE_CACHED = "解释什么是Transformer"
+CASE_1 = "解释什么是Transformer，举个例子"
+CASE_2 = "解释什么是大语言模型"
+
+
+def expected_reuse(policy, cached, new, block_size):
+    """Each policy's rule, written from DESIGN.md, for one cached prompt and one new prompt."""
+    e = 0
+    while e < min(len(cached), len(new)) and cached[e] == new[e]:
+        e += 1
+    if policy == "block":
+        return min(e, len(new) - 1) // block_size * block_size
+    if policy == "radix":
+        return min(e, len(new) - 1)
+    return min(len(cached), len(new) - 1) if e == len(cached) else 0  # whole: only an entire earlier prompt
+
+
+def prefill_then_close(model, cache, prompt, steps=0):
+    session = engine.DecodeSession(model, prompt, prefix_cache=cache, max_new_tokens=steps + 1)
+    trace = session.prefill()
+    for _ in range(steps):
+        session.step()
+    session.close()
+    return trace
+
+
+@pytest.mark.parametrize("policy", ["block", "radix", "whole"])
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_reuse_follows_each_policy_rule(policy, block_size, tiny_model):
+    model = tiny_model("llama")
+    a = list(range(1000, 1040))  # 40 tokens
+    cases = [a[:e] + [7, 8, 9, 10, 11][: 1 + e % 5] for e in (0, 3, 4, 15, 16, 17, 33)]
+    cases += [a + [5, 6, 7], a, a[:20], a[:31] + [9] * 30]
+    for b in cases:
+        cache = PrefixCache(model, policy=policy, block_size=block_size)
+        prefill_then_close(model, cache, a, steps=2)
+        trace = prefill_then_close(model, cache, b)
+        expected = expected_reuse(policy, a, b, block_size)
+        assert trace.prefix.reused_tokens == expected, (policy, len(b))
+        assert trace.prefix.computed_tokens == len(b) - expected == len(trace.input_ids)
+        assert trace.positions[0] == expected
+        hits = trace.prefix.hits
+        if policy == "block":
+            assert len(hits) == -(-len(b) // block_size) and sum(hits) * block_size == expected
+        else:
+            assert hits == [p < expected for p in range(len(b))]
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_source_article_cases_on_the_embedded_tokenizer(block_size, tiny_model, tokenizer):
+    model = tiny_model("llama")  # tiny weights, but the embedded model's tokenizer
+    cached, case1, case2 = (tokenizer.encode(t) for t in (CASE_CACHED, CASE_1, CASE_2))
+    reuse = {}
+    for policy in ("block", "radix", "whole"):
+        for name, new in (("case1", case1), ("case2", case2)):
+            cache = PrefixCache(model, policy=policy, block_size=block_size)
+            prefill_then_close(model, cache, cached)
+            trace = prefill_then_close(model, cache, new)
+            assert trace.prefix.reused_tokens == expected_reuse(policy, cached, new, block_size)
+            reuse[policy, name] = trace.prefix.reused_tokens
+            assert trace.prefix.first_difference == next(
+                i for i, (x, y) in enumerate(zip(cached + [-1], new + [-2])) if x != y)
+    # Case 1 extends the cached prompt: the article's rule reuses all of it.
+    assert reuse["whole", "case1"] == len(cached) == reuse["radix", "case1"]
+    # Case 2 edits it: the article's rule reuses nothing, SGLang every token before the edit.
+    assert reuse["whole", "case2"] == 0
+    assert reuse["radix", "case2"] > 0
+
+
+@pytest.mark.parametrize("policy", ["block", "radix", "whole"])
+def test_prefix_hit_logits_equal_cold_run(policy, tiny_model):
+    model = tiny_model("qwen3")
+    a = list(range(2000, 2030))
+    b = a[:22] + list(range(3000, 3013))  # 22 shared tokens: not a multiple of the block size
+    c = a + [42, 43, 44]  # extends all of a
+    cache = PrefixCache(model, policy=policy, block_size=4)
+    prefill_then_close(model, cache, a, steps=3)
+    for prompt in (b, c):
+        warm = engine.DecodeSession(model, prompt, prefix_cache=cache, max_new_tokens=12)
+        cold = engine.DecodeSession(model, prompt, max_new_tokens=12)
+        pairs = [(warm.prefill(), cold.prefill())]
+        assert pairs[0][0].prefix.reused_tokens > 0 or policy == "whole" and prompt is b
+        while not cold.finished:
+            pairs.append((warm.step(), cold.step()))
+        for w, c_ in pairs:
+            assert w.token_id == c_.token_id
+            assert (w.logits - c_.logits).abs().max().item() <= 1e-4
+        warm.close()
+
+
+def test_a_hit_shares_blocks_without_copying_whole_ones(tiny_model):
+    model = tiny_model("llama")
+    cache = PrefixCache(model, policy="radix", block_size=4)
+    a = list(range(500, 520))
+    first = engine.DecodeSession(model, a, prefix_cache=cache, max_new_tokens=1)
+    first.prefill()
+    first_blocks = list(first.table.blocks)
+    first.close()
+    second = engine.DecodeSession(model, a[:10] + [1, 2, 3], prefix_cache=cache, max_new_tokens=1)
+    trace = second.prefill()
+    assert trace.prefix.reused_tokens == 10
+    assert trace.prefix.shared_blocks == first_blocks[:2]  # positions 0–7, by reference
+    assert len(trace.prefix.copied_blocks) == 1  # positions 8–9 copied into a block of its own
+    assert second.table.blocks[:2] == first_blocks[:2]
+
+
+def test_only_prompt_tokens_are_published_and_only_on_close(tiny_model):
+    model = tiny_model("llama")
+    cache = PrefixCache(model, policy="radix", block_size=4)
+    a = list(range(600, 610))
+    session = engine.DecodeSession(model, a, prefix_cache=cache, max_new_tokens=6)
+    session.prefill()
+    for _ in range(5):
+        session.step()
+    before_close = prefill_then_close(model, PrefixCache(model, "radix", 4), a)
+    assert prefill_then_close(model, cache, a).prefix.reused_tokens == 0  # not published yet
+    generated = list(session.generated)
+    session.close()
+    trace = prefill_then_close(model, cache, a + generated)
+    assert trace.prefix.reused_tokens == len(a)  # the answer's K/V is not shared
+    assert before_close.prefix.first_difference is None
+
+
+def test_lru_eviction_keeps_in_use_blocks_and_forgets_evicted_ones(tiny_model):
+    model = tiny_model("llama")
+    cache = PrefixCache(model, policy="block", block_size=2, capacity_blocks=8)
+    a, b = [11, 12, 13, 14, 15], [21, 22, 23, 24, 25]
+    first = engine.DecodeSession(model, a, prefix_cache=cache, max_new_tokens=1)
+    first.prefill()
+    a_blocks = list(first.table.blocks)
+    first.close()  # publishes a's 2 full blocks; its partial third block is simply free
+    prefill_then_close(model, cache, b)  # then b's: a's are now the least recently used
+    assert cache.cached_blocks == 4
+    holder = engine.DecodeSession(model, b + [1], prefix_cache=cache, max_new_tokens=8)
+    holder.prefill()  # b's 2 cached blocks are in use again, plus one new block
+    held = set(holder.table.blocks)
+    hog = engine.DecodeSession(model, [31, 32, 33, 34, 35, 36, 37], prefix_cache=cache, max_new_tokens=2)
+    trace = hog.prefill()  # 4 blocks: the 3 empty ones first, then the least recently used cached one
+    # a's tail block goes before its head (blocks are freed last-first), and nothing in use goes.
+    assert trace.evicted_blocks == [a_blocks[1]]
+    assert not held & set(trace.evicted_blocks)
+    assert [e.block for e in cache.evictions] == trace.evicted_blocks
+    hog.close()
+    assert prefill_then_close(model, cache, a).prefix.reused_tokens == 2  # only a's first block still hits
+    holder.close()
+    assert prefill_then_close(model, cache, b + [9]).prefix.reused_tokens == 4  # b survived while in use
+    too_big = engine.DecodeSession(model, list(range(100, 120)), prefix_cache=cache, max_new_tokens=2)
+    with pytest.raises(engine.CacheFullError):
+        too_big.prefill()  # 10 blocks > 8
+    too_big.close()
+    assert cache.pool.used_blocks == 0
+
+
+def test_recently_hit_blocks_are_evicted_last(tiny_model):
+    model = tiny_model("llama")
+    cache = PrefixCache(model, policy="radix", block_size=2, capacity_blocks=6)
+    a, b = [11, 12, 13, 14], [21, 22, 23, 24]
+    prefill_then_close(model, cache, a)
+    prefill_then_close(model, cache, b)
+    assert prefill_then_close(model, cache, a + [5]).prefix.reused_tokens == 4  # a is now more recent than b
+    # Cached now: a's 2 blocks, b's 2, and the block holding a+[5]'s last token; 1 block is empty.
+    trace = prefill_then_close(model, cache, [31, 32, 33, 34, 35])  # needs 3 blocks: the empty one, then b's
+    assert len(trace.evicted_blocks) == 2
+    assert prefill_then_close(model, cache, a + [6]).prefix.reused_tokens == 4
+    assert prefill_then_close(model, cache, b + [6]).prefix.reused_tokens == 0
+
+
+alphabet_prompts = st.lists(st.sampled_from([3, 4, 5]), min_size=1, max_size=9)
+operation = st.one_of(
+    st.tuples(st.just("open"), alphabet_prompts, st.integers(0, 3)),
+    st.tuples(st.just("close"), st.integers(0, 5)),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(policy=st.sampled_from(["block", "radix", "whole"]), ops=st.lists(operation, min_size=1, max_size=25))
+def test_pool_stays_consistent_over_random_sessions(policy, ops, tiny_model):
+    model = tiny_model("llama")
+    cache = PrefixCache(model, policy=policy, block_size=2, capacity_blocks=14)
+    pool = cache.pool
+    open_sessions = []
+    cold_logits = {}
+    for op in ops:
+        if op[0] == "open" and len(open_sessions) < 2:
+            _, prompt, steps = op
+            session = engine.DecodeSession(model, prompt, prefix_cache=cache, max_new_tokens=steps + 1)
+            try:
+                trace = session.prefill()
+                for _ in range(steps):
+                    session.step()
+            except engine.CacheFullError:
+                session.close()
+                continue
+            key = tuple(prompt)
+            if key not in cold_logits:
+                cold_logits[key] = engine.DecodeSession(model, prompt, max_new_tokens=1).prefill().logits
+            assert (trace.logits - cold_logits[key]).abs().max().item() <= 1e-4
+            open_sessions.append(session)
+        elif op[0] == "close" and open_sessions:
+            open_sessions.pop(op[1] % len(open_sessions)).close()
+        # Invariants: counts add up, references match the open tables, in-use blocks are never free.
+        users = [0] * pool.num_blocks
+        for session in open_sessions:
+            for block in session.table.blocks:
+                users[block] += 1
+        assert users == pool.ref_count
+        assert set(pool.free) == {b for b in range(pool.num_blocks) if users[b] == 0}
+        assert pool.used_blocks + len(pool.free) == pool.num_blocks
+        # Empty free blocks wait in front of cached ones, so a cached block is evicted only when needed.
+        held = [cache.holds(b) for b in pool.free]
+        assert held == sorted(held)
+    for session in open_sessions:
+        session.close()
+    assert pool.used_blocks == 0

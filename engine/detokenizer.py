@@ -7,6 +7,8 @@ so a piece never shows a broken character, and the pieces joined equal `tokenize
 
 from __future__ import annotations
 
+from os.path import commonprefix
+
 REPLACEMENT = "\ufffd"
 
 
@@ -31,18 +33,9 @@ class IncrementalDetokenizer:
         if not text.startswith(self.shown):
             # Decoding more ids rewrote earlier text (tokenizers with space clean-up can): the piece
             # starts at the first changed character; `self.shown` stays the true full decode.
-            common = _common_prefix_length(text, self.shown)
-            piece = text[common:]
+            piece = text[len(commonprefix([text, self.shown])):]
         else:
             piece = text[len(self.shown) :]
         self.shown = text
         return piece
 
-
-def _common_prefix_length(a: str, b: str) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n

@@ -122,13 +122,13 @@ def test_only_prompt_tokens_are_published_and_only_on_close(tiny_model):
     session.prefill()
     for _ in range(5):
         session.step()
-    before_close = prefill_then_close(model, PrefixCache(model, "radix", 4), a)
+    empty_cache = prefill_then_close(model, PrefixCache(model, "radix", 4), a)
     assert prefill_then_close(model, cache, a).prefix.reused_tokens == 0  # not published yet
     generated = list(session.generated)
     session.close()
     trace = prefill_then_close(model, cache, a + generated)
     assert trace.prefix.reused_tokens == len(a)  # the answer's K/V is not shared
-    assert before_close.prefix.first_difference is None
+    assert empty_cache.prefix.first_difference is None  # nothing cached to compare with
 
 
 def test_lru_eviction_keeps_in_use_blocks_and_forgets_evicted_ones(tiny_model):

@@ -97,3 +97,24 @@ def test_every_error_is_a_kvscope_error():
     for cls in (engine.EmptyPromptError, engine.PromptTooLongError, engine.ModelNotFoundError,
                 engine.UnsupportedModelError, engine.InvalidSettingError, engine.SessionStateError):
         assert issubclass(cls, engine.KvscopeError)
+
+
+@pytest.mark.parametrize("kv_splits", [0, -1, 2.0, True])
+def test_bad_kv_splits(kv_splits, tiny_model):
+    with pytest.raises(engine.InvalidSettingError, match="kv_splits"):
+        engine.DecodeSession(tiny_model("llama"), "hello", kv_splits=kv_splits)
+
+
+def test_bad_prefix_cache_settings(tiny_model):
+    model = tiny_model("llama")
+    with pytest.raises(engine.InvalidSettingError, match="policy"):
+        engine.PrefixCache(model, policy="lru")
+    with pytest.raises(engine.InvalidSettingError, match="capacity_blocks"):
+        engine.PrefixCache(model, capacity_blocks=0)
+    with pytest.raises(engine.InvalidSettingError, match="block_size"):
+        engine.PrefixCache(model, block_size=0)
+    cache = engine.PrefixCache(model, block_size=4)
+    with pytest.raises(engine.InvalidSettingError, match="block size 4"):
+        engine.DecodeSession(model, "hello", block_size=8, prefix_cache=cache)
+    with pytest.raises(engine.InvalidSettingError, match="another model"):
+        engine.DecodeSession(tiny_model("gpt2"), "hello", prefix_cache=cache)

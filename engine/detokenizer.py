@@ -7,6 +7,8 @@ so a piece never shows a broken character, and the pieces joined equal `tokenize
 
 from __future__ import annotations
 
+import re
+from functools import lru_cache
 from os.path import commonprefix
 
 REPLACEMENT = "\ufffd"
@@ -39,3 +41,28 @@ class IncrementalDetokenizer:
         self.shown = text
         return piece
 
+
+
+def token_bytes(tokenizer, token_id: int) -> bytes:
+    """The raw bytes one token stands for; a byte-level token may hold only part of a UTF-8 character."""
+    token = tokenizer.convert_ids_to_tokens(token_id)
+    if _is_byte_level(tokenizer):
+        table = _byte_decoder()
+        if all(ch in table for ch in token):
+            return bytes(table[ch] for ch in token)
+    byte = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", token)  # SentencePiece byte fallback
+    if byte:
+        return bytes([int(byte.group(1), 16)])
+    return tokenizer.decode([token_id]).encode("utf-8")
+
+
+def _is_byte_level(tokenizer) -> bool:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return backend is not None and type(backend.decoder).__name__ == "ByteLevel"
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {char: byte for byte, char in bytes_to_unicode().items()}

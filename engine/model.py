@@ -88,6 +88,19 @@ class Model:
             x = x + self.weights.position_embeddings[positions]
         return x
 
+    def full_attention(self, ids: list[int], layer: int, block_size: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's causal attention over the whole sequence `ids`, by one fresh prefill pass.
+
+        Returns probabilities and scores, each (q_heads, n, n). The rows equal what step-by-step decoding
+        computed to float precision (~1e-6); this is how a view shows history whose traces were slimmed.
+        """
+        n = len(ids)
+        pool = self.new_pool(-(-n // block_size), block_size)
+        blocks = torch.arange(pool.num_blocks, device=self.device)
+        capture = Capture(residuals=False, attention_budget=self.info.q_heads * n * n, layers=(layer,))
+        record = self.forward(ids, list(range(n)), pool, blocks, torch.arange(n, device=self.device), capture)
+        return record.attention[0], record.scores[0]
+
     @torch.inference_mode()
     def forward(self, ids: list[int], positions: list[int], pool: BlockPool, blocks: torch.Tensor,
                 slots: torch.Tensor, capture: Capture, kv_splits: int = 1) -> ForwardRecord:
@@ -101,6 +114,7 @@ class Model:
         pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
         t, length = len(ids), positions[-1] + 1
         rows = _attention_rows(t, length, info, capture)
+        recorded = set(range(info.layers) if capture.layers is None else capture.layers)
         x = self.embed(ids_t, pos_t)
         cos_sin = self.rope.cos_sin(pos_t, x.dtype) if self.rope else None
         attn_record, score_record, residual, splits = [], [], [], []
@@ -119,7 +133,7 @@ class Model:
             result = attend(q, cached_k, cached_v, pos_t, self.attention_scales[index], kv_splits)
             x1 = x0 + layer.o_proj(result.output)
             x = x1 + layer.mlp(layer.post_attention_layernorm(x1))
-            if capture.attention:  # copy the kept rows so the full (q_heads, T, L) matrices can be freed
+            if capture.attention and index in recorded:  # copy the kept rows so the full (q_heads, T, L) matrices can be freed
                 attn_record.append(result.probs[:, -rows:].clone())
                 score_record.append(result.scores[:, -rows:].clone())
             if capture.residuals:
@@ -156,5 +170,6 @@ def _stack_splits(records) -> SplitKVTrace:
 
 def _attention_rows(t: int, length: int, info: ModelInfo, capture: Capture) -> int:
     """How many of the last query rows fit in the capture budget (at least one)."""
-    per_row = info.layers * info.q_heads * length
+    layers = info.layers if capture.layers is None else len(capture.layers)
+    per_row = max(1, layers) * info.q_heads * length
     return max(1, min(t, capture.attention_budget // per_row))

@@ -19,6 +19,7 @@ class Capture:
     attention: bool = True
     residuals: bool = True
     attention_budget: int = 4_000_000  # float32 elements per tensor (probs and scores each): 16 MB
+    layers: tuple[int, ...] | None = None  # record attention of these layers only (None: all)
 
 
 @dataclass

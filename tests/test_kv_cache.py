@@ -96,3 +96,16 @@ def test_prefill_attention_record_is_bounded_but_keeps_the_last_row(tiny_model):
     assert trace.attention_rows == [57, 58, 59]
     full = engine.DecodeSession(model, prompt, max_new_tokens=2).prefill()
     assert torch.equal(trace.attention, full.attention[:, :, -3:])
+
+
+def test_full_attention_recomputes_the_rows_decode_recorded(tiny_model):
+    model = tiny_model("llama")
+    session, traces = run(model, PROMPT, block_size=4, steps=6)
+    probs, scores = model.full_attention(session.ids[:-1], layer=1)
+    n = len(session.ids) - 1
+    assert probs.shape == (model.info.q_heads, n, n)
+    prompt_len = len(session.prompt_ids)
+    torch.testing.assert_close(probs[:, :prompt_len, :prompt_len], traces[0].attention[1], atol=1e-6, rtol=0)
+    for trace in traces[1:]:
+        position = trace.positions[0]
+        torch.testing.assert_close(probs[:, position, : position + 1], trace.attention[1, :, 0], atol=1e-6, rtol=0)

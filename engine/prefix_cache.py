@@ -48,7 +48,7 @@ class PrefixCache:
         self.pool: BlockPool = model.new_pool(capacity_blocks, block_size)
         self.pool.owner = self
         self.block_size = block_size
-        self.index = {"block": BlockHashIndex, "radix": RadixIndex, "whole": WholePromptIndex}[policy](block_size)
+        self.index = INDEXES[policy](block_size)
         self.prompts: OrderedDict[tuple[int, ...], None] = OrderedDict()
         self.evictions: deque[Eviction] = deque(maxlen=1000)
         self._unreported: list[int] = []
@@ -68,10 +68,7 @@ class PrefixCache:
     def lookup(self, ids: list[int]) -> list[int]:
         """For each reusable leading token of `ids`, the physical block that holds its K/V."""
         blocks = self.index.match(ids)
-        reusable = min(len(blocks), len(ids) - 1)
-        if self.policy == "block":
-            reusable = reusable // self.block_size * self.block_size
-        return blocks[:reusable]
+        return blocks[: reusable_tokens(self.policy, len(blocks), len(ids), self.block_size)]
 
     def publish(self, ids: list[int], table_blocks: list[int]) -> None:
         """Make a finished session's prompt K/V findable (its blocks stay put; nothing is copied)."""
@@ -99,6 +96,29 @@ class PrefixCache:
     @property
     def cached_blocks(self) -> int:
         return sum(1 for b in range(self.pool.num_blocks) if self.holds(b))
+
+
+def reusable_tokens(policy: str, matched: int, prompt_length: int, block_size: int) -> int:
+    """At most n−1 tokens (the last is computed to get logits); the block policy in whole blocks."""
+    reusable = min(matched, prompt_length - 1)
+    return reusable // block_size * block_size if policy == "block" else reusable
+
+
+def predicted_reuse(history: list[list[int]], ids: list[int], block_size: int) -> dict[str, int]:
+    """What each policy would reuse for `ids` after the prompts in `history` were published (no eviction).
+
+    The same indexes as `PrefixCache`, run over token ids alone, to compare the policies side by side.
+    """
+    out = {}
+    for policy in POLICIES:
+        index = INDEXES[policy](block_size)
+        next_block = 0
+        for earlier in history:
+            blocks = list(range(next_block, next_block + math.ceil(len(earlier) / block_size)))
+            next_block += len(blocks)
+            index.publish(list(earlier), blocks)
+        out[policy] = reusable_tokens(policy, len(index.match(ids)), len(ids), block_size)
+    return out
 
 
 def common_prefix_length(a, b) -> int:
@@ -288,3 +308,6 @@ class RadixIndex:
                 users.discard(node)
                 if not users:
                     del self.by_block[block]
+
+
+INDEXES = {"block": BlockHashIndex, "radix": RadixIndex, "whole": WholePromptIndex}

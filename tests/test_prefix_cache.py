@@ -222,3 +222,18 @@ def test_pool_stays_consistent_over_random_sessions(policy, ops, tiny_model):
     for session in open_sessions:
         session.close()
     assert pool.used_blocks == 0
+
+
+def test_predicted_reuse_matches_what_real_caches_reuse(tiny_model, tokenizer):
+    from engine.prefix_cache import predicted_reuse
+
+    model = tiny_model("llama")
+    history = [tokenizer.encode(CASE_CACHED), tokenizer.encode("解释什么是注意力")]
+    for new in (CASE_1, CASE_2, "解释什么是注意力机制"):
+        ids = tokenizer.encode(new)
+        predicted = predicted_reuse(history, ids, 4)
+        for policy in ("block", "radix", "whole"):
+            cache = PrefixCache(model, policy=policy, block_size=4)
+            for earlier in history:
+                prefill_then_close(model, cache, earlier)
+            assert prefill_then_close(model, cache, ids).prefix.reused_tokens == predicted[policy], (new, policy)

@@ -1,0 +1,38 @@
+"""What every view gets: the model, the run, the state from the link, the shown step and its trace."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import engine
+from engine.trace import StepTrace
+from ui import strings
+from ui.runner import Runner
+from ui.state import AppState
+from viz.tokens import TokenCell, token_cells, visible
+
+
+@dataclass
+class ViewContext:
+    model: engine.Model
+    runner: Runner
+    state: AppState
+    step: int  # tokens generated and shown
+    trace: StepTrace | None  # the step that produced the newest shown token (None before the prefill)
+
+    def t(self, key: str, **values) -> str:
+        return strings.t(key, self.state.lang, **values)
+
+    @property
+    def large(self) -> bool:
+        return self.state.large
+
+    @cached_property
+    def cells(self) -> list[TokenCell]:
+        """Prompt tokens and the tokens generated so far, in one sequence."""
+        return token_cells(self.model.tokenizer, self.runner.prompt_ids, self.runner.session.generated[: self.step])
+
+    @cached_property
+    def labels(self) -> list[str]:
+        return [visible(c.text) for c in self.cells]

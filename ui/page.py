@@ -1,0 +1,200 @@
+"""The Streamlit page: widgets and layout. The numbers come from `ui.runner` (the engine), figures from `viz`."""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+
+import streamlit as st
+
+import engine
+from ui import strings
+from ui.context import ViewContext
+from ui.runner import Runner, RunConfig
+from ui.settings import Limits, load_limits
+from ui.state import LANGS, POLICIES, VIEWS, AppState, Problem, clamp, parse_query, to_query
+from ui.views import attention, costs, flow, kv_cache, prefix, split_kv, stepper
+
+VIEW_MODULES = {"flow": flow, "attention": attention, "kv": kv_cache, "split": split_kv, "prefix": prefix,
+                "costs": costs}
+ss = st.session_state
+
+
+@st.cache_resource(show_spinner=False, max_entries=3)
+def load_model(spec: str) -> engine.Model:
+    """One copy per model for the whole server, shared read-only by every session."""
+    return engine.load_model(spec)
+
+
+def t(key: str, **values) -> str:
+    return strings.t(key, ss.get("w_lang", "en"), **values)
+
+
+def main() -> None:
+    st.set_page_config(page_title="kvscope", page_icon="🔎", layout="wide")
+    limits = load_limits()
+    if "initialized" not in ss:
+        start_from_link(limits)
+    if ss.pop("stop_playing", False):
+        ss.w_playing = False
+    sidebar(limits)
+    if ss.w_large:
+        st.markdown("<style>html { font-size: 125%; }</style>", unsafe_allow_html=True)
+    st.title(t("title"))
+    st.caption(t("tagline"))
+    for problem in ss.pop("problems", []):
+        st.warning(t("link_problem", param=problem.param, value=problem.value, fallback=problem.fallback,
+                     reason=t("reason_" + problem.reason)))
+    model = model_for(ss.w_model)
+    if model is None:
+        return
+    runner = runner_for(model, limits)
+    apply_pending_case(runner, limits)
+    try:
+        runner.configure(run_config(current_state(), limits))
+    except engine.KvscopeError as error:
+        st.error(t("bad_input", error=str(error)))
+        write_link(current_state())
+        return
+    play_controls(limits)
+    pace = ss.w_pace if ss.get("w_playing") else None
+    st.fragment(run_every=pace)(stepper_and_view)(model, runner)
+
+
+# -- state ------------------------------------------------------------------------------------
+
+
+def start_from_link(limits: Limits) -> None:
+    state, problems = parse_query(st.query_params.to_dict())
+    if not limits.model_allowed(state.model):
+        problems.append(Problem("model", state.model[:80], "embedded", "model_not_allowed"))
+        state = replace(state, model="embedded")
+    for f in fields(AppState):
+        if f.name != "step":
+            ss["w_" + f.name] = getattr(state, f.name)
+    ss.step = state.step
+    ss.problems = problems
+    ss.initialized = True
+
+
+def current_state() -> AppState:
+    values = {f.name: ss["w_" + f.name] for f in fields(AppState) if f.name != "step" and "w_" + f.name in ss}
+    return AppState(step=ss.step, **values)
+
+
+def write_link(state: AppState) -> None:
+    query = to_query(state)
+    if st.query_params.to_dict() != query:
+        st.query_params.from_dict(query)
+
+
+def run_config(state: AppState, limits: Limits) -> RunConfig:
+    return RunConfig(
+        prompt=state.prompt, chat=state.chat,
+        sampling=engine.Sampling(temperature=float(state.temperature), top_k=int(state.top_k),
+                                 top_p=float(state.top_p), seed=int(state.seed)),
+        block_size=int(state.block_size), kv_splits=int(state.kv_splits), policy=state.policy,
+        max_new_tokens=limits.max_new_tokens, max_prompt_tokens=limits.max_prompt_tokens,
+    )
+
+
+def model_for(spec: str) -> engine.Model | None:
+    try:
+        with st.spinner(t("loading", model=spec)):
+            return load_model(spec)
+    except (engine.KvscopeError, OSError, MemoryError) as error:
+        st.error(t("model_failed", model=spec, error=str(error)))
+        if spec != "embedded":
+            ss.w_model = "embedded"
+            st.button(t("use_default"), key="use_default")
+        return None
+
+
+def runner_for(model: engine.Model, limits: Limits) -> Runner:
+    runner = ss.get("runner")
+    if runner is None or runner.model is not model:
+        if runner is not None:
+            runner.close()
+        runner = ss.runner = Runner(model, limits.cache_tokens)
+    return runner
+
+
+def apply_pending_case(runner: Runner, limits: Limits) -> None:
+    """The article's cases: prefill and publish the cached prompt, then switch to the edited one."""
+    which = ss.pop("pending_case", None)
+    if which is None:
+        return
+    ss.w_chat = False
+    ss.w_prompt = prefix.CASE_CACHED
+    runner.configure(run_config(current_state(), limits))
+    runner.advance_to(1)
+    ss.w_prompt = prefix.CASES[which]
+    ss.step = 1
+
+
+# -- widgets ----------------------------------------------------------------------------------
+
+
+def sidebar(limits: Limits) -> None:
+    with st.sidebar:
+        st.selectbox(t("language"), LANGS, key="w_lang", format_func=lambda code: strings.LANGUAGE_NAMES[code])
+        st.toggle(t("large_text"), key="w_large")
+        if limits.allow_any_model:
+            st.text_input(t("model"), key="w_model", help=t("model_help_any"))
+        else:
+            options = list(limits.models)
+            if ss.w_model not in options:
+                ss.w_model = "embedded"
+            st.selectbox(t("model"), options, key="w_model", help=t("model_help"))
+        st.text_area(t("prompt"), key="w_prompt", height=120, max_chars=4000)
+        st.toggle(t("chat"), key="w_chat", help=t("chat_help"))
+        st.markdown(f"**{t('sampling')}**")
+        st.slider(t("temperature"), 0.0, 5.0, key="w_temperature", step=0.05, help=t("temperature_help"))
+        st.number_input("top-k", 0, 1000, key="w_top_k", step=1, help=t("top_k_help"))
+        st.slider("top-p", 0.01, 1.0, key="w_top_p", step=0.01, help=t("top_p_help"))
+        st.number_input(t("seed"), 0, 2**31 - 1, key="w_seed", step=1)
+        st.markdown(f"**{t('cache')}**")
+        st.number_input(t("block_size"), 1, 256, key="w_block_size", step=1, help=t("block_size_help"))
+        st.number_input(t("kv_splits"), 1, 64, key="w_kv_splits", step=1, help=t("kv_splits_help"))
+        st.selectbox(t("policy"), POLICIES, key="w_policy", format_func=lambda p: t("policy_" + p))
+
+
+def play_controls(limits: Limits) -> None:
+    left, right = st.columns([1, 3])
+    left.toggle(t("play"), key="w_playing")
+    ss.setdefault("w_pace", max(limits.min_pace, 0.8))
+    right.slider(t("pace"), limits.min_pace, 3.0, key="w_pace", step=0.1)
+
+
+def stepper_and_view(model: engine.Model, runner: Runner) -> None:
+    """Redrawn alone on each step (a fragment): buttons, stream, text, the chosen view, the link."""
+    if ss.get("w_playing"):
+        if runner.finished and ss.step >= runner.generated:
+            ss.stop_playing = True
+            st.rerun(scope="app")
+        ss.step += 1
+    requested = ss.step
+    ss.step = runner.advance_to(requested)
+    if ss.step < requested:
+        st.warning(t("step_unreachable", step=requested, reached=ss.step, reason=runner.session.stop_reason))
+    state, problems = clamp(current_state(), model.info.layers, model.info.q_heads)
+    for problem in problems:
+        st.warning(t("link_problem", param=problem.param, value=problem.value, fallback=problem.fallback,
+                     reason=t("reason_" + problem.reason)))
+        ss["w_" + problem.param] = getattr(state, problem.param)
+    columns = st.columns(4)
+    columns[0].button(t("prefill"), key="b_prefill", on_click=go_to, args=(1,), disabled=ss.step >= 1,
+                      width="stretch")
+    columns[1].button(t("back"), key="b_back", on_click=go_to, args=(ss.step - 1,), shortcut="Left",
+                      disabled=ss.step == 0, width="stretch")
+    columns[2].button(t("next"), key="b_next", on_click=go_to, args=(ss.step + 1,), shortcut="Right",
+                      disabled=runner.finished and ss.step >= runner.generated, width="stretch")
+    columns[3].button(t("reset"), key="b_reset", on_click=go_to, args=(0,), width="stretch")
+    ctx = ViewContext(model=model, runner=runner, state=state, step=ss.step, trace=runner.trace(ss.step))
+    stepper.render(ctx)
+    st.radio(t("view"), VIEWS, key="w_view", horizontal=True, format_func=lambda v: t("view_" + v))
+    VIEW_MODULES[ss.w_view].render(ctx)
+    write_link(current_state())
+
+
+def go_to(step: int) -> None:
+    ss.step = max(0, step)

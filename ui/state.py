@@ -1,0 +1,135 @@
+"""The app's shareable state: every setting a link carries, parsed and checked from the URL.
+
+A link rebuilds exactly one state. A malformed or out-of-range value never raises: it falls back
+to a sensible value and leaves a `Problem` for the page to show.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+
+VIEWS = ("flow", "attention", "kv", "split", "prefix", "costs")
+LANGS = ("en", "zh")
+POLICIES = ("block", "radix", "whole")
+DEFAULT_PROMPT = "What is a KV cache?"
+MAX_PROMPT_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class AppState:
+    model: str = "embedded"
+    prompt: str = DEFAULT_PROMPT
+    chat: bool = True
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    block_size: int = 16
+    kv_splits: int = 1
+    policy: str = "block"
+    step: int = 0  # tokens generated; the prefill produces the first
+    view: str = "flow"
+    layer: int = 0
+    head: int = 0
+    lang: str = "en"
+    large: bool = False  # projector mode: larger text
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A link value that could not be used as given."""
+
+    param: str
+    value: str
+    fallback: str
+    reason: str  # a key into ui.strings (e.g. "bad_number", "out_of_range")
+
+
+# (kind, low, high) for numbers; choices for enumerations.
+RANGES = {
+    "temperature": (float, 0.0, 5.0),
+    "top_k": (int, 0, 1000),
+    "top_p": (float, 0.01, 1.0),
+    "seed": (int, 0, 2**31 - 1),
+    "block_size": (int, 1, 256),
+    "kv_splits": (int, 1, 64),
+    "step": (int, 0, 100_000),
+    "layer": (int, 0, 1000),
+    "head": (int, 0, 1000),
+}
+CHOICES = {"view": VIEWS, "lang": LANGS, "policy": POLICIES}
+FLAGS = ("chat", "large")
+
+
+def parse_query(params: Mapping[str, str | list[str]]) -> tuple[AppState, list[Problem]]:
+    """Build the state a link describes; unknown parameters are ignored."""
+    defaults = AppState()
+    values: dict = {}
+    problems: list[Problem] = []
+    for f in fields(AppState):
+        if f.name not in params:
+            continue
+        raw = params[f.name]
+        raw = raw[-1] if isinstance(raw, list) else raw
+        value, reason = _parse_one(f.name, str(raw), getattr(defaults, f.name))
+        values[f.name] = value
+        if reason:
+            problems.append(Problem(f.name, str(raw)[:80], _show(value), reason))
+    return replace(defaults, **values), problems
+
+
+def _parse_one(name: str, raw: str, default):
+    if name in RANGES:
+        kind, low, high = RANGES[name]
+        try:
+            number = float(raw.strip()) if kind is float else int(raw.strip())
+        except ValueError:
+            return default, "bad_number"
+        if isinstance(number, float) and not math.isfinite(number):
+            return default, "bad_number"
+        if not low <= number <= high:
+            return min(max(number, low), high), "out_of_range"
+        return number, None
+    if name in CHOICES:
+        return (raw, None) if raw in CHOICES[name] else (default, "unknown_choice")
+    if name in FLAGS:
+        if raw in ("0", "1"):
+            return raw == "1", None
+        return default, "bad_flag"
+    if name == "prompt":
+        cleaned = "".join(ch for ch in raw if ch in "\n\t" or ch.isprintable())
+        if len(cleaned) > MAX_PROMPT_CHARS:
+            return cleaned[:MAX_PROMPT_CHARS], "too_long"
+        return cleaned, ("control_chars" if cleaned != raw else None)
+    return raw.strip(), None  # model: checked against the allow-list when loading
+
+
+def _show(value) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def to_query(state: AppState) -> dict[str, str]:
+    """The link parameters for `state`: only values that differ from the defaults, plus the step."""
+    defaults = AppState()
+    out = {}
+    for f in fields(AppState):
+        value = getattr(state, f.name)
+        if value != getattr(defaults, f.name) or f.name == "step":
+            out[f.name] = _show(value)
+    return out
+
+
+def clamp(state: AppState, layers: int, heads: int) -> tuple[AppState, list[Problem]]:
+    """Fit layer and head to the loaded model."""
+    problems = []
+    changes = {}
+    for name, limit in (("layer", layers - 1), ("head", heads - 1)):
+        value = getattr(state, name)
+        if value > limit:
+            changes[name] = limit
+            problems.append(Problem(name, str(value), str(limit), "out_of_range"))
+    return replace(state, **changes), problems

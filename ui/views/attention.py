@@ -1,0 +1,35 @@
+"""Attention over the KV cache: one head's heatmap, all heads of a layer, the newest row, GQA sharing."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from ui.context import ViewContext
+from ui.views.common import figure, layer_head_pickers
+from viz.attention import gqa_figure, head_grid_figure, heatmap_figure, newest_row_figure
+
+
+def render(ctx: ViewContext) -> None:
+    info = ctx.model.info
+    st.subheader(ctx.t("attention_title"))
+    if ctx.trace is None:
+        st.info(ctx.t("need_prefill"))
+        return
+    layer, head = layer_head_pickers(ctx)
+    show_scores = st.toggle(ctx.t("show_scores"), key="w_scores")
+    probs, scores = ctx.runner.full_attention(ctx.step, layer)
+    matrix = (scores if show_scores else probs)[head].numpy()
+    value = "s = q·k/√d" if show_scores else "a = softmax(s)"
+    labels = ctx.labels
+    figure(heatmap_figure(matrix, labels, ctx.t("heatmap_title", layer=layer, head=head, kv=head // info.gqa_group),
+                          ctx.large, value_name=value, zmin=None if show_scores else 0.0),
+           f"attention-L{layer}-H{head}")
+    st.caption(ctx.t("heatmap_note", n=matrix.shape[0]))
+    trace = ctx.trace
+    newest = (trace.scores if show_scores else trace.attention)[layer, :, -1].numpy()  # (q_heads, L) as computed
+    figure(newest_row_figure(newest[head], labels[: newest.shape[1]], ctx.t("newest_title", head=head), ctx.large,
+                             value), f"newest-row-L{layer}-H{head}")
+    figure(head_grid_figure(trace.attention[layer, :, -1].numpy(), labels[: newest.shape[1]], info.gqa_group,
+                            ctx.t("heads_title", layer=layer), ctx.large), f"heads-L{layer}")
+    figure(gqa_figure(info.q_heads, info.kv_heads, ctx.t("gqa_title", q=info.q_heads, kv=info.kv_heads,
+                                                         group=info.gqa_group), ctx.large), "gqa")

@@ -1,0 +1,31 @@
+"""Small helpers the views share: figures with a PNG download, tables, and layer/head pickers."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import streamlit as st
+
+from ui.context import ViewContext
+
+# Plotly's own toolbar button saves any figure as PNG; the file name says what it is.
+def figure(fig: go.Figure, name: str) -> None:
+    st.plotly_chart(fig, width="stretch", config={"toImageButtonOptions": {"format": "png", "filename": name},
+                                                   "displaylogo": False})
+
+
+def table(frame, key: str | None = None) -> None:
+    st.dataframe(frame, hide_index=True, width="stretch", key=key)
+
+
+def layer_head_pickers(ctx: ViewContext, heads: bool = True) -> tuple[int, int]:
+    """Layer (and head) selectors bound to the link's `layer` and `head`."""
+    info = ctx.model.info
+    columns = st.columns(2)
+    with columns[0]:
+        layer = st.number_input(ctx.t("layer"), 0, info.layers - 1, key="w_layer", step=1)
+    head = 0
+    if heads:
+        with columns[1]:
+            head = st.number_input(ctx.t("head"), 0, info.q_heads - 1, key="w_head", step=1,
+                                   help=ctx.t("head_help", group=info.gqa_group))
+    return int(layer), int(head)

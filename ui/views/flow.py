@@ -1,0 +1,34 @@
+"""One step, end to end: id → embedding row → layers (two residual adds each) → logits → new id → two paths."""
+
+from __future__ import annotations
+
+import numpy as np
+import streamlit as st
+
+from ui.context import ViewContext
+from ui.views.common import figure, table
+from viz.flow import flow_frame, residual_figure, vector_figure
+
+
+def render(ctx: ViewContext) -> None:
+    info = ctx.model.info
+    st.subheader(ctx.t("flow_title"))
+    if ctx.trace is None:
+        st.info(ctx.t("need_prefill"))
+        return
+    trace = ctx.trace
+    table(flow_frame(trace, info))
+    new = ctx.cells[-1]
+    left, right = st.columns(2)
+    with left:
+        st.markdown(ctx.t("path_text", id=trace.token_id, text=new.text, piece=trace.text or "∅"))
+    with right:
+        st.markdown(ctx.t("path_embedding", id=trace.token_id, vocab=info.vocab, hidden=info.hidden))
+    st.caption(ctx.t("flow_note"))
+    figure(residual_figure(trace.residual.numpy(), ctx.t("residual_title", adds=2 * info.layers), ctx.large),
+           "residual-stream")
+    vectors = {ctx.t("vec_final"): trace.final_hidden.numpy(),
+               ctx.t("vec_next", id=trace.token_id): trace.next_input_embedding.numpy()}
+    figure(vector_figure(vectors, ctx.t("vectors_title"), ctx.large), "final-vs-next-input")
+    different = float(np.abs(vectors[ctx.t("vec_final")] - vectors[ctx.t("vec_next", id=trace.token_id)]).max())
+    st.caption(ctx.t("vectors_note", diff=different))

@@ -1,0 +1,47 @@
+"""The paged KV cache: blocks, the block table, what is stored and what is not, and the bytes."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from ui.context import ViewContext
+from ui.views.common import figure, layer_head_pickers, table
+from viz.kv_cache import block_table_frame, kv_bytes_frame, kv_values_figure, occupancy_bar, pool_figure
+
+
+def render(ctx: ViewContext) -> None:
+    info = ctx.model.info
+    st.subheader(ctx.t("kv_title"))
+    if ctx.trace is None:
+        st.info(ctx.t("need_prefill"))
+        return
+    trace = ctx.trace
+    session = ctx.runner.session
+    pool = session.pool
+    length = trace.context_length
+    size = pool.block_size
+    c1, c2, c3 = st.columns(3)
+    c1.metric(ctx.t("cached_positions"), length)
+    c2.metric(ctx.t("blocks_used"), f"{len(trace.block_table)} × {size}")
+    c3.metric(ctx.t("bytes_total"), f"{length * info.kv_bytes_per_token / 2**20:.2f} MiB",
+              help=ctx.t("bytes_help", per=info.kv_bytes_per_token))
+    cache = ctx.runner.cache
+    in_use = len(trace.block_table)
+    cached = sum(1 for b in pool.free if cache is not None and cache.holds(b))
+    figure(occupancy_bar(in_use, cached, pool.num_blocks, ctx.t("pool_title", total=pool.num_blocks), ctx.large),
+           "pool-occupancy")
+    figure(pool_figure(trace.block_table, length, size, pool.num_blocks, ctx.labels, ctx.t("blocks_title"), ctx.large),
+           "kv-blocks")
+    table(block_table_frame(trace.block_table, length, size, ctx.labels))
+    st.markdown(ctx.t("stored", layers=info.layers, kv=info.kv_heads, d=info.head_dim))
+    st.markdown(ctx.t("not_stored"))
+    layer, head = layer_head_pickers(ctx)
+    kv_head = head // info.gqa_group
+    k, v = ctx.runner.cached_kv(layer, length)
+    which = st.radio(ctx.t("k_or_v"), ["K", "V"], horizontal=True, key="w_kv")
+    values = (k if which == "K" else v)[:, kv_head].float().cpu().numpy()
+    figure(kv_values_figure(values, ctx.labels, ctx.t("values_title", which=which, layer=layer, kv=kv_head,
+                                                      head=head), ctx.large), f"{which}-L{layer}-KV{kv_head}")
+    st.markdown(ctx.t("bytes_title"))
+    table(kv_bytes_frame(info, length))
+    st.caption(ctx.t("private_cache"))

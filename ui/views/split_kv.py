@@ -1,0 +1,41 @@
+"""Split-KV (FlashDecoding): each split's partial output, max and sum; the merge equals unsplit."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from engine.split_kv import worked_example
+from ui.context import ViewContext
+from ui.views.common import figure, layer_head_pickers, table
+from viz.split_kv import merge_frame, split_figure, split_frame, worked_example_frame
+
+
+def render(ctx: ViewContext) -> None:
+    st.subheader(ctx.t("split_title"))
+    st.markdown(ctx.t("split_intro"))
+    with st.expander(ctx.t("example_title"), expanded=ctx.trace is None):
+        example = worked_example()
+        st.markdown(ctx.t("example_setup", q=example.query, keys=example.keys, values=example.values))
+        table(worked_example_frame(example))
+        st.markdown(ctx.t("example_result", merged=[round(x, 3) for x in example.merged],
+                          unsplit=[round(x, 3) for x in example.unsplit],
+                          diff=max(abs(a - b) for a, b in zip(example.merged, example.unsplit))))
+    if ctx.trace is None:
+        st.info(ctx.t("need_prefill"))
+        return
+    splits = ctx.state.kv_splits
+    if ctx.trace.split is None:
+        st.info(ctx.t("split_off"))
+        return
+    layer, head = layer_head_pickers(ctx)
+    split = ctx.trace.split
+    diff = split.max_abs_diff[layer, head].item()
+    c1, c2, c3 = st.columns(3)
+    c1.metric(ctx.t("splits"), splits)
+    c2.metric(ctx.t("cached_positions"), ctx.trace.context_length)
+    c3.metric("max |merged − unsplit|", f"{diff:.2e}")
+    table(split_frame(split, layer, head))
+    figure(split_figure(split, layer, head, ctx.t("split_fig", layer=layer, head=head), ctx.large),
+           f"split-L{layer}-H{head}")
+    with st.expander(ctx.t("merge_table")):
+        table(merge_frame(split, layer, head))

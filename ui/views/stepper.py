@@ -1,0 +1,36 @@
+"""Always visible: the phase, the token stream, the text so far, and the candidates for the next token."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from ui.context import ViewContext
+from ui.views.common import figure, table
+from viz.candidates import candidates_figure, candidates_frame
+from viz.tokens import token_stream_html
+
+
+def phase_line(ctx: ViewContext) -> str:
+    n = len(ctx.runner.prompt_ids)
+    if ctx.step == 0:
+        return ctx.t("phase_ready", n=n)
+    trace = ctx.trace
+    if trace.phase == "prefill":
+        reused = trace.prefix.reused_tokens if trace.prefix else 0
+        return ctx.t("phase_prefill", n=len(trace.input_ids), reused=reused)
+    return ctx.t("phase_decode", position=trace.positions[0], length=trace.context_length)
+
+
+def render(ctx: ViewContext) -> None:
+    st.markdown(f"**{phase_line(ctx)}**")
+    if ctx.runner.finished and ctx.step == ctx.runner.generated:
+        st.info(ctx.t("stopped_" + ctx.runner.session.stop_reason))
+    st.markdown(token_stream_html(ctx.cells, ctx.large), unsafe_allow_html=True)
+    st.caption(ctx.t("legend"))
+    prompt, answer = ctx.runner.texts(ctx.step)
+    with st.container(key="generated", border=True):
+        st.text(prompt + answer)
+    if ctx.trace is not None:
+        with st.expander(ctx.t("candidates_title", token=ctx.cells[-1].text), expanded=False):
+            figure(candidates_figure(ctx.trace, ctx.t("candidates_fig"), ctx.large), "candidates")
+            table(candidates_frame(ctx.trace))

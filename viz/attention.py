@@ -1,0 +1,83 @@
+"""Attention over the KV cache: heatmaps per head, all heads of a layer, the newest row, GQA sharing."""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from viz.style import OKABE_ITO, SEQUENTIAL, finish
+
+MAX_CELLS = 160  # per axis: beyond this a heatmap is windowed to the latest positions
+
+
+def window(n: int, size: int = MAX_CELLS) -> slice:
+    """The latest `size` positions of n (the whole range when it fits)."""
+    return slice(max(0, n - size), n)
+
+
+def heatmap_figure(matrix: np.ndarray, labels: list[str], title: str = "", large: bool = False,
+                   value_name: str = "p", zmin: float | None = 0.0, zmax: float | None = None) -> go.Figure:
+    """A causal attention matrix (query rows × key columns); the masked future is blank (NaN or −inf)."""
+    n = matrix.shape[0]
+    shown = window(n)
+    sub = np.array(matrix[shown, shown], dtype=float)
+    sub[~np.isfinite(sub)] = np.nan  # the causal mask: nothing to draw
+    ticks = [f"{i}:{labels[i]}" for i in range(shown.start, shown.stop)]
+    fig = go.Figure(go.Heatmap(z=sub, x=ticks, y=ticks, colorscale=SEQUENTIAL, zmin=zmin, zmax=zmax,
+                               hovertemplate="query %{y}<br>key %{x}<br>" + value_name + " = %{z:.4f}<extra></extra>",
+                               colorbar=dict(title=value_name)))
+    fig.update_layout(yaxis=dict(autorange="reversed", title="query (row = one step's token)"),
+                      xaxis=dict(title="key (cached position)", tickangle=-60))
+    return finish(fig, title, large, height=640)
+
+
+def head_grid_figure(rows: np.ndarray, labels: list[str], group: int, title: str = "",
+                     large: bool = False) -> go.Figure:
+    """All Q heads' newest attention rows (q_heads × L), heads sharing a KV head drawn side by side."""
+    q_heads, length = rows.shape
+    shown = window(length)
+    cols = min(q_heads, 4)
+    grid_rows = -(-q_heads // cols)
+    fig = make_subplots(rows=grid_rows, cols=cols, subplot_titles=[f"Q{h} → KV{h // group}" for h in range(q_heads)],
+                        vertical_spacing=0.12)
+    ticks = [f"{i}:{labels[i]}" for i in range(shown.start, shown.stop)]
+    for h in range(q_heads):
+        fig.add_trace(go.Bar(x=ticks, y=rows[h, shown], marker_color=OKABE_ITO["blue"] if (h // group) % 2 == 0
+                             else OKABE_ITO["orange"], hovertemplate="%{x}: %{y:.4f}<extra>Q" + str(h) + "</extra>",
+                             showlegend=False), row=h // cols + 1, col=h % cols + 1)
+    fig.update_xaxes(showticklabels=False)
+    fig.update_yaxes(range=[0, 1])
+    return finish(fig, title, large, height=180 * grid_rows + 60)
+
+
+def newest_row_figure(row: np.ndarray, labels: list[str], title: str = "", large: bool = False,
+                      value_name: str = "p") -> go.Figure:
+    """The newest token's attention over every cached token, as bars."""
+    shown = window(len(row))
+    ticks = [f"{i}:{labels[i]}" for i in range(shown.start, shown.stop)]
+    fig = go.Figure(go.Bar(x=ticks, y=row[shown], marker_color=OKABE_ITO["vermillion"],
+                           hovertemplate="%{x}: %{y:.4f}<extra></extra>"))
+    fig.update_layout(xaxis=dict(tickangle=-60), yaxis=dict(title=value_name))
+    return finish(fig, title, large, height=360)
+
+
+def gqa_figure(q_heads: int, kv_heads: int, title: str = "", large: bool = False) -> go.Figure:
+    """Lines from each Q head to the KV head it reads: q_heads / kv_heads Q heads share one K/V."""
+    group = q_heads // kv_heads
+    fig = go.Figure()
+    for h in range(q_heads):
+        kv = h // group
+        fig.add_trace(go.Scatter(x=[0, 1], y=[h, kv * group + (group - 1) / 2], mode="lines",
+                                 line=dict(color=OKABE_ITO["blue"] if kv % 2 == 0 else OKABE_ITO["orange"], width=2),
+                                 hoverinfo="skip", showlegend=False))
+    fig.add_trace(go.Scatter(x=[0] * q_heads, y=list(range(q_heads)), mode="markers+text",
+                             text=[f"Q{h}" for h in range(q_heads)], textposition="middle left",
+                             marker=dict(size=12, color=OKABE_ITO["sky"]), showlegend=False, hoverinfo="skip"))
+    fig.add_trace(go.Scatter(x=[1] * kv_heads, y=[k * group + (group - 1) / 2 for k in range(kv_heads)],
+                             mode="markers+text", text=[f"K/V{k}" for k in range(kv_heads)],
+                             textposition="middle right", marker=dict(size=18, color=OKABE_ITO["green"], symbol="square"),
+                             showlegend=False, hoverinfo="skip"))
+    fig.update_xaxes(visible=False, range=[-0.4, 1.4])
+    fig.update_yaxes(visible=False, autorange="reversed")
+    return finish(fig, title, large, height=max(220, 26 * q_heads + 60))

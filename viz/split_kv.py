@@ -1,0 +1,66 @@
+"""Split-KV (FlashDecoding): each split's range, max, sum, weight and partial output; the merge."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from engine.split_kv import WorkedExample
+from engine.trace import SplitKVTrace
+from viz.style import OKABE_ITO, finish
+
+PREVIEW_DIMS = 4
+
+
+def _vector(values, digits: int = 4) -> str:
+    shown = ", ".join(f"{v:.{digits}f}" for v in values[:PREVIEW_DIMS])
+    return f"[{shown}{', …' if len(values) > PREVIEW_DIMS else ''}]"
+
+
+def split_frame(split: SplitKVTrace, layer: int, head: int) -> pd.DataFrame:
+    rows = []
+    for i, (start, end) in enumerate(split.ranges):
+        m = split.max_score[layer, head, i].item()
+        rows.append({"split": i, "keys": f"{start}–{end - 1}" if end > start else "(empty)", "count": end - start,
+                     "m_i (max score)": m if np.isfinite(m) else None,
+                     "l_i (Σ e^(s−m_i))": split.exp_sum[layer, head, i].item(),
+                     "weight w_i/Σw": split.weight[layer, head, i].item(),
+                     "O_i (partial output)": _vector(split.partial[layer, head, i].tolist())})
+    return pd.DataFrame(rows)
+
+
+def merge_frame(split: SplitKVTrace, layer: int, head: int) -> pd.DataFrame:
+    merged = split.merged[layer, head].tolist()
+    unsplit = split.unsplit[layer, head].tolist()
+    return pd.DataFrame({"dim": list(range(len(merged))), "merged": merged, "unsplit": unsplit,
+                         "|merged − unsplit|": [abs(a - b) for a, b in zip(merged, unsplit)]})
+
+
+def split_figure(split: SplitKVTrace, layer: int, head: int, title: str = "", large: bool = False) -> go.Figure:
+    """Each split's partial output O_i (thin), the merged output and unsplit attention (thick) over head_dim."""
+    fig = go.Figure()
+    dims = list(range(split.partial.shape[-1]))
+    palette = [OKABE_ITO[c] for c in ("sky", "orange", "green", "purple", "yellow", "blue")]
+    for i, (start, end) in enumerate(split.ranges):
+        if end == start:
+            continue
+        weight = split.weight[layer, head, i].item()
+        fig.add_scatter(x=dims, y=split.partial[layer, head, i].tolist(), mode="lines",
+                        name=f"O_{i} (keys {start}–{end - 1}, w={weight:.3f})",
+                        line=dict(width=1, color=palette[i % len(palette)]))
+    fig.add_scatter(x=dims, y=split.unsplit[layer, head].tolist(), mode="lines", name="unsplit",
+                    line=dict(width=6, color=OKABE_ITO["grey"]))
+    fig.add_scatter(x=dims, y=split.merged[layer, head].tolist(), mode="lines", name="merged = Σ w_i O_i / Σ w_i",
+                    line=dict(width=2, color=OKABE_ITO["vermillion"], dash="dash"))
+    fig.update_layout(xaxis=dict(title="head_dim"), legend=dict(orientation="h", y=-0.2))
+    return finish(fig, title, large, height=420)
+
+
+def worked_example_frame(example: WorkedExample) -> pd.DataFrame:
+    rows = []
+    for i, (start, end) in enumerate(example.ranges):
+        rows.append({"split": i, "keys": f"k{start}–k{end - 1}", "scores": _vector(example.scores[start:end], 3),
+                     "m_i": round(example.max_score[i], 3), "l_i": round(example.exp_sum[i], 3),
+                     "O_i": _vector(example.partial[i], 3), "w_i/Σw": round(example.weight[i], 3)})
+    return pd.DataFrame(rows)

@@ -1,11 +1,166 @@
-"""The Streamlit app, driven headless with AppTest."""
+"""The Streamlit app, driven headless with AppTest: controls, views, links, bad input."""
 
+import pytest
 from streamlit.testing.v1 import AppTest
 
+import engine
+from ui import strings
+from ui.state import VIEWS, parse_query
 
-def test_app_loads_the_default_model_and_shows_a_continuation(embedded_model):
-    app = AppTest.from_file("../app.py", default_timeout=120).run()
-    assert not app.exception
-    app.button[0].click().run()
-    assert not app.exception
-    assert "Paris" in app.get("text")[0].value
+APP = "../app.py"
+
+
+def start(**params) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=120)
+    for key, value in params.items():
+        at.query_params[key] = str(value)
+    return at.run()
+
+
+def shown_text(at: AppTest) -> str:
+    """The plain text inside the container keyed `generated`."""
+    texts = [c.value for c in at.code]
+    assert texts, "no plain-text element on the page"
+    return texts[0]
+
+
+def assert_clean(at: AppTest):
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+
+
+def expected_text(model, prompt, chat, steps, **sampling):
+    session = engine.DecodeSession(model, prompt, chat=chat, sampling=engine.Sampling(**sampling),
+                                   max_new_tokens=256)
+    session.prefill()
+    for _ in range(steps - 1):
+        session.step()
+    return model.tokenizer.decode(session.prompt_ids) + session.text
+
+
+def test_default_page_shows_the_prompt_ready_to_prefill(embedded_model):
+    at = start()
+    assert_clean(at)
+    assert "What is a KV cache?" in shown_text(at)
+    assert at.markdown[0].value.startswith("**Ready to prefill")
+    assert at.query_params["step"] == "0"
+
+
+def test_next_back_prefill_and_reset_step_and_update_the_link(embedded_model):
+    at = start()
+    at.button(key="b_next").click().run()
+    assert_clean(at)
+    one = shown_text(at)
+    assert at.query_params["step"] == "1" and "Prefill" in at.markdown[0].value
+    at.button(key="b_next").click().run()
+    two = shown_text(at)
+    assert at.query_params["step"] == "2" and len(two) > len(one) and two.startswith(one)
+    assert "Decode" in at.markdown[0].value
+    at.button(key="b_back").click().run()
+    assert at.query_params["step"] == "1" and shown_text(at) == one
+    at.button(key="b_reset").click().run()
+    assert at.query_params["step"] == "0"
+    at.button(key="b_prefill").click().run()
+    assert at.query_params["step"] == "1" and shown_text(at) == one
+
+
+def test_a_link_restores_the_exact_state(embedded_model):
+    params = dict(prompt="Name three colours.", chat=1, temperature=0.8, top_k=20, top_p=0.9, seed=5, block_size=4,
+                  kv_splits=3, policy="radix", step=6, view="split", layer=2, head=1, lang="zh")
+    at = start(**params)
+    assert_clean(at)
+    assert shown_text(at) == expected_text(embedded_model, "Name three colours.", True, 6, temperature=0.8, top_k=20,
+                                           top_p=0.9, seed=5)
+    for key, value in params.items():
+        if key != "step":
+            assert str(at.session_state["w_" + key]) == str(value) or at.session_state["w_" + key] == value
+    assert at.title[0].value == strings.t("title", "zh")
+    # The link the page writes back describes the same state (defaults such as chat=1 are left out).
+    assert parse_query(dict(at.query_params.items())) == parse_query({k: str(v) for k, v in params.items()})
+    assert len(at.dataframe) >= 1  # the split table for layer 2, head 1
+
+
+@pytest.mark.parametrize("params, bad", [
+    ({"step": "abc"}, "step"), ({"temperature": "nan"}, "temperature"), ({"top_p": "5"}, "top_p"),
+    ({"block_size": "-3"}, "block_size"), ({"kv_splits": "0"}, "kv_splits"), ({"view": "bogus"}, "view"),
+    ({"lang": "fr"}, "lang"), ({"chat": "yes"}, "chat"), ({"policy": "lru"}, "policy"), ({"seed": "1e99"}, "seed"),
+    ({"layer": "999", "step": "1"}, "layer"), ({"head": "-1"}, "head"), ({"model": "../../etc/passwd"}, "model"),
+    ({"top_k": "-5"}, "top_k"), ({"step": "100000"}, "step"),
+])
+def test_malformed_link_values_get_a_message_and_a_fallback(params, bad, embedded_model):
+    at = start(**params)
+    assert not at.exception, at.exception
+    assert any(f"`{bad}=" in w.value or "cannot be shown" in w.value for w in at.warning), [w.value for w in at.warning]
+    assert "What is a KV cache?" in shown_text(at)
+
+
+@pytest.mark.parametrize("view", VIEWS)
+@pytest.mark.parametrize("step", [0, 1, 3])
+def test_every_view_renders_before_prefill_after_prefill_and_while_decoding(view, step, embedded_model):
+    at = start(view=view, step=step, kv_splits=2, block_size=4)
+    assert_clean(at)
+    assert parse_query(dict(at.query_params.items()))[0].view == view and at.query_params["step"] == str(step)
+
+
+def test_views_can_be_switched_and_layer_head_chosen(embedded_model):
+    at = start(step=2)
+    for view in VIEWS:
+        at.radio(key="w_view").set_value(view).run()
+        assert_clean(at)
+    at.radio(key="w_view").set_value("attention").run()
+    at.number_input(key="w_layer").set_value(29).run()
+    at.number_input(key="w_head").set_value(8).run()
+    assert_clean(at)
+    assert at.query_params["layer"] == "29" and at.query_params["head"] == "8"
+    at.toggle(key="w_scores").set_value(True).run()
+    assert_clean(at)
+
+
+def test_sidebar_controls_start_a_new_run(embedded_model):
+    at = start(step=3)
+    greedy = shown_text(at)
+    at.slider(key="w_temperature").set_value(1.5).run()
+    at.number_input(key="w_seed").set_value(11).run()
+    assert_clean(at)
+    assert shown_text(at) == expected_text(embedded_model, "What is a KV cache?", True, 3, temperature=1.5, seed=11)
+    assert shown_text(at) != greedy
+    at.toggle(key="w_chat").set_value(False).run()
+    assert shown_text(at).startswith("What is a KV cache?")
+    at.selectbox(key="w_lang").set_value("zh").run()
+    assert at.title[0].value == strings.t("title", "zh")
+    at.toggle(key="w_large").set_value(True).run()
+    assert_clean(at)
+    assert at.query_params["large"] == "1"
+
+
+# On SmolLM2's tokenizer the cached prompt is 11 tokens; Case 2 first differs at token 9.
+@pytest.mark.parametrize("policy, case, reused", [("whole", "case1", 11), ("block", "case1", 8), ("radix", "case1", 11),
+                                                  ("whole", "case2", 0), ("block", "case2", 8), ("radix", "case2", 9)])
+def test_article_cases_load_in_one_click(policy, case, reused, embedded_model):
+    at = start(view="prefix", policy=policy, block_size=4)
+    at.button(key=case).click().run()
+    assert_clean(at)
+    tokenizer = embedded_model.tokenizer
+    cached, new = tokenizer.encode("解释什么是Transformer"), tokenizer.encode(at.session_state["w_prompt"])
+    e = next(i for i, (a, b) in enumerate(zip(cached + [-1], new + [-2])) if a != b)
+    expected = {"whole": len(cached) if e == len(cached) else 0, "radix": min(e, len(new) - 1),
+                "block": min(e, len(new) - 1) // 4 * 4}[policy]
+    assert expected == reused  # the rule on this tokenizer, as the parameters above claim
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics[strings.t("reused")] == str(reused)
+    assert metrics[strings.t("computed")] == str(len(new) - reused)
+
+
+@pytest.mark.parametrize("prompt", ["", "   \n  "])
+def test_empty_prompt_gets_a_clear_message(prompt, embedded_model):
+    at = start()
+    at.text_area(key="w_prompt").set_value(prompt).run()
+    assert not at.exception
+    assert any("empty" in e.value for e in at.error)
+
+
+def test_prompt_over_the_app_limit_gets_a_clear_message(embedded_model):
+    at = start()
+    at.text_area(key="w_prompt").set_value("word " * 700).run()
+    assert not at.exception
+    assert any("at most 512" in e.value for e in at.error)

@@ -29,6 +29,12 @@ def t(key: str, **values) -> str:
     return strings.t(key, ss.get("w_lang", "en"), **values)
 
 
+def labels(prefix: str):
+    """A format_func for options whose labels are strings `prefix + option`, in today's language."""
+    lang = ss.get("w_lang", "en")
+    return lambda option: strings.t(prefix + option, lang)
+
+
 def main() -> None:
     st.set_page_config(page_title="kvscope", page_icon="🔎", layout="wide")
     limits = load_limits()
@@ -36,6 +42,10 @@ def main() -> None:
         start_from_link(limits)
     if ss.pop("stop_playing", False):
         ss.w_playing = False
+    model, failure = model_for(ss.w_model)
+    runner = runner_for(model, limits) if model is not None else None
+    if runner is not None:
+        apply_pending_case(runner, limits)  # before the widgets: it sets the prompt and chat switch
     sidebar(limits)
     if ss.w_large:
         st.markdown("<style>html { font-size: 125%; }</style>", unsafe_allow_html=True)
@@ -44,11 +54,10 @@ def main() -> None:
     for problem in ss.pop("problems", []):
         st.warning(t("link_problem", param=problem.param, value=problem.value, fallback=problem.fallback,
                      reason=t("reason_" + problem.reason)))
-    model = model_for(ss.w_model)
     if model is None:
+        st.error(failure)
+        st.button(t("use_default"), key="use_default", on_click=use_default_model)
         return
-    runner = runner_for(model, limits)
-    apply_pending_case(runner, limits)
     try:
         runner.configure(run_config(current_state(), limits))
     except engine.KvscopeError as error:
@@ -97,16 +106,17 @@ def run_config(state: AppState, limits: Limits) -> RunConfig:
     )
 
 
-def model_for(spec: str) -> engine.Model | None:
+def model_for(spec: str) -> tuple[engine.Model | None, str]:
+    """The shared model, or None and a message saying why it could not be loaded."""
     try:
         with st.spinner(t("loading", model=spec)):
-            return load_model(spec)
+            return load_model(spec), ""
     except (engine.KvscopeError, OSError, MemoryError) as error:
-        st.error(t("model_failed", model=spec, error=str(error)))
-        if spec != "embedded":
-            ss.w_model = "embedded"
-            st.button(t("use_default"), key="use_default")
-        return None
+        return None, t("model_failed", model=spec, error=str(error))
+
+
+def use_default_model() -> None:
+    ss.w_model = "embedded"
 
 
 def runner_for(model: engine.Model, limits: Limits) -> Runner:
@@ -155,7 +165,7 @@ def sidebar(limits: Limits) -> None:
         st.markdown(f"**{t('cache')}**")
         st.number_input(t("block_size"), 1, 256, key="w_block_size", step=1, help=t("block_size_help"))
         st.number_input(t("kv_splits"), 1, 64, key="w_kv_splits", step=1, help=t("kv_splits_help"))
-        st.selectbox(t("policy"), POLICIES, key="w_policy", format_func=lambda p: t("policy_" + p))
+        st.selectbox(t("policy"), POLICIES, key="w_policy", format_func=labels("policy_"))
 
 
 def play_controls(limits: Limits) -> None:
@@ -191,7 +201,7 @@ def stepper_and_view(model: engine.Model, runner: Runner) -> None:
     columns[3].button(t("reset"), key="b_reset", on_click=go_to, args=(0,), width="stretch")
     ctx = ViewContext(model=model, runner=runner, state=state, step=ss.step, trace=runner.trace(ss.step))
     stepper.render(ctx)
-    st.radio(t("view"), VIEWS, key="w_view", horizontal=True, format_func=lambda v: t("view_" + v))
+    st.radio(t("view"), VIEWS, key="w_view", horizontal=True, format_func=labels("view_"))
     VIEW_MODULES[ss.w_view].render(ctx)
     write_link(current_state())
 

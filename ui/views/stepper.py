@@ -28,8 +28,10 @@ def render(ctx: ViewContext) -> None:
     st.markdown(token_stream_html(ctx.cells, ctx.large), unsafe_allow_html=True)
     st.caption(ctx.t("legend"))
     prompt, answer = ctx.runner.texts(ctx.step)
-    with st.container(key="generated", border=True):
-        st.text(prompt + answer)
+    with st.container(key="generated"):
+        # st.code keeps the text exactly (st.text would dedent and strip it); it drops one leading and
+        # one trailing newline, so we add them.
+        st.code("\n" + prompt + answer + "\n", language=None, wrap_lines=True)
     if ctx.trace is not None:
         with st.expander(ctx.t("candidates_title", token=ctx.cells[-1].text), expanded=False):
             figure(candidates_figure(ctx.trace, ctx.t("candidates_fig"), ctx.large), "candidates")

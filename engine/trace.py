@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -110,15 +111,19 @@ class StepTrace:
         return self.logits is None
 
     def to_dict(self) -> dict:
-        """JSON-ready: tensors become nested lists."""
-        out = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, torch.Tensor):
-                value = value.tolist()
-            elif f.name == "candidates":
-                value = [vars(c) for c in value]
-            elif f.name in ("split", "prefix") and value is not None:
-                value = {k: (x.tolist() if isinstance(x, torch.Tensor) else x) for k, x in vars(value).items()}
-            out[f.name] = value
-        return out
+        """JSON-ready: tensors become nested lists; −inf (masked scores) and other non-finite numbers become None."""
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
+
+
+def _plain(value):
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if hasattr(value, "__dataclass_fields__"):
+        return {k: _plain(v) for k, v in vars(value).items()}
+    return value

@@ -164,3 +164,19 @@ def test_prompt_over_the_app_limit_gets_a_clear_message(embedded_model):
     at.text_area(key="w_prompt").set_value("word " * 700).run()
     assert not at.exception
     assert any("at most 512" in e.value for e in at.error)
+
+
+def test_play_advances_one_token_per_tick_and_stops_at_the_end(embedded_model):
+    at = start(step=1)
+    at.toggle(key="w_playing").set_value(True).run()
+    assert_clean(at)
+    assert at.query_params["step"] == "2"
+    at.run()
+    assert at.query_params["step"] == "3"
+
+
+def test_downloads_offer_the_trace_and_the_tokens(embedded_model):
+    at = start(step=2)
+    assert_clean(at)
+    labels = [b.label for b in at.get("download_button")]
+    assert strings.t("download_trace") in labels and strings.t("download_tokens") in labels

@@ -7,6 +7,7 @@ to a sensible value and leaves a `Problem` for the page to show.
 from __future__ import annotations
 
 import math
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
@@ -99,7 +100,7 @@ def _parse_one(name: str, raw: str, default):
             return raw == "1", None
         return default, "bad_flag"
     if name == "prompt":
-        cleaned = "".join(ch for ch in raw if ch in "\n\t" or ch.isprintable())
+        cleaned = "".join(ch for ch in raw if ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cs"))
         if len(cleaned) > MAX_PROMPT_CHARS:
             return cleaned[:MAX_PROMPT_CHARS], "too_long"
         return cleaned, ("control_chars" if cleaned != raw else None)

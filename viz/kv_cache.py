@@ -24,10 +24,11 @@ def block_table_frame(block_table: list[int], length: int, block_size: int, labe
 
 
 def pool_figure(block_table: list[int], length: int, block_size: int, num_blocks: int, labels: list[str],
-                title: str = "", large: bool = False, max_blocks: int = 64) -> go.Figure:
-    """Every physical block as a row of slots; a slot shows the token whose K/V it stores."""
+                title: str = "", large: bool = False, spare: int = 3) -> go.Figure:
+    """Physical blocks as rows of slots (up to the highest one in use, plus a few free ones); a slot
+    shows the token whose K/V it stores."""
     owner = {physical: logical for logical, physical in enumerate(block_table)}
-    shown = min(num_blocks, max(max_blocks, max(block_table, default=0) + 1))
+    shown = min(num_blocks, max(block_table, default=-1) + 1 + spare)
     z = np.full((shown, block_size), np.nan)
     text = [[""] * block_size for _ in range(shown)]
     for physical in range(shown):
@@ -43,7 +44,7 @@ def pool_figure(block_table: list[int], length: int, block_size: int, num_blocks
                                xgap=2, ygap=2, hovertemplate="block %{y}, slot %{x}<br>%{text}<extra></extra>"))
     fig.update_layout(xaxis=dict(title="slot (offset in block)", dtick=1),
                       yaxis=dict(title="physical block", autorange="reversed", dtick=1))
-    return finish(fig, title, large, height=min(900, 40 + 26 * shown))
+    return finish(fig, title, large, height=min(900, 120 + 30 * shown))
 
 
 def kv_bytes_frame(info: ModelInfo, length: int) -> pd.DataFrame:

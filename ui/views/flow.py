@@ -6,7 +6,7 @@ import numpy as np
 import streamlit as st
 
 from ui.context import ViewContext
-from ui.views.common import figure, table
+from ui.views.common import figure
 from viz.flow import flow_frame, residual_figure, vector_figure
 
 
@@ -17,7 +17,7 @@ def render(ctx: ViewContext) -> None:
         st.info(ctx.t("need_prefill"))
         return
     trace = ctx.trace
-    table(flow_frame(trace, info))
+    st.table(flow_frame(trace, info).set_index("stage"))
     new = ctx.cells[-1]
     left, right = st.columns(2)
     with left:

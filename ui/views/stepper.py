@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import streamlit as st
 
 from ui.context import ViewContext
 from ui.views.common import figure, table
 from viz.candidates import candidates_figure, candidates_frame
-from viz.tokens import token_stream_html
+from viz.tokens import token_frame, token_stream_html
 
 
 def phase_line(ctx: ViewContext) -> str:
@@ -33,6 +35,16 @@ def render(ctx: ViewContext) -> None:
         # one trailing newline, so we add them.
         st.code("\n" + prompt + answer + "\n", language=None, wrap_lines=True)
     if ctx.trace is not None:
-        with st.expander(ctx.t("candidates_title", token=ctx.cells[-1].text), expanded=False):
+        st.markdown(f"**{ctx.t('candidates_title', token=ctx.cells[-1].text)}**")
+        table(candidates_frame(ctx.trace), key="candidates")
+        with st.expander(ctx.t("candidates_fig")):
             figure(candidates_figure(ctx.trace, ctx.t("candidates_fig"), ctx.large), "candidates")
-            table(candidates_frame(ctx.trace))
+        downloads(ctx)
+
+
+def downloads(ctx: ViewContext) -> None:
+    left, right = st.columns(2)
+    left.download_button(ctx.t("download_trace"), json.dumps(ctx.trace.to_dict(), ensure_ascii=False),
+                         file_name=f"kvscope-step-{ctx.step}.json", mime="application/json", key="dl_trace")
+    right.download_button(ctx.t("download_tokens"), token_frame(ctx.cells).to_csv(index=False),
+                          file_name=f"kvscope-tokens-step-{ctx.step}.csv", mime="text/csv", key="dl_tokens")

@@ -1,0 +1,57 @@
+"""Link parsing: every value either round-trips or falls back with a stated problem."""
+
+import pytest
+
+from ui.settings import load_limits
+from ui.state import AppState, clamp, parse_query, to_query
+
+
+def test_default_state_round_trips_through_a_link():
+    state = AppState(prompt="解释什么是Transformer 🤖", chat=False, temperature=0.7, top_k=40, top_p=0.9, seed=3,
+                     block_size=4, kv_splits=5, policy="whole", step=12, view="prefix", layer=3, head=7, lang="zh",
+                     large=True)
+    parsed, problems = parse_query(to_query(state))
+    assert parsed == state and problems == []
+    assert to_query(AppState()) == {"step": "0"}
+
+
+@pytest.mark.parametrize("param, raw, fallback, reason", [
+    ("step", "abc", 0, "bad_number"), ("step", "-4", 0, "out_of_range"), ("step", "2.5", 0, "bad_number"),
+    ("temperature", "nan", 0.0, "bad_number"), ("temperature", "inf", 0.0, "bad_number"),
+    ("temperature", "-1", 0.0, "out_of_range"), ("temperature", "99", 5.0, "out_of_range"),
+    ("top_p", "0", 0.01, "out_of_range"), ("top_p", "1.5", 1.0, "out_of_range"), ("top_k", "-5", 0, "out_of_range"),
+    ("seed", "1e99", 0, "bad_number"), ("block_size", "0", 1, "out_of_range"), ("block_size", "4096", 256, "out_of_range"),
+    ("kv_splits", "0", 1, "out_of_range"), ("kv_splits", "1000", 64, "out_of_range"),
+    ("layer", "x", 0, "bad_number"), ("head", "-1", 0, "out_of_range"),
+    ("view", "bogus", "flow", "unknown_choice"), ("lang", "fr", "en", "unknown_choice"),
+    ("policy", "lru", "block", "unknown_choice"), ("chat", "yes", True, "bad_flag"), ("large", "2", False, "bad_flag"),
+])
+def test_malformed_values_fall_back_with_a_problem(param, raw, fallback, reason):
+    state, problems = parse_query({param: raw})
+    assert getattr(state, param) == fallback
+    assert [(p.param, p.reason) for p in problems] == [(param, reason)]
+
+
+def test_prompt_loses_control_characters_and_is_bounded():
+    state, problems = parse_query({"prompt": "hi\x00\x1b[31m there\x7f"})
+    assert state.prompt == "hi[31m there" and problems[0].reason == "control_chars"
+    family = "👩\u200d👩\u200d👧 \u202eright-to-left override"  # joiners and direction marks are text, kept
+    assert parse_query({"prompt": family}) == (AppState(prompt=family), [])
+    state, problems = parse_query({"prompt": "x" * 5000})
+    assert len(state.prompt) == 4000 and problems[0].reason == "too_long"
+    state, problems = parse_query({"prompt": "مرحبا 你好 👋\nline two\tTab"})
+    assert state.prompt == "مرحبا 你好 👋\nline two\tTab" and problems == []
+
+
+def test_layer_and_head_are_fitted_to_the_model():
+    state, problems = clamp(AppState(layer=40, head=3), layers=30, heads=9)
+    assert (state.layer, state.head) == (29, 3) and [p.param for p in problems] == ["layer"]
+
+
+def test_host_limits_come_from_the_environment():
+    limits = load_limits({"KVSCOPE_MODELS": "Qwen/Qwen3-0.6B, embedded", "KVSCOPE_MAX_NEW_TOKENS": "32",
+                          "KVSCOPE_MAX_PROMPT_TOKENS": "oops"})
+    assert limits.models == ("embedded", "Qwen/Qwen3-0.6B")
+    assert limits.max_new_tokens == 32 and limits.max_prompt_tokens == 512
+    assert limits.model_allowed("Qwen/Qwen3-0.6B") and not limits.model_allowed("/etc")
+    assert load_limits({"KVSCOPE_ALLOW_ANY_MODEL": "1"}).model_allowed("/some/folder")

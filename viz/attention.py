@@ -22,7 +22,8 @@ def heatmap_figure(matrix: np.ndarray, labels: list[str], title: str = "", large
     n = matrix.shape[0]
     shown = window(n)
     sub = np.array(matrix[shown, shown], dtype=float)
-    sub[~np.isfinite(sub)] = np.nan  # the causal mask: nothing to draw
+    future = np.arange(shown.start, shown.stop)[None, :] > np.arange(shown.start, shown.stop)[:, None]
+    sub[future | ~np.isfinite(sub)] = np.nan  # the causal mask: a query never sees later keys, drawn blank
     ticks = [f"{i}:{labels[i]}" for i in range(shown.start, shown.stop)]
     fig = go.Figure(go.Heatmap(z=sub, x=ticks, y=ticks, colorscale=SEQUENTIAL, zmin=zmin, zmax=zmax,
                                hovertemplate="query %{y}<br>key %{x}<br>" + value_name + " = %{z:.4f}<extra></extra>",

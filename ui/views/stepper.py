@@ -7,7 +7,7 @@ import json
 import streamlit as st
 
 from ui.context import ViewContext
-from ui.views.common import figure, table
+from ui.views.common import figure
 from viz.candidates import candidates_figure, candidates_frame
 from viz.tokens import token_frame, token_stream_html
 
@@ -27,16 +27,24 @@ def render(ctx: ViewContext) -> None:
     st.markdown(f"**{phase_line(ctx)}**")
     if ctx.runner.finished and ctx.step == ctx.runner.generated:
         st.info(ctx.t("stopped_" + ctx.runner.session.stop_reason))
-    st.markdown(token_stream_html(ctx.cells, ctx.large), unsafe_allow_html=True)
-    st.caption(ctx.t("legend"))
-    prompt, answer = ctx.runner.texts(ctx.step)
-    with st.container(key="generated"):
-        # st.code keeps the text exactly (st.text would dedent and strip it); it drops one leading and
-        # one trailing newline, so we add them.
-        st.code("\n" + prompt + answer + "\n", language=None, wrap_lines=True)
-    if ctx.trace is not None:
+    left, right = st.columns([3, 2])
+    with left:
+        st.markdown(token_stream_html(ctx.cells, ctx.large), unsafe_allow_html=True)
+        st.caption(ctx.t("legend"))
+        prompt, answer = ctx.runner.texts(ctx.step)
+        with st.container(key="generated"):
+            # st.code keeps the text exactly (st.text would dedent and strip it); it drops one leading
+            # and one trailing newline, so we add them.
+            st.code("\n" + prompt + answer + "\n", language=None, wrap_lines=True)
+    with right:
+        if ctx.trace is None:
+            return
         st.markdown(f"**{ctx.t('candidates_title', token=ctx.cells[-1].text)}**")
-        table(candidates_frame(ctx.trace), key="candidates")
+        frame = candidates_frame(ctx.trace)
+        st.dataframe(frame[["token", "id", "p_raw", "p_temperature", "p_top_k", "p_top_p", "drawn"]], hide_index=True,
+                     key="candidates", height=36 * (len(frame) + 1) + 4,
+                     column_config={c: st.column_config.NumberColumn(format="%.4f")
+                                    for c in ("p_raw", "p_temperature", "p_top_k", "p_top_p")})
         with st.expander(ctx.t("candidates_fig")):
             figure(candidates_figure(ctx.trace, ctx.t("candidates_fig"), ctx.large), "candidates")
         downloads(ctx)

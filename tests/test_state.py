@@ -55,3 +55,10 @@ def test_host_limits_come_from_the_environment():
     assert limits.max_new_tokens == 32 and limits.max_prompt_tokens == 512
     assert limits.model_allowed("Qwen/Qwen3-0.6B") and not limits.model_allowed("/etc")
     assert load_limits({"KVSCOPE_ALLOW_ANY_MODEL": "1"}).model_allowed("/some/folder")
+
+
+def test_every_string_exists_in_both_languages():
+    from ui.strings import EN, ZH
+
+    assert EN.keys() == ZH.keys()
+    assert all(ZH[key].count("{") == EN[key].count("{") for key in EN)

@@ -95,3 +95,12 @@ def test_candidates_split_costs_and_prefix_tables(run):
     align = alignment_frame([1, 2, 3], [1, 2, 4, 5], list("abc"), list("abde"), reused=2)
     assert list(align["same id"]) == [True, True, False, False] and list(align["reused"]) == [True, True, False, False]
     assert list(policy_frame({"block": 0, "radix": 9}, 17)["computed tokens"]) == [17, 8]
+
+
+def test_figure_labels_follow_the_language():
+    from ui.strings import translate_figure
+    from viz.kv_cache import occupancy_bar
+
+    fig = translate_figure(occupancy_bar(3, 2, 10), "zh")
+    assert [t.name for t in fig.data] == ["使用中", "已缓存、空闲", "空闲"]
+    assert [t.name for t in translate_figure(occupancy_bar(3, 2, 10), "en").data] == ["in use", "cached, free", "empty"]

@@ -261,3 +261,39 @@ def t(key: str, lang: str = "en", **values) -> str:
     table = STRINGS.get(lang, EN)
     text = table.get(key, EN.get(key, key))
     return text.format(**values) if values else text
+
+
+# Labels drawn inside figures by `viz` (which stays language-free): translated when the page draws them.
+FIGURE_TERMS = {
+    "zh": {
+        "empty": "空闲", "cached, free": "已缓存、空闲", "in use": "使用中", "blocks": "块",
+        "slot (offset in block)": "槽位（块内偏移）", "physical block": "物理块",
+        "query (row = one step's token)": "查询（每行 = 一步的 token）", "key (cached position)": "键（缓存位置）",
+        "layer": "层", "step": "步", "ms": "毫秒", "decode step": "decode 步", "MiB read per step": "每步读取 MiB",
+        "tokens": "token 数", "MiB": "MiB", "millions": "百万",
+        "KV cache (MiB): linear": "KV 缓存（MiB）：线性", "prefill scores (M): quadratic": "prefill 分数（百万）：平方",
+        "head_dim": "head_dim", "dimension": "维度", "x0 (layer input)": "x0（层输入）",
+        "x1 = x0 + attention": "x1 = x0 + 注意力", "x2 = x1 + FFN": "x2 = x1 + FFN", "unsplit": "不切分",
+        "merged = Σ w_i O_i / Σ w_i": "合并 = Σ w_i O_i / Σ w_i", "softmax(logits)": "softmax(logits)",
+        "÷ temperature": "÷ 温度", "top-p → drawn from": "top-p → 从中抽样", "hit": "命中", "miss": "未命中",
+    },
+}
+
+
+def translate_figure(fig, lang: str):
+    """Swap the English labels `viz` drew for `lang`'s (trace names, axis titles, bar texts)."""
+    terms = FIGURE_TERMS.get(lang)
+    if not terms:
+        return fig
+    for trace in fig.data:
+        if getattr(trace, "name", None) in terms:
+            trace.name = terms[trace.name]
+        text = getattr(trace, "text", None)
+        if isinstance(text, (list, tuple)) and text and all(isinstance(x, str) for x in text):
+            trace.text = [terms.get(x, x) for x in text]
+    for axis in ("xaxis", "yaxis", "yaxis2"):
+        layout_axis = getattr(fig.layout, axis, None)
+        title = getattr(getattr(layout_axis, "title", None), "text", None)
+        if title in terms:
+            layout_axis.title.text = terms[title]
+    return fig

@@ -5,10 +5,13 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import streamlit as st
 
+from ui import strings
 from ui.context import ViewContext
 
-# Plotly's own toolbar button saves any figure as PNG; the file name says what it is.
+
 def figure(fig: go.Figure, name: str) -> None:
+    """Draw a figure in the page's language; Plotly's toolbar saves it as a PNG named `name`."""
+    strings.translate_figure(fig, st.session_state.get("w_lang", "en"))
     st.plotly_chart(fig, width="stretch", config={"toImageButtonOptions": {"format": "png", "filename": name},
                                                    "displaylogo": False})
 

@@ -126,6 +126,8 @@ EN = {
     "reads_title": "K/V read per decode step, over all {layers} layers",
     "costs_note": "Every decode step re-reads the whole history's K/V in each of the {layers} layers: that is why long contexts decode slowly.",
     "growth_title": "With length, the KV cache grows linearly and attention work quadratically",
+    "truncate_keep": "Truncate the prompt: keep its last N tokens",
+    "truncate_result": "Dropping the first {dropped} tokens keeps {keep}: K/V {kib:.1f} KiB, prefill attention work {work:.0f}% of the full prompt's. The model no longer sees what was dropped:",
     "limit_text": "The model was trained on positions up to {limit}; beyond that it breaks, so a longer prompt must be truncated (this server allows {app_limit} prompt tokens). Your prompt: {n} tokens, {kib:.1f} KiB of K/V per token.",
 }
 
@@ -251,6 +253,8 @@ ZH = {
     "reads_title": "每个 decode 步读取的 K/V（{layers} 层合计）",
     "costs_note": "每个 decode 步都要在 {layers} 层中重读全部历史 K/V：这就是长上下文解码慢的原因。",
     "growth_title": "随长度增长，KV 缓存线性增长，注意力计算量平方增长",
+    "truncate_keep": "截断提示词：只保留最后 N 个 token",
+    "truncate_result": "丢掉前 {dropped} 个 token，保留 {keep} 个：K/V {kib:.1f} KiB，prefill 注意力计算量为完整提示词的 {work:.0f}%。模型再也看不到被丢掉的内容：",
     "limit_text": "模型训练时只见过 {limit} 以内的位置；超出就会失效，所以更长的提示词必须截断（本服务器允许 {app_limit} 个提示词 token）。你的提示词：{n} 个 token，每个 token 的 K/V 占 {kib:.1f} KiB。",
 }
 

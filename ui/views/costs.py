@@ -30,3 +30,10 @@ def render(ctx: ViewContext) -> None:
     n = len(ctx.runner.prompt_ids)
     st.markdown(ctx.t("limit_text", limit=limit, n=n, app_limit=ctx.runner.config.max_prompt_tokens,
                       kib=info.kv_bytes_per_token / 1024))
+    if n > 2:
+        keep = st.slider(ctx.t("truncate_keep"), 1, n, key="w_keep", value=max(1, n // 2), persist_state="session")
+        kept = ctx.runner.prompt_ids[n - keep:]
+        st.markdown(ctx.t("truncate_result", dropped=n - keep, keep=keep,
+                          kib=keep * info.kv_bytes_per_token / 1024,
+                          work=100 * keep * (keep + 1) / (n * (n + 1))))
+        st.code("…" + ctx.model.tokenizer.decode(kept), language=None, wrap_lines=True)

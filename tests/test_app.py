@@ -180,3 +180,12 @@ def test_downloads_offer_the_trace_and_the_tokens(embedded_model):
     assert_clean(at)
     labels = [b.label for b in at.get("download_button")]
     assert strings.t("download_trace") in labels and strings.t("download_tokens") in labels
+
+
+def test_no_unfilled_placeholders_on_any_view(embedded_model):
+    for lang in ("en", "zh"):
+        for view in VIEWS:
+            at = start(view=view, step=2, lang=lang, kv_splits=2)
+            assert_clean(at)
+            texts = [e.value for e in at.markdown if "<style>" not in e.value] + [t.value.to_string() for t in at.table]
+            assert not [text for text in texts if "{" in text], (lang, view)

@@ -8,7 +8,7 @@ from engine.model import ModelInfo
 from viz.attention import gqa_figure, heatmap_figure, window
 from viz.candidates import candidates_frame
 from viz.costs import context_growth_frame, steps_frame
-from viz.flow import flow_frame
+from viz.flow import flow_rows
 from viz.kv_cache import block_table_frame, kv_bytes_frame, pool_figure
 from viz.prefix import alignment_frame, policy_frame
 from viz.split_kv import split_frame
@@ -37,9 +37,10 @@ def test_kv_bytes_table_has_the_design_figures_for_qwen3():
 
 def test_flow_table_shows_concatenation_then_o_proj_for_qwen3(run):
     _, _, traces = run
-    frame = flow_frame(traces[1], QWEN3_06B).set_index("stage")
-    assert frame.loc["concatenate heads → o_proj", "shape"] == "(1, 2048) → (1, 1024)"
-    assert "151936 × 1024" in frame.loc["embed_tokens lookup", "note"]
+    rows = {r.key: r for r in flow_rows(traces[1], QWEN3_06B)}
+    assert rows["o_proj"].shape == "(1, 2048) → (1, 1024)"
+    assert rows["embed"].facts == {"vocab": 151936, "hidden": 1024}
+    assert rows["sample"].facts == {"id": traces[1].token_id}
 
 
 def test_token_cells_and_stream_escape_text(run, tokenizer):

@@ -3,8 +3,9 @@ the sampled id, and the id's two paths (text for the user, embedding row for the
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
-import pandas as pd
 import plotly.graph_objects as go
 
 from engine.model import ModelInfo
@@ -12,31 +13,36 @@ from engine.trace import StepTrace
 from viz.style import OKABE_ITO, finish
 
 
-def flow_frame(trace: StepTrace, info: ModelInfo) -> pd.DataFrame:
+@dataclass(frozen=True)
+class FlowRow:
+    key: str  # names the stage; the page words it (ui.strings: flow_stage_<key>, flow_note_<key>)
+    shape: str
+    facts: dict  # numbers the note quotes
+
+
+def flow_rows(trace: StepTrace, info: ModelInfo) -> list[FlowRow]:
     """The chain of one forward pass with the real model's shapes."""
     t = len(trace.input_ids)
     concat = info.q_heads * info.head_dim
-    kv = info.kv_heads * info.head_dim
     rows = [
-        ("token ids", f"({t},)", f"ids {trace.input_ids[:6]}{' …' if t > 6 else ''}: only row numbers"),
-        ("embed_tokens lookup", f"({t}, {info.hidden})", f"table {info.vocab} × {info.hidden}; position is not in it"),
+        FlowRow("ids", f"({t},)", {"ids": str(trace.input_ids[:6]) + (" …" if t > 6 else "")}),
+        FlowRow("embed", f"({t}, {info.hidden})", {"vocab": info.vocab, "hidden": info.hidden}),
     ]
     if info.positions == "learned":
-        rows.append(("+ position embeddings", f"({t}, {info.hidden})", "GPT-2 adds a learned row per position"))
+        rows.append(FlowRow("positions", f"({t}, {info.hidden})", {}))
     rows += [
-        (f"× {info.layers} layers: input_layernorm", f"({t}, {info.hidden})", info.norm),
-        ("q_proj / k_proj / v_proj", f"Q ({t}, {info.q_heads}×{info.head_dim}), K/V ({t}, {info.kv_heads}×{info.head_dim})",
-         f"GQA: {info.gqa_group} Q heads share one KV head"),
-        ("write K, V to the paged cache", f"+{t} positions × {kv} per layer", "then attend over every cached position"),
-        ("attention per head", f"{info.q_heads} × ({t}, {info.head_dim})", "s = q·k/√d, a = softmax(s), out = Σ a v"),
-        ("concatenate heads → o_proj", f"({t}, {concat}) → ({t}, {info.hidden})", "x1 = x0 + o_proj(…): 1st residual add"),
-        ("post_attention_layernorm → MLP", f"({t}, {info.intermediate}) → ({t}, {info.hidden})",
-         "x2 = x1 + mlp(norm(x1)): 2nd add, onto x1"),
-        ("final norm (last position only)", f"({info.hidden},)", "only the last position predicts the next token"),
-        ("lm_head", f"({info.vocab},) logits", "hidden × vocab matrix" + (" (tied to embed_tokens)" if info.tied_embeddings else "")),
-        ("softmax → filters → sample", f"({info.vocab},) → 1 id", f"new id {trace.token_id}"),
+        FlowRow("norm", f"({t}, {info.hidden})", {"layers": info.layers, "norm": info.norm}),
+        FlowRow("qkv", f"Q ({t}, {info.q_heads}×{info.head_dim}), K/V ({t}, {info.kv_heads}×{info.head_dim})",
+                {"group": info.gqa_group}),
+        FlowRow("write_kv", f"+{t} × {info.kv_heads * info.head_dim} (K) + {t} × {info.kv_heads * info.head_dim} (V)", {}),
+        FlowRow("attend", f"{info.q_heads} × ({t}, {info.head_dim})", {}),
+        FlowRow("o_proj", f"({t}, {concat}) → ({t}, {info.hidden})", {}),
+        FlowRow("mlp", f"({t}, {info.intermediate}) → ({t}, {info.hidden})", {}),
+        FlowRow("final_norm", f"({info.hidden},)", {}),
+        FlowRow("lm_head", f"({info.vocab},)", {"tied": info.tied_embeddings}),
+        FlowRow("sample", f"({info.vocab},) → 1", {"id": trace.token_id}),
     ]
-    return pd.DataFrame(rows, columns=["stage", "shape", "note"])
+    return rows
 
 
 def residual_figure(residual: np.ndarray, title: str = "", large: bool = False) -> go.Figure:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import streamlit as st
 
 from ui.context import ViewContext
 from ui.views.common import figure
-from viz.flow import flow_frame, residual_figure, vector_figure
+from viz.flow import flow_rows, residual_figure, vector_figure
 
 
 def render(ctx: ViewContext) -> None:
@@ -17,7 +18,9 @@ def render(ctx: ViewContext) -> None:
         st.info(ctx.t("need_prefill"))
         return
     trace = ctx.trace
-    st.table(flow_frame(trace, info).set_index("stage"))
+    rows = [{ctx.t("flow_stage"): ctx.t("flow_stage_" + r.key, **r.facts), ctx.t("flow_shape"): r.shape,
+             ctx.t("flow_note_col"): ctx.t("flow_note_" + r.key, **r.facts)} for r in flow_rows(trace, info)]
+    st.table(pd.DataFrame(rows).set_index(ctx.t("flow_stage")))
     new = ctx.cells[-1]
     left, right = st.columns(2)
     with left:

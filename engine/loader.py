@@ -80,6 +80,8 @@ def load_model(spec: str = EMBEDDED, device: str | torch.device = "auto", dtype:
         positions = f"RoPE ({rope.rope_type})"
     if target.type != "cpu":
         weights = weights.to(target)
+    for layer in weights.layers:
+        layer.fuse()
     name = f"{embedded.HUB_ID} (embedded)" if spec.strip() == EMBEDDED else spec.strip()
     info = _info(name, config, weights, dtype, positions)
     return Model(weights, info, tokenizer, rope, scales, _eos_ids(hf, config, tokenizer), target)

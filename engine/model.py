@@ -121,9 +121,10 @@ class Model:
         for index, layer in enumerate(w.layers):
             x0 = x
             h = layer.input_layernorm(x0)
-            q = layer.q_proj(h).view(t, info.q_heads, info.head_dim)
-            k = layer.k_proj(h).view(t, info.kv_heads, info.head_dim)
-            v = layer.v_proj(h).view(t, info.kv_heads, info.head_dim)
+            q, k, v = layer.project_qkv(h)  # one matmul for q_proj, k_proj, v_proj
+            q = q.reshape(t, info.q_heads, info.head_dim)
+            k = k.reshape(t, info.kv_heads, info.head_dim)
+            v = v.reshape(t, info.kv_heads, info.head_dim)
             if layer.q_norm is not None:
                 q, k = layer.q_norm(q), layer.k_norm(k)
             if cos_sin is not None:

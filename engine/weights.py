@@ -37,6 +37,8 @@ class Norm:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind == "layer":
             return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)  # one fused kernel
         # As transformers does: normalise in float32, scale in the weight's dtype.
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -57,11 +59,40 @@ class LayerWeights:
     up_proj: Linear  # GPT-2: c_fc
     down_proj: Linear  # GPT-2: mlp.c_proj
     act: object  # the activation function (silu, gelu_new, ...)
+    qkv: Linear | None = None  # q_proj, k_proj, v_proj stacked: one matmul instead of three
+    gate_up: Linear | None = None  # gate_proj and up_proj stacked
+
+    def fuse(self) -> None:
+        """Stack q/k/v (and gate/up) into one weight each; the named projections become views of it."""
+        self.qkv = _stack(self.q_proj, self.k_proj, self.v_proj)
+        if self.gate_proj is not None:
+            self.gate_up = _stack(self.gate_proj, self.up_proj)
+
+    def project_qkv(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        sizes = [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]]
+        return self.qkv(h).split(sizes, dim=-1)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_proj is None:
+        if self.gate_up is None:
             return self.down_proj(self.act(self.up_proj(x)))
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down_proj(self.act(gate) * up)
+
+
+def _stack(*parts: Linear) -> Linear:
+    """One Linear whose output is the parts' outputs side by side; each part is re-pointed at its slice."""
+    weight = torch.cat([p.weight for p in parts])
+    has_bias = any(p.bias is not None for p in parts)
+    bias = torch.cat([p.bias if p.bias is not None else weight.new_zeros(p.weight.shape[0]) for p in parts]) \
+        if has_bias else None
+    start = 0
+    for p in parts:
+        rows = p.weight.shape[0]
+        p.weight = weight[start:start + rows]
+        if p.bias is not None:
+            p.bias = bias[start:start + rows]
+        start += rows
+    return Linear(weight, bias)
 
 
 @dataclass
@@ -74,12 +105,17 @@ class Weights:
     tied: bool
 
     def parameter_count(self) -> int:
-        """Distinct parameters: a tied lm_head shares embed_tokens' storage and counts once."""
-        sizes = {getattr(owner, name).data_ptr(): getattr(owner, name).numel() for owner, name in _tensor_slots(self)}
+        """Distinct parameters, by storage: a tied lm_head, or a projection that views a stacked weight,
+        counts once."""
+        sizes = {}
+        for owner, name in _tensor_slots(self):
+            tensor = getattr(owner, name)
+            storage = tensor.untyped_storage()
+            sizes[storage.data_ptr()] = storage.nbytes() // tensor.element_size()
         return sum(sizes.values())
 
     def to(self, device: torch.device) -> Weights:
-        """Move every tensor to `device` in place, keeping tied tensors tied."""
+        """Move every tensor to `device` in place, keeping tied tensors tied (call before `fuse`)."""
         moved: dict[int, torch.Tensor] = {}
         for owner, name in _tensor_slots(self):
             tensor = getattr(owner, name)
@@ -91,9 +127,10 @@ class Weights:
 
 
 def _tensor_slots(w: Weights):
-    """(object, attribute) for every tensor in the weights."""
+    """(object, attribute) for every tensor in the weights (fused weights first: the parts are views)."""
     owners = [w, w.norm]
     for layer in w.layers:
+        owners.extend([layer.qkv, layer.gate_up])
         owners.extend(getattr(layer, name) for name in _LAYER_PARTS)
     for owner in owners:
         if owner is None:

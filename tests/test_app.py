@@ -1,33 +1,11 @@
 """The Streamlit app, driven headless with AppTest: controls, views, links, bad input."""
 
 import pytest
-from streamlit.testing.v1 import AppTest
 
 import engine
+from tests.app_helpers import assert_clean, shown_text, start
 from ui import strings
 from ui.state import VIEWS, parse_query
-
-APP = "../app.py"
-
-
-def start(**params) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=120)
-    for key, value in params.items():
-        at.query_params[key] = str(value)
-    return at.run()
-
-
-def shown_text(at: AppTest) -> str:
-    """The plain text inside the container keyed `generated`."""
-    texts = [c.value for c in at.code]
-    assert texts, "no plain-text element on the page"
-    return texts[0]
-
-
-def assert_clean(at: AppTest):
-    assert not at.exception, at.exception
-    assert not at.error, [e.value for e in at.error]
-
 
 def expected_text(model, prompt, chat, steps, **sampling):
     session = engine.DecodeSession(model, prompt, chat=chat, sampling=engine.Sampling(**sampling),
@@ -78,20 +56,6 @@ def test_a_link_restores_the_exact_state(embedded_model):
     # The link the page writes back describes the same state (defaults such as chat=1 are left out).
     assert parse_query(dict(at.query_params.items())) == parse_query({k: str(v) for k, v in params.items()})
     assert len(at.dataframe) >= 1  # the split table for layer 2, head 1
-
-
-@pytest.mark.parametrize("params, bad", [
-    ({"step": "abc"}, "step"), ({"temperature": "nan"}, "temperature"), ({"top_p": "5"}, "top_p"),
-    ({"block_size": "-3"}, "block_size"), ({"kv_splits": "0"}, "kv_splits"), ({"view": "bogus"}, "view"),
-    ({"lang": "fr"}, "lang"), ({"chat": "yes"}, "chat"), ({"policy": "lru"}, "policy"), ({"seed": "1e99"}, "seed"),
-    ({"layer": "999", "step": "1"}, "layer"), ({"head": "-1"}, "head"), ({"model": "../../etc/passwd"}, "model"),
-    ({"top_k": "-5"}, "top_k"), ({"step": "100000"}, "step"),
-])
-def test_malformed_link_values_get_a_message_and_a_fallback(params, bad, embedded_model):
-    at = start(**params)
-    assert not at.exception, at.exception
-    assert any(f"`{bad}=" in w.value or "cannot be shown" in w.value for w in at.warning), [w.value for w in at.warning]
-    assert "What is a KV cache?" in shown_text(at)
 
 
 @pytest.mark.parametrize("view", VIEWS)
@@ -149,21 +113,6 @@ def test_article_cases_load_in_one_click(policy, case, reused, embedded_model):
     metrics = {m.label: m.value for m in at.metric}
     assert metrics[strings.t("reused")] == str(reused)
     assert metrics[strings.t("computed")] == str(len(new) - reused)
-
-
-@pytest.mark.parametrize("prompt", ["", "   \n  "])
-def test_empty_prompt_gets_a_clear_message(prompt, embedded_model):
-    at = start()
-    at.text_area(key="w_prompt").set_value(prompt).run()
-    assert not at.exception
-    assert any("empty" in e.value for e in at.error)
-
-
-def test_prompt_over_the_app_limit_gets_a_clear_message(embedded_model):
-    at = start()
-    at.text_area(key="w_prompt").set_value("word " * 700).run()
-    assert not at.exception
-    assert any("at most 512" in e.value for e in at.error)
 
 
 def test_play_advances_one_token_per_tick_and_stops_at_the_end(embedded_model):

@@ -52,7 +52,7 @@ def test_host_limits_come_from_the_environment():
     limits = load_limits({"KVSCOPE_MODELS": "Qwen/Qwen3-0.6B, embedded", "KVSCOPE_MAX_NEW_TOKENS": "32",
                           "KVSCOPE_MAX_PROMPT_TOKENS": "oops"})
     assert limits.models == ("embedded", "Qwen/Qwen3-0.6B")
-    assert limits.max_new_tokens == 32 and limits.max_prompt_tokens == 512
+    assert limits.max_new_tokens == 32 and limits.max_prompt_tokens == 384
     assert limits.model_allowed("Qwen/Qwen3-0.6B") and not limits.model_allowed("/etc")
     assert load_limits({"KVSCOPE_ALLOW_ANY_MODEL": "1"}).model_allowed("/some/folder")
 

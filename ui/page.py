@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import fields, replace
 
 import streamlit as st
@@ -9,14 +10,15 @@ import streamlit as st
 import engine
 from ui import strings
 from ui.context import ViewContext
-from ui.runner import Runner, RunConfig
+from ui.runner import ClassroomCache, Runner, RunConfig
 from ui.settings import Limits, load_limits
-from ui.state import LANGS, POLICIES, VIEWS, AppState, Problem, clamp, parse_query, to_query
+from ui.state import LANGS, POLICIES, VIEWS, AppState, Problem, clamp, clean_prompt, parse_query, to_query
 from ui.views import attention, costs, flow, kv_cache, prefix, split_kv, stepper
 
 VIEW_MODULES = {"flow": flow, "attention": attention, "kv": kv_cache, "split": split_kv, "prefix": prefix,
                 "costs": costs}
 ss = st.session_state
+log = logging.getLogger("kvscope")
 
 
 @st.cache_resource(show_spinner=False, max_entries=3)
@@ -58,11 +60,15 @@ def main() -> None:
         st.error(failure)
         st.button(t("use_default"), key="use_default", on_click=use_default_model)
         return
+    state = current_state()
+    prompt, problem = clean_prompt(state.prompt)
+    if problem:
+        st.warning(t("prompt_cleaned", reason=t("reason_" + problem)))
     try:
-        runner.configure(run_config(current_state(), limits))
+        runner.configure(run_config(replace(state, prompt=prompt), limits))
     except engine.KvscopeError as error:
         st.error(t("bad_input", error=str(error)))
-        write_link(current_state())
+        write_link(state)
         return
     play_controls(limits)
     pace = ss.w_pace if ss.get("w_playing") else None
@@ -112,19 +118,30 @@ def model_for(spec: str) -> tuple[engine.Model | None, str]:
         with st.spinner(t("loading", model=spec)):
             return load_model(spec), ""
     except (engine.KvscopeError, OSError, MemoryError) as error:
-        return None, t("model_failed", model=spec, error=str(error))
+        return None, t("model_failed", model=spec, error=str(error) or type(error).__name__)
+    except Exception as error:  # noqa: BLE001 — any loading fault is shown, never a traceback
+        log.error("loading a model failed: %s", type(error).__name__, exc_info=True)
+        return None, t("model_failed", model=spec, error=f"{type(error).__name__}: {error}")
 
 
 def use_default_model() -> None:
     ss.w_model = "embedded"
 
 
+@st.cache_resource(show_spinner=False, max_entries=3)
+def classroom_cache(spec: str, tokens: int) -> ClassroomCache:
+    """The class-wide prefix cache (only when the host turns it on): one per model for the server."""
+    return ClassroomCache(load_model(spec), tokens)
+
+
 def runner_for(model: engine.Model, limits: Limits) -> Runner:
+    """This browser session's own run (its decode session and, unless shared, its prefix cache)."""
     runner = ss.get("runner")
     if runner is None or runner.model is not model:
         if runner is not None:
             runner.close()
-        runner = ss.runner = Runner(model, limits.cache_tokens)
+        classroom = classroom_cache(ss.w_model, limits.shared_cache_tokens) if limits.shared_prefix_cache else None
+        runner = ss.runner = Runner(model, limits.cache_tokens, limits.full_traces, classroom)
     return runner
 
 
@@ -176,7 +193,31 @@ def play_controls(limits: Limits) -> None:
 
 
 def stepper_and_view(model: engine.Model, runner: Runner) -> None:
-    """Redrawn alone on each step (a fragment): buttons, stream, text, the chosen view, the link."""
+    """Redrawn alone on each step (a fragment). A fault stays in this session: it is shown, and the
+    session can start again; the shared model and other sessions are untouched."""
+    try:
+        draw_step(model, runner)
+    except engine.KvscopeError as error:
+        st.error(t("bad_input", error=str(error)))
+        st.button(t("reset_session"), key="b_reset_session", on_click=reset_session)
+    except Exception as error:  # noqa: BLE001 — Streamlit's own control flow is BaseException, not caught
+        log.error("a step failed: %s", type(error).__name__, exc_info=True)  # no prompt text in the log
+        st.error(t("step_failed", error=f"{type(error).__name__}: {error}"))
+        st.button(t("reset_session"), key="b_reset_session", on_click=reset_session)
+
+
+def reset_session() -> None:
+    """Drop this browser session's run (its K/V blocks go back); the settings and link stay."""
+    runner = ss.pop("runner", None)
+    if runner is not None:
+        try:
+            runner.close()
+        except Exception:  # noqa: BLE001 — the run is being discarded anyway
+            log.warning("closing a failed run raised", exc_info=True)
+    ss.step = 0
+
+
+def draw_step(model: engine.Model, runner: Runner) -> None:
     if ss.get("w_playing"):
         if runner.finished and ss.step >= runner.generated:
             ss.stop_playing = True

@@ -6,6 +6,8 @@ generated tokens: 0 is the prompt alone, 1 is after the prefill (which yields th
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from dataclasses import dataclass
 
 import engine
@@ -13,6 +15,28 @@ from engine.prefix_cache import common_prefix_length, predicted_reuse
 from engine.trace import StepTrace
 
 HISTORY = 8  # published prompts kept for the policy comparison
+CAPTURE = engine.Capture(attention_budget=1_000_000)  # a prefill keeps at most 4 MB each of probs and scores
+
+
+class ClassroomCache:
+    """One prefix cache per (policy, block size) for the whole class, when the host turns it on.
+
+    Sessions then reuse each other's prompt K/V. Every use of its pool goes through `lock`.
+    """
+
+    def __init__(self, model: engine.Model, tokens: int):
+        self.model = model
+        self.tokens = tokens
+        self.lock = threading.RLock()
+        self._caches: dict[tuple[str, int], engine.PrefixCache] = {}
+
+    def get(self, policy: str, block_size: int) -> engine.PrefixCache:
+        with self.lock:
+            key = (policy, block_size)
+            if key not in self._caches:
+                self._caches[key] = engine.PrefixCache(self.model, policy=policy, block_size=block_size,
+                                                       capacity_blocks=-(-self.tokens // block_size))
+            return self._caches[key]
 
 
 @dataclass(frozen=True)
@@ -28,10 +52,13 @@ class RunConfig:
 
 
 class Runner:
-    def __init__(self, model: engine.Model, cache_tokens: int, keep_full_traces: int = 32):
+    def __init__(self, model: engine.Model, cache_tokens: int, keep_full_traces: int = 8,
+                 classroom: ClassroomCache | None = None):
         self.model = model
         self.cache_tokens = cache_tokens  # the pool's size in positions, whatever the block size
         self.keep_full_traces = keep_full_traces
+        self.classroom = classroom
+        self.lock = classroom.lock if classroom is not None else contextlib.nullcontext()
         self.config: RunConfig | None = None
         self.session: engine.DecodeSession | None = None
         self.cache: engine.PrefixCache | None = None
@@ -45,24 +72,26 @@ class Runner:
         """Start a new run when any setting changed; the old prompt is published to the prefix cache."""
         if config == self.config and self.session is not None:
             return
-        self.close()
-        if self.cache is None or (self.cache.policy, self.cache.block_size) != (config.policy, config.block_size):
-            self.cache = engine.PrefixCache(self.model, policy=config.policy, block_size=config.block_size,
-                                            capacity_blocks=self._pool_blocks(config))
-        self.config = config
-        session = engine.DecodeSession(
-            self.model, config.prompt, chat=config.chat, sampling=config.sampling, block_size=config.block_size,
-            max_new_tokens=config.max_new_tokens, kv_splits=config.kv_splits, prefix_cache=self.cache,
-            keep_full_traces=self.keep_full_traces,
-            capture=engine.Capture(attention_budget=1_000_000),
-        )
-        if len(session.prompt_ids) > config.max_prompt_tokens:
-            session.close()
-            raise engine.PromptTooLongError(
-                f"the prompt is {len(session.prompt_ids)} tokens; this app allows at most {config.max_prompt_tokens}")
-        self.session = session
-        self._replay = None
-        self._attention = None
+        with self.lock:
+            self.close()
+            if self.classroom is not None:
+                self.cache = self.classroom.get(config.policy, config.block_size)
+            elif self.cache is None or (self.cache.policy, self.cache.block_size) != (config.policy, config.block_size):
+                self.cache = engine.PrefixCache(self.model, policy=config.policy, block_size=config.block_size,
+                                                capacity_blocks=self._pool_blocks(config))
+            self.config = config
+            session = engine.DecodeSession(
+                self.model, config.prompt, chat=config.chat, sampling=config.sampling, block_size=config.block_size,
+                max_new_tokens=config.max_new_tokens, kv_splits=config.kv_splits, prefix_cache=self.cache,
+                keep_full_traces=self.keep_full_traces, capture=CAPTURE,
+            )
+            if len(session.prompt_ids) > config.max_prompt_tokens:
+                session.close()
+                raise engine.PromptTooLongError(f"the prompt is {len(session.prompt_ids)} tokens; this app allows "
+                                                f"at most {config.max_prompt_tokens}")
+            self.session = session
+            self._replay = None
+            self._attention = None
 
     def _pool_blocks(self, config: RunConfig) -> int:
         """Room for the host's cache size, and always for one longest run."""
@@ -70,7 +99,9 @@ class Runner:
         return -(-tokens // config.block_size) + 2
 
     def close(self) -> None:
-        if self.session is not None:
+        if self.session is None:
+            return
+        with self.lock:
             published = bool(self.session.traces)
             self.session.close()
             if published:
@@ -94,10 +125,11 @@ class Runner:
     def advance_to(self, step: int) -> int:
         """Run prefill/decode until `step` tokens exist (or the run ends); return the step reached."""
         session = self.session
-        if step >= 1 and not session.traces:
-            session.prefill()
-        while len(session.generated) < step and not session.finished:
-            session.step()
+        with self.lock:
+            if step >= 1 and not session.traces:
+                session.prefill()
+            while len(session.generated) < step and not session.finished:
+                session.step()
         return min(step, len(session.generated))
 
     def trace(self, step: int) -> StepTrace | None:
@@ -116,8 +148,7 @@ class Runner:
         c = self.config
         shadow = engine.DecodeSession(self.model, self.session.prompt_ids, sampling=c.sampling,
                                       block_size=c.block_size, max_new_tokens=c.max_new_tokens,
-                                      kv_splits=c.kv_splits, keep_full_traces=1,
-                                      capture=engine.Capture(attention_budget=1_000_000))
+                                      kv_splits=c.kv_splits, keep_full_traces=1, capture=CAPTURE)
         trace = shadow.prefill()
         while len(shadow.generated) < step:
             trace = shadow.step()
@@ -129,18 +160,24 @@ class Runner:
         prompt = self.model.tokenizer.decode(self.session.prompt_ids)
         return prompt, "".join(t.text for t in self.session.traces[:step])
 
-    def full_attention(self, step: int, layer: int):
-        """Probabilities and scores (q_heads, n, n) of `layer` over the sequence that step `step` attended."""
+    def full_attention(self, step: int, layer: int, head: int):
+        """Probabilities and scores (n, n) of one head of `layer` over the sequence step `step` attended.
+
+        Only the shown head is kept (a few MB at most), so a session's memory stays bounded.
+        """
         n = len(self.session.prompt_ids) + max(0, step - 1)
-        key = (self.config, n, layer)
+        key = (self.config, n, layer, head)
         if self._attention is None or self._attention[0] != key:
             ids = (self.session.prompt_ids + self.session.generated)[:n]
-            self._attention = (key, self.model.full_attention(ids, layer, self.config.block_size))
+            probs, scores = self.model.full_attention(ids, layer, self.config.block_size)
+            self._attention = (key, (probs[head].clone(), scores[head].clone()))
         return self._attention[1]
 
     def cached_kv(self, layer: int, length: int):
         """The K and V this run's cache holds for `layer`: (length, kv_heads, head_dim) each."""
-        return self.session.pool.read(layer, self.session.table.device_blocks(), length)
+        with self.lock:
+            k, v = self.session.pool.read(layer, self.session.table.device_blocks(), length)
+        return k, v
 
     def policy_reuse(self) -> dict[str, int]:
         return predicted_reuse(self.history, self.session.prompt_ids, self.config.block_size)

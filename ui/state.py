@@ -100,11 +100,16 @@ def _parse_one(name: str, raw: str, default):
             return raw == "1", None
         return default, "bad_flag"
     if name == "prompt":
-        cleaned = "".join(ch for ch in raw if ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cs"))
-        if len(cleaned) > MAX_PROMPT_CHARS:
-            return cleaned[:MAX_PROMPT_CHARS], "too_long"
-        return cleaned, ("control_chars" if cleaned != raw else None)
+        return clean_prompt(raw)
     return raw.strip(), None  # model: checked against the allow-list when loading
+
+
+def clean_prompt(text: str) -> tuple[str, str | None]:
+    """Drop control characters (newline and tab stay) and cut to MAX_PROMPT_CHARS; say why if changed."""
+    cleaned = "".join(ch for ch in text if ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cs"))
+    if len(cleaned) > MAX_PROMPT_CHARS:
+        return cleaned[:MAX_PROMPT_CHARS], "too_long"
+    return cleaned, ("control_chars" if cleaned != text else None)
 
 
 def _show(value) -> str:

@@ -17,8 +17,8 @@ def render(ctx: ViewContext) -> None:
         return
     layer, head = layer_head_pickers(ctx)
     show_scores = st.toggle(ctx.t("show_scores"), key="w_scores")
-    probs, scores = ctx.runner.full_attention(ctx.step, layer)
-    matrix = (scores if show_scores else probs)[head].numpy()
+    probs, scores = ctx.runner.full_attention(ctx.step, layer, head)
+    matrix = (scores if show_scores else probs).numpy()
     value = "s = q·k/√d" if show_scores else "a = softmax(s)"
     labels = ctx.labels
     figure(heatmap_figure(matrix, labels, ctx.t("heatmap_title", layer=layer, head=head, kv=head // info.gqa_group),

@@ -1,0 +1,38 @@
+"""Driving the app headless with AppTest: shared by the app tests and the bad-input catalogue."""
+
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+
+
+def start(**params) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=120)
+    for key, value in params.items():
+        at.query_params[key] = str(value)
+    return at.run()
+
+
+def shown_text(at: AppTest) -> str:
+    """The plain text inside the container keyed `generated`."""
+    texts = [c.value for c in at.code]
+    assert texts, "no plain-text element on the page"
+    return texts[0]
+
+
+def assert_clean(at: AppTest):
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+
+
+def step_of(at: AppTest) -> int:
+    return int(at.query_params["step"])
+
+
+def keeps_working(at: AppTest) -> None:
+    """After bad input the page still steps: Next adds a token and nothing raises."""
+    before = step_of(at)
+    at.button(key="b_next").click().run()
+    assert not at.exception, at.exception
+    assert step_of(at) == before + 1, "the Next button no longer steps"

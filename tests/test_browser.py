@@ -3,54 +3,19 @@
 Needs Debian's chromium (`apt-get install chromium`) and the `playwright` package; `.ci/run` installs both.
 """
 
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
 from urllib.parse import parse_qs, quote, urlparse
 
 import pytest
 from playwright.sync_api import sync_playwright
 
 import engine
-
-ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.server import CHROMIUM, CHROMIUM_ARGS, running_server, settled_text
 
 
 @pytest.fixture(scope="module")
-def server():
-    port = free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
-         "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            if urllib.request.urlopen(url + "/_stcore/health", timeout=2).status == 200:
-                break
-        except OSError:
-            time.sleep(0.5)
-    else:
-        process.kill()
-        pytest.fail("the Streamlit server did not start within 120 s")
-    yield url
-    process.terminate()
-    process.wait(timeout=30)
+def server(tmp_path_factory):
+    with running_server(tmp_path_factory.mktemp("server") / "log.txt") as (url, _):
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -59,13 +24,6 @@ def page():
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield browser.new_page(viewport={"width": 1600, "height": 1000})
         browser.close()
-
-
-def settled_text(page) -> str:
-    """Wait for the script run to finish, then read the text container."""
-    page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=120_000)
-    page.wait_for_selector(".st-key-generated code", timeout=120_000)
-    return page.eval_on_selector(".st-key-generated code", "el => el.textContent")
 
 
 def expected(model, prompt: str, steps: int) -> str:

@@ -8,7 +8,7 @@ from dataclasses import fields, replace
 import streamlit as st
 
 import engine
-from ui import strings
+from ui import memory, strings
 from ui.context import ViewContext
 from ui.runner import ClassroomCache, Runner, RunConfig
 from ui.settings import Limits, load_limits
@@ -39,6 +39,7 @@ def labels(prefix: str):
 
 def main() -> None:
     st.set_page_config(page_title="kvscope", page_icon="🔎", layout="wide")
+    memory.tune_allocator()
     limits = load_limits()
     if "initialized" not in ss:
         start_from_link(limits)

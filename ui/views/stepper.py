@@ -51,8 +51,10 @@ def render(ctx: ViewContext) -> None:
 
 
 def downloads(ctx: ViewContext) -> None:
+    """The files are built only when clicked (a trace's JSON runs to megabytes)."""
+    trace, cells = ctx.trace, ctx.cells
     left, right = st.columns(2)
-    left.download_button(ctx.t("download_trace"), json.dumps(ctx.trace.to_dict(), ensure_ascii=False),
+    left.download_button(ctx.t("download_trace"), lambda: json.dumps(trace.to_dict(), ensure_ascii=False),
                          file_name=f"kvscope-step-{ctx.step}.json", mime="application/json", key="dl_trace")
-    right.download_button(ctx.t("download_tokens"), token_frame(ctx.cells).to_csv(index=False),
+    right.download_button(ctx.t("download_tokens"), lambda: token_frame(cells).to_csv(index=False),
                           file_name=f"kvscope-tokens-step-{ctx.step}.csv", mime="text/csv", key="dl_tokens")

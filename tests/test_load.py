@@ -1,0 +1,104 @@
+"""A class at once: 30 browser sessions on one loopback server, each with its own prompt, stepping together.
+
+Checks: no errors, every session sees only its own prompt and tokens, the server's peak memory stays
+under Streamlit Community Cloud's 2.7 GB, and no prompt reaches the server's log. Prints the peak.
+"""
+
+import asyncio
+import threading
+import time
+from urllib.parse import quote
+
+import psutil
+from playwright.async_api import async_playwright
+
+from tests.server import CHROMIUM, CHROMIUM_ARGS, running_server
+
+SESSIONS = 30
+STEPS = 3  # Right-arrow presses per session after the link's own step
+LIMIT_BYTES = int(2.7 * 2**30)
+
+
+def prompt_for(i: int) -> str:
+    return f"Student {i:02d} asks: what is token number {i * 7 + 3}?"
+
+
+class PeakMemory:
+    """Samples the server's resident memory (with any children) until stopped."""
+
+    def __init__(self, pid: int):
+        self.process = psutil.Process(pid)
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                rss = self.process.memory_info().rss + sum(c.memory_info().rss for c in self.process.children(True))
+                self.peak = max(self.peak, rss)
+            except psutil.Error:
+                pass
+            time.sleep(0.1)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+async def settled(page) -> str:
+    await page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=300_000)
+    await page.wait_for_selector(".st-key-generated code", timeout=300_000)
+    return await page.eval_on_selector(".st-key-generated code", "el => el.textContent")
+
+
+async def student(browser, url: str, i: int) -> dict:
+    context = await browser.new_context(viewport={"width": 1280, "height": 900})  # its own cookies: its own session
+    page = await context.new_page()
+    page.set_default_timeout(300_000)  # 30 pages share 2 cores with the server
+    await page.goto(f"{url}/?prompt={quote(prompt_for(i))}&step=1&view={['flow', 'attention', 'kv'][i % 3]}",
+                    wait_until="domcontentloaded")
+    first = await settled(page)
+    await page.locator("h1").first.click()
+    for step in range(2, STEPS + 2):
+        await page.keyboard.press("ArrowRight")
+        await page.wait_for_function(f"() => new URL(location.href).searchParams.get('step') === '{step}'",
+                                     timeout=300_000)
+    last = await settled(page)
+    errors = await page.locator('[data-testid="stException"], [data-testid="stAlertContentError"]').count()
+    await context.close()
+    return {"i": i, "first": first, "last": last, "errors": errors}
+
+
+async def run_class(url: str) -> list[dict]:
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            return await asyncio.gather(*(student(browser, url, i) for i in range(SESSIONS)))
+        finally:
+            await browser.close()
+
+
+def test_thirty_students_at_once(tmp_path):
+    log_path = tmp_path / "server.log"
+    with running_server(log_path) as (url, process):
+        with PeakMemory(process.pid) as memory:
+            started = time.time()
+            results = asyncio.run(run_class(url))
+            seconds = time.time() - started
+    print(f"\n{SESSIONS} sessions × {STEPS + 1} steps in {seconds:.0f} s; "
+          f"server peak RSS {memory.peak / 2**20:.0f} MiB")
+    for r in results:
+        own = prompt_for(r["i"])
+        assert r["errors"] == 0, f"session {r['i']} shows an error"
+        assert own in r["first"] and own in r["last"] and r["last"].startswith(r["first"])
+        assert len(r["last"]) > len(r["first"])
+        others = [prompt_for(j) for j in range(SESSIONS) if j != r["i"]]
+        assert not any(o in r["last"] for o in others), f"session {r['i']} sees another student's prompt"
+    assert memory.peak < LIMIT_BYTES, f"peak {memory.peak / 2**30:.2f} GiB ≥ 2.7 GB"
+    log = log_path.read_text()
+    assert not any(prompt_for(i) in log for i in range(SESSIONS)), "a prompt reached the server log"

@@ -138,3 +138,16 @@ def test_no_unfilled_placeholders_on_any_view(embedded_model):
             assert_clean(at)
             texts = [e.value for e in at.markdown if "<style>" not in e.value] + [t.value.to_string() for t in at.table]
             assert not [text for text in texts if "{" in text], (lang, view)
+
+
+def test_cloud_entry_point_runs_the_same_app(embedded_model):
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "cloud" / "streamlit_app.py"),
+                           default_timeout=120)
+    at.query_params["step"] = "1"
+    at.run()
+    assert_clean(at)
+    assert "What is a KV cache?" in shown_text(at)

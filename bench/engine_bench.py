@@ -1,0 +1,149 @@
+"""The engine's decode step against transformers' own cached decode, on the same weights, interleaved.
+
+    HF_HUB_OFFLINE=1 python bench/engine_bench.py [--steps 48] [--context 200] [--device auto]
+
+Models: the embedded SmolLM2-135M and a random-weight model with Qwen3-0.6B's real widths (hidden
+1024, 16 Q / 8 KV heads of 128, intermediate 3072, 28 layers, vocab 151936). For each: prefill
+tokens per second; per-step medians of (a) the engine with full traces, (b) the engine recording
+only ids, text and candidates, (c) transformers with `past_key_values`; their ratio; peak memory;
+and the memory-bandwidth bound (bytes read per token ÷ measured bandwidth). Run by hand, not in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen3Config  # noqa: E402
+
+import engine  # noqa: E402
+from engine import embedded  # noqa: E402
+
+
+def bandwidth_gb_s(device: torch.device) -> float:
+    """Read bandwidth: best of a few sums over a 512 MB tensor."""
+    x = torch.ones(128 * 2**20, dtype=torch.float32, device=device)
+    best = float("inf")
+    for _ in range(5):
+        sync(device)
+        start = time.perf_counter()
+        x.sum().item()
+        best = min(best, time.perf_counter() - start)
+    return x.numel() * 4 / best / 1e9
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def qwen3_shaped_folder() -> str:
+    """Random weights at Qwen3-0.6B's widths, with a word-level tokenizer of its vocabulary size."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    folder = Path(tempfile.mkdtemp(prefix="kvscope-qwen3-shape-"))
+    vocab = 151936
+    config = Qwen3Config(vocab_size=vocab, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                         num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                         tie_word_embeddings=True, eos_token_id=0, bos_token_id=0)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab)}, unk_token="w0"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="w0", eos_token="w0").save_pretrained(folder)
+    return str(folder)
+
+
+def bytes_per_token(model: engine.Model, context: int) -> int:
+    """Weights a decode step reads (every layer, the final norm, lm_head) plus the cached K/V."""
+    w = model.weights
+    per_layer = 0
+    for layer in w.layers:
+        per_layer += sum(t.numel() for t in (layer.qkv.weight, layer.o_proj.weight, layer.down_proj.weight))
+        per_layer += (layer.gate_up or layer.up_proj).weight.numel()
+    element = w.embed_tokens.element_size()
+    return (per_layer + w.lm_head.numel()) * element + context * model.info.kv_bytes_per_token
+
+
+def run(spec: str, steps: int, context: int, device: str) -> dict:
+    model = engine.load_model(spec, device=device)
+    source = embedded.embedded_source() if spec == "embedded" else spec
+    hf = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).to(model.device).eval()
+    generator = torch.Generator().manual_seed(1)
+    prompt = torch.randint(10, min(model.info.vocab, len(model.tokenizer)), (context,), generator=generator).tolist()
+    sessions = {
+        "engine, full traces": engine.DecodeSession(model, prompt, max_new_tokens=steps + 2),
+        "engine, ids+text only": engine.DecodeSession(model, prompt, max_new_tokens=steps + 2,
+                                                      capture=engine.Capture(attention=False, residuals=False)),
+    }
+    prefill = {}
+    for name, session in sessions.items():
+        sync(model.device)
+        start = time.perf_counter()
+        session.prefill()
+        sync(model.device)
+        prefill[name] = context / (time.perf_counter() - start)
+    with torch.inference_mode():
+        sync(model.device)
+        start = time.perf_counter()
+        out = hf(input_ids=torch.tensor([prompt], device=model.device), use_cache=True)
+        sync(model.device)
+        prefill["transformers"] = context / (time.perf_counter() - start)
+    cache = out.past_key_values
+    token = int(out.logits[0, -1].argmax())
+    times: dict[str, list[float]] = {name: [] for name in (*sessions, "transformers")}
+    for _ in range(steps):  # interleaved, so all three see the same machine state
+        for name, session in sessions.items():
+            sync(model.device)
+            start = time.perf_counter()
+            session.step()
+            sync(model.device)
+            times[name].append(time.perf_counter() - start)
+        with torch.inference_mode():
+            sync(model.device)
+            start = time.perf_counter()
+            out = hf(input_ids=torch.tensor([[token]], device=model.device), past_key_values=cache, use_cache=True)
+            sync(model.device)
+            times["transformers"].append(time.perf_counter() - start)
+        cache, token = out.past_key_values, int(out.logits[0, -1].argmax())
+    medians = {name: 1000 * statistics.median(values) for name, values in times.items()}
+    bound_ms = 1000 * bytes_per_token(model, context + steps // 2) / (bandwidth_gb_s(model.device) * 1e9)
+    return {
+        "model": model.info.name, "parameters": model.info.parameters, "device": str(model.device),
+        "context": context, "steps": steps,
+        "median_ms": {k: round(v, 2) for k, v in medians.items()},
+        "ratio_full_vs_transformers": round(medians["engine, full traces"] / medians["transformers"], 3),
+        "ratio_ids_only_vs_transformers": round(medians["engine, ids+text only"] / medians["transformers"], 3),
+        "prefill_tokens_per_s": {k: round(v, 1) for k, v in prefill.items()},
+        "bandwidth_bound_ms": round(bound_ms, 2),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=48)
+    parser.add_argument("--context", type=int, default=200)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--models", nargs="*", default=["embedded", "qwen3-shape"])
+    args = parser.parse_args()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"read bandwidth {bandwidth_gb_s(engine.loader.resolve_device(args.device)):.1f} GB/s")
+    for name in args.models:
+        spec = qwen3_shaped_folder() if name == "qwen3-shape" else name
+        print(json.dumps(run(spec, args.steps, args.context, args.device), indent=1, ensure_ascii=False))
+
+
+if __name__ == "__main__":
+    main()

@@ -153,3 +153,21 @@ def test_exception_inside_a_step_is_shown_and_the_session_can_restart(monkeypatc
     assert not at.exception and not at.error and step_of(at) == 0
     keeps_working(at)
     keeps_working(at)
+
+
+# -- isolation --------------------------------------------------------------------------------
+
+def published_then_reused(monkeypatch, shared: str) -> int:
+    """Student A prefills a prompt and moves on (publishing it); student B then prefills its extension."""
+    monkeypatch.setenv("KVSCOPE_SHARED_PREFIX_CACHE", shared)
+    base = f"Classroom prompt {shared}: explain the KV cache in one line"
+    a = start(prompt=base, chat=0, step=1, view="prefix", policy="radix")
+    a.text_area(key="w_prompt").set_value("something else entirely").run()  # A's old prompt is published
+    b = start(prompt=base + " please", chat=0, step=1, view="prefix", policy="radix")
+    assert not b.exception and not b.error
+    return int({m.label: m.value for m in b.metric}[strings.t("reused")])
+
+
+def test_sessions_share_nothing_unless_the_host_turns_on_the_classroom_cache(monkeypatch, embedded_model):
+    assert published_then_reused(monkeypatch, "0") == 0
+    assert published_then_reused(monkeypatch, "1") > 0

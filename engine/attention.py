@@ -42,20 +42,22 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch
     t, q_heads, d = q.shape
     length, kv_heads, _ = k.shape
     group = q_heads // kv_heads
-    qh = q.view(t, kv_heads, group, d).permute(1, 2, 0, 3)  # (kv_heads, group, T, D)
-    kh = k.permute(1, 0, 2).unsqueeze(1)  # (kv_heads, 1, L, D): shared by the group's Q heads
-    vh = v.permute(1, 0, 2).unsqueeze(1)
-    scores = torch.matmul(qh, kh.transpose(-1, -2)) * scale  # (kv_heads, group, T, L)
+    # (kv_heads, group·T, D): the Q heads sharing a KV head stacked, so one batched matmul per KV
+    # head reads its K and V once, with no copy of them per Q head.
+    qh = q.view(t, kv_heads, group, d).permute(1, 2, 0, 3).reshape(kv_heads, group * t, d)
+    kh = k.permute(1, 0, 2)  # (kv_heads, L, D)
+    vh = v.permute(1, 0, 2)
+    scores = (torch.bmm(qh, kh.transpose(1, 2)) * scale).view(kv_heads, group, t, length)
     key_positions = torch.arange(length, device=q.device)
     hidden = key_positions[None, :] > q_positions[:, None]  # (T, L): the future
     if hidden.any():
         scores = scores.masked_fill(hidden, float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    out = torch.matmul(probs, vh)  # (kv_heads, group, T, D)
+    out = torch.bmm(probs.view(kv_heads, group * t, length), vh).view(kv_heads, group, t, d)
     split = None
     if kv_splits > 1:
         ranges = split_ranges(length, kv_splits)
-        parts = partials(scores, vh, ranges)  # (kv_heads, group, T, S[, D])
+        parts = partials(scores, vh.unsqueeze(1), ranges)  # (kv_heads, group, T, S[, D])
         merged = merge(parts)
         split = SplitRecord(
             ranges=ranges,

@@ -106,11 +106,17 @@ class BlockPool:
         self.k[layer].view(-1, *k.shape[1:]).index_copy_(0, slots, k)
         self.v[layer].view(-1, *v.shape[1:]).index_copy_(0, slots, v)
 
-    def read(self, layer: int, blocks: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def read(self, layer: int, blocks: torch.Tensor, length: int,
+             first: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of the first `length` positions of the sequence whose block table is `blocks`.
 
-        Returns two (length, kv_heads, head_dim) tensors, gathered block by block.
+        Returns two (length, kv_heads, head_dim) tensors, gathered block by block; when the table is
+        one run of consecutive blocks starting at `first`, a view of them (nothing is copied).
         """
+        if first is not None:
+            count = blocks.shape[0]
+            return (self.k[layer, first:first + count].flatten(0, 1)[:length],
+                    self.v[layer, first:first + count].flatten(0, 1)[:length])
         k = self.k[layer].index_select(0, blocks).flatten(0, 1)[:length]
         v = self.v[layer].index_select(0, blocks).flatten(0, 1)[:length]
         return k, v
@@ -141,6 +147,13 @@ class BlockTable:
         if self._device_blocks is None:
             self._device_blocks = torch.tensor(self.blocks, dtype=torch.long, device=self.pool.k.device)
         return self._device_blocks
+
+    def first_of_run(self) -> int | None:
+        """The first block when the table is consecutive physical blocks (then reads need no gather)."""
+        if self.blocks and self.blocks[-1] - self.blocks[0] == len(self.blocks) - 1 and \
+                self.blocks == list(range(self.blocks[0], self.blocks[-1] + 1)):
+            return self.blocks[0]
+        return None
 
     def slots(self, placed: list[tuple[int, int]]) -> torch.Tensor:
         size = self.pool.block_size

@@ -98,13 +98,16 @@ class Model:
         pool = self.new_pool(-(-n // block_size), block_size)
         blocks = torch.arange(pool.num_blocks, device=self.device)
         capture = Capture(residuals=False, attention_budget=self.info.q_heads * n * n, layers=(layer,))
-        record = self.forward(ids, list(range(n)), pool, blocks, torch.arange(n, device=self.device), capture)
+        record = self.forward(ids, list(range(n)), pool, blocks, torch.arange(n, device=self.device), capture,
+                              first_block=0)
         return record.attention[0], record.scores[0]
 
     @torch.inference_mode()
     def forward(self, ids: list[int], positions: list[int], pool: BlockPool, blocks: torch.Tensor,
-                slots: torch.Tensor, capture: Capture, kv_splits: int = 1) -> ForwardRecord:
-        """Process `ids` at `positions` (the next ones after what `blocks` already holds).
+                slots: torch.Tensor, capture: Capture, kv_splits: int = 1, first_block: int | None = None
+                ) -> ForwardRecord:
+        """Process `ids` at `positions` (the next ones after what `blocks` already holds; `first_block`
+        when those blocks are consecutive, see `BlockPool.read`).
 
         Each layer writes the new K/V into the pool at `slots`, then attends over every cached position
         (in `kv_splits` merged splits when > 1).
@@ -130,7 +133,7 @@ class Model:
             if cos_sin is not None:
                 q, k = apply_rope(q, *cos_sin), apply_rope(k, *cos_sin)
             pool.write(index, slots, k, v)
-            cached_k, cached_v = pool.read(index, blocks, length)
+            cached_k, cached_v = pool.read(index, blocks, length, first_block)
             result = attend(q, cached_k, cached_v, pos_t, self.attention_scales[index], kv_splits)
             x1 = x0 + layer.o_proj(result.output)
             x = x1 + layer.mlp(layer.post_attention_layernorm(x1))

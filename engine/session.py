@@ -158,7 +158,7 @@ class DecodeSession:
         start = time.perf_counter()
         placed = self.table.append(len(ids))
         record = model.forward(ids, positions, self.pool, self.table.device_blocks(), self.table.slots(placed),
-                               self.capture, self.kv_splits)
+                               self.capture, self.kv_splits, self.table.first_of_run())
         forward_done = time.perf_counter()
         step = len(self.traces)
         token_id, stages = sample(record.logits, self.sampling, step)

@@ -26,6 +26,8 @@ def family_config(family: str, vocab: int):
                   max_position_embeddings=CONTEXT, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
     if family == "llama":  # GQA: 4 Q heads share 2 KV heads
         return LlamaConfig(num_attention_heads=4, num_key_value_heads=2, **common)
+    if family == "llama-long":  # a longer context, for long runs
+        return LlamaConfig(num_attention_heads=4, num_key_value_heads=2, **{**common, "max_position_embeddings": 1024})
     if family == "llama3-rope":  # RoPE scaled as Llama 3.x / SmolLM do, tied embeddings
         rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 32}

@@ -126,3 +126,25 @@ def test_scattered_blocks_equal_consecutive_ones(tiny_model):
     for ours, theirs in zip(traces, reference):
         assert ours.token_id == theirs.token_id
         torch.testing.assert_close(ours.logits, theirs.logits, atol=1e-6, rtol=0)
+
+
+def test_trace_memory_stays_bounded_over_500_steps(tiny_model):
+    """Heavy tensors are kept for the latest steps only, so what a long run holds stops growing."""
+    model = tiny_model("llama-long")
+    session = engine.DecodeSession(model, PROMPT, max_new_tokens=501, keep_full_traces=8)
+    session.prefill()
+
+    def held_bytes() -> int:
+        return sum(t.numel() * t.element_size() for trace in session.traces for name in trace.HEAVY
+                   for t in [getattr(trace, name)] if isinstance(t, torch.Tensor))
+
+    for _ in range(100):
+        session.step()
+    at_100 = held_bytes()
+    for _ in range(400):
+        session.step()
+    at_500 = held_bytes()
+    assert sum(not t.is_slim for t in session.traces) == 8
+    # Only the attention rows of the 8 kept steps grow, with the context (108 → 508 positions).
+    assert at_500 < at_100 * 508 / 108
+    assert at_500 < 8 * 4 * (model.info.vocab + 2 * model.info.layers * model.info.q_heads * 520 + 4 * 64 * 3)

@@ -117,10 +117,16 @@ class Model:
         pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
         t, length = len(ids), positions[-1] + 1
         rows = _attention_rows(t, length, info, capture)
-        recorded = set(range(info.layers) if capture.layers is None else capture.layers)
+        recorded = list(range(info.layers) if capture.layers is None else capture.layers)
+        slot_of = {layer: i for i, layer in enumerate(recorded)} if capture.attention else {}
         x = self.embed(ids_t, pos_t)
         cos_sin = self.rope.cos_sin(pos_t, x.dtype) if self.rope else None
-        attn_record, score_record, residual, splits = [], [], [], []
+        # Filled layer by layer: one copy per layer into buffers sized for what is kept.
+        probs_out = torch.empty((len(slot_of), info.q_heads, rows, length), dtype=x.dtype, device=self.device)
+        scores_out = torch.empty_like(probs_out)
+        residual = torch.empty((info.layers, 3, info.hidden), dtype=x.dtype, device=self.device) \
+            if capture.residuals else None
+        splits = []
         for index, layer in enumerate(w.layers):
             x0 = x
             h = layer.input_layernorm(x0)
@@ -137,11 +143,11 @@ class Model:
             result = attend(q, cached_k, cached_v, pos_t, self.attention_scales[index], kv_splits)
             x1 = x0 + layer.o_proj(result.output)
             x = x1 + layer.mlp(layer.post_attention_layernorm(x1))
-            if capture.attention and index in recorded:  # copy the kept rows so the full (q_heads, T, L) matrices can be freed
-                attn_record.append(result.probs[:, -rows:].clone())
-                score_record.append(result.scores[:, -rows:].clone())
-            if capture.residuals:
-                residual.append(torch.stack((x0[-1], x1[-1], x[-1])))
+            if index in slot_of:
+                probs_out[slot_of[index]] = result.probs[:, -rows:]
+                scores_out[slot_of[index]] = result.scores[:, -rows:]
+            if residual is not None:
+                torch.stack((x0[-1], x1[-1], x[-1]), out=residual[index])
             if result.split is not None:
                 splits.append(result.split)
         final_hidden = w.norm(x[-1])
@@ -149,10 +155,10 @@ class Model:
         return ForwardRecord(
             logits=logits.cpu(),
             final_hidden=final_hidden.cpu(),
-            attention=torch.stack(attn_record).cpu() if attn_record else None,
-            scores=torch.stack(score_record).cpu() if score_record else None,
-            attention_rows=positions[-rows:] if attn_record else [],
-            residual=torch.stack(residual).cpu() if residual else None,
+            attention=probs_out.cpu() if slot_of else None,
+            scores=scores_out.cpu() if slot_of else None,
+            attention_rows=positions[-rows:] if slot_of else [],
+            residual=residual.cpu() if residual is not None else None,
             split=_stack_splits(splits) if splits else None,
         )
 

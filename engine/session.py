@@ -281,7 +281,13 @@ def candidates(stages: FilterStages, tokenizer, drawn: int, count: int = TOP_CAN
 
     The drawn token is appended when a sample picked one outside that list.
     """
-    probs = {name: torch.softmax(getattr(stages, name), dim=-1) for name in ("raw", "temperature", "top_k", "top_p")}
+    softmax: dict[int, torch.Tensor] = {}  # stages a filter left unchanged are the same tensor: one softmax
+    probs = {}
+    for name in ("raw", "temperature", "top_k", "top_p"):
+        stage = getattr(stages, name)
+        if id(stage) not in softmax:
+            softmax[id(stage)] = torch.softmax(stage, dim=-1)
+        probs[name] = softmax[id(stage)]
     ids = torch.topk(stages.raw, min(count, stages.raw.shape[-1])).indices.tolist()
     if drawn not in ids:
         ids.append(drawn)

@@ -5,15 +5,13 @@ from __future__ import annotations
 import streamlit as st
 
 from ui.context import ViewContext
-from ui.views.common import figure, layer_head_pickers
+from ui.views.common import figure, layer_head_pickers, titled
 from viz.attention import gqa_figure, head_grid_figure, heatmap_figure, newest_row_figure
 
 
 def render(ctx: ViewContext) -> None:
     info = ctx.model.info
-    st.subheader(ctx.t("attention_title"))
-    if ctx.trace is None:
-        st.info(ctx.t("need_prefill"))
+    if not titled(ctx, "attention_title"):
         return
     layer, head = layer_head_pickers(ctx)
     show_scores = st.toggle(ctx.t("show_scores"), key="w_scores")

@@ -32,3 +32,12 @@ def layer_head_pickers(ctx: ViewContext, heads: bool = True) -> tuple[int, int]:
             head = st.number_input(ctx.t("head"), 0, info.q_heads - 1, key="w_head", step=1,
                                    help=ctx.t("head_help", group=info.gqa_group))
     return int(layer), int(head)
+
+
+def titled(ctx: ViewContext, title_key: str) -> bool:
+    """The view's title; before the prefill, a hint to run it. True when there is a step to show."""
+    st.subheader(ctx.t(title_key))
+    if ctx.trace is None:
+        st.info(ctx.t("need_prefill"))
+        return False
+    return True

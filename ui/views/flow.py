@@ -7,15 +7,13 @@ import pandas as pd
 import streamlit as st
 
 from ui.context import ViewContext
-from ui.views.common import figure
+from ui.views.common import figure, titled
 from viz.flow import flow_rows, residual_figure, vector_figure
 
 
 def render(ctx: ViewContext) -> None:
     info = ctx.model.info
-    st.subheader(ctx.t("flow_title"))
-    if ctx.trace is None:
-        st.info(ctx.t("need_prefill"))
+    if not titled(ctx, "flow_title"):
         return
     trace = ctx.trace
     rows = [{ctx.t("flow_stage"): ctx.t("flow_stage_" + r.key, **r.facts), ctx.t("flow_shape"): r.shape,

@@ -5,15 +5,13 @@ from __future__ import annotations
 import streamlit as st
 
 from ui.context import ViewContext
-from ui.views.common import figure, layer_head_pickers, table
+from ui.views.common import figure, layer_head_pickers, table, titled
 from viz.kv_cache import block_table_frame, kv_bytes_frame, kv_values_figure, occupancy_bar, pool_figure
 
 
 def render(ctx: ViewContext) -> None:
     info = ctx.model.info
-    st.subheader(ctx.t("kv_title"))
-    if ctx.trace is None:
-        st.info(ctx.t("need_prefill"))
+    if not titled(ctx, "kv_title"):
         return
     trace = ctx.trace
     session = ctx.runner.session

@@ -163,15 +163,30 @@ class Runner:
     def full_attention(self, step: int, layer: int, head: int):
         """Probabilities and scores (n, n) of one head of `layer` over the sequence step `step` attended.
 
-        Only the shown head is kept (a few MB at most), so a session's memory stays bounded.
+        Computed once by a fresh prefill, then grown row by row from the decode steps' own recorded
+        rows, so stepping forward costs one row, not a prefill. Only the shown head is kept.
         """
         n = len(self.session.prompt_ids) + max(0, step - 1)
-        key = (self.config, n, layer, head)
-        if self._attention is None or self._attention[0] != key:
-            ids = (self.session.prompt_ids + self.session.generated)[:n]
-            probs, scores = self.model.full_attention(ids, layer, self.config.block_size)
-            self._attention = (key, (probs[head].clone(), scores[head].clone()))
+        key = (self.config, layer, head)
+        if self._attention is not None and self._attention[0] == key:
+            probs, scores = self._attention[1]
+            while probs.shape[0] < n and (row := self._decode_row(probs.shape[0] + 1, layer, head)) is not None:
+                probs, scores = _grow(probs, row[0], 0.0), _grow(scores, row[1], float("-inf"))
+            self._attention = (key, (probs, scores))
+            if probs.shape[0] >= n:
+                return probs[:n, :n], scores[:n, :n]
+        ids = (self.session.prompt_ids + self.session.generated)[:n]
+        probs, scores = self.model.full_attention(ids, layer, self.config.block_size)
+        self._attention = (key, (probs[head].clone(), scores[head].clone()))
         return self._attention[1]
+
+    def _decode_row(self, length: int, layer: int, head: int):
+        """The row a decode step recorded when the sequence reached `length` positions, if still kept."""
+        index = length - len(self.session.prompt_ids)  # traces[index] is that decode step
+        if not 1 <= index < len(self.session.traces) or self.session.traces[index].is_slim:
+            return None
+        trace = self.session.traces[index]
+        return trace.attention[layer, head, 0], trace.scores[layer, head, 0]
 
     def cached_kv(self, layer: int, length: int):
         """The K and V this run's cache holds for `layer`: (length, kv_heads, head_dim) each."""
@@ -189,3 +204,13 @@ class Runner:
             if best is None or shared >= best[1]:
                 best = (earlier, shared)
         return None if best is None else best[0]
+
+
+def _grow(matrix, row, future: float):
+    """Append one query row (length n+1) to an n × n causal matrix; earlier rows get `future` for the
+    new key they cannot see (0 for probabilities, −inf for scores)."""
+    n = matrix.shape[0]
+    grown = matrix.new_full((n + 1, n + 1), future)
+    grown[:n, :n] = matrix
+    grown[n] = row
+    return grown

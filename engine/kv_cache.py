@@ -137,11 +137,15 @@ class BlockTable:
         placed = []
         for position in range(self.length, self.length + count):
             if position // size == len(self.blocks):
-                self.blocks.append(self.pool.allocate())
-                self._device_blocks = None
+                self.add(self.pool.allocate())
             placed.append((self.blocks[position // size], position % size))
         self.length += count
         return placed
+
+    def add(self, block: int) -> None:
+        """Append a physical block the caller already holds a reference to."""
+        self.blocks.append(block)
+        self._device_blocks = None
 
     def device_blocks(self) -> torch.Tensor:
         if self._device_blocks is None:
@@ -150,8 +154,7 @@ class BlockTable:
 
     def first_of_run(self) -> int | None:
         """The first block when the table is consecutive physical blocks (then reads need no gather)."""
-        if self.blocks and self.blocks[-1] - self.blocks[0] == len(self.blocks) - 1 and \
-                self.blocks == list(range(self.blocks[0], self.blocks[-1] + 1)):
+        if self.blocks and self.blocks == list(range(self.blocks[0], self.blocks[0] + len(self.blocks))):
             return self.blocks[0]
         return None
 

@@ -81,12 +81,7 @@ class PrefixCache:
 
     def closest_prompt(self, ids: list[int]) -> tuple[list[int], int] | None:
         """The recently published prompt sharing the longest prefix with `ids`, and that prefix's length."""
-        best = None
-        for prompt in reversed(self.prompts):
-            shared = common_prefix_length(prompt, ids)
-            if best is None or shared > best[1]:
-                best = (list(prompt), shared)
-        return best
+        return closest_prompt(self.prompts, ids)
 
     def take_evictions(self) -> list[int]:
         """Blocks evicted since the last call."""
@@ -119,6 +114,17 @@ def predicted_reuse(history: list[list[int]], ids: list[int], block_size: int) -
             index.publish(list(earlier), blocks)
         out[policy] = reusable_tokens(policy, len(index.match(ids)), len(ids), block_size)
     return out
+
+
+def closest_prompt(prompts, ids: list[int]) -> tuple[list[int], int] | None:
+    """Of `prompts` (oldest first), the one sharing the longest prefix with `ids` (the newest on a
+    tie) and the length of that prefix; None when there are none."""
+    best = None
+    for prompt in reversed(list(prompts)):
+        shared = common_prefix_length(prompt, ids)
+        if best is None or shared > best[1]:
+            best = (list(prompt), shared)
+    return best
 
 
 def common_prefix_length(a, b) -> int:

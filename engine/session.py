@@ -215,11 +215,11 @@ class DecodeSession:
                 segment = per_token[start:start + size]
                 if len(segment) == size and len(set(segment)) == 1:
                     pool.retain(segment[0])
-                    self.table.blocks.append(segment[0])
+                    self.table.add(segment[0])
                     shared.append(segment[0])
                 else:
                     block = pool.allocate()
-                    self.table.blocks.append(block)
+                    self.table.add(block)
                     copied.append(block)
                     pool.copy_slots([b * size + i for i, b in enumerate(segment)],
                                     [block * size + i for i in range(len(segment))])

@@ -5,7 +5,8 @@ import pytest
 
 import engine
 from engine.model import ModelInfo
-from viz.attention import gqa_figure, heatmap_figure, window
+from viz.attention import gqa_figure, heatmap_figure
+from viz.style import window
 from viz.candidates import candidates_frame
 from viz.costs import context_growth_frame, steps_frame
 from viz.flow import flow_rows

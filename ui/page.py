@@ -55,8 +55,7 @@ def main() -> None:
     st.title(t("title"))
     st.caption(t("tagline"))
     for problem in ss.pop("problems", []):
-        st.warning(t("link_problem", param=problem.param, value=problem.value, fallback=problem.fallback,
-                     reason=t("reason_" + problem.reason)))
+        show_problem(problem)
     if model is None:
         st.error(failure)
         st.button(t("use_default"), key="use_default", on_click=use_default_model)
@@ -198,13 +197,14 @@ def stepper_and_view(model: engine.Model, runner: Runner) -> None:
     session can start again; the shared model and other sessions are untouched."""
     try:
         draw_step(model, runner)
+        return
     except engine.KvscopeError as error:
-        st.error(t("bad_input", error=str(error)))
-        st.button(t("reset_session"), key="b_reset_session", on_click=reset_session)
+        message = t("bad_input", error=str(error))
     except Exception as error:  # noqa: BLE001 — Streamlit's own control flow is BaseException, not caught
         log.error("a step failed: %s", type(error).__name__, exc_info=True)  # no prompt text in the log
-        st.error(t("step_failed", error=f"{type(error).__name__}: {error}"))
-        st.button(t("reset_session"), key="b_reset_session", on_click=reset_session)
+        message = t("step_failed", error=f"{type(error).__name__}: {error}")
+    st.error(message)
+    st.button(t("reset_session"), key="b_reset_session", on_click=reset_session)
 
 
 def reset_session() -> None:
@@ -230,8 +230,7 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
         st.warning(t("step_unreachable", step=requested, reached=ss.step, reason=runner.session.stop_reason))
     state, problems = clamp(current_state(), model.info.layers, model.info.q_heads)
     for problem in problems:
-        st.warning(t("link_problem", param=problem.param, value=problem.value, fallback=problem.fallback,
-                     reason=t("reason_" + problem.reason)))
+        show_problem(problem)
         ss["w_" + problem.param] = getattr(state, problem.param)
     columns = st.columns(4)
     columns[0].button(t("prefill"), key="b_prefill", on_click=go_to, args=(1,), disabled=ss.step >= 1,
@@ -246,6 +245,11 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
     st.radio(t("view"), VIEWS, key="w_view", horizontal=True, format_func=labels("view_"))
     VIEW_MODULES[ss.w_view].render(ctx)
     write_link(current_state())
+
+
+def show_problem(problem: Problem) -> None:
+    st.warning(t("link_problem", param=problem.param, value=problem.value, fallback=problem.fallback,
+                 reason=t("reason_" + problem.reason)))
 
 
 def go_to(step: int) -> None:

@@ -11,7 +11,7 @@ import threading
 from dataclasses import dataclass
 
 import engine
-from engine.prefix_cache import common_prefix_length, predicted_reuse
+from engine.prefix_cache import closest_prompt, predicted_reuse
 from engine.trace import StepTrace
 
 HISTORY = 8  # published prompts kept for the policy comparison
@@ -194,16 +194,17 @@ class Runner:
             k, v = self.session.pool.read(layer, self.session.table.device_blocks(), length)
         return k, v
 
+    def cached_free_blocks(self) -> int:
+        """Free blocks the prefix cache still holds (read under the lock: a classroom pool is shared)."""
+        with self.lock:
+            return sum(1 for block in self.session.pool.free if self.cache.holds(block))
+
     def policy_reuse(self) -> dict[str, int]:
         return predicted_reuse(self.history, self.session.prompt_ids, self.config.block_size)
 
     def closest_cached(self) -> list[int] | None:
-        best = None
-        for earlier in self.history:
-            shared = common_prefix_length(earlier, self.session.prompt_ids)
-            if best is None or shared >= best[1]:
-                best = (earlier, shared)
-        return None if best is None else best[0]
+        closest = closest_prompt(self.history, self.session.prompt_ids)
+        return None if closest is None else closest[0]
 
 
 def _grow(matrix, row, future: float):

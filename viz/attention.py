@@ -6,14 +6,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from viz.style import OKABE_ITO, SEQUENTIAL, finish
-
-MAX_CELLS = 160  # per axis: beyond this a heatmap is windowed to the latest positions
-
-
-def window(n: int, size: int = MAX_CELLS) -> slice:
-    """The latest `size` positions of n (the whole range when it fits)."""
-    return slice(max(0, n - size), n)
+from viz.style import OKABE_ITO, SEQUENTIAL, finish, position_ticks, window
 
 
 def heatmap_figure(matrix: np.ndarray, labels: list[str], title: str = "", large: bool = False,
@@ -24,7 +17,7 @@ def heatmap_figure(matrix: np.ndarray, labels: list[str], title: str = "", large
     sub = np.array(matrix[shown, shown], dtype=float)
     future = np.arange(shown.start, shown.stop)[None, :] > np.arange(shown.start, shown.stop)[:, None]
     sub[future | ~np.isfinite(sub)] = np.nan  # the causal mask: a query never sees later keys, drawn blank
-    ticks = [f"{i}:{labels[i]}" for i in range(shown.start, shown.stop)]
+    ticks = position_ticks(labels, shown)
     fig = go.Figure(go.Heatmap(z=sub, x=ticks, y=ticks, colorscale=SEQUENTIAL, zmin=zmin, zmax=zmax,
                                hovertemplate="query %{y}<br>key %{x}<br>" + value_name + " = %{z:.4f}<extra></extra>",
                                colorbar=dict(title=value_name)))
@@ -42,7 +35,7 @@ def head_grid_figure(rows: np.ndarray, labels: list[str], group: int, title: str
     grid_rows = -(-q_heads // cols)
     fig = make_subplots(rows=grid_rows, cols=cols, subplot_titles=[f"Q{h} → KV{h // group}" for h in range(q_heads)],
                         vertical_spacing=0.12)
-    ticks = [f"{i}:{labels[i]}" for i in range(shown.start, shown.stop)]
+    ticks = position_ticks(labels, shown)
     for h in range(q_heads):
         fig.add_trace(go.Bar(x=ticks, y=rows[h, shown], marker_color=OKABE_ITO["blue"] if (h // group) % 2 == 0
                              else OKABE_ITO["orange"], hovertemplate="%{x}: %{y:.4f}<extra>Q" + str(h) + "</extra>",
@@ -56,7 +49,7 @@ def newest_row_figure(row: np.ndarray, labels: list[str], title: str = "", large
                       value_name: str = "p") -> go.Figure:
     """The newest token's attention over every cached token, as bars."""
     shown = window(len(row))
-    ticks = [f"{i}:{labels[i]}" for i in range(shown.start, shown.stop)]
+    ticks = position_ticks(labels, shown)
     fig = go.Figure(go.Bar(x=ticks, y=row[shown], marker_color=OKABE_ITO["vermillion"],
                            hovertemplate="%{x}: %{y:.4f}<extra></extra>"))
     fig.update_layout(xaxis=dict(tickangle=-60), yaxis=dict(title=value_name))

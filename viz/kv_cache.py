@@ -7,7 +7,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from engine.model import ModelInfo
-from viz.style import OKABE_ITO, SEQUENTIAL, finish
+from viz.style import OKABE_ITO, SEQUENTIAL, finish, position_ticks, window
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
 
@@ -61,8 +61,8 @@ def kv_bytes_frame(info: ModelInfo, length: int) -> pd.DataFrame:
 
 def kv_values_figure(values: np.ndarray, labels: list[str], title: str = "", large: bool = False) -> go.Figure:
     """One layer's cached K (or V) for one KV head: positions × head_dim numbers. Not tokens, not ids."""
-    shown = slice(max(0, values.shape[0] - 160), values.shape[0])
-    ticks = [f"{i}:{labels[i]}" for i in range(shown.start, shown.stop)]
+    shown = window(values.shape[0])
+    ticks = position_ticks(labels, shown)
     fig = go.Figure(go.Heatmap(z=values[shown], y=ticks, colorscale="RdBu", zmid=0,
                                hovertemplate="%{y}<br>dim %{x}: %{z:.4f}<extra></extra>"))
     fig.update_layout(xaxis=dict(title="head_dim"), yaxis=dict(autorange="reversed"))

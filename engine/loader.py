@@ -6,6 +6,7 @@ never used); we take its tensors and run our own forward pass (`engine.model`).
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 
@@ -29,8 +30,9 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return torch.device(device)
 
 
-def resolve_source(spec: str) -> str:
-    """The folder or hub id that `spec` names; raises ModelNotFoundError for anything else."""
+def resolve_source(spec: str) -> str | embedded.InMemory:
+    """The folder or hub id that `spec` names (for the embedded model, possibly the model in memory);
+    raises ModelNotFoundError for anything else."""
     if not isinstance(spec, str) or not spec.strip():
         raise ModelNotFoundError("no model given: use 'embedded', a local folder or a hub id like 'Qwen/Qwen3-0.6B'")
     spec = spec.strip()
@@ -52,22 +54,14 @@ def load_model(spec: str = EMBEDDED, device: str | torch.device = "auto", dtype:
     Raises ModelNotFoundError when nothing can be read under `spec`, and UnsupportedModelError when
     its architecture is not one of SUPPORTED_FAMILIES (or uses a feature the engine does not model).
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
     source = resolve_source(spec)
     target = resolve_device(device)
-    try:
-        config = AutoConfig.from_pretrained(source, trust_remote_code=False)
-    except ValueError as error:  # a model_type transformers does not know
-        raise UnsupportedModelError(f"{spec!r}: {_first_line(error)}; supported: {', '.join(SUPPORTED_FAMILIES)}") from error
-    except OSError as error:
-        raise ModelNotFoundError(f"cannot read model {spec!r}: {_first_line(error)}") from error
-    _check_supported(spec, config)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
-        hf = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=False)
-    except OSError as error:
-        raise ModelNotFoundError(f"cannot read model {spec!r}: {_first_line(error)}") from error
+    if isinstance(source, embedded.InMemory):  # the cache could not be written: converted in this process
+        # float32 as converted; another dtype gets a copy, so the model kept for later loads stays float32.
+        hf = source.model if dtype == torch.float32 else copy.deepcopy(source.model).to(dtype)
+        config, tokenizer = hf.config, source.tokenizer
+    else:
+        config, tokenizer, hf = _read(spec, source, dtype)
     hf.eval()
     if config.model_type == "gpt2":
         weights = weights_from_gpt2(hf, config)
@@ -85,6 +79,25 @@ def load_model(spec: str = EMBEDDED, device: str | torch.device = "auto", dtype:
     name = f"{embedded.HUB_ID} (embedded)" if spec.strip() == EMBEDDED else spec.strip()
     info = _info(name, config, weights, dtype, positions)
     return Model(weights, info, tokenizer, rope, scales, _eos_ids(hf, config, tokenizer), target)
+
+
+def _read(spec: str, source: str, dtype: torch.dtype):
+    """(config, tokenizer, transformers model) from a folder or hub id; the family is checked before the weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=False)
+    except ValueError as error:  # a model_type transformers does not know
+        raise UnsupportedModelError(f"{spec!r}: {_first_line(error)}; supported: {', '.join(SUPPORTED_FAMILIES)}") from error
+    except OSError as error:
+        raise ModelNotFoundError(f"cannot read model {spec!r}: {_first_line(error)}") from error
+    _check_supported(spec, config)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
+        hf = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=False)
+    except OSError as error:
+        raise ModelNotFoundError(f"cannot read model {spec!r}: {_first_line(error)}") from error
+    return config, tokenizer, hf
 
 
 def _check_supported(spec: str, config) -> None:

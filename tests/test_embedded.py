@@ -1,9 +1,16 @@
-"""The embedded default model: offline, equal to transformers' own reading of the GGUF, and sensible."""
+"""The embedded default model: offline, equal to transformers' own reading of the GGUF, and sensible;
+its converted-weights cache verified, rebuilt when damaged, and replaced by memory when unwritable."""
 
+import errno
+import logging
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -68,3 +75,101 @@ def test_missing_package_online_falls_back_to_the_hub_id(monkeypatch):
     monkeypatch.setattr(embedded, "gguf_path", lambda: None)
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     assert embedded.embedded_source() == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+# -- the converted-weights cache --------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def gguf_read():
+    """One real read of the GGUF for this module (half a minute); the tests below count their reads."""
+    return embedded.read_gguf(embedded.gguf_path())
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch, embedded_folder, gguf_read):
+    """A fresh KVSCOPE_CACHE holding a copy of the verified converted folder; `reads` counts conversions."""
+    monkeypatch.setenv("KVSCOPE_CACHE", str(tmp_path))
+    monkeypatch.setattr(embedded, "_in_memory", None)
+    reads = []
+    monkeypatch.setattr(embedded, "read_gguf", lambda gguf: reads.append(gguf) or gguf_read)
+    folder = tmp_path / Path(embedded_folder).name
+    shutil.copytree(embedded_folder, folder)
+    return SimpleNamespace(root=tmp_path, folder=folder, reads=reads)
+
+
+def prefill_logits(model) -> torch.Tensor:
+    session = engine.DecodeSession(model, "Explain what a KV cache is.", chat=True, max_new_tokens=1)
+    return session.prefill().logits
+
+
+def truncate(path: Path) -> None:
+    with open(path, "r+b") as file:
+        file.truncate(path.stat().st_size // 2)
+
+
+def empty(path: Path) -> None:
+    path.write_bytes(b"")
+
+
+def flip_middle(path: Path) -> None:
+    """Same size, 4 KiB of the weights in the middle of the file inverted."""
+    with open(path, "r+b") as file:
+        file.seek(path.stat().st_size // 2)
+        chunk = file.read(4096)
+        file.seek(-len(chunk), os.SEEK_CUR)
+        file.write(bytes(b ^ 0xFF for b in chunk))
+
+
+def test_a_good_cache_loads_without_converting(cache):
+    assert embedded.embedded_source() == str(cache.folder)
+    assert cache.reads == []
+
+
+@pytest.mark.parametrize("damage", [truncate, empty, flip_middle], ids=["truncated", "empty", "same-size-flipped"])
+def test_damaged_weights_are_found_and_rebuilt(damage, cache, embedded_model):
+    weights = cache.folder / "model.safetensors"
+    size = weights.stat().st_size
+    damage(weights)
+    model = engine.load_model("embedded", device="cpu")
+    assert len(cache.reads) == 1
+    assert weights.stat().st_size == size and embedded.verified(cache.folder)
+    assert torch.equal(prefill_logits(model), prefill_logits(embedded_model))
+    assert not [p for p in cache.root.iterdir() if p.name.startswith(".")], "staging or broken folders left behind"
+
+
+def test_a_folder_without_manifest_is_rebuilt(cache):
+    (cache.folder / embedded.MANIFEST).unlink()
+    assert embedded.embedded_source() == str(cache.folder)
+    assert len(cache.reads) == 1 and embedded.verified(cache.folder)
+
+
+def test_read_only_cache_converts_once_in_memory_with_a_warning(cache, monkeypatch, caplog, embedded_model):
+    shutil.rmtree(cache.folder)
+    # Tests run as root, for whom chmod does not stop writes: the first write fails as it would otherwise.
+    def read_only(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", str(cache.root))
+
+    monkeypatch.setattr(embedded.tempfile, "mkdtemp", read_only)
+    with caplog.at_level(logging.WARNING, logger="engine.embedded"):
+        first = engine.load_model("embedded", device="cpu")
+        second = engine.load_model("embedded", device="cpu")
+    assert len(cache.reads) == 1
+    assert [r.levelname for r in caplog.records if "keeping it in memory" in r.getMessage()] == ["WARNING"]
+    assert not cache.folder.exists()
+    expected = prefill_logits(embedded_model)
+    assert torch.equal(prefill_logits(first), expected) and torch.equal(prefill_logits(second), expected)
+
+
+def test_full_disk_leaves_no_half_written_folder_and_uses_memory(cache, monkeypatch, gguf_read, embedded_model):
+    truncate(cache.folder / "model.safetensors")
+    def fills_the_disk(folder, *args, **kwargs):
+        (Path(folder) / "model.safetensors").write_bytes(bytes(1000))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(gguf_read[1], "save_pretrained", fills_the_disk)
+    source = embedded.embedded_source()
+    assert isinstance(source, embedded.InMemory) and embedded.embedded_source() is source
+    assert len(cache.reads) == 1
+    assert not [p for p in cache.root.iterdir() if p.name.startswith(".")], "a staging folder was left behind"
+    assert not embedded.verified(cache.folder)  # the damaged folder was not replaced by a half-written one
+    assert torch.equal(prefill_logits(engine.load_model("embedded", device="cpu")), prefill_logits(embedded_model))

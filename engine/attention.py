@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.split_kv import Merged, Partials, merge, partials, split_ranges
+from engine.split_kv import Merged, Partials, merge, merge_online, split_ranges
 
 
 @dataclass
@@ -57,15 +57,14 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch
     split = None
     if kv_splits > 1:
         ranges = split_ranges(length, kv_splits)
-        parts = partials(scores, vh.unsqueeze(1), ranges)  # (kv_heads, group, T, S[, D])
-        merged = merge(parts)
+        merged, last = merge_online(scores, vh.unsqueeze(1), kv_splits)  # (kv_heads, group, T, D); last row's splits
         split = SplitRecord(
             ranges=ranges,
-            partials=Partials(*(x[:, :, -1].reshape(q_heads, *x.shape[3:]) for x in
-                                (parts.max_score, parts.exp_sum, parts.output))),
-            merged=Merged(merged.output[:, :, -1].reshape(q_heads, d), merged.weight[:, :, -1].reshape(q_heads, -1)),
-            unsplit=out[:, :, -1].reshape(q_heads, d),
+            partials=Partials(*(x.reshape(q_heads, *x.shape[2:]) for x in (last.max_score, last.exp_sum, last.output))),
+            # Copies of the last row: a view would keep the layer's whole (…, T, D) outputs alive.
+            merged=Merged(merged[:, :, -1].reshape(q_heads, d).clone(), merge(last).weight.reshape(q_heads, -1)),
+            unsplit=out[:, :, -1].reshape(q_heads, d).clone(),
         )
-        out = merged.output.to(q.dtype)  # the layer goes on with the merged output
+        out = merged.to(q.dtype)  # the layer goes on with the merged output
     output = out.permute(2, 0, 1, 3).reshape(t, q_heads * d)
     return AttentionResult(output, probs.reshape(q_heads, t, length), scores.reshape(q_heads, t, length), split)

@@ -32,28 +32,37 @@ class Merged:
 
 def split_ranges(length: int, splits: int) -> list[tuple[int, int]]:
     """`splits` contiguous [start, end) ranges of ceil(length / splits) keys; trailing ones may be empty."""
-    chunk = max(1, math.ceil(length / splits))
+    chunk = split_width(length, splits)
     return [(min(i * chunk, length), min((i + 1) * chunk, length)) for i in range(splits)]
 
 
+def split_width(length: int, splits: int) -> int:
+    """Keys per split: ceil(length / splits), at least 1."""
+    return max(1, math.ceil(length / splits))
+
+
 def partials(scores: torch.Tensor, v: torch.Tensor, ranges: list[tuple[int, int]]) -> Partials:
-    """scores (..., T, L), scaled and −inf where masked; v (..., L, D) broadcastable to them."""
-    maxes, sums, outputs = [], [], []
-    for start, end in ranges:
-        s = scores[..., start:end]
-        if end == start:
-            m = torch.full(s.shape[:-1], float("-inf"), dtype=s.dtype, device=s.device)
-        else:
-            m = s.amax(dim=-1)
-        safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # a fully masked split: every e^s is 0
-        e = torch.exp(s - safe[..., None])
-        l = e.sum(dim=-1)
-        o = torch.matmul(e, v[..., start:end, :])
-        o = torch.where(l[..., None] > 0, o / l.clamp_min(torch.finfo(l.dtype).tiny)[..., None], torch.zeros_like(o))
-        maxes.append(m)
-        sums.append(l)
-        outputs.append(o)
-    return Partials(torch.stack(maxes, dim=-1), torch.stack(sums, dim=-1), torch.stack(outputs, dim=-2))
+    """scores (..., T, L), scaled and −inf where masked; v (..., L, D) broadcastable to them.
+
+    Every split's values for every query: (..., T, S[, D]). Fine for one query row or a worked example;
+    a whole prefill merges with `merge_online`, whose memory does not grow with S.
+    """
+    parts = [_normalised(*_group_sums(scores, v, start, end - start, 1)) if end > start else _empty_partial(scores, v)
+             for start, end in ranges]
+    return _cat(parts)
+
+
+def _empty_partial(scores: torch.Tensor, v: torch.Tensor) -> Partials:
+    """A split with no keys: m_i = −inf, l_i = 0, O_i = 0; shapes (..., T, 1[, D])."""
+    shape = torch.broadcast_shapes(scores.shape[:-1], v.shape[:-2] + (1,))  # (..., T)
+    m = torch.full((*shape, 1), float("-inf"), dtype=scores.dtype, device=scores.device)
+    return Partials(m, torch.zeros_like(m), torch.zeros((*shape, 1, v.shape[-1]), dtype=v.dtype, device=v.device))
+
+
+def _cat(parts: list[Partials]) -> Partials:
+    """Partials of consecutive groups of splits, joined along the split axis."""
+    return Partials(*(torch.cat([getattr(p, name) for p in parts], dim=dim)
+                      for name, dim in (("max_score", -1), ("exp_sum", -1), ("output", -2))))
 
 
 def merge(p: Partials) -> Merged:
@@ -62,6 +71,78 @@ def merge(p: Partials) -> Merged:
     total = w.sum(dim=-1, keepdim=True)
     share = w / total
     return Merged(output=(share[..., None] * p.output).sum(dim=-2), weight=share)
+
+
+MAX_KV_SPLITS = 256  # a step's time grows with the split count (its memory does not); more teaches nothing
+SPLIT_GROUP_ELEMENTS = 1 << 20  # partial outputs computed at once by `merge_online`: 4 MB in float32
+
+
+def merge_online(scores: torch.Tensor, v: torch.Tensor, splits: int) -> tuple[torch.Tensor, Partials]:
+    """The merge of `merge` over the `split_ranges(L, splits)` splits, for every query row, in memory
+    independent of S.
+
+    scores (..., T, L), v (..., L, D) as for `partials`. Splits are taken a group at a time (as many as
+    keep the group's partial outputs within SPLIT_GROUP_ELEMENTS: all of them for one decode row, a
+    few for a long prefill), and merged into running sums: the same w_i = l_i e^{m_i − m} and
+    O = Σ w_i O_i / Σ w_i, where, when the maximum rises from M to M', the sums so far are rescaled by
+    e^{M − M'}, so at the end every w_i is taken against m = max_i m_i. (w_i O_i is taken as
+    e^{m_i − M} · l_i O_i, and l_i O_i = Σ_{j∈S_i} e^{s_j − m_i} v_j is what a split sums before dividing.)
+    Returns the merged output (..., T, D) and the last row's partials (..., S[, D]): what a trace keeps.
+    """
+    length = scores.shape[-1]
+    width = split_width(length, splits)
+    per_split = scores[..., 0].numel() * v.shape[-1]  # elements of one split's partial outputs
+    group = max(1, min(splits, SPLIT_GROUP_ELEMENTS // max(1, per_split)))
+    running_max = weight_sum = output_sum = None
+    last = []
+    for first in range(0, splits, group):
+        m, l, raw = _group_sums(scores, v, first * width, width, min(group, splits - first))  # (..., T, G[, D])
+        # Copies, not views: a view of the last row would keep the group's whole (..., T, G, D) alive.
+        last.append(_normalised(m[..., -1, :].clone(), l[..., -1, :].clone(), raw[..., -1, :, :].clone()))
+        new_max = m.amax(dim=-1) if running_max is None else torch.maximum(running_max, m.amax(dim=-1))
+        safe = _finite_or_zero(new_max)  # all −inf: nothing visible yet, every weight is 0
+        scale = torch.exp(m - safe[..., None])  # (..., T, G): e^{m_i − M'}
+        weighted = torch.matmul(scale.unsqueeze(-2), raw).squeeze(-2)  # (..., T, D): Σ_i e^{m_i − M'} l_i O_i
+        if running_max is None:
+            weight_sum, output_sum = (l * scale).sum(dim=-1), weighted
+        else:
+            rescale = torch.exp(running_max - safe)  # e^{M − M'}
+            weight_sum = weight_sum * rescale + (l * scale).sum(dim=-1)
+            output_sum = output_sum * rescale[..., None] + weighted
+        running_max = new_max
+    merged = output_sum / weight_sum.clamp_min(torch.finfo(weight_sum.dtype).tiny)[..., None]
+    return merged, _cat(last)
+
+
+def _group_sums(scores: torch.Tensor, v: torch.Tensor, start: int, width: int, count: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`count` consecutive splits of `width` keys from `start` at once: m_i, l_i (..., T, G) and the
+    unnormalised l_i O_i = Σ_{j∈S_i} e^{s_j − m_i} v_j (..., T, G, D).
+
+    Keys past the end are padded as masked (score −inf, value 0), so a trailing split is short or
+    empty exactly as `split_ranges` makes it.
+    """
+    start = min(start, scores.shape[-1])  # a group past the last key: all its splits are empty
+    end = min(start + width * count, scores.shape[-1])
+    pad = width * count - (end - start)
+    s = torch.nn.functional.pad(scores[..., start:end], (0, pad), value=float("-inf")).unflatten(-1, (count, width))
+    values = torch.nn.functional.pad(v[..., start:end, :], (0, 0, 0, pad)).unflatten(-2, (count, width))
+    m = s.amax(dim=-1)  # (..., T, G)
+    e = torch.exp(s - _finite_or_zero(m)[..., None])  # a fully masked split: every e^s is 0
+    # (..., G, T, W) @ (..., G, W, D) → (..., G, T, D), then back to (..., T, G, D)
+    raw = torch.matmul(e.transpose(-3, -2), values).transpose(-3, -2)
+    return m, e.sum(dim=-1), raw
+
+
+def _normalised(m: torch.Tensor, l: torch.Tensor, raw: torch.Tensor) -> Partials:
+    """O_i = raw_i / l_i (0 for an empty or fully masked split, whose l_i is 0)."""
+    output = torch.where(l[..., None] > 0, raw / l.clamp_min(torch.finfo(l.dtype).tiny)[..., None],
+                         torch.zeros_like(raw))
+    return Partials(m, l, output)
+
+
+def _finite_or_zero(m: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isfinite(m), m, torch.zeros_like(m))
 
 
 @dataclass

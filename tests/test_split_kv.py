@@ -110,3 +110,23 @@ def test_split_trace_shapes_and_merge(tiny_model):
     for head in range(info.q_heads):
         expected = trace.attention[0, head, -1] @ v[:, head // group]
         assert torch.allclose(split.unsplit[0, head], expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("group_elements", [1, 50, 1 << 20])  # one split per group, a few, all at once
+@pytest.mark.parametrize("length, splits", [(1, 3), (7, 2), (33, 5), (33, 40), (100, 64)])
+def test_online_merge_equals_merge_of_all_partials(length, splits, group_elements, monkeypatch):
+    """Merged split by split (running max, rescaled sums) = `merge` of every split's partials, causal mask included."""
+    monkeypatch.setattr(engine.split_kv, "SPLIT_GROUP_ELEMENTS", group_elements)
+    generator = torch.Generator().manual_seed(length * splits)
+    rows = 6
+    scores = torch.randn(3, 2, rows, length, generator=generator, dtype=torch.float64) * 4
+    positions = torch.linspace(0, length - 1, rows).round().long()
+    scores = scores.masked_fill(torch.arange(length)[None, :] > positions[:, None], float("-inf"))
+    values = torch.randn(3, 1, length, 8, generator=generator, dtype=torch.float64)
+    merged, last = engine.split_kv.merge_online(scores, values, splits)
+    everything = partials(scores, values, split_ranges(length, splits))
+    assert (merged - merge(everything).output).abs().max().item() <= 1e-12
+    assert (merged - torch.softmax(scores, dim=-1) @ values).abs().max().item() <= 1e-12
+    assert torch.equal(last.max_score, everything.max_score[..., -1, :])
+    assert torch.allclose(last.exp_sum, everything.exp_sum[..., -1, :], rtol=0, atol=1e-12)
+    assert torch.allclose(last.output, everything.output[..., -1, :, :], rtol=0, atol=1e-12)

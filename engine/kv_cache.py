@@ -6,11 +6,21 @@ What is not: tokens, token ids, embeddings or hidden states.
 Block b holds the K/V of `block_size` consecutive positions; a sequence's block table maps its
 logical block i (positions i·B … i·B+B−1) to a physical block anywhere in the pool, so the cache
 grows a block at a time without ever copying what is already stored.
+
+Threads: a pool's `lock` guards its bookkeeping only (ref counts, the free list and, through its
+owner, a prefix index). Reading and writing K/V take no lock, so sessions sharing a pool run their
+forward passes at once. That is safe because a session writes only positions past its table's
+length, which lie in blocks it allocated itself (ref count 1, dropped from any index on allocation);
+blocks it shares with others are full prompt blocks, below that length, so nobody writes them while
+anyone holds them, and a block returns to the free list (where it can be reallocated and overwritten)
+only when its last holder releases it.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -59,6 +69,7 @@ class BlockPool:
         self.ref_count = [0] * num_blocks
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.owner: BlockCacheOwner | None = None
+        self.lock = threading.RLock()  # held by callers around allocate/retain/release and index updates
 
     @property
     def bytes_per_token(self) -> int:
@@ -70,9 +81,20 @@ class BlockPool:
     def used_blocks(self) -> int:
         return self.num_blocks - len(self.free)
 
+    def require_free(self, count: int, keeping: Iterable[int] = ()) -> None:
+        """Raise CacheFullError unless `count` blocks can be allocated now: a caller checks before it
+        changes anything, so a full pool leaves everything as it was (nothing is evicted).
+
+        keeping: blocks the caller is about to retain (a cache hit); free ones among them cannot be allocated.
+        """
+        available = len(self.free) - sum(1 for block in set(keeping) if block in self.free)
+        if count > available:
+            raise CacheFullError(f"the KV pool is full: {count} more blocks are needed and {available} of "
+                                 f"{self.num_blocks} are free; the others are in use by running sessions "
+                                 "(or hold the cached prefix being reused)")
+
     def allocate(self) -> int:
-        if not self.free:
-            raise CacheFullError(f"the KV pool is full: all {self.num_blocks} blocks are in use by running sessions")
+        self.require_free(1)
         block, _ = self.free.popitem(last=False)
         if self.owner is not None and self.owner.holds(block):
             self.owner.evict(block)
@@ -132,8 +154,13 @@ class BlockTable:
     _device_blocks: torch.Tensor | None = None
 
     def append(self, count: int) -> list[tuple[int, int]]:
-        """Reserve the next `count` positions; return (physical block, offset) for each."""
+        """Reserve the next `count` positions; return (physical block, offset) for each.
+
+        All the blocks they need are checked for first: a full pool raises CacheFullError with the
+        table unchanged. (If an allocation fails anyway, `roll_back` undoes what was added.)
+        """
         size = self.pool.block_size
+        self.pool.require_free(self.blocks_needed(count))
         placed = []
         for position in range(self.length, self.length + count):
             if position // size == len(self.blocks):
@@ -141,6 +168,27 @@ class BlockTable:
             placed.append((self.blocks[position // size], position % size))
         self.length += count
         return placed
+
+    def blocks_needed(self, count: int) -> int:
+        """New blocks that `count` more positions need beyond the ones the table has."""
+        size = self.pool.block_size
+        return max(0, -(-(self.length + count) // size) - len(self.blocks))
+
+    def mark(self) -> tuple[int, int]:
+        """The table's extent now (blocks, positions), to `roll_back` to if what follows fails."""
+        return len(self.blocks), self.length
+
+    def roll_back(self, mark: tuple[int, int]) -> None:
+        """Release the blocks added since `mark` (last first) and forget the positions reserved since.
+
+        A slot written past the restored length is never read: the next append reserves it again.
+        """
+        count, length = mark
+        for block in reversed(self.blocks[count:]):
+            self.pool.release(block)
+        del self.blocks[count:]
+        self.length = length
+        self._device_blocks = None
 
     def add(self, block: int) -> None:
         """Append a physical block the caller already holds a reference to."""

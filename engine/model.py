@@ -18,6 +18,9 @@ from engine.trace import Capture, SplitKVTrace
 from engine.weights import Weights
 
 
+ATTENTION_COPIES = 6  # (q_heads, T, L) float32 tensors one layer's attention holds at its peak
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     """The facts the model card shows."""
@@ -47,6 +50,17 @@ class ModelInfo:
     def gqa_group(self) -> int:
         """How many Q heads share one KV head."""
         return self.q_heads // self.kv_heads
+
+    def attention_bytes(self, rows: int, length: int) -> int:
+        """Peak bytes one layer's attention allocates for `rows` queries over `length` keys: scores, the
+        mask, probabilities and softmax's own work, ATTENTION_COPIES tensors of (q_heads, rows, length)
+        float32. Split-KV adds a bounded amount whatever the split count (merged as it goes, a group of
+        at most SPLIT_GROUP_ELEMENTS at a time; tests/test_memory_bounds.py bounds it by 16 MiB)."""
+        return ATTENTION_COPIES * self.q_heads * rows * length * 4
+
+    def split_record_bytes(self, splits: int) -> int:
+        """Bytes one step's split-KV record holds: m_i, l_i, w_i and O_i per layer, Q head and split."""
+        return self.layers * self.q_heads * splits * (self.head_dim + 3) * 4
 
 
 @dataclass
@@ -104,10 +118,13 @@ class Model:
 
     @torch.inference_mode()
     def forward(self, ids: list[int], positions: list[int], pool: BlockPool, blocks: torch.Tensor,
-                slots: torch.Tensor, capture: Capture, kv_splits: int = 1, first_block: int | None = None
+                slots: torch.Tensor | None, capture: Capture, kv_splits: int = 1, first_block: int | None = None
                 ) -> ForwardRecord:
         """Process `ids` at `positions` (the next ones after what `blocks` already holds; `first_block`
         when those blocks are consecutive, see `BlockPool.read`).
+
+        `slots=None` reads without writing: the pool already holds the positions before `positions[0]`,
+        and this pass's own K/V are appended to them in memory, so the cache is left untouched.
 
         Each layer writes the new K/V into the pool at `slots`, then attends over every cached position
         (in `kv_splits` merged splits when > 1).
@@ -138,8 +155,11 @@ class Model:
                 q, k = layer.q_norm(q), layer.k_norm(k)
             if cos_sin is not None:
                 q, k = apply_rope(q, *cos_sin), apply_rope(k, *cos_sin)
-            pool.write(index, slots, k, v)
-            cached_k, cached_v = pool.read(index, blocks, length, first_block)
+            if slots is None:
+                cached_k, cached_v = _cached_then_new(pool, index, blocks, positions[0], first_block, k, v)
+            else:
+                pool.write(index, slots, k, v)
+                cached_k, cached_v = pool.read(index, blocks, length, first_block)
             result = attend(q, cached_k, cached_v, pos_t, self.attention_scales[index], kv_splits)
             x1 = x0 + layer.o_proj(result.output)
             x = x1 + layer.mlp(layer.post_attention_layernorm(x1))
@@ -161,6 +181,14 @@ class Model:
             residual=residual.cpu() if residual is not None else None,
             split=_stack_splits(splits) if splits else None,
         )
+
+
+def _cached_then_new(pool: BlockPool, layer: int, blocks: torch.Tensor, cached: int, first_block: int | None,
+                     k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first `cached` positions' K/V from the pool followed by k, v (T, kv_heads, head_dim) of this
+    pass: the same values a write then a read would give, with nothing written."""
+    cached_k, cached_v = pool.read(layer, blocks, cached, first_block)
+    return torch.cat((cached_k, k)), torch.cat((cached_v, v))
 
 
 def _stack_splits(records) -> SplitKVTrace:

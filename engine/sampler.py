@@ -8,6 +8,16 @@ ascending sort exactly as `TopPLogitsWarper` does.
 Each step draws with its own generator seeded from (seed, step), so step N's draw depends only on
 the seed, N and that step's logits: a link can rebuild any step, and stepping back then forward
 draws the same token again.
+
+Settings are checked when a `Sampling` is made, and refused with `InvalidSettingError`:
+- temperature is 0 (greedy) or at least TEMPERATURE_FLOOR = 0.01; anything between is refused.
+  The logits are divided by it in float32, whose largest value is 3.4e38: a real model's logits stay
+  within about ±1e4, so at the floor they reach 1e6, far from overflow, while at 1e-38 every logit
+  becomes ±inf and softmax gives NaN. Nothing is lost below the floor: at 0.01 a token 0.1 logit
+  behind the top one is already e^−10 ≈ 5e-5 times as likely, so the draw is the greedy token
+  except for near-exact ties.
+- seed is an integer in [0, MAX_SEED = 2**32 − 1]: step N's generator is seeded with
+  seed × 1,000,003 + N, which then stays below 2**64 (torch's limit) for any step count.
 """
 
 from __future__ import annotations
@@ -20,6 +30,8 @@ import torch
 from engine.errors import InvalidSettingError
 
 _STEP_SEED_STRIDE = 1_000_003  # a prime, so (seed, step) pairs map to distinct generator seeds
+TEMPERATURE_FLOOR = 0.01  # the smallest temperature above 0 (see the module docstring)
+MAX_SEED = 2**32 - 1  # seed × stride + step stays below torch's 2**64 for any step
 
 
 @dataclass(frozen=True)
@@ -34,12 +46,15 @@ class Sampling:
     def __post_init__(self):
         if not _is_number(self.temperature) or self.temperature < 0:
             raise InvalidSettingError(f"temperature must be a number ≥ 0 (0 = greedy), got {self.temperature!r}")
+        if 0 < self.temperature < TEMPERATURE_FLOOR:
+            raise InvalidSettingError(f"temperature must be 0 (greedy) or at least {TEMPERATURE_FLOOR}: smaller ones "
+                                      f"overflow float32 logits; got {self.temperature!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise InvalidSettingError(f"top_k must be an integer ≥ 0 (0 = off), got {self.top_k!r}")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise InvalidSettingError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise InvalidSettingError(f"seed must be an integer ≥ 0, got {self.seed!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+            raise InvalidSettingError(f"seed must be an integer in [0, {MAX_SEED}], got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:

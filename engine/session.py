@@ -15,16 +15,20 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.errors import EmptyPromptError, InvalidSettingError, PromptTooLongError, SessionStateError
+from engine.errors import InvalidSettingError, PromptTooLongError, SessionStateError
 from engine.kv_cache import BlockPool, BlockTable
 from engine.model import Model
 from engine.prefix_cache import PrefixCache
+from engine.prompt import tokenize_prompt
 from engine.sampler import FilterStages, Sampling, sample
+from engine.split_kv import MAX_KV_SPLITS
 from engine.trace import Candidate, Capture, PrefixHit, StepTrace
 
 TOP_CANDIDATES = 10
@@ -59,8 +63,9 @@ class DecodeSession:
             block_size = prefix_cache.block_size if prefix_cache is not None else 16
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
             raise InvalidSettingError(f"block_size must be an integer ≥ 1, got {block_size!r}")
-        if isinstance(kv_splits, bool) or not isinstance(kv_splits, int) or kv_splits < 1:
-            raise InvalidSettingError(f"kv_splits must be an integer ≥ 1, got {kv_splits!r}")
+        if isinstance(kv_splits, bool) or not isinstance(kv_splits, int) or not 1 <= kv_splits <= MAX_KV_SPLITS:
+            raise InvalidSettingError(f"kv_splits must be an integer from 1 to {MAX_KV_SPLITS} "
+                                      f"(the engine's limit), got {kv_splits!r}")
         if prefix_cache is not None:
             if prefix_cache.model is not model:
                 raise InvalidSettingError("the prefix cache belongs to another model")
@@ -69,6 +74,8 @@ class DecodeSession:
                     f"block_size {block_size} differs from the prefix cache's block size {prefix_cache.block_size}")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise InvalidSettingError(f"max_new_tokens must be an integer ≥ 1, got {max_new_tokens!r}")
+        if isinstance(keep_full_traces, bool) or not isinstance(keep_full_traces, int) or keep_full_traces < 1:
+            raise InvalidSettingError(f"keep_full_traces must be an integer ≥ 1, got {keep_full_traces!r}")
         self.model = model
         self.sampling = sampling or Sampling()
         self.capture = capture or Capture()
@@ -119,11 +126,13 @@ class DecodeSession:
             raise SessionStateError("the session is closed")
         if self.traces:
             raise SessionStateError("prefill() runs once, at the start; call step() to decode")
-        prefix = self._reuse_cached_prefix() if self.prefix_cache is not None else None
-        start = self.table.length
-        trace = self._run("prefill", self.prompt_ids[start:], list(range(start, len(self.prompt_ids))))
-        trace.prefix = prefix
-        return trace
+        with self._undone_on_error():
+            with self.pool.lock:
+                prefix = self._reuse_cached_prefix() if self.prefix_cache is not None else None
+            start = self.table.length
+            trace = self._run("prefill", self.prompt_ids[start:], list(range(start, len(self.prompt_ids))))
+            trace.prefix = prefix
+            return trace
 
     def step(self) -> StepTrace:
         """One decode step: the last sampled token goes in, the next token comes out."""
@@ -134,15 +143,17 @@ class DecodeSession:
         if self.finished:
             raise SessionStateError(f"generation has ended ({self.stop_reason})")
         position = len(self.prompt_ids) + len(self.generated) - 1
-        return self._run("decode", [self.generated[-1]], [position])
+        with self._undone_on_error():
+            return self._run("decode", [self.generated[-1]], [position])
 
     def close(self) -> None:
         """Publish the prompt's K/V to the prefix cache (if any), then return this session's blocks."""
         if self.closed:
             return
-        if self.prefix_cache is not None and self.traces:
-            self.prefix_cache.publish(self.prompt_ids, self.table.blocks)
-        self.table.free()
+        with self.pool.lock:
+            if self.prefix_cache is not None and self.traces:
+                self.prefix_cache.publish(self.prompt_ids, self.table.blocks)
+            self.table.free()
         self.closed = True
 
     def __enter__(self) -> DecodeSession:
@@ -151,12 +162,68 @@ class DecodeSession:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    # -- history -----------------------------------------------------------------------------
+
+    def rebuild(self, index: int) -> StepTrace:
+        """Step `index`'s trace (0 = the prefill) with all its tensors, however old: one forward pass.
+
+        The pass computes only that step's own input tokens and reads the K/V the cache holds for the
+        positions before them (for a prefill after a prefix-cache hit: the reused ones). It writes
+        nothing, so the pool, the cache and the session are unchanged, and it needs no pool lock: the
+        blocks it reads are this session's own. The draw is made again with the same seed and step and
+        must give the recorded token.
+        """
+        if self.closed:
+            raise SessionStateError("the session is closed: its cached K/V are gone")
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(self.traces):
+            raise SessionStateError(f"step {index!r} has not run; steps 0…{len(self.traces) - 1} have")
+        original = self.traces[index]
+        # The table as it was after that step; a view only: the session holds the blocks' references.
+        then = BlockTable(self.pool, blocks=list(original.block_table), length=original.context_length)
+        record = self.model.forward(original.input_ids, original.positions, self.pool, then.device_blocks(),
+                                    None, self.capture, self.kv_splits, then.first_of_run())
+        token_id, stages = sample(record.logits, self.sampling, original.step)
+        if token_id != original.token_id:
+            raise RuntimeError(f"rebuilding step {index} drew token {token_id} where the run drew "
+                               f"{original.token_id}: the cached K/V no longer match the run")
+        return replace(
+            original,
+            candidates=candidates(stages, self.model.tokenizer, drawn=token_id),
+            logits=record.logits,
+            attention=record.attention,
+            scores=record.scores,
+            attention_rows=record.attention_rows,
+            residual=record.residual,
+            final_hidden=record.final_hidden,
+            next_input_embedding=self.model.weights.embed_tokens[token_id].detach().cpu().clone(),
+            split=record.split,
+        )
+
     # -- internals ---------------------------------------------------------------------------
+
+    @contextmanager
+    def _undone_on_error(self) -> Iterator[None]:
+        """A prefill or step as one transaction: if anything in it raises, the session is put back as it
+        was (block table and the blocks it took, tokens, traces, text), so a retry runs as on a fresh
+        start. The blocks it allocated were never published, so no cache entry points at them."""
+        mark = self.table.mark()
+        generated, traces, stop_reason = len(self.generated), len(self.traces), self.stop_reason
+        decoded, shown = len(self.detokenizer.ids), self.detokenizer.shown
+        try:
+            yield
+        except BaseException:
+            with self.pool.lock:
+                self.table.roll_back(mark)
+            del self.generated[generated:], self.traces[traces:], self.detokenizer.ids[decoded:]
+            self.stop_reason, self.detokenizer.shown = stop_reason, shown
+            raise
 
     def _run(self, phase: str, ids: list[int], positions: list[int]) -> StepTrace:
         model = self.model
         start = time.perf_counter()
-        placed = self.table.append(len(ids))
+        with self.pool.lock:  # bookkeeping only: forward passes of sessions sharing the pool run at once
+            placed = self.table.append(len(ids))
+            evicted = self.prefix_cache.take_evictions() if self.prefix_cache is not None else []
         record = model.forward(ids, positions, self.pool, self.table.device_blocks(), self.table.slots(placed),
                                self.capture, self.kv_splits, self.table.first_of_run())
         forward_done = time.perf_counter()
@@ -188,7 +255,7 @@ class DecodeSession:
             final_hidden=record.final_hidden,
             next_input_embedding=model.weights.embed_tokens[token_id].detach().cpu().clone(),
             split=record.split,
-            evicted_blocks=self.prefix_cache.take_evictions() if self.prefix_cache is not None else [],
+            evicted_blocks=evicted,
         )
         done = time.perf_counter()
         trace.timings_ms = {
@@ -202,18 +269,24 @@ class DecodeSession:
         return trace
 
     def _reuse_cached_prefix(self) -> PrefixHit:
-        """Start the block table from cached K/V: whole blocks are shared, a partly reused one is copied."""
-        cache, pool, size = self.prefix_cache, self.pool, self.pool.block_size
+        """Start the block table from cached K/V: whole blocks are shared, a partly reused one is copied.
+
+        Called with the pool's lock held. When the whole prompt cannot fit (copies plus the blocks of
+        its computed positions), CacheFullError is raised before anything changes.
+        """
+        cache, pool, size, n = self.prefix_cache, self.pool, self.pool.block_size, len(self.prompt_ids)
         per_token = cache.lookup(self.prompt_ids)
         reused = len(per_token)
+        segments = [per_token[start:start + size] for start in range(0, reused, size)]
+        whole = [len(segment) == size and len(set(segment)) == 1 for segment in segments]
         sources = sorted(set(per_token))
+        pool.require_free(whole.count(False) + math.ceil(n / size) - len(segments), keeping=sources)
         for block in sources:  # pin them: allocating a copy must not evict a block we read from
             pool.retain(block)
         shared, copied = [], []
         try:
-            for start in range(0, reused, size):
-                segment = per_token[start:start + size]
-                if len(segment) == size and len(set(segment)) == 1:
+            for segment, is_whole in zip(segments, whole):
+                if is_whole:
                     pool.retain(segment[0])
                     self.table.add(segment[0])
                     shared.append(segment[0])
@@ -228,7 +301,6 @@ class DecodeSession:
                 pool.release(block)
         self.table.length = reused
         closest = cache.closest_prompt(self.prompt_ids)
-        n = len(self.prompt_ids)
         if cache.policy == "block":
             hits = [(k + 1) * size <= reused for k in range(math.ceil(n / size))]
         else:
@@ -252,28 +324,6 @@ class DecodeSession:
         if len(self.prompt_ids) + len(self.generated) >= self.model.info.context_limit:
             return "context_limit"  # the newest token would sit beyond the positions the model was trained on
         return None
-
-
-def tokenize_prompt(model: Model, prompt: str | Sequence[int], chat: bool) -> list[int]:
-    tokenizer = model.tokenizer
-    if isinstance(prompt, str):
-        if not prompt.strip():
-            raise EmptyPromptError("the prompt is empty; type some text")
-        if chat:
-            if not getattr(tokenizer, "chat_template", None):
-                raise InvalidSettingError(f"{model.info.name} has no chat template; switch the chat option off")
-            text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                                 add_generation_prompt=True)
-            return tokenizer.encode(text, add_special_tokens=False)
-        return tokenizer.encode(prompt)
-    ids = list(prompt)
-    if not ids:
-        raise EmptyPromptError("the prompt has no token ids")
-    vocab = model.info.vocab
-    bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab]
-    if bad:
-        raise InvalidSettingError(f"token ids must be integers in [0, {vocab}); got {bad[:5]}")
-    return ids
 
 
 def candidates(stages: FilterStages, tokenizer, drawn: int, count: int = TOP_CANDIDATES) -> list[Candidate]:

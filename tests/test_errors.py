@@ -69,6 +69,11 @@ def test_architecture_transformers_does_not_know(tmp_path):
     ({"top_k": -1}, "top_k"),
     ({"top_k": 2.5}, "top_k"),
     ({"seed": -1}, "seed"),
+    ({"temperature": 1e-38}, "at least 0.01"),  # would overflow float32 logits: NaN probabilities
+    ({"temperature": 1e-45}, "at least 0.01"),
+    ({"temperature": 0.0099}, "at least 0.01"),
+    ({"seed": 2**70}, r"seed must be an integer in \[0, 4294967295\]"),  # was a bare ValueError from torch
+    ({"seed": 2**32}, "seed"),
 ])
 def test_bad_sampling_settings(kwargs, match):
     with pytest.raises(engine.InvalidSettingError, match=match):
@@ -97,6 +102,12 @@ def test_every_error_is_a_kvscope_error():
     for cls in (engine.EmptyPromptError, engine.PromptTooLongError, engine.ModelNotFoundError,
                 engine.UnsupportedModelError, engine.InvalidSettingError, engine.SessionStateError):
         assert issubclass(cls, engine.KvscopeError)
+
+
+@pytest.mark.parametrize("keep_full_traces", [0, -1, 1.5, True])
+def test_bad_keep_full_traces(keep_full_traces, tiny_model):
+    with pytest.raises(engine.InvalidSettingError, match="keep_full_traces"):
+        engine.DecodeSession(tiny_model("llama"), "hello", keep_full_traces=keep_full_traces)
 
 
 @pytest.mark.parametrize("kv_splits", [0, -1, 2.0, True])

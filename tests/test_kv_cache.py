@@ -1,5 +1,6 @@
 """The paged KV cache: paged equals contiguous, incremental equals fresh prefill, blocks come back."""
 
+import copy
 from collections import OrderedDict
 
 import pytest
@@ -78,6 +79,20 @@ def test_pool_refuses_to_overflow_and_counts_bytes():
         table.append(1)
 
 
+def test_a_table_that_cannot_grow_enough_takes_no_block():
+    pool = BlockPool(layers=1, kv_heads=1, head_dim=2, num_blocks=3, block_size=4)
+    holder, table = BlockTable(pool), BlockTable(pool)
+    holder.append(1)
+    free = list(pool.free)
+    with pytest.raises(engine.CacheFullError, match="3 more blocks are needed and 2 of 3 are free"):
+        table.append(9)  # 3 blocks; only 2 are free: none is taken, rather than 2 then a failure
+    assert (table.blocks, table.length, list(pool.free)) == ([], 0, free)
+    mark = table.mark()
+    table.append(5)
+    table.roll_back(mark)  # what a failed step does: its blocks go back
+    assert (table.blocks, table.length, list(pool.free), pool.ref_count) == ([], 0, free, [1, 0, 0])
+
+
 def test_long_runs_keep_only_recent_full_traces(tiny_model):
     session = engine.DecodeSession(tiny_model("llama"), PROMPT, max_new_tokens=40, keep_full_traces=8)
     session.prefill()
@@ -148,3 +163,94 @@ def test_trace_memory_stays_bounded_over_500_steps(tiny_model):
     # Only the attention rows of the 8 kept steps grow, with the context (108 → 508 positions).
     assert at_500 < at_100 * 508 / 108
     assert at_500 < 8 * 4 * (model.info.vocab + 2 * model.info.layers * model.info.q_heads * 520 + 4 * 64 * 3)
+
+
+# -- rebuilding an old step from the cache ------------------------------------------------------
+
+def pool_state(session) -> tuple:
+    """Everything a rebuild must leave as it was: K/V bytes (unwritten slots too), ref counts, free
+    order, the block table, the tokens and which traces are slim."""
+    pool = session.pool
+    return (pool.k.view(torch.uint8).clone(), pool.v.view(torch.uint8).clone(), list(pool.ref_count),
+            list(pool.free), list(session.table.blocks), session.table.length, list(session.generated),
+            [trace.is_slim for trace in session.traces], session.text)
+
+
+def assert_same_state(before: tuple, after: tuple) -> None:
+    assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1]), "cached K/V changed"
+    assert before[2:] == after[2:]
+
+
+def assert_same_trace(rebuilt, original) -> None:
+    assert rebuilt.token_id == original.token_id and rebuilt.step == original.step
+    assert rebuilt.attention_rows == original.attention_rows
+    for name in ("logits", "attention", "scores", "residual", "final_hidden", "next_input_embedding"):
+        torch.testing.assert_close(getattr(rebuilt, name), getattr(original, name), atol=1e-5, rtol=0)
+    assert [c.token_id for c in rebuilt.candidates] == [c.token_id for c in original.candidates]
+    for ours, theirs in zip(rebuilt.candidates, original.candidates):
+        assert ours.p_top_p == pytest.approx(theirs.p_top_p, abs=1e-5)
+        assert ours.logit == pytest.approx(theirs.logit, abs=1e-5)
+
+
+def counting_forwards(monkeypatch) -> list:
+    calls = []
+    original = engine.Model.forward
+    monkeypatch.setattr(engine.Model, "forward", lambda self, *a, **k: calls.append(a[1]) or original(self, *a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("kv_splits", [1, 3])
+def test_rebuilding_an_old_step_is_one_forward_pass_equal_to_the_original(kv_splits, tiny_model, monkeypatch):
+    session = engine.DecodeSession(tiny_model("llama"), PROMPT, sampling=engine.Sampling(temperature=1.0, seed=7),
+                                   block_size=4, kv_splits=kv_splits, keep_full_traces=4, max_new_tokens=40)
+    originals = [copy.copy(session.prefill())] + [copy.copy(session.step()) for _ in range(29)]  # keep the tensors
+    assert session.traces[5].is_slim and session.traces[0].is_slim
+    before = pool_state(session)
+    calls = counting_forwards(monkeypatch)
+    for index in (5, 0, 29):
+        rebuilt = session.rebuild(index)
+        assert_same_trace(rebuilt, originals[index])
+        if kv_splits > 1:
+            torch.testing.assert_close(rebuilt.split.merged, originals[index].split.merged, atol=1e-5, rtol=0)
+    assert [len(positions) for positions in calls] == [1, len(session.prompt_ids), 1]  # one pass each
+    assert_same_state(before, pool_state(session))
+    assert session.traces[5].is_slim  # the session's own record stays slim: the rebuilt trace is a copy
+    session.step()  # and the run goes on as if nothing happened
+
+
+def test_rebuilding_a_prefill_after_a_prefix_hit_reads_the_reused_kv(tiny_model, monkeypatch):
+    model = tiny_model("llama")
+    cache = engine.PrefixCache(model, policy="radix", block_size=4, capacity_blocks=64)
+    with engine.DecodeSession(model, PROMPT, prefix_cache=cache) as first:
+        first.prefill()
+    session = engine.DecodeSession(model, PROMPT + " and reads them back", prefix_cache=cache, keep_full_traces=1,
+                                   sampling=engine.Sampling(temperature=0.8, seed=3))
+    prefill = copy.copy(session.prefill())
+    assert prefill.prefix.reused_tokens > 0 and prefill.positions[0] == prefill.prefix.reused_tokens
+    for _ in range(3):
+        session.step()
+    before, evictions, held = pool_state(session), list(cache.evictions), cache.cached_blocks
+    calls = counting_forwards(monkeypatch)
+    rebuilt = session.rebuild(0)
+    assert [len(positions) for positions in calls] == [prefill.prefix.computed_tokens]  # not the reused ones
+    assert_same_trace(rebuilt, prefill)
+    assert rebuilt.prefix == prefill.prefix
+    assert_same_state(before, pool_state(session))
+    assert list(cache.evictions) == evictions and cache.cached_blocks == held
+    session.close()
+
+
+def test_rebuild_refuses_what_it_cannot_rebuild(tiny_model):
+    session = engine.DecodeSession(tiny_model("llama"), PROMPT, keep_full_traces=1)
+    with pytest.raises(engine.SessionStateError, match="has not run"):
+        session.rebuild(0)
+    session.prefill()
+    session.step()
+    with pytest.raises(engine.SessionStateError, match="has not run"):
+        session.rebuild(2)
+    session.traces[1].token_id += 1  # a record that no longer matches the cache: a bug, never a silent wrong trace
+    with pytest.raises(RuntimeError, match="drew token"):
+        session.rebuild(1)
+    session.close()
+    with pytest.raises(engine.SessionStateError, match="closed"):
+        session.rebuild(0)

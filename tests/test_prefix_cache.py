@@ -1,5 +1,7 @@
 """Prefix caching under the three policies: what is reused, that reuse is exact, and eviction."""
 
+import functools
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -237,3 +239,154 @@ def test_predicted_reuse_matches_what_real_caches_reuse(tiny_model, tokenizer):
             for earlier in history:
                 prefill_then_close(model, cache, earlier)
             assert prefill_then_close(model, cache, ids).prefix.reused_tokens == predicted[policy], (new, policy)
+
+
+# -- a failed prefill or step changes nothing ------------------------------------------------------
+
+
+def pool_state(cache, *prompts):
+    """What a failed call must leave as it was: references, the free list in LRU order, and what each
+    prompt would reuse."""
+    pool = cache.pool
+    return list(pool.ref_count), list(pool.free), [cache.lookup(p) for p in prompts]
+
+
+def cold_logits(model, prompt):
+    return engine.DecodeSession(model, prompt, max_new_tokens=1).prefill().logits
+
+
+@pytest.mark.parametrize("policy", ["radix", "block"])
+def test_a_full_pool_after_a_hit_does_not_poison_the_cache(policy, tiny_model):
+    model = tiny_model("llama")
+    cache = PrefixCache(model, policy=policy, block_size=4, capacity_blocks=3)
+    published = list(range(100, 110))
+    prefill_then_close(model, cache, published)  # 3 blocks, now free and cached
+    holder = engine.DecodeSession(model, [7, 8], prefix_cache=cache, max_new_tokens=4)
+    holder.prefill()  # takes 1 of the 3 blocks
+    sharing = published[:8] + [300, 301, 302, 303]  # reuses 2 blocks, needs a third: none is left
+    unrelated = published[:8] + [500, 501]
+    session = engine.DecodeSession(model, sharing, prefix_cache=cache, max_new_tokens=4)
+    before = pool_state(cache, published, sharing, unrelated)
+    for _ in range(2):  # the retry is refused the same way while the pool is still full
+        with pytest.raises(engine.CacheFullError, match="pool is full"):
+            session.prefill()
+        assert (session.table.blocks, session.table.length, session.generated, session.traces) == ([], 0, [], [])
+        assert pool_state(cache, published, sharing, unrelated) == before
+    holder.close()
+    trace = session.prefill()  # room now: the retry equals a cold run
+    assert trace.prefix.reused_tokens == 8
+    assert (trace.logits - cold_logits(model, sharing)).abs().max().item() <= 1e-4
+    session.close()
+    later = prefill_then_close(model, cache, unrelated)  # a bystander reusing the same 8 tokens
+    assert later.prefix.reused_tokens == 8
+    assert (later.logits - cold_logits(model, unrelated)).abs().max().item() <= 1e-4
+
+
+class Fault:
+    """Wraps a function so that its k-th next call raises `error` (`after`: once the call has run, so
+    a forward pass has already written its K/V). countdown 0 = disarmed."""
+
+    def __init__(self, real, error: Exception, after: bool = False):
+        self.real, self.error, self.after, self.countdown = real, error, after, 0
+
+    def __call__(self, *args, **kwargs):
+        fire = self.countdown == 1
+        self.countdown = max(0, self.countdown - 1)
+        if fire and not self.after:
+            raise self.error
+        result = self.real(*args, **kwargs)
+        if fire:
+            raise self.error
+        return result
+
+
+SHARED = list(range(100, 112))
+FAULT_PROMPTS = [SHARED[:10], SHARED[:8] + [300, 301, 302, 303], SHARED[:6] + [7], SHARED + [1, 2, 3], [9, 8, 7, 6, 5]]
+MAX_STEPS = 3
+session_operation = st.one_of(
+    st.tuples(st.just("open"), st.integers(0, len(FAULT_PROMPTS) - 1)),  # and prefill
+    st.tuples(st.just("advance"), st.integers(0, 5)),  # prefill if that failed, else step
+    st.tuples(st.just("close"), st.integers(0, 5)),
+    st.tuples(st.just("fail_allocation"), st.integers(1, 3)),  # the k-th next block allocation raises
+    st.tuples(st.just("fail_forward"), st.integers(1, 2)),  # the k-th next forward pass raises after writing
+)
+
+
+@functools.cache
+def cold_run(model, prompt: tuple[int, ...]) -> list:
+    """The traces of a run without a prefix cache (the paged layout does not change them: test_kv_cache)."""
+    reference = engine.DecodeSession(model, list(prompt), max_new_tokens=MAX_STEPS + 1)
+    return [reference.prefill()] + [reference.step() for _ in range(MAX_STEPS)]
+
+
+def session_extent(session):
+    return list(session.table.blocks), session.table.length, list(session.generated), len(session.traces), session.text
+
+
+def advanced(session, cold) -> bool:
+    """Prefill or step once; the result must equal the cold run's, a failure must leave no trace."""
+    before = session_extent(session)
+    try:
+        trace = session.prefill() if not session.traces else session.step()
+    except (engine.CacheFullError, RuntimeError):
+        assert session_extent(session) == before  # nothing of the failed call is left
+        return False
+    expected = cold[tuple(session.prompt_ids)][trace.step]
+    assert trace.token_id == expected.token_id
+    assert (trace.logits - expected.logits).abs().max().item() <= 1e-4
+    return True
+
+
+def check_pool(cache, sessions):
+    """References match the open tables, in-use blocks are never free, and empty free blocks come first."""
+    pool = cache.pool
+    users = [0] * pool.num_blocks
+    for session in sessions:
+        assert len(session.table.blocks) == -(-session.table.length // pool.block_size)
+        for block in session.table.blocks:
+            users[block] += 1
+    assert users == pool.ref_count
+    assert set(pool.free) == {b for b in range(pool.num_blocks) if users[b] == 0}
+    held = [cache.holds(b) for b in pool.free]
+    assert held == sorted(held)
+    # Forward passes run unlocked and write at positions ≥ their table's length, so a block that others
+    # can read (another table's, or one the index finds) must lie wholly below that length.
+    for session in sessions:
+        for k, block in enumerate(session.table.blocks):
+            if users[block] > 1 or cache.holds(block):
+                assert (k + 1) * pool.block_size <= session.table.length
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(policy=st.sampled_from(["block", "radix", "whole"]), block_size=st.sampled_from([2, 4]),
+       capacity=st.integers(3, 10), ops=st.lists(session_operation, min_size=1, max_size=30))
+def test_forced_failures_never_yield_a_hit_that_differs_from_a_cold_run(policy, block_size, capacity, ops,
+                                                                         tiny_model, monkeypatch):
+    model = tiny_model("llama")
+    cold = {tuple(prompt): cold_run(model, tuple(prompt)) for prompt in FAULT_PROMPTS}  # before the faults
+    cache = PrefixCache(model, policy=policy, block_size=block_size, capacity_blocks=capacity)
+    sessions = []
+    with monkeypatch.context() as patch:
+        allocation = Fault(cache.pool.allocate, engine.CacheFullError("forced: no block"))
+        forward = Fault(engine.Model.forward, RuntimeError("forced: the forward pass failed"), after=True)
+        patch.setattr(cache.pool, "allocate", allocation)
+        patch.setattr(engine.Model, "forward", lambda self, *args, **kwargs: forward(self, *args, **kwargs))
+        for op in ops:
+            if op[0] in ("open", "advance") and (sessions if op[0] == "advance" else len(sessions) < 3):
+                if op[0] == "open":
+                    sessions.append(engine.DecodeSession(model, FAULT_PROMPTS[op[1]], prefix_cache=cache,
+                                                         max_new_tokens=MAX_STEPS + 1))
+                session = sessions[-1] if op[0] == "open" else sessions[op[1] % len(sessions)]
+                for _ in range(2):  # a failed call is retried at once: it works, or is refused again
+                    if session.finished or advanced(session, cold):
+                        break
+            elif op[0] == "close" and sessions:
+                sessions.pop(op[1] % len(sessions)).close()
+            elif op[0] == "fail_allocation":
+                allocation.countdown = op[1]
+            elif op[0] == "fail_forward":
+                forward.countdown = op[1]
+            check_pool(cache, sessions)
+        for session in sessions:
+            session.close()
+    assert cache.pool.used_blocks == 0

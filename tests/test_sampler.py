@@ -11,7 +11,7 @@ from transformers.generation.logits_process import (
 )
 
 import engine
-from engine.sampler import apply_top_k, apply_top_p, filter_logits
+from engine.sampler import MAX_SEED, TEMPERATURE_FLOOR, apply_top_k, apply_top_p, filter_logits, sample
 
 # Few distinct values over a small vocabulary, so ties at the filter boundaries are common.
 tied_logits = st.lists(st.integers(-4, 4), min_size=2, max_size=40).map(lambda xs: torch.tensor(xs, dtype=torch.float32) / 2)
@@ -93,3 +93,16 @@ def test_greedy_is_argmax_and_ignores_filters(embedded_model):
     for trace in traces:
         assert trace.token_id == int(trace.logits.argmax())
         assert trace.candidates[0].p_top_p == trace.candidates[0].p_raw
+
+
+def test_the_smallest_temperature_and_largest_seed_sample_without_overflow():
+    """The floor is sized for logits of ±1e4 (module docstring): divided by it they stay finite."""
+    logits = torch.tensor([1e4, -1e4, 1e4 - 0.05, 0.0, float("-inf")])
+    sampling = engine.Sampling(temperature=TEMPERATURE_FLOOR, seed=MAX_SEED)
+    drawn = set()
+    for step in (0, 1, 7, 2**40):  # seed × stride + step stays within torch's generator seeds
+        token, stages = sample(logits, sampling, step)
+        assert torch.isfinite(stages.temperature[:4]).all()
+        assert torch.isfinite(torch.softmax(stages.top_p, dim=-1)).all()
+        drawn.add(token)
+    assert drawn <= {0, 2}

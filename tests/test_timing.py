@@ -1,0 +1,39 @@
+"""Steady-state timing helpers: the warm-up leaves no trace, the bandwidth is measured once."""
+
+import time
+
+import engine
+from engine.timing import memory_bandwidth, warm_up
+
+
+def greedy_tokens(model) -> list[int]:
+    with engine.DecodeSession(model, "Paged blocks hold K and V", max_new_tokens=5) as session:
+        session.prefill()
+        while not session.finished:
+            session.step()
+        return list(session.generated)
+
+
+def test_warm_up_runs_the_model_and_changes_nothing_a_session_sees(tiny_model):
+    model = tiny_model("llama")
+    before = greedy_tokens(model)
+    assert warm_up(model) is model
+    assert greedy_tokens(model) == before
+
+
+def test_warm_up_stops_early_when_the_model_ends_its_answer(tiny_model):
+    model = tiny_model("llama")
+    saved = model.eos_ids
+    model.eos_ids = set(range(model.info.vocab))  # every token ends the answer: a step would raise
+    try:
+        assert warm_up(model) is model
+    finally:
+        model.eos_ids = saved
+
+
+def test_memory_bandwidth_is_measured_once_per_process():
+    first = memory_bandwidth(16, 3)
+    start = time.perf_counter()
+    again = memory_bandwidth(16, 3)
+    assert again == first and time.perf_counter() - start < 0.01  # cached, not measured again
+    assert 1e8 < first < 1e13  # bytes per second: between 0.1 GB/s and 10 TB/s

@@ -25,30 +25,57 @@ def free_port() -> int:
 def running_server(log_path: Path, env: dict | None = None):
     """Start `streamlit run app.py` on a free loopback port; yield (url, process); stop it after."""
     port = free_port()
+    process = launch(port, log_path, env)
+    try:
+        yield wait_until_healthy(port, process, log_path), process
+    finally:
+        stop(process)
+
+
+@contextlib.contextmanager
+def restarted_server(url: str, process: subprocess.Popen, log_path: Path, env: dict | None = None):
+    """Stop the server behind `url` and start a new one on the same port (a deploy, a crash and restart);
+    yield the new process; stop it after. Open pages keep their URL and reconnect to the new server."""
+    stop(process)
+    port = int(url.rsplit(":", 1)[1])
+    new = launch(port, log_path, env)
+    try:
+        wait_until_healthy(port, new, log_path)
+        yield new
+    finally:
+        stop(new)
+
+
+def launch(port: int, log_path: Path, env: dict | None = None) -> subprocess.Popen:
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
     with open(log_path, "w") as log:
-        process = subprocess.Popen(
+        return subprocess.Popen(
             [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
              "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"],
             cwd=ROOT, env=environment, stdout=log, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
+
+
+def wait_until_healthy(port: int, process: subprocess.Popen, log_path: Path) -> str:
+    """The server's URL once it answers its health check (within two minutes)."""
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while True:
         try:
-            deadline = time.time() + 120
-            while True:
-                try:
-                    if urllib.request.urlopen(url + "/_stcore/health", timeout=2).status == 200:
-                        break
-                except OSError:
-                    if time.time() > deadline or process.poll() is not None:
-                        raise RuntimeError("the Streamlit server did not start; see " + str(log_path))
-                    time.sleep(0.5)
-            yield url, process
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+            if urllib.request.urlopen(url + "/_stcore/health", timeout=2).status == 200:
+                return url
+        except OSError:
+            if time.time() > deadline or process.poll() is not None:
+                raise RuntimeError("the Streamlit server did not start; see " + str(log_path))
+            time.sleep(0.5)
+
+
+def stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def settled_text(page) -> str:

@@ -151,3 +151,88 @@ def test_cloud_entry_point_runs_the_same_app(embedded_model):
     at.run()
     assert_clean(at)
     assert "What is a KV cache?" in shown_text(at)
+
+
+# Words of the figures and tables that must not stay English on a Chinese page (issue 10), and the
+# technical identifiers that are written the same in both languages.
+ENGLISH_LABELS = ("position", "cached token", "same id", "reused", "policy", "block", "slot", "physical block",
+                  "bytes per token", "dtype", "layout", "split", "keys", "weight", "merged", "unsplit", "step", "phase",
+                  "tokens in", "p_top_k", "True", "False", "in use", "empty", "hit", "miss", "query", "key",
+                  "dimension", "layer")
+SAME_IN_BOTH = ("q_proj", "k_proj", "v_proj", "o_proj", "lm_head", "head_dim", "K/V", "m_i", "l_i", "O_i", "w_i",
+                "softmax", "top-k", "top-p", "GQA", "MHA", "bfloat16", "float32", "Split-KV", "FlashDecoding")
+
+
+def figure_strings(spec: str) -> list[str]:
+    """The words a Plotly figure shows: trace names, hover templates and texts, titles, annotations."""
+    import json
+
+    fig = json.loads(spec)
+    out: list[str] = []
+    for trace in fig.get("data", []):
+        for key in ("name", "hovertemplate", "texttemplate"):
+            if isinstance(trace.get(key), str):
+                out.append(trace[key])
+        text = trace.get("text")
+        out += [text] if isinstance(text, str) else [x for row in (text or []) for x in
+                                                      (row if isinstance(row, list) else [row]) if isinstance(x, str)]
+        if isinstance(trace.get("y"), list) and trace.get("orientation") == "h":  # bar labels on a category axis
+            out += [y for y in trace["y"] if isinstance(y, str)]
+        out.append(((trace.get("colorbar") or {}).get("title") or {}).get("text") or "")
+    layout = fig.get("layout", {})
+    out.append((layout.get("title") or {}).get("text") or "")
+    for key, axis in layout.items():
+        if key.startswith(("xaxis", "yaxis")):
+            out.append((axis.get("title") or {}).get("text") or "")
+    out += [a.get("text") or "" for a in layout.get("annotations", [])]
+    return out
+
+
+def page_strings(at, token_columns: set[str]) -> list[str]:
+    texts = [e.value for kind in ("markdown", "caption", "info", "subheader") for e in getattr(at, kind)
+             if "<style>" not in e.value]  # the token stream shows the model's tokens, not labels
+    texts += [m.label for m in at.metric] + [str(m.value) for m in at.metric]
+    for frame in [e.value for e in at.dataframe] + [e.value for e in at.table]:
+        texts += [str(c) for c in frame.columns] + [str(i) for i in frame.index.names if i]
+        texts += [str(v) for c in frame.columns if c not in token_columns for v in frame[c]]
+    for chart in at.get("plotly_chart"):
+        texts += figure_strings(chart.proto.spec)
+    return texts
+
+
+def english_left(texts: list[str]) -> set[str]:
+    import re
+
+    found = set()
+    for text in texts:
+        for same in SAME_IN_BOTH:
+            text = text.replace(same, " ")
+        found |= {w for w in ENGLISH_LABELS if re.search(rf"(?<![\w-]){re.escape(w)}(?![\w-])", text, re.IGNORECASE)}
+    return found
+
+
+def test_no_english_label_is_left_on_the_chinese_page(embedded_model):
+    words = strings.figure_words("zh")
+    token_columns = {words[k] for k in ("cand_token", "bt_tokens", "align_cached_token", "align_new_token")}
+    for view in VIEWS:
+        at = start(view=view, step=2, lang="zh", kv_splits=2)
+        assert_clean(at)
+        if view == "prefix":  # load a case so the alignment and policy tables show too
+            at.button(key="case1").click().run()
+            assert_clean(at)
+        texts = page_strings(at, token_columns)
+        assert len(texts) > 5, view
+        assert not english_left(texts), (view, english_left(texts))
+
+
+def test_the_label_check_finds_english():
+    assert english_left(["物理块 physical block", "p_top_k"]) == {"physical block", "block", "p_top_k"}
+    assert english_left(["Split-KV：head_dim 与 top-k", "q_proj / K/V"]) == set()
+
+
+def test_a_chinese_page_opens_with_a_chinese_prompt_and_a_short_link(embedded_model):
+    at = start(lang="zh")
+    assert_clean(at)
+    assert "什么是 KV 缓存？" in shown_text(at)
+    assert "prompt" not in at.query_params  # the language's default prompt is not written into the link
+    assert "What is a KV cache?" in shown_text(start())

@@ -4,8 +4,8 @@ and the page keeps working afterwards."""
 import pytest
 
 import engine
-from tests.app_helpers import keeps_working, shown_text, start, step_of
-from ui import strings
+from tests.app_helpers import assert_clean, keeps_working, shown_text, start, step_of
+from ui import safe, strings
 
 
 def messages(at) -> list[str]:
@@ -25,6 +25,8 @@ LINK_CASES = [
     ({"top_k": "-5"}, "top_k", "reason_out_of_range"),
     ({"top_k": "many"}, "top_k", "reason_bad_number"),
     ({"seed": "-1"}, "seed", "reason_out_of_range"),
+    ({"seed": str(2**70)}, "seed", "reason_out_of_range"),
+    ({"temperature": "1e-38", "step": "3"}, "temperature", "reason_below_floor"),
     ({"block_size": "0"}, "block_size", "reason_out_of_range"),
     ({"block_size": "-3"}, "block_size", "reason_out_of_range"),
     ({"kv_splits": "0"}, "kv_splits", "reason_out_of_range"),
@@ -47,7 +49,14 @@ LINK_CASES = [
 def test_malformed_link_value(params, param, reason, embedded_model):
     at = start(**params)
     assert not at.exception, at.exception
-    assert any(f"`{param}=" in w.value and strings.t(reason) in w.value for w in at.warning), messages(at)
+    assert any(f"“{safe.text(param)}=" in w.value and strings.t(reason) in w.value for w in at.warning), messages(at)
+    keeps_working(at)
+
+
+def test_tiny_temperature_in_a_link_samples_instead_of_failing(embedded_model):
+    at = start(temperature="1e-38", step=3)  # once every step failed with NaN probabilities
+    assert_clean(at)
+    assert step_of(at) == 3 and at.slider(key="w_temperature").value == 0.01
     keeps_working(at)
 
 

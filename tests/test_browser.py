@@ -1,15 +1,17 @@
-"""End to end in headless Chromium: a shared link restores the text; the Right arrow steps and updates the link.
+"""End to end in headless Chromium: a shared link restores the text; the Right arrow steps and updates the link;
+markup in a link shows as text; an open page survives a server restart; the link always equals the screen.
 
 Needs Debian's chromium (`apt-get install chromium`) and the `playwright` package; `.ci/run` installs both.
 """
 
-from urllib.parse import parse_qs, quote, urlparse
+import time
+from urllib.parse import parse_qs, quote, urlencode, urlparse
 
 import pytest
 from playwright.sync_api import sync_playwright
 
 import engine
-from tests.server import CHROMIUM, CHROMIUM_ARGS, running_server, settled_text
+from tests.server import CHROMIUM, CHROMIUM_ARGS, restarted_server, running_server, settled_text
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +28,8 @@ def page():
         browser.close()
 
 
-def expected(model, prompt: str, steps: int) -> str:
-    session = engine.DecodeSession(model, prompt, chat=True, max_new_tokens=256)
+def expected(model, prompt: str, steps: int, chat: bool = True) -> str:
+    session = engine.DecodeSession(model, prompt, chat=chat, max_new_tokens=256)
     session.prefill()
     for _ in range(steps - 1):
         session.step()
@@ -47,3 +49,103 @@ def test_shared_link_restores_then_right_arrow_steps(server, page, embedded_mode
     page.keyboard.press("ArrowLeft")
     page.wait_for_function("() => new URL(location.href).searchParams.get('step') === '3'", timeout=120_000)
     assert settled_text(page) == expected(embedded_model, prompt, 3)
+
+
+# -- markup in link values shows as text --------------------------------------------------------
+
+LINK_PARAMS = ("step", "temperature", "seed", "lang", "view", "model", "policy", "prompt", "layer", "head",
+               "block_size", "kv_splits")
+# Each fits the 80 characters a link problem quotes, and would render as a phishing link, a tracking image,
+# a heading, coloured text, a formula or a linked address if it were read as Markdown.
+MARKUP_PAYLOADS = (
+    "x` **[Log in again](https://evil.example/)** ![t](http://evil.example/t.png) `",
+    "x`\n# SERVER :red[COMPROMISED] $x^2$ www.evil.example `",
+)
+MAIN = '[data-testid="stMain"]'
+
+
+def markup_from_payloads(page) -> dict[str, int]:
+    """Elements in the page's main area that only Markdown read from a payload would create."""
+    main = page.locator(MAIN)
+    counts = {selector: main.locator(selector).count() for selector in (
+        'a[href*="evil.example"]', "img", ".stMarkdownColoredText", ".stMarkdownColoredBackground", ".katex")}
+    headings = main.locator("h1, h2, h3, h4, h5, h6")
+    counts["heading from payload"] = sum("SERVER" in headings.nth(i).inner_text() or "evil" in
+                                         headings.nth(i).inner_text() for i in range(headings.count()))
+    return {selector: n for selector, n in counts.items() if n}
+
+
+def shown_as(payload: str) -> str:
+    """How a payload reads on screen: one line (a newline shows as ↵), the 80 characters a link problem quotes."""
+    return payload[:80].replace("\n", "↵")
+
+
+def settled(page) -> None:
+    page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=120_000)
+    page.wait_for_selector(MAIN + ' [data-testid="stMarkdown"]', timeout=120_000)
+
+
+@pytest.mark.parametrize("payload", MARKUP_PAYLOADS, ids=["link-and-image", "heading-colour-formula"])
+def test_markup_in_every_link_value_shows_as_text(server, page, payload):
+    page.goto(f"{server}/?" + urlencode({name: payload for name in LINK_PARAMS}))
+    settled(page)
+    assert markup_from_payloads(page) == {}
+    text = page.locator(MAIN).inner_text().replace("\u2060", "")
+    for name in LINK_PARAMS:
+        if name != "prompt":  # a prompt may hold markup: it is used, not refused
+            assert f"{name}={shown_as(payload)}" in text, name
+    assert payload in page.eval_on_selector(".st-key-generated code", "el => el.textContent")
+
+
+@pytest.mark.parametrize("view", ["flow", "attention", "kv", "split", "prefix", "costs"])
+def test_markup_in_the_prompt_shows_as_text_in_every_view(server, page, view, embedded_model):
+    prompt = " ".join(MARKUP_PAYLOADS)
+    page.goto(f"{server}/?" + urlencode({"prompt": prompt, "chat": "0", "step": "2", "view": view}))
+    assert settled_text(page) == expected(embedded_model, prompt, 2, chat=False)
+    assert markup_from_payloads(page) == {}
+
+
+# -- a server restart, and fast presses -------------------------------------------------------
+
+def url_step(page) -> int:
+    return int(parse_qs(urlparse(page.url).query)["step"][0])
+
+
+def chips(page) -> int:
+    return page.locator(MAIN + " .kv-token").count()
+
+
+def test_open_page_steps_after_a_server_restart(page, tmp_path, embedded_model):
+    """The new server knows nothing of the page; its link and the press are enough."""
+    prompt = "Name three colours."
+    with running_server(tmp_path / "log.txt") as (url, process):
+        page.goto(f"{url}/?prompt={quote(prompt)}&step=2")
+        assert settled_text(page) == expected(embedded_model, prompt, 2)
+        with restarted_server(url, process, tmp_path / "log-after-restart.txt"):
+            time.sleep(8)  # the page notices the lost connection and reconnects, still showing step 2
+            page.locator("h1").first.click()
+            page.keyboard.press("ArrowRight")
+            page.wait_for_function("() => new URL(location.href).searchParams.get('step') === '3'", timeout=120_000)
+            assert settled_text(page) == expected(embedded_model, prompt, 3)
+
+
+def test_link_equals_screen_after_fast_presses(server, page, embedded_model):
+    """Whatever number of presses counted, the link's step is the step on screen (text and token chips)."""
+    prompt = "Count from one to one hundred."
+    page.goto(f"{server}/?prompt={quote(prompt)}&step=1")
+    settled_text(page)
+    page.locator("h1").first.click()
+    greyed = 0  # presses that found the step buttons greyed: refused, visibly, while a step was computed
+    for _ in range(50):
+        page.keyboard.press("ArrowRight")
+        greyed += page.locator(MAIN + " button", has_text="Next token").first.is_disabled()
+    assert greyed
+    shown, calm = None, 0
+    while calm < 3:  # settled: the same link and text for three checks a second apart
+        time.sleep(1)
+        now = (page.url, settled_text(page), chips(page))
+        calm = calm + 1 if now == shown else 0
+        shown = now
+    step = url_step(page)
+    prompt_tokens = len(engine.DecodeSession(embedded_model, prompt, chat=True).prompt_ids)
+    assert (shown[1], shown[2]) == (expected(embedded_model, prompt, step), prompt_tokens + step)

@@ -1,9 +1,13 @@
 """The app's per-session run, without Streamlit."""
 
+import gc
+import threading
+import weakref
+
 import torch
 
 import engine
-from ui.runner import Runner, RunConfig
+from ui.runner import ClassroomCache, Runner, RunConfig
 
 
 def config(prompt="Rows grow one step at a time", **changes):
@@ -41,3 +45,150 @@ def test_a_new_prompt_publishes_the_old_one(tiny_model):
     runner.configure(config("first prompt here, extended"))
     assert runner.history == [runner.model.tokenizer.encode("first prompt here")]
     assert runner.policy_reuse()["radix"] > 0
+
+
+def test_back_past_the_kept_traces_is_one_forward_pass(tiny_model, monkeypatch):
+    from tests.test_kv_cache import assert_same_state, assert_same_trace, counting_forwards, pool_state
+
+    model = tiny_model("llama")
+    keeps_all = Runner(model, cache_tokens=256, keep_full_traces=64)
+    keeps_all.configure(config(kv_splits=3))
+    runner = Runner(model, cache_tokens=256, keep_full_traces=4)
+    runner.configure(config(kv_splits=3))
+    assert keeps_all.advance_to(30) == runner.advance_to(30) == 30
+    assert runner.session.traces[4].is_slim
+    before = pool_state(runner.session)
+    calls = counting_forwards(monkeypatch)
+    back = runner.trace(5)
+    assert runner.trace(5) is back  # the page's reruns at that step reuse it
+    assert len(calls) == 1  # not a replay from the prefill
+    assert_same_trace(back, keeps_all.trace(5))
+    assert_same_state(before, pool_state(runner.session))
+    prefill = runner.trace(1)
+    assert prefill.phase == "prefill" and len(calls) == 2  # the prefill too: one more pass
+    assert_same_trace(prefill, keeps_all.trace(1))
+
+
+# -- classroom mode: blocks come back, pools are bounded, students do not wait for each other --------
+
+
+class Clock:
+    """A settable time.monotonic for leases."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_dropped_runner_gives_its_classroom_blocks_back(tiny_model):
+    model = tiny_model("llama")
+    classroom = ClassroomCache(model, tokens=256)
+    gone = Runner(model, cache_tokens=256, classroom=classroom)
+    gone.configure(config())
+    gone.advance_to(4)
+    pool = gone.session.pool
+    assert pool.used_blocks > 0
+    del gone  # what Streamlit does when the browser session ends: its state is dropped
+    gc.collect()
+    other = Runner(model, cache_tokens=256, classroom=classroom)
+    other.configure(config("another student"))  # the next use of the class's cache
+    assert pool.used_blocks == 0
+
+
+def test_a_full_pool_first_takes_back_the_blocks_of_runners_held_in_reference_cycles(tiny_model):
+    model = tiny_model("llama")
+    prompts = ["one long prompt about caches " * 6, "another long prompt about paging " * 6]
+    blocks = max(-(-len(model.tokenizer.encode(p)) // 4) for p in prompts)
+    classroom = ClassroomCache(model, tokens=4 * (blocks + blocks // 2))  # room for one run, not two
+    gc.disable()  # the collector must not run by chance: only a full pool makes the class run it
+    try:
+        gone = Runner(model, cache_tokens=256, classroom=classroom)
+        gone.configure(config(prompts[0]))
+        gone.advance_to(1)
+        gone.itself = gone  # a cycle, as a Streamlit session's state may sit in
+        del gone
+        other = Runner(model, cache_tokens=256, classroom=classroom)
+        other.configure(config(prompts[1]))
+        assert other.advance_to(1) == 1
+    finally:
+        gc.enable()
+
+
+def test_an_expired_lease_gives_blocks_back_and_the_run_is_rebuilt_on_return(tiny_model):
+    model = tiny_model("llama")
+    clock = Clock()
+    classroom = ClassroomCache(model, tokens=256, lease_seconds=600, clock=clock)
+    away = Runner(model, cache_tokens=256, classroom=classroom)
+    away.configure(config())
+    away.advance_to(5)
+    tokens, pool = list(away.session.generated), away.session.pool
+    present = Runner(model, cache_tokens=256, classroom=classroom)
+    present.configure(config("another student"))
+    present.advance_to(1)
+    held_by_present = len(present.session.table.blocks)
+    assert pool.used_blocks > held_by_present
+    clock.now = 400
+    present.advance_to(2)  # within the lease: nothing is closed
+    assert not away.session.closed
+    clock.now = 1001  # `away` last seen at 0, `present` at 400
+    present.advance_to(3)
+    assert away.session.closed and not present.session.closed
+    assert pool.used_blocks == len(present.session.table.blocks)  # only the present student's blocks
+    assert away.advance_to(5) == 5  # back: rebuilt from its settings, the same tokens
+    assert away.session.generated == tokens and not away.session.closed
+    assert pool.used_blocks > len(present.session.table.blocks)
+
+
+def test_the_class_keeps_a_few_pools_and_drops_the_least_recently_used(tiny_model):
+    model = tiny_model("llama")
+    classroom = ClassroomCache(model, tokens=256, max_caches=2)
+    runner = Runner(model, cache_tokens=256, classroom=classroom)
+    runner.configure(config(block_size=4))
+    first = weakref.ref(runner.cache)
+    kept = classroom.get("radix", 8)
+    classroom.get("radix", 16)
+    assert classroom.kept == [("radix", 8), ("radix", 16)]
+    assert first() is runner.session.prefix_cache  # dropped from the class, alive while its run uses it
+    runner.advance_to(2)
+    assert classroom.get("radix", 8) is kept  # a kept pool is reused, and becomes the most recent
+    assert classroom.kept == [("radix", 16), ("radix", 8)]
+    runner.configure(config(block_size=8))  # the run moves on: nothing holds the dropped pool now
+    gc.collect()
+    assert first() is None
+    assert runner.cache is kept
+
+
+def test_a_step_completes_while_another_students_forward_pass_runs(tiny_model, monkeypatch):
+    model = tiny_model("llama")
+    classroom = ClassroomCache(model, tokens=512)
+    stepping = Runner(model, cache_tokens=256, classroom=classroom)
+    stepping.configure(config("a short prompt"))
+    stepping.advance_to(1)
+    prefilling = Runner(model, cache_tokens=256, classroom=classroom)
+    prefilling.configure(config("a long prompt that another student is prefilling right now"))
+    inside, release, held = threading.Event(), threading.Event(), []
+    original = engine.Model.forward
+
+    def forward(self, *args, **kwargs):
+        if threading.current_thread() in held:  # hold the first student inside its forward pass
+            inside.set()
+            release.wait(60)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(engine.Model, "forward", forward)
+    first = threading.Thread(target=prefilling.advance_to, args=(1,))
+    held.append(first)
+    first.start()
+    try:
+        assert inside.wait(60)
+        second = threading.Thread(target=stepping.advance_to, args=(2,))
+        second.start()
+        second.join(20)  # deadlock detection, not a timing bound: the step takes milliseconds
+        assert not second.is_alive(), "a step waited for another student's forward pass"
+        assert stepping.generated == 2
+    finally:
+        release.set()
+        first.join(60)
+    assert prefilling.generated == 1

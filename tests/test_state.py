@@ -1,7 +1,10 @@
 """Link parsing: every value either round-trips or falls back with a stated problem."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+import engine
 from ui.settings import load_limits
 from ui.state import AppState, clamp, parse_query, to_query
 
@@ -19,6 +22,8 @@ def test_default_state_round_trips_through_a_link():
     ("step", "abc", 0, "bad_number"), ("step", "-4", 0, "out_of_range"), ("step", "2.5", 0, "bad_number"),
     ("temperature", "nan", 0.0, "bad_number"), ("temperature", "inf", 0.0, "bad_number"),
     ("temperature", "-1", 0.0, "out_of_range"), ("temperature", "99", 5.0, "out_of_range"),
+    ("temperature", "1e-38", 0.01, "below_floor"), ("temperature", "0.009", 0.01, "below_floor"),
+    ("seed", str(2**70), 2**31 - 1, "out_of_range"),
     ("top_p", "0", 0.01, "out_of_range"), ("top_p", "1.5", 1.0, "out_of_range"), ("top_k", "-5", 0, "out_of_range"),
     ("seed", "1e99", 0, "bad_number"), ("block_size", "0", 1, "out_of_range"), ("block_size", "4096", 256, "out_of_range"),
     ("kv_splits", "0", 1, "out_of_range"), ("kv_splits", "1000", 64, "out_of_range"),
@@ -30,6 +35,20 @@ def test_malformed_values_fall_back_with_a_problem(param, raw, fallback, reason)
     state, problems = parse_query({param: raw})
     assert getattr(state, param) == fallback
     assert [(p.param, p.reason) for p in problems] == [(param, reason)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(temperature=st.floats(allow_nan=True, allow_infinity=True), top_p=st.floats(), top_k=st.integers(),
+       seed=st.integers(-2**80, 2**80))
+def test_every_sampling_setting_a_link_yields_is_one_the_engine_accepts(temperature, top_p, top_k, seed):
+    state, _ = parse_query({"temperature": repr(temperature), "top_p": repr(top_p), "top_k": str(top_k),
+                            "seed": str(seed)})
+    engine.Sampling(temperature=state.temperature, top_k=state.top_k, top_p=state.top_p, seed=state.seed)
+
+
+def test_a_zero_temperature_stays_greedy_and_the_floor_is_kept():
+    assert parse_query({"temperature": "0"}) == (AppState(temperature=0.0), [])
+    assert parse_query({"temperature": "0.01"}) == (AppState(temperature=0.01), [])
 
 
 def test_prompt_loses_control_characters_and_is_bounded():

@@ -1,18 +1,24 @@
 """viz contracts: pure functions from traces to figures and tables, on a real (tiny) run."""
 
+import re
+from dataclasses import replace
+
 import numpy as np
 import pytest
+from plotly.colors import sample_colorscale
 
 import engine
 from engine.model import ModelInfo
-from viz.attention import gqa_figure, heatmap_figure
-from viz.style import window
-from viz.candidates import candidates_frame
-from viz.costs import context_growth_frame, steps_frame
-from viz.flow import flow_rows
-from viz.kv_cache import block_table_frame, kv_bytes_frame, pool_figure
-from viz.prefix import alignment_frame, policy_frame
-from viz.split_kv import split_frame
+from ui.strings import figure_words
+from viz.attention import focused_head, gqa_figure, head_grid_figure, heatmap_figure
+from viz.candidates import candidates_frame, candidates_table
+from viz.costs import context_growth_frame, per_token_figure, steady_costs, steps_frame, steps_table
+from viz.flow import flow_rows, residual_figure, vector_figure
+from viz.kv_cache import block_table_frame, kv_bytes_frame, kv_bytes_table, pool_figure
+from viz.prefix import alignment_frame, policy_frame, policy_table
+from viz.split_kv import split_frame, split_table
+from viz.style import OKABE_ITO, contrast_ratio, window
+from viz.words import ENGLISH
 from viz.tokens import token_cells, token_stream_html
 
 QWEN3_06B = ModelInfo(name="Qwen/Qwen3-0.6B", family="qwen3", layers=28, hidden=1024, q_heads=16, kv_heads=8,
@@ -78,7 +84,7 @@ def test_pool_figure_puts_each_position_in_its_block_and_slot(run):
         block = trace.block_table[position // 4]
         assert text[block][position % 4] == f"{position}:{position}"
     frame = block_table_frame(trace.block_table, trace.context_length, 4, labels)
-    assert list(frame["physical"]) == trace.block_table
+    assert list(frame[ENGLISH["bt_physical"]]) == trace.block_table
 
 
 def test_candidates_split_costs_and_prefix_tables(run):
@@ -99,10 +105,161 @@ def test_candidates_split_costs_and_prefix_tables(run):
     assert list(policy_frame({"block": 0, "radix": 9}, 17)["computed tokens"]) == [17, 8]
 
 
-def test_figure_labels_follow_the_language():
-    from ui.strings import translate_figure
+def test_figures_take_their_words_from_the_page():
+    from ui.strings import figure_words
     from viz.kv_cache import occupancy_bar
 
-    fig = translate_figure(occupancy_bar(3, 2, 10), "zh")
-    assert [t.name for t in fig.data] == ["使用中", "已缓存、空闲", "空闲"]
-    assert [t.name for t in translate_figure(occupancy_bar(3, 2, 10), "en").data] == ["in use", "cached, free", "empty"]
+    zh = occupancy_bar(3, 2, 10, words=figure_words("zh"))
+    assert [t.name for t in zh.data] == ["使用中", "已缓存、空闲", "空闲"]
+    assert [t.name for t in occupancy_bar(3, 2, 10).data] == ["in use", "cached, free", "empty"]
+
+
+def test_every_figure_word_has_a_chinese_translation():
+    from ui.strings import ZH_FIGURE_WORDS
+    from viz.words import ENGLISH
+
+    assert set(ZH_FIGURE_WORDS) == set(ENGLISH)
+    for key, text in ENGLISH.items():  # the same placeholders, so a format never fails in one language only
+        assert set(re.findall(r"(?<!{){(\w+)}", text)) == set(re.findall(r"(?<!{){(\w+)}", ZH_FIGURE_WORDS[key])), key
+
+
+# -- charts that read at a glance (issue 10) ---------------------------------------------------------
+
+
+def test_residual_axis_label_uses_characters_every_font_has(run):
+    _, _, traces = run
+    for words in (ENGLISH, figure_words("zh")):
+        title = residual_figure(traces[1].residual.numpy(), words=words).layout.yaxis.title.text
+        assert "‖" not in title and "|x|" in title  # "‖" draws as a box in many fonts
+
+
+def test_vector_strips_each_get_their_own_symmetric_colour_scale():
+    rng = np.random.default_rng(0)
+    big, small = rng.uniform(-40, 40, 64), rng.uniform(-0.05, 0.05, 64)
+    fig = vector_figure({"final": big, "embedding": small})
+    heatmaps = [t for t in fig.data if t.type == "heatmap"]
+    assert len(heatmaps) == 2
+    for trace, values in zip(heatmaps, (big, small)):
+        assert trace.zmax == pytest.approx(np.abs(values).max()) and trace.zmin == pytest.approx(-np.abs(values).max())
+        assert np.allclose(np.asarray(trace.z, dtype=float).ravel(), values)  # hover shows the true values
+
+
+def test_all_heads_chart_gives_each_kv_head_its_own_colour_as_in_the_gqa_diagram():
+    q_heads, kv_heads = 16, 4
+    group = q_heads // kv_heads
+    rows = np.full((q_heads, 12), 1 / 12)
+    grid = head_grid_figure(rows, [str(i) for i in range(12)], group)
+    colours = [t.marker.color for t in grid.data]
+    for kv in range(kv_heads):
+        assert len(set(colours[kv * group:(kv + 1) * group])) == 1  # the Q heads sharing a KV head match
+    per_kv = [colours[kv * group] for kv in range(kv_heads)]
+    assert len(set(per_kv)) == kv_heads  # KV0 and KV2 are no longer both blue
+    assert set(per_kv) <= set(OKABE_ITO.values())  # colour-blind-safe palette
+    gqa = gqa_figure(q_heads, kv_heads)
+    kv_markers = next(t for t in gqa.data if t.text is not None and t.text[0].startswith("K/V"))
+    assert list(kv_markers.marker.color) == per_kv
+    lines = [t for t in gqa.data if t.mode == "lines"]
+    assert [line.line.color for line in lines] == colours
+
+
+def test_all_heads_chart_y_axis_fits_the_data_so_diffuse_rows_are_not_flat():
+    rows = np.full((4, 20), 0.05)
+    rows[2, 3] = 0.12
+    top = head_grid_figure(rows, [str(i) for i in range(20)], 2).layout.yaxis.range[1]
+    assert 0.12 <= top <= 0.15  # not 1: a bar of 0.05 now fills a third of the panel
+    axes = [head_grid_figure(rows, [str(i) for i in range(20)], 2).layout[f"yaxis{i}"] for i in ("", 2, 3, 4)]
+    assert len({tuple(a.range) for a in axes}) == 1  # one scale: the heads compare
+
+
+def test_focused_head_prefers_a_sharp_mid_layer_head_over_sinks_and_early_layers():
+    layers, heads, length = 8, 4, 10
+    rows = np.full((layers, heads, length), 1 / length)
+    rows[0, 0] = np.eye(length)[5]  # sharp, but in the first quarter of the layers
+    rows[3, 1] = np.eye(length)[0]  # everything on position 0: a sink, nothing to see
+    rows[4, 3] = np.eye(length)[-1]  # everything on the query's own position: not a look into the cache
+    rows[5, 2] = 0.02
+    rows[5, 2, 6] = 1 - 0.02 * (length - 1)  # a clear focus on one earlier token
+    assert focused_head(rows) == (5, 2)
+    assert focused_head(np.full((2, 4, 2), 0.5)) == (0, 0)  # too short to have a pattern
+
+
+def test_block_slot_labels_are_large_and_contrast_with_their_cell(run):
+    _, session, traces = run
+    trace = traces[-1]
+    labels = [str(i) for i in range(trace.context_length)]
+    fig = pool_figure(trace.block_table, trace.context_length, 4, session.pool.num_blocks, labels)
+    heat, text = fig.data[0], fig.data[1]
+    assert text.mode == "text" and text.textfont.size >= 12
+    assert len(text.text) == trace.context_length
+    z = np.asarray(heat.z, dtype=float)
+    for x, y, colour in zip(text.x, text.y, text.textfont.color):
+        scale = [list(stop) for stop in heat.colorscale]
+        cell = sample_colorscale(scale, [(z[y, x] - heat.zmin) / (heat.zmax - heat.zmin)])[0]
+        assert contrast_ratio(cell, colour) >= 4.5, (x, y, cell, colour)
+
+
+def test_candidates_table_shows_the_drawn_mark_first_and_percentages(run):
+    _, _, traces = run
+    trace = traces[2]
+    table = candidates_table(trace)
+    assert list(table.columns[:2]) == ["drawn", "token"]  # the mark can no longer be cut off at the right
+    assert list(table["drawn"]).count("✓") == 1
+    drawn = table[table["drawn"] == "✓"]
+    assert int(drawn["id"].item()) == trace.token_id
+    for candidate, cell in zip(trace.candidates, table["softmax"]):
+        assert re.fullmatch(r"\d{1,3}\.\d{1,2}%", cell) and float(cell[:-1]) == pytest.approx(100 * candidate.p_raw,
+                                                                                             abs=0.01)
+    zh = candidates_table(trace, figure_words("zh"))
+    assert "p_top_k" not in zh.columns and "top-k 后" in zh.columns
+
+
+def test_download_labels_are_short_enough_for_their_buttons():
+    from ui import strings
+
+    for lang in ("en", "zh"):
+        for key in ("download_trace", "download_tokens"):
+            assert len(strings.t(key, lang)) <= 14, (lang, strings.t(key, lang))
+
+
+def test_tables_format_numbers_for_people(run):
+    model, _, traces = run
+    kv = kv_bytes_table(QWEN3_06B, 1000).set_index(["dtype", "layout"])
+    assert kv.loc[("bfloat16", "GQA (as loaded)"), "bytes per token"] == "114,688 B (112 KiB)"
+    assert kv.loc[("bfloat16", "GQA (as loaded)"), "bytes for 1,000 tokens"] == "114,688,000 B (109.4 MiB)"
+    steps = steps_table(steps_frame(traces, model.info))
+    for cell in list(steps["forward"]) + list(steps["total"]):
+        assert re.fullmatch(r"[\d,]+(\.\d{1,2})? ms", cell), cell  # not 0.1234 without a unit
+    big = steps_table(steps_frame(traces, QWEN3_06B))["K/V bytes read"]
+    assert big[0] == f"{traces[0].context_length * 114_688:,} B ({traces[0].context_length * 112} KiB)"
+    split = split_table(traces[3].split, layer=1, head=0)
+    assert all(re.fullmatch(r"\d{1,3}\.\d{1,2}%", w) for w in split["weight w_i/Σw"])
+    assert all(re.fullmatch(r"-?[\d,]+\.\d{3}|–", m) for m in split["m_i (max score)"])
+    policies = policy_table(policy_frame({"block": 1024, "radix": 1030}, 1100))
+    assert list(policies["reused tokens"]) == ["1,024", "1,030"]
+
+
+# -- costs that teach (issue 10) -------------------------------------------------------------------
+
+
+def test_steady_costs_use_the_median_decode_step_and_bytes_from_the_model(run, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model, _, traces = run
+    decode_ms = [657.0, 826.0, 49.0, 50.0, 48.0]  # cold first steps, as the issue saw them
+    timed = [replace(traces[0], timings_ms={"total": 370.0})]
+    timed += [replace(t, timings_ms={"total": ms}) for t, ms in zip(traces[1:], decode_ms)]
+    costs = steady_costs(timed, model.info, bandwidth=2e9)
+    assert costs.decode_ms_median == 50.0 and costs.decode_steps == 5
+    assert costs.prefill_ms_per_token == pytest.approx(370.0 / len(traces[0].input_ids))
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir("llama"))
+    params = sum(p.numel() for p in hf.parameters())
+    cfg = hf.config
+    context = traces[-1].context_length
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * 4 * context
+    assert costs.decode_bytes == params * 4 + kv
+    assert costs.floor_ms == pytest.approx(1000 * (params * 4 + kv) / 2e9)
+    fig = per_token_figure(costs)
+    assert list(fig.data[0].x) == pytest.approx([costs.prefill_ms_per_token, 50.0, costs.floor_ms])
+    zh = per_token_figure(costs, words=figure_words("zh"))
+    assert all("decode" not in label or "下限" in label or "中位数" in label for label in zh.data[0].y)

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import fields, replace
 
 import streamlit as st
 
 import engine
-from ui import memory, strings
+from engine import timing
+from ui import memory, safe, strings
 from ui.context import ViewContext
 from ui.runner import ClassroomCache, Runner, RunConfig
-from ui.settings import Limits, load_limits
+from ui.settings import Limits, StepLimits, fit_state, load_limits, step_limits
 from ui.state import LANGS, POLICIES, VIEWS, AppState, Problem, clamp, clean_prompt, parse_query, to_query
 from ui.views import attention, costs, flow, kv_cache, prefix, split_kv, stepper
 
@@ -24,11 +26,12 @@ log = logging.getLogger("kvscope")
 @st.cache_resource(show_spinner=False, max_entries=3)
 def load_model(spec: str) -> engine.Model:
     """One copy per model for the whole server, shared read-only by every session."""
-    return engine.load_model(spec)
+    return timing.warm_up(engine.load_model(spec))  # timed steps are then steady-state, not cold
 
 
 def t(key: str, **values) -> str:
-    return strings.t(key, ss.get("w_lang", "en"), **values)
+    """A string in today's language; the values (link values, prompts, model ids, errors) show as text."""
+    return safe.message(key, ss.get("w_lang", "en"), **values)
 
 
 def labels(prefix: str):
@@ -38,6 +41,18 @@ def labels(prefix: str):
 
 
 def main() -> None:
+    with run_lock():
+        draw_page()
+
+
+def run_lock() -> threading.RLock:
+    """One script run at a time in a browser session. Each press starts a new run and Streamlit stops the old
+    one only at its next Streamlit call, so without this a run could still be inside the engine while the
+    next one moves the step or reconfigures the same run."""
+    return ss.setdefault("run_lock", threading.RLock())
+
+
+def draw_page() -> None:
     st.set_page_config(page_title="kvscope", page_icon="🔎", layout="wide")
     memory.tune_allocator()
     limits = load_limits()
@@ -49,6 +64,7 @@ def main() -> None:
     runner = runner_for(model, limits) if model is not None else None
     if runner is not None:
         apply_pending_case(runner, limits)  # before the widgets: it sets the prompt and chat switch
+        fit_to_budget(step_limits(limits, model.info))
     sidebar(limits)
     if ss.w_large:
         st.markdown("<style>html { font-size: 125%; }</style>", unsafe_allow_html=True)
@@ -71,8 +87,10 @@ def main() -> None:
         write_link(state)
         return
     play_controls(limits)
-    pace = ss.w_pace if ss.get("w_playing") else None
-    st.fragment(run_every=pace)(stepper_and_view)(model, runner)
+    if ss.get("w_playing"):  # redrawn alone on each tick
+        st.fragment(run_every=ss.w_pace)(stepper_and_view)(model, runner)
+    else:  # not a fragment: a press must work in a session a restarted server has just rebuilt from the link
+        stepper_and_view(model, runner)
 
 
 # -- state ------------------------------------------------------------------------------------
@@ -129,9 +147,9 @@ def use_default_model() -> None:
 
 
 @st.cache_resource(show_spinner=False, max_entries=3)
-def classroom_cache(spec: str, tokens: int) -> ClassroomCache:
+def classroom_cache(spec: str, tokens: int, lease_seconds: int) -> ClassroomCache:
     """The class-wide prefix cache (only when the host turns it on): one per model for the server."""
-    return ClassroomCache(load_model(spec), tokens)
+    return ClassroomCache(load_model(spec), tokens, lease_seconds)
 
 
 def runner_for(model: engine.Model, limits: Limits) -> Runner:
@@ -140,7 +158,8 @@ def runner_for(model: engine.Model, limits: Limits) -> Runner:
     if runner is None or runner.model is not model:
         if runner is not None:
             runner.close()
-        classroom = classroom_cache(ss.w_model, limits.shared_cache_tokens) if limits.shared_prefix_cache else None
+        classroom = (classroom_cache(ss.w_model, limits.shared_cache_tokens, limits.lease_seconds)
+                     if limits.shared_prefix_cache else None)
         runner = ss.runner = Runner(model, limits.cache_tokens, limits.full_traces, classroom)
     return runner
 
@@ -193,10 +212,11 @@ def play_controls(limits: Limits) -> None:
 
 
 def stepper_and_view(model: engine.Model, runner: Runner) -> None:
-    """Redrawn alone on each step (a fragment). A fault stays in this session: it is shown, and the
-    session can start again; the shared model and other sessions are untouched."""
+    """The step buttons and the views (a fragment while playing). A fault stays in this session: it is shown,
+    and the session can start again; the shared model and other sessions are untouched."""
     try:
-        draw_step(model, runner)
+        with run_lock():  # a fragment's rerun does not pass through main
+            draw_step(model, runner)
         return
     except engine.KvscopeError as error:
         message = t("bad_input", error=str(error))
@@ -219,6 +239,8 @@ def reset_session() -> None:
 
 
 def draw_step(model: engine.Model, runner: Runner) -> None:
+    buttons = st.empty()
+    step_buttons(buttons, runner, busy=True)
     if ss.get("w_playing"):
         if runner.finished and ss.step >= runner.generated:
             ss.stop_playing = True
@@ -232,19 +254,21 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
     for problem in problems:
         show_problem(problem)
         ss["w_" + problem.param] = getattr(state, problem.param)
-    columns = st.columns(4)
-    columns[0].button(t("prefill"), key="b_prefill", on_click=go_to, args=(1,), disabled=ss.step >= 1,
-                      width="stretch")
-    columns[1].button(t("back"), key="b_back", on_click=go_to, args=(ss.step - 1,), shortcut="Left",
-                      disabled=ss.step == 0, width="stretch")
-    columns[2].button(t("next"), key="b_next", on_click=go_to, args=(ss.step + 1,), shortcut="Right",
-                      disabled=runner.finished and ss.step >= runner.generated, width="stretch")
-    columns[3].button(t("reset"), key="b_reset", on_click=go_to, args=(0,), width="stretch")
     ctx = ViewContext(model=model, runner=runner, state=state, step=ss.step, trace=runner.trace(ss.step))
     stepper.render(ctx)
     st.radio(t("view"), VIEWS, key="w_view", horizontal=True, format_func=labels("view_"))
     VIEW_MODULES[ss.w_view].render(ctx)
+    step_buttons(buttons, runner)  # live again only once the screen shows this step, as the link does
     write_link(current_state())
+
+
+def fit_to_budget(step: StepLimits) -> None:
+    """Clamp settings that would take a step over the host's memory budget, with a message (before the
+    sidebar's widgets exist: their values cannot be changed after)."""
+    state, problems = fit_state(current_state(), step)
+    for problem in problems:
+        ss["w_" + problem.param] = getattr(state, problem.param)
+    ss.problems = ss.get("problems", []) + problems
 
 
 def show_problem(problem: Problem) -> None:
@@ -252,5 +276,30 @@ def show_problem(problem: Problem) -> None:
                  reason=t("reason_" + problem.reason)))
 
 
-def go_to(step: int) -> None:
-    ss.step = max(0, step)
+def step_buttons(place, runner: Runner, busy: bool = False) -> None:
+    """Prefill, Back, Next, Reset, drawn in `place`. While a step is computed and drawn (`busy`) they are
+    greyed and their arrow keys unbound: Streamlit would merge or drop presses made during a run, so they
+    are refused visibly instead. Back and Next move by one from the step current when a press is handled."""
+    buttons = (("prefill", "b_prefill", (1, True), {"disabled": ss.step >= 1}),
+               ("back", "b_back", (-1, False), {"shortcut": "Left", "disabled": ss.step == 0}),
+               ("next", "b_next", (1, False),
+                {"shortcut": "Right", "disabled": runner.finished and ss.step >= runner.generated}),
+               ("reset", "b_reset", (0, True), {}))
+    columns = place.container().columns(4)
+    for column, (label, key, move_args, options) in zip(columns, buttons):
+        if busy:
+            column.button(t(label), key=key + "_busy", disabled=True, width="stretch")
+            continue
+        pressed = column.button(t(label), key=key, on_click=move, args=move_args, width="stretch", **options)
+        if pressed and not ss.pop("moved", False):
+            # No callback ran: a restarted server rebuilt this session from its link in this very run, and the
+            # server that drew the button (and knew its callback) is gone. The press still counts.
+            move(*move_args)
+            st.rerun()
+
+
+def move(amount: int, absolute: bool) -> None:
+    """A step button's press: go to step `amount`, or by `amount` from the current step."""
+    with run_lock():  # callbacks run before main, maybe while a stopped run is still stepping
+        ss.step = max(0, amount if absolute else ss.step + amount)
+        ss.moved = True

@@ -6,37 +6,105 @@ generated tokens: 0 is the prompt alone, 1 is after the prefill (which yields th
 
 from __future__ import annotations
 
-import contextlib
+import gc
 import threading
+import time
+import weakref
+from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import engine
 from engine.prefix_cache import closest_prompt, predicted_reuse
 from engine.trace import StepTrace
+from ui.settings import Limits, load_limits, step_limits
 
 HISTORY = 8  # published prompts kept for the policy comparison
+CLASSROOM_CACHES = 3  # (policy, block size) pools a class keeps; the least recently used is dropped first
 CAPTURE = engine.Capture(attention_budget=1_000_000)  # a prefill keeps at most 4 MB each of probs and scores
 
 
 class ClassroomCache:
     """One prefix cache per (policy, block size) for the whole class, when the host turns it on.
 
-    Sessions then reuse each other's prompt K/V. Every use of its pool goes through `lock`.
+    Sessions then reuse each other's prompt K/V. At most `max_caches` pools are kept: asking for
+    another drops the least recently used one (runs still using it keep it until they close).
+    Each cache's pool has its own lock, held only for bookkeeping (see engine.kv_cache), so one
+    student's long prefill does not hold up another's step.
+
+    Blocks come back when a student is gone: a runner that is garbage-collected (Streamlit drops a
+    session's state when its browser session ends) leaves its decode session in `orphaned`, closed at
+    the class's next check-in rather than inside the collector, which may run in the middle of a pool's
+    bookkeeping. And a runner checks in on each use: one not seen for `lease_seconds` (a tab left open,
+    a session Streamlit has not ended yet) has its session closed; when the student returns, the runner
+    rebuilds it from its settings.
     """
 
-    def __init__(self, model: engine.Model, tokens: int):
+    def __init__(self, model: engine.Model, tokens: int, lease_seconds: float = Limits.lease_seconds,
+                 max_caches: int = CLASSROOM_CACHES, clock: Callable[[], float] = time.monotonic):
         self.model = model
         self.tokens = tokens
-        self.lock = threading.RLock()
-        self._caches: dict[tuple[str, int], engine.PrefixCache] = {}
+        self.lease_seconds = lease_seconds
+        self.max_caches = max_caches
+        self.clock = clock  # seconds; injectable for tests
+        self._lock = threading.Lock()  # guards the two dicts below, nothing else
+        self._caches: OrderedDict[tuple[str, int], engine.PrefixCache] = OrderedDict()  # oldest use first
+        self._seen: weakref.WeakKeyDictionary[Runner, float] = weakref.WeakKeyDictionary()
+        self.orphaned: deque[engine.DecodeSession] = deque()  # appended by finalizers: no lock needed
 
     def get(self, policy: str, block_size: int) -> engine.PrefixCache:
-        with self.lock:
+        with self._lock:
             key = (policy, block_size)
-            if key not in self._caches:
-                self._caches[key] = engine.PrefixCache(self.model, policy=policy, block_size=block_size,
-                                                       capacity_blocks=-(-self.tokens // block_size))
-            return self._caches[key]
+            cache = self._caches.pop(key, None)
+            if cache is None:
+                cache = engine.PrefixCache(self.model, policy=policy, block_size=block_size,
+                                           capacity_blocks=-(-self.tokens // block_size))
+            self._caches[key] = cache
+            while len(self._caches) > self.max_caches:
+                self._caches.popitem(last=False)
+            return cache
+
+    @property
+    def kept(self) -> list[tuple[str, int]]:
+        """The (policy, block size) of the caches kept, least recently used first."""
+        with self._lock:
+            return list(self._caches)
+
+    def check_in(self, runner: Runner) -> None:
+        """Renew `runner`'s lease, then close the sessions of runners that are gone or whose lease ran out."""
+        self.reclaim()
+        now = self.clock()
+        with self._lock:
+            self._seen[runner] = now
+            stale = [(other, seen) for other, seen in self._seen.items() if now - seen > self.lease_seconds]
+        for other, seen in stale:
+            self._expire(other, seen)
+
+    def reclaim(self, collect: bool = False) -> int:
+        """Close the sessions of runners that were garbage-collected: their blocks go back to the pool.
+
+        collect: first run the cycle collector, for ended browser sessions held only in reference cycles
+        (a cost worth paying only when the pool is full). Returns how many sessions were closed.
+        """
+        if collect:
+            gc.collect()
+        closed = 0
+        while self.orphaned:
+            self.orphaned.popleft().close()
+            closed += 1
+        return closed
+
+    def _expire(self, runner: Runner, seen: float) -> None:
+        if not runner.lock.acquire(blocking=False):
+            return  # busy right now, so not gone
+        try:
+            with self._lock:
+                if self._seen.get(runner) != seen:
+                    return  # it checked in meanwhile
+                del self._seen[runner]
+            runner.suspend()
+        finally:
+            runner.lock.release()
 
 
 @dataclass(frozen=True)
@@ -58,40 +126,71 @@ class Runner:
         self.cache_tokens = cache_tokens  # the pool's size in positions, whatever the block size
         self.keep_full_traces = keep_full_traces
         self.classroom = classroom
-        self.lock = classroom.lock if classroom is not None else contextlib.nullcontext()
+        self.lock = threading.RLock()  # this run's own state; a shared pool has its own lock for bookkeeping
         self.config: RunConfig | None = None
         self.session: engine.DecodeSession | None = None
         self.cache: engine.PrefixCache | None = None
         self.history: list[list[int]] = []  # prompts published in this browser session, oldest first
-        self._replay: tuple[int, StepTrace] | None = None
+        self._rebuilt: tuple[int, StepTrace] | None = None  # the last slimmed step rebuilt, for reruns
         self._attention: tuple[tuple, tuple] | None = None
+        self._finalizer: weakref.finalize | None = None
 
     # -- configuration -------------------------------------------------------------------------
 
     def configure(self, config: RunConfig) -> None:
         """Start a new run when any setting changed; the old prompt is published to the prefix cache."""
-        if config == self.config and self.session is not None:
-            return
         with self.lock:
+            if config == self.config and self.session is not None:
+                self._resume()
+                return
             self.close()
             if self.classroom is not None:
-                self.cache = self.classroom.get(config.policy, config.block_size)
-            elif self.cache is None or (self.cache.policy, self.cache.block_size) != (config.policy, config.block_size):
-                self.cache = engine.PrefixCache(self.model, policy=config.policy, block_size=config.block_size,
-                                                capacity_blocks=self._pool_blocks(config))
-            self.config = config
-            session = engine.DecodeSession(
-                self.model, config.prompt, chat=config.chat, sampling=config.sampling, block_size=config.block_size,
-                max_new_tokens=config.max_new_tokens, kv_splits=config.kv_splits, prefix_cache=self.cache,
-                keep_full_traces=self.keep_full_traces, capture=CAPTURE,
-            )
-            if len(session.prompt_ids) > config.max_prompt_tokens:
-                session.close()
-                raise engine.PromptTooLongError(f"the prompt is {len(session.prompt_ids)} tokens; this app allows "
-                                                f"at most {config.max_prompt_tokens}")
-            self.session = session
-            self._replay = None
-            self._attention = None
+                self.classroom.check_in(self)
+            self._open(config)
+
+    def _open(self, config: RunConfig) -> None:
+        """A new decode session for `config`, on the class's prefix cache or this runner's own."""
+        if self.classroom is not None:
+            self.cache = self.classroom.get(config.policy, config.block_size)
+        elif self.cache is None or (self.cache.policy, self.cache.block_size) != (config.policy, config.block_size):
+            self.cache = engine.PrefixCache(self.model, policy=config.policy, block_size=config.block_size,
+                                            capacity_blocks=self._pool_blocks(config))
+        self.config = config
+        session = engine.DecodeSession(
+            self.model, config.prompt, chat=config.chat, sampling=config.sampling, block_size=config.block_size,
+            max_new_tokens=config.max_new_tokens, kv_splits=config.kv_splits, prefix_cache=self.cache,
+            keep_full_traces=self.keep_full_traces, capture=CAPTURE,
+        )
+        if len(session.prompt_ids) > config.max_prompt_tokens:
+            session.close()
+            raise engine.PromptTooLongError(f"the prompt is {len(session.prompt_ids)} tokens; this app allows "
+                                            f"at most {config.max_prompt_tokens}")
+        self.session = session
+        if self.classroom is not None:  # a private pool goes with this runner; a shared one must get its blocks back
+            self._finalizer = weakref.finalize(self, self.classroom.orphaned.append, session)
+            self._finalizer.atexit = False
+        self._rebuilt = None
+        self._attention = None
+
+    def _resume(self) -> None:
+        """Renew the classroom lease; rebuild the session if it was closed while the student was away
+        (same settings and seed, so the same tokens)."""
+        if self.classroom is not None:
+            self.classroom.check_in(self)
+        if self.session is not None and self.session.closed:
+            self._open(self.config)
+
+    def suspend(self) -> None:
+        """Close the decode session (its blocks go back), keeping the settings: the next use rebuilds it."""
+        with self.lock:
+            if self.session is not None:
+                self._forget_finalizer()
+                self.session.close()
+
+    def _forget_finalizer(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
 
     def _pool_blocks(self, config: RunConfig) -> int:
         """Room for the host's cache size, and always for one longest run."""
@@ -99,9 +198,11 @@ class Runner:
         return -(-tokens // config.block_size) + 2
 
     def close(self) -> None:
-        if self.session is None:
-            return
+        """End the run: its prompt is published (if prefilled) and its blocks go back."""
         with self.lock:
+            if self.session is None:
+                return
+            self._forget_finalizer()
             published = bool(self.session.traces)
             self.session.close()
             if published:
@@ -124,36 +225,34 @@ class Runner:
 
     def advance_to(self, step: int) -> int:
         """Run prefill/decode until `step` tokens exist (or the run ends); return the step reached."""
-        session = self.session
         with self.lock:
-            if step >= 1 and not session.traces:
-                session.prefill()
-            while len(session.generated) < step and not session.finished:
-                session.step()
+            self._resume()
+            try:
+                return self._advance(step)
+            except engine.CacheFullError:
+                if self.classroom is None or not self.classroom.reclaim(collect=True):
+                    raise
+                return self._advance(step)  # students who left gave blocks back; the failed call changed nothing
+
+    def _advance(self, step: int) -> int:
+        session = self.session
+        if step >= 1 and not session.traces:
+            session.prefill()
+        while len(session.generated) < step and not session.finished:
+            session.step()
         return min(step, len(session.generated))
 
     def trace(self, step: int) -> StepTrace | None:
-        """The trace that produced token `step` (1-based), with its tensors: replayed if it was slimmed."""
+        """The trace that produced token `step` (1-based), with its tensors: if it was slimmed, rebuilt
+        by one forward pass over the K/V the run's cache holds."""
         if step < 1 or step > len(self.session.traces):
             return None
         trace = self.session.traces[step - 1]
         if not trace.is_slim:
             return trace
-        if self._replay is None or self._replay[0] != step:
-            self._replay = (step, self._replay_trace(step))
-        return self._replay[1]
-
-    def _replay_trace(self, step: int) -> StepTrace:
-        """Same settings and seed, no prefix cache: the tokens and numbers are those of the original run."""
-        c = self.config
-        shadow = engine.DecodeSession(self.model, self.session.prompt_ids, sampling=c.sampling,
-                                      block_size=c.block_size, max_new_tokens=c.max_new_tokens,
-                                      kv_splits=c.kv_splits, keep_full_traces=1, capture=CAPTURE)
-        trace = shadow.prefill()
-        while len(shadow.generated) < step:
-            trace = shadow.step()
-        shadow.close()
-        return trace
+        if self._rebuilt is None or self._rebuilt[0] != step:  # no lock: a rebuild only reads this run's blocks
+            self._rebuilt = (step, self.session.rebuild(step - 1))
+        return self._rebuilt[1]
 
     def texts(self, step: int) -> tuple[str, str]:
         """The prompt as the model read it, and the answer text after `step` tokens."""
@@ -167,6 +266,11 @@ class Runner:
         rows, so stepping forward costs one row, not a prefill. Only the shown head is kept.
         """
         n = len(self.session.prompt_ids) + max(0, step - 1)
+        limit = step_limits(load_limits(), self.model.info).max_attention_tokens
+        if n > limit:
+            raise engine.InvalidSettingError(
+                f"the full attention heatmap of {n} positions does not fit this server's step memory "
+                f"(KVSCOPE_STEP_MEMORY_MB): at most {limit} positions")
         key = (self.config, layer, head)
         if self._attention is not None and self._attention[0] == key:
             probs, scores = self._attention[1]
@@ -195,8 +299,8 @@ class Runner:
         return k, v
 
     def cached_free_blocks(self) -> int:
-        """Free blocks the prefix cache still holds (read under the lock: a classroom pool is shared)."""
-        with self.lock:
+        """Free blocks the prefix cache still holds (read under the pool's lock: a classroom pool is shared)."""
+        with self.session.pool.lock:
             return sum(1 for block in self.session.pool.free if self.cache.holds(block))
 
     def policy_reuse(self) -> dict[str, int]:

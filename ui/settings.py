@@ -5,10 +5,15 @@ KVSCOPE_ALLOW_ANY_MODEL    1: any hub id or local folder may be loaded (a teache
 KVSCOPE_MAX_PROMPT_TOKENS  longest prompt, in tokens (default 384)
 KVSCOPE_MAX_NEW_TOKENS     most tokens one run generates (default 128)
 KVSCOPE_CACHE_TOKENS       K/V positions in each browser session's pool, prefix cache included (default 512)
-KVSCOPE_FULL_TRACES        latest steps whose tensors a session keeps; older ones are replayed (default 8)
+KVSCOPE_FULL_TRACES        latest steps whose tensors a session keeps; older ones are rebuilt by one pass (default 8)
 KVSCOPE_SHARED_PREFIX_CACHE 1: one prefix cache for the whole class (prompts then reuse each other's K/V)
 KVSCOPE_SHARED_CACHE_TOKENS K/V positions in that shared pool (default 8192)
+KVSCOPE_LEASE_SECONDS      a student's run in that shared pool not used for this long gives its blocks
+                           back; it is rebuilt when the student returns (default 600)
 KVSCOPE_MIN_PACE           fastest autoplay, seconds per token (default 0.3)
+KVSCOPE_STEP_MEMORY_MB     memory one step of one page may add over the loaded model, in MB (default 256); the
+                           largest kv_splits, the smallest block size and the longest attention heatmap follow
+                           from it (`StepLimits`), and what does not fit is refused or clamped with a message
 
 The defaults fit Streamlit Community Cloud's free tier (2.7 GB) with 30 students at once; README's
 "Hosting" section has the measured figures.
@@ -17,7 +22,14 @@ The defaults fit Streamlit Community Cloud's free tier (2.7 GB) with 30 students
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from typing import TYPE_CHECKING
+
+from ui.state import RANGES, AppState, Problem
+
+if TYPE_CHECKING:
+    from engine.model import ModelInfo
 
 
 @dataclass(frozen=True)
@@ -30,7 +42,9 @@ class Limits:
     full_traces: int = 8
     shared_prefix_cache: bool = False
     shared_cache_tokens: int = 8192
+    lease_seconds: int = 600
     min_pace: float = 0.3
+    step_memory_mb: int = 256
 
     def model_allowed(self, spec: str) -> bool:
         return self.allow_any_model or spec in self.models
@@ -58,5 +72,55 @@ def load_limits(env=os.environ) -> Limits:
         full_traces=_int(env, "KVSCOPE_FULL_TRACES", 8, 1, 10_000),
         shared_prefix_cache=env.get("KVSCOPE_SHARED_PREFIX_CACHE", "0") == "1",
         shared_cache_tokens=_int(env, "KVSCOPE_SHARED_CACHE_TOKENS", 8192, 64, 10_000_000),
+        lease_seconds=_int(env, "KVSCOPE_LEASE_SECONDS", 600, 10, 7 * 24 * 3600),
         min_pace=pace,
+        step_memory_mb=_int(env, "KVSCOPE_STEP_MEMORY_MB", 256, 16, 1_000_000),
     )
+
+
+APP_MAX_KV_SPLITS = RANGES["kv_splits"][2]  # the link's range; the engine allows up to engine.split_kv.MAX_KV_SPLITS
+BLOCK_BYTES = 1024  # per block: its bookkeeping (150–300 B measured with tracemalloc) and the KV view's drawing of it
+
+
+@dataclass(frozen=True)
+class StepLimits:
+    """What one page may ask of one model within the host's step memory budget (KVSCOPE_STEP_MEMORY_MB).
+
+    The budget is shared out: the attention view's full-heatmap pass (estimated by ModelInfo.attention_bytes,
+    with its n × n record) may use all of it; the split-KV records of the kept traces a quarter; per-block
+    bookkeeping an eighth. The default prompt and answer limits fit well inside it (README, "Hosting").
+    """
+
+    max_kv_splits: int
+    min_block_size: int
+    max_attention_tokens: int  # the longest sequence whose full heatmap fits (its pass keeps a layer's n × n too)
+
+
+def step_limits(limits: Limits, info: ModelInfo) -> StepLimits:
+    """Derive the limits for the model described by `info` (an engine ModelInfo)."""
+    budget = limits.step_memory_mb * 10**6
+    kept = limits.full_traces + 2  # the kept traces, the step being computed and one rebuilt older step
+    splits = (budget // 4) // (kept * info.split_record_bytes(1))
+    tokens = max(limits.cache_tokens, limits.shared_cache_tokens if limits.shared_prefix_cache else 0,
+                 limits.max_prompt_tokens + limits.max_new_tokens)
+    block = -(-tokens * BLOCK_BYTES // (budget // 8))
+    return StepLimits(max_kv_splits=max(1, min(APP_MAX_KV_SPLITS, splits)), min_block_size=max(1, block),
+                      max_attention_tokens=_largest(lambda n: 2 * info.attention_bytes(n, n) <= budget))
+
+
+def _largest(fits, high: int = 1 << 24) -> int:
+    """The largest n in [0, high] for which `fits(n)` holds (`fits` true up to some n, false after)."""
+    low = 0
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return low
+
+
+def fit_state(state: AppState, step: StepLimits) -> tuple[AppState, list[Problem]]:
+    """Clamp kv_splits and block_size into what `step` allows; a Problem (reason "over_budget") for each."""
+    fitted = {"kv_splits": min(state.kv_splits, step.max_kv_splits),
+              "block_size": max(state.block_size, step.min_block_size)}
+    problems = [Problem(name, str(getattr(state, name)), str(value), "over_budget")
+                for name, value in fitted.items() if value != getattr(state, name)]
+    return replace(state, **fitted), problems

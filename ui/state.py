@@ -11,10 +11,13 @@ import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
+from engine.sampler import TEMPERATURE_FLOOR
+
 VIEWS = ("flow", "attention", "kv", "split", "prefix", "costs")
 LANGS = ("en", "zh")
 POLICIES = ("block", "radix", "whole")
-DEFAULT_PROMPT = "What is a KV cache?"
+DEFAULT_PROMPTS = {"en": "What is a KV cache?", "zh": "什么是 KV 缓存？"}  # a page opens with its language's
+DEFAULT_PROMPT = DEFAULT_PROMPTS["en"]
 MAX_PROMPT_CHARS = 4000
 
 
@@ -60,6 +63,8 @@ RANGES = {
     "layer": (int, 0, 1000),
     "head": (int, 0, 1000),
 }
+# Values above 0 but below these are raised to them; 0 itself stays (a temperature of 0 is greedy).
+FLOORS = {"temperature": TEMPERATURE_FLOOR}
 CHOICES = {"view": VIEWS, "lang": LANGS, "policy": POLICIES}
 FLAGS = ("chat", "large")
 
@@ -78,7 +83,14 @@ def parse_query(params: Mapping[str, str | list[str]]) -> tuple[AppState, list[P
         values[f.name] = value
         if reason:
             problems.append(Problem(f.name, str(raw)[:80], _show(value), reason))
+    if "prompt" not in values:
+        values["prompt"] = default_prompt(values.get("lang", defaults.lang))
     return replace(defaults, **values), problems
+
+
+def default_prompt(lang: str) -> str:
+    """The prompt a page in `lang` opens with when its link names none."""
+    return DEFAULT_PROMPTS.get(lang, DEFAULT_PROMPT)
 
 
 def _parse_one(name: str, raw: str, default):
@@ -92,6 +104,8 @@ def _parse_one(name: str, raw: str, default):
             return default, "bad_number"
         if not low <= number <= high:
             return min(max(number, low), high), "out_of_range"
+        if 0 < number < FLOORS.get(name, 0):
+            return FLOORS[name], "below_floor"
         return number, None
     if name in CHOICES:
         return (raw, None) if raw in CHOICES[name] else (default, "unknown_choice")
@@ -119,8 +133,9 @@ def _show(value) -> str:
 
 
 def to_query(state: AppState) -> dict[str, str]:
-    """The link parameters for `state`: only values that differ from the defaults, plus the step."""
-    defaults = AppState()
+    """The link parameters for `state`: only values that differ from the defaults (the prompt's default
+    depends on the language), plus the step."""
+    defaults = replace(AppState(), prompt=default_prompt(state.lang))
     out = {}
     for f in fields(AppState):
         value = getattr(state, f.name)

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+from viz.words import ENGLISH as FIGURE_ENGLISH
+
 LANGUAGE_NAMES = {"en": "English", "zh": "简体中文"}
 
 EN = {
     "title": "kvscope — how a language model writes, one token at a time",
     "tagline": "Every number on this page comes from a real model's forward pass, checked against Hugging Face transformers.",
-    "link_problem": "Link value `{param}={value}` was not usable ({reason}); using `{fallback}` instead.",
+    "link_problem": "Link value “{param}={value}” was not usable ({reason}); using “{fallback}” instead.",
     "reason_bad_number": "not a finite number",
     "reason_out_of_range": "out of range",
+    "reason_over_budget": "more than this server's memory for one step allows (KVSCOPE_STEP_MEMORY_MB)",
     "reason_unknown_choice": "not one of the choices",
     "reason_bad_flag": "must be 0 or 1",
     "reason_too_long": "too long",
     "reason_control_chars": "control characters were removed",
     "reason_model_not_allowed": "this server does not offer that model",
+    "reason_below_floor": "above 0 but below the smallest temperature allowed — 0 means greedy",
     "bad_input": "Cannot run this: {error}",
     "loading": "Loading {model}…",
     "model_failed": "The model {model} could not be loaded: {error}",
@@ -31,6 +35,10 @@ EN = {
     "prompt": "Prompt",
     "chat": "Chat template",
     "chat_help": "Wrap the prompt as a user message with the model's chat template (instruct models).",
+    "show_template": "Show how the chat template wraps the prompt",
+    "show_template_help": "The text the model reads: what the chat template adds around your prompt, and your prompt.",
+    "template_legend": "Grey, dashed: added by the chat template (control tokens such as `<|im_start|>` come only from here). Plain: your text, read as text even where it looks like a control token.",
+    "template_off": "The chat template is off: the model reads your text as it is, with any token the tokenizer itself adds.",
     "sampling": "Sampling",
     "temperature": "Temperature (0 = greedy)",
     "temperature_help": "Logits are divided by this before softmax; 0 always takes the most likely token.",
@@ -68,12 +76,14 @@ EN = {
     "legend": "Blue: prompt tokens. Orange: generated tokens. Red: the newest token. Hover a token for its id and bytes.",
     "candidates_title": "Why “{token}”? The top candidates before and after each filter",
     "candidates_fig": "Probability of the top candidates at each sampling stage",
-    "download_trace": "Download this step's trace (JSON)",
-    "download_tokens": "Download the token table (CSV)",
+    "download_trace": "⬇ Step JSON",
+    "download_tokens": "⬇ Tokens CSV",
     "layer": "Layer",
     "head": "Q head",
     "head_help": "With GQA, every {group} Q heads share one K/V head.",
     "flow_stage": "stage",
+    "yes": "yes",
+    "no": "no",
     "flow_shape": "shape",
     "flow_note_col": "what happens",
     "flow_stage_ids": "token ids",
@@ -139,6 +149,7 @@ EN = {
     "splits": "Splits",
     "split_fig": "Layer {layer}, Q head {head}: partial outputs, merged and unsplit",
     "merge_table": "Merged vs unsplit, every dimension",
+    "max_diff": "max |merged − unsplit|",
     "prefix_title": "Prefix cache: edit the prompt and prefill again",
     "prefix_intro": "Reuse needs an exact token-id match from position 0. Edit the prompt in the sidebar (the old prompt is published when the new one replaces it), or load one of the article's cases.",
     "case1": "Case 1: “…Transformer” → “…Transformer，举个例子”",
@@ -156,6 +167,14 @@ EN = {
     "reads_title": "K/V read per decode step, over all {layers} layers",
     "costs_note": "Every decode step re-reads the whole history's K/V in each of the {layers} layers: that is why long contexts decode slowly.",
     "growth_title": "With length, the KV cache grows linearly and attention work quadratically",
+    "per_token_title": "Milliseconds per token: prefill, decode, and the floor memory sets for decode",
+    "decode_bytes": "Bytes one decode step reads",
+    "decode_bytes_help": "All weights ({weights}) once, plus the K/V of {context} cached positions ({kv}).",
+    "bandwidth": "Memory bandwidth (measured)",
+    "bandwidth_help": "Measured once on this server: the median time to sum a 256 MB array.",
+    "memory_floor": "Decode floor: bytes ÷ bandwidth",
+    "measured": "measured: {ms}",
+    "bound_text": "**Prefill vs decode, per token.** Prefill ran {n} tokens in one pass: {prefill} per token. The median decode step took {decode} for one token. Prefill is *compute-bound*: every weight read from memory is used for all {n} tokens at once, so arithmetic sets the pace and a token costs far less than a decode step. Decode is *memory-bound*: for a single token it still reads every weight and the whole K/V cache, so on this machine it cannot take less than bytes ÷ bandwidth = {floor}. Times are steady-state: the model was warmed up when it loaded, and decode shows the median step.",
     "truncate_keep": "Truncate the prompt: keep its last N tokens",
     "truncate_result": "Dropping the first {dropped} tokens keeps {keep}: K/V {kib:.1f} KiB, prefill attention work {work:.0f}% of the full prompt's. The model no longer sees what was dropped:",
     "limit_text": "The model was trained on positions up to {limit}; beyond that it breaks, so a longer prompt must be truncated (this server allows {app_limit} prompt tokens). Your prompt: {n} tokens, {kib:.1f} KiB of K/V per token.",
@@ -164,14 +183,16 @@ EN = {
 ZH = {
     "title": "kvscope —— 大模型如何逐个 token 写出回答",
     "tagline": "本页所有数字都来自真实模型的前向计算，并与 Hugging Face transformers 对照验证。",
-    "link_problem": "链接参数 `{param}={value}` 无法使用（{reason}），已改用 `{fallback}`。",
+    "link_problem": "链接参数“{param}={value}”无法使用（{reason}），已改用“{fallback}”。",
     "reason_bad_number": "不是有限数字",
     "reason_out_of_range": "超出范围",
+    "reason_over_budget": "超出本服务器给每一步的内存上限（KVSCOPE_STEP_MEMORY_MB）",
     "reason_unknown_choice": "不在可选项中",
     "reason_bad_flag": "只能是 0 或 1",
     "reason_too_long": "太长",
     "reason_control_chars": "已删除控制字符",
     "reason_model_not_allowed": "本服务器不提供该模型",
+    "reason_below_floor": "大于 0 但小于允许的最小温度——0 表示贪心",
     "bad_input": "无法运行：{error}",
     "loading": "正在加载 {model}…",
     "model_failed": "模型 {model} 加载失败：{error}",
@@ -188,6 +209,10 @@ ZH = {
     "prompt": "提示词",
     "chat": "对话模板",
     "chat_help": "用模型的对话模板把提示词包装成用户消息（指令模型）。",
+    "show_template": "显示对话模板如何包装提示词",
+    "show_template_help": "模型读到的文本：对话模板在提示词前后加入的内容，以及你的提示词。",
+    "template_legend": "灰色虚线框：对话模板加入的文本（`<|im_start|>` 等控制 token 只会来自这里）。无框：你的文本，即使看起来像控制 token，也按普通文本读取。",
+    "template_off": "对话模板已关闭：模型按原样读取你的文本，以及分词器自己加入的 token。",
     "sampling": "采样",
     "temperature": "温度（0 = 贪心）",
     "temperature_help": "softmax 之前 logits 除以它；0 总是取概率最高的 token。",
@@ -225,12 +250,14 @@ ZH = {
     "legend": "蓝色：提示词 token。橙色：生成的 token。红色：最新的 token。鼠标悬停可看 id 和字节。",
     "candidates_title": "为什么是“{token}”？各过滤步骤前后的候选",
     "candidates_fig": "各采样阶段的候选概率",
-    "download_trace": "下载本步的 trace（JSON）",
-    "download_tokens": "下载 token 表（CSV）",
+    "download_trace": "⬇ 本步 JSON",
+    "download_tokens": "⬇ token 表 CSV",
     "layer": "层",
     "head": "Q 头",
     "head_help": "GQA：每 {group} 个 Q 头共用一组 K/V。",
     "flow_stage": "阶段",
+    "yes": "是",
+    "no": "否",
     "flow_shape": "形状",
     "flow_note_col": "发生了什么",
     "flow_stage_ids": "token id",
@@ -285,17 +312,18 @@ ZH = {
     "not_stored": "**不存放的：** token、token id、embedding、隐藏状态或注意力输出。",
     "k_or_v": "显示",
     "values_title": "第 {layer} 层缓存的 {which}，KV 头 {kv}（被 Q 头 {head} 读取）：位置 × head_dim",
-    "bytes_title": "**每个 token 与总计的字节数**，按当前（GQA）与 MHA 所需，分 dtype：",
+    "bytes_title": "**每个 token 与总计的字节数**，按当前（GQA）与 MHA 所需，按数据类型：",
     "private_cache": "本次运行的缓存只属于你的浏览器会话，运行结束即释放；只有提示词的块留在你的前缀缓存中。",
     "split_title": "Split-KV 注意力（FlashDecoding）",
     "split_intro": "切分的是历史 K/V，不是答案。每段给出完整维度的局部输出 O_i、最大分数 m_i 和 l_i = Σ e^(s−m_i)；合并时按 w_i = l_i·e^(m_i−m) 重新缩放并加权平均 Σ w_i O_i / Σ w_i —— 不是拼接。",
     "example_title": "手算示例：一个查询、四个键、二维值、切成两段",
-    "example_setup": "q = {q}，keys = {keys}，values = {values}，d = 2。",
+    "example_setup": "q = {q}，键 = {keys}，值 = {values}，d = 2。",
     "example_result": "合并结果 = **{merged}**，不切分 = **{unsplit}**（最大差值 {diff:.1e}）。",
     "split_off": "在侧栏把“KV 切分数”设为大于 1，即可分段计算注意力。",
     "splits": "切分数",
     "split_fig": "第 {layer} 层，Q 头 {head}：各段局部输出、合并结果与不切分结果",
     "merge_table": "合并与不切分，逐维对比",
+    "max_diff": "最大 |合并 − 不切分|",
     "prefix_title": "前缀缓存：修改提示词后再次 prefill",
     "prefix_intro": "复用要求从位置 0 开始 token id 完全一致。在侧栏修改提示词（新提示词替换旧的时，旧提示词被发布到缓存），或载入原文的两个例子。",
     "case1": "例 1：“…Transformer” → “…Transformer，举个例子”",
@@ -305,7 +333,7 @@ ZH = {
     "first_difference": "第一个不同的位置",
     "hits_title": "当前策略（{policy}）下的命中与未命中",
     "policies_title": "**三种策略在同样提示词上的结果：**",
-    "policies_note": "block：只按整块，链在第一次未命中处断开。radix：修改点之前的每个 token。whole：只有整段旧提示词作为前缀才复用。最多 n−1 个：最后一个必须计算以得到 logits。",
+    "policies_note": "块哈希：只按整块，链在第一次未命中处断开。基数树：修改点之前的每个 token。整段提示词：只有整段旧提示词作为前缀才复用。最多 n−1 个：最后一个必须计算以得到 logits。",
     "nothing_cached": "本会话还没有缓存任何内容：修改提示词即可发布当前提示词。",
     "evictions": "本会话缓存至今的淘汰次数：{count}。",
     "costs_title": "开销",
@@ -313,6 +341,14 @@ ZH = {
     "reads_title": "每个 decode 步读取的 K/V（{layers} 层合计）",
     "costs_note": "每个 decode 步都要在 {layers} 层中重读全部历史 K/V：这就是长上下文解码慢的原因。",
     "growth_title": "随长度增长，KV 缓存线性增长，注意力计算量平方增长",
+    "per_token_title": "每个 token 的毫秒数：prefill、decode，以及内存给 decode 设定的下限",
+    "decode_bytes": "一个 decode 步读取的字节",
+    "decode_bytes_help": "全部权重（{weights}）读一遍，加上 {context} 个缓存位置的 K/V（{kv}）。",
+    "bandwidth": "内存带宽（实测）",
+    "bandwidth_help": "在本服务器上测一次：对 256 MB 数组求和所用时间的中位数。",
+    "memory_floor": "decode 下限：字节 ÷ 带宽",
+    "measured": "实测：{ms}",
+    "bound_text": "**prefill 与 decode，折合到每个 token。** prefill 一次处理 {n} 个 token：每个 token {prefill}。decode 每步只算一个 token，中位数为 {decode}。prefill 是*计算受限*：从内存读出的每个权重同时用于全部 {n} 个 token，速度由算力决定，每个 token 比一个 decode 步便宜得多。decode 是*内存受限*：哪怕只算一个 token，也要读一遍全部权重和整个 K/V 缓存，所以在这台机器上它不可能快于 字节 ÷ 带宽 = {floor}。这些时间是稳定状态：模型加载时已预热，decode 显示的是各步的中位数。",
     "truncate_keep": "截断提示词：只保留最后 N 个 token",
     "truncate_result": "丢掉前 {dropped} 个 token，保留 {keep} 个：K/V {kib:.1f} KiB，prefill 注意力计算量为完整提示词的 {work:.0f}%。模型再也看不到被丢掉的内容：",
     "limit_text": "模型训练时只见过 {limit} 以内的位置；超出就会失效，所以更长的提示词必须截断（本服务器允许 {app_limit} 个提示词 token）。你的提示词：{n} 个 token，每个 token 的 K/V 占 {kib:.1f} KiB。",
@@ -327,37 +363,47 @@ def t(key: str, lang: str = "en", **values) -> str:
     return text.format(**values) if values else text
 
 
-# Labels drawn inside figures by `viz` (which stays language-free): translated when the page draws them.
-FIGURE_TERMS = {
-    "zh": {
-        "empty": "空闲", "cached, free": "已缓存、空闲", "in use": "使用中", "blocks": "块",
-        "slot (offset in block)": "槽位（块内偏移）", "physical block": "物理块",
-        "query (row = one step's token)": "查询（每行 = 一步的 token）", "key (cached position)": "键（缓存位置）",
-        "layer": "层", "step": "步", "ms": "毫秒", "decode step": "decode 步", "MiB read per step": "每步读取 MiB",
-        "tokens": "token 数", "MiB": "MiB", "millions": "百万",
-        "KV cache (MiB): linear": "KV 缓存（MiB）：线性", "prefill scores (M): quadratic": "prefill 分数（百万）：平方",
-        "head_dim": "head_dim", "dimension": "维度", "x0 (layer input)": "x0（层输入）",
-        "x1 = x0 + attention": "x1 = x0 + 注意力", "x2 = x1 + FFN": "x2 = x1 + FFN", "unsplit": "不切分",
-        "merged = Σ w_i O_i / Σ w_i": "合并 = Σ w_i O_i / Σ w_i", "softmax(logits)": "softmax(logits)",
-        "÷ temperature": "÷ 温度", "top-p → drawn from": "top-p → 从中抽样", "hit": "命中", "miss": "未命中",
-    },
+# Words drawn inside figures and tables: `viz` holds the English (its defaults), the Chinese is here.
+# Keys are "fig_" + the viz key; `figure_words(lang)` gives a view the mapping a viz function takes.
+ZH_FIGURE_WORDS = {
+    "query": "查询", "key": "键", "query_axis": "查询（每行 = 一步的 token）", "key_axis": "键（缓存位置）",
+    "cand_drawn": "抽中", "cand_token": "token", "cand_id": "id", "cand_p_raw": "softmax",
+    "cand_p_temperature": "÷ 温度", "cand_p_top_k": "top-k 后", "cand_p_top_p": "top-p 后",
+    "stage_p_raw": "softmax(logits)", "stage_p_temperature": "÷ 温度", "stage_p_top_k": "top-k",
+    "stage_p_top_p": "top-p → 从中抽样", "probability": "概率",
+    "step": "步", "phase": "阶段", "tokens_in": "输入 token 数", "cached_positions": "缓存位置数",
+    "kv_bytes_read": "读取的 K/V 字节", "forward_ms": "前向计算", "total_ms": "合计",
+    "phase_prefill": "prefill", "phase_decode": "decode",
+    "step_hover": "第 %{x} 步（%{customdata[0]}，%{customdata[1]} 个 token）：%{y:,.1f} 毫秒",
+    "ms": "毫秒", "ms_per_token": "每个 token 的毫秒数", "decode_step": "decode 步", "mib_per_step": "每步读取 MiB",
+    "kv_read_hover": "第 %{{x}} 步：{layers} 层共读取 %{{y:,.2f}} MiB 的 K/V",
+    "prefill_per_token": "prefill（{n} 个 token 一次算完），折合每个 token",
+    "decode_per_token": "decode，每步一个 token（{n} 步的中位数）",
+    "memory_floor": "decode 下限：读取字节数 ÷ 内存带宽",
+    "tokens": "token 数", "millions": "百万", "growth_kv": "KV 缓存（MiB）：线性",
+    "growth_scores": "prefill 注意力分数（百万）：平方", "context_limit": "上下文上限 {limit}",
+    "layer": "层", "residual_x0": "x0（层输入）", "residual_x1": "x1 = x0 + 注意力", "residual_x2": "x2 = x1 + FFN",
+    "norm_axis": "|x|（向量长度）", "dim": "维", "dimension": "维度",
+    "bt_logical": "逻辑块", "bt_physical": "物理块", "bt_positions": "位置", "bt_filled": "已填", "bt_tokens": "token",
+    "block_slot_hover": "块 %{y}，槽位 %{x}", "slot_axis": "槽位（块内偏移）", "physical_block": "物理块",
+    "in_use": "使用中", "cached_free": "已缓存、空闲", "empty": "空闲", "blocks": "块",
+    "dtype": "数据类型", "layout": "布局", "formula": "公式", "bytes_per_token": "每 token 字节数",
+    "bytes_for": "{n} 个 token 的字节数", "layout_gqa": "GQA（当前模型）", "layout_mha": "MHA（每个 Q 头一组 K/V）",
+    "align_position": "位置", "align_cached_token": "缓存中的 token", "align_cached_id": "缓存中的 id",
+    "align_new_id": "新 id", "align_new_token": "新 token", "align_same_id": "id 相同", "align_reused": "已复用",
+    "hits_block": "第 {i} 块（位置 {start}–{end}）", "hits_pos": "位置 {i}", "hit": "命中", "miss": "未命中",
+    "pol_policy": "策略", "pol_reused_tokens": "复用的 token", "pol_computed_tokens": "计算的 token",
+    "pol_prefill_saved": "节省的 prefill",
+    "policy_block": "块哈希（vLLM）", "policy_radix": "基数树（SGLang）", "policy_whole": "整段提示词（原文）",
+    "split": "段", "keys": "键", "count": "个数", "scores": "分数", "m_i": "m_i（最大分数）",
+    "weight": "权重 w_i/Σw", "o_i": "O_i（局部输出）", "empty_split": "（空）",
+    "merged": "合并", "unsplit": "不切分", "merge_diff": "|合并 − 不切分|",
+    "partial_name": "O_{i}（键 {start}–{end}，w={w}）", "merged_name": "合并 = Σ w_i O_i / Σ w_i",
 }
+EN.update({"fig_" + key: text for key, text in FIGURE_ENGLISH.items()})
+ZH.update({"fig_" + key: text for key, text in ZH_FIGURE_WORDS.items()})
 
 
-def translate_figure(fig, lang: str):
-    """Swap the English labels `viz` drew for `lang`'s (trace names, axis titles, bar texts)."""
-    terms = FIGURE_TERMS.get(lang)
-    if not terms:
-        return fig
-    for trace in fig.data:
-        if getattr(trace, "name", None) in terms:
-            trace.name = terms[trace.name]
-        text = getattr(trace, "text", None)
-        if isinstance(text, (list, tuple)) and text and all(isinstance(x, str) for x in text):
-            trace.text = [terms.get(x, x) for x in text]
-    for axis in ("xaxis", "yaxis", "yaxis2"):
-        layout_axis = getattr(fig.layout, axis, None)
-        title = getattr(getattr(layout_axis, "title", None), "text", None)
-        if title in terms:
-            layout_axis.title.text = terms[title]
-    return fig
+def figure_words(lang: str) -> dict[str, str]:
+    """The words a viz function draws, in `lang` (English where a translation is missing)."""
+    return {key: t("fig_" + key, lang) for key in FIGURE_ENGLISH}

@@ -6,11 +6,13 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from viz.style import OKABE_ITO, SEQUENTIAL, finish, position_ticks, window
+from viz.style import OKABE_ITO, SEQUENTIAL, finish, kv_head_color, position_ticks, window
+from viz.words import ENGLISH, Words
 
 
 def heatmap_figure(matrix: np.ndarray, labels: list[str], title: str = "", large: bool = False,
-                   value_name: str = "p", zmin: float | None = 0.0, zmax: float | None = None) -> go.Figure:
+                   value_name: str = "p", zmin: float | None = 0.0, zmax: float | None = None,
+                   words: Words = ENGLISH) -> go.Figure:
     """A causal attention matrix (query rows × key columns); the masked future is blank (NaN or −inf)."""
     n = matrix.shape[0]
     shown = window(n)
@@ -19,16 +21,19 @@ def heatmap_figure(matrix: np.ndarray, labels: list[str], title: str = "", large
     sub[future | ~np.isfinite(sub)] = np.nan  # the causal mask: a query never sees later keys, drawn blank
     ticks = position_ticks(labels, shown)
     fig = go.Figure(go.Heatmap(z=sub, x=ticks, y=ticks, colorscale=SEQUENTIAL, zmin=zmin, zmax=zmax,
-                               hovertemplate="query %{y}<br>key %{x}<br>" + value_name + " = %{z:.4f}<extra></extra>",
+                               hovertemplate=words["query"] + " %{y}<br>" + words["key"] + " %{x}<br>" + value_name
+                               + " = %{z:.3f}<extra></extra>",
                                colorbar=dict(title=value_name)))
-    fig.update_layout(yaxis=dict(autorange="reversed", title="query (row = one step's token)"),
-                      xaxis=dict(title="key (cached position)", tickangle=-60))
+    fig.update_layout(yaxis=dict(autorange="reversed", title=words["query_axis"]),
+                      xaxis=dict(title=words["key_axis"], tickangle=-60))
     return finish(fig, title, large, height=640)
 
 
 def head_grid_figure(rows: np.ndarray, labels: list[str], group: int, title: str = "",
                      large: bool = False) -> go.Figure:
-    """All Q heads' newest attention rows (q_heads × L), heads sharing a KV head drawn side by side."""
+    """All Q heads' newest attention rows (q_heads × L), heads sharing a KV head drawn side by side in
+    that KV head's colour (the GQA diagram's). One y range for all, up to the largest weight shown, so
+    the heads compare and a diffuse row is not flattened against an axis up to 1."""
     q_heads, length = rows.shape
     shown = window(length)
     cols = min(q_heads, 4)
@@ -37,11 +42,12 @@ def head_grid_figure(rows: np.ndarray, labels: list[str], group: int, title: str
                         vertical_spacing=0.12)
     ticks = position_ticks(labels, shown)
     for h in range(q_heads):
-        fig.add_trace(go.Bar(x=ticks, y=rows[h, shown], marker_color=OKABE_ITO["blue"] if (h // group) % 2 == 0
-                             else OKABE_ITO["orange"], hovertemplate="%{x}: %{y:.4f}<extra>Q" + str(h) + "</extra>",
+        fig.add_trace(go.Bar(x=ticks, y=rows[h, shown], marker_color=kv_head_color(h // group),
+                             hovertemplate="%{x}: %{y:.3f}<extra>Q" + str(h) + "</extra>",
                              showlegend=False), row=h // cols + 1, col=h % cols + 1)
     fig.update_xaxes(showticklabels=False)
-    fig.update_yaxes(range=[0, 1])
+    top = float(np.nanmax(rows[:, shown])) if length else 1.0
+    fig.update_yaxes(range=[0, 1.05 * top if top > 0 else 1.0])
     return finish(fig, title, large, height=180 * grid_rows + 60)
 
 
@@ -51,27 +57,46 @@ def newest_row_figure(row: np.ndarray, labels: list[str], title: str = "", large
     shown = window(len(row))
     ticks = position_ticks(labels, shown)
     fig = go.Figure(go.Bar(x=ticks, y=row[shown], marker_color=OKABE_ITO["vermillion"],
-                           hovertemplate="%{x}: %{y:.4f}<extra></extra>"))
+                           hovertemplate="%{x}: %{y:.3f}<extra></extra>"))
     fig.update_layout(xaxis=dict(tickangle=-60), yaxis=dict(title=value_name))
     return finish(fig, title, large, height=360)
 
 
 def gqa_figure(q_heads: int, kv_heads: int, title: str = "", large: bool = False) -> go.Figure:
-    """Lines from each Q head to the KV head it reads: q_heads / kv_heads Q heads share one K/V."""
+    """Lines from each Q head to the KV head it reads: q_heads / kv_heads Q heads share one K/V. Each KV
+    head and its lines have that head's colour, as in the all-heads chart."""
     group = q_heads // kv_heads
     fig = go.Figure()
     for h in range(q_heads):
         kv = h // group
         fig.add_trace(go.Scatter(x=[0, 1], y=[h, kv * group + (group - 1) / 2], mode="lines",
-                                 line=dict(color=OKABE_ITO["blue"] if kv % 2 == 0 else OKABE_ITO["orange"], width=2),
+                                 line=dict(color=kv_head_color(kv), width=2),
                                  hoverinfo="skip", showlegend=False))
     fig.add_trace(go.Scatter(x=[0] * q_heads, y=list(range(q_heads)), mode="markers+text",
                              text=[f"Q{h}" for h in range(q_heads)], textposition="middle left",
-                             marker=dict(size=12, color=OKABE_ITO["sky"]), showlegend=False, hoverinfo="skip"))
+                             marker=dict(size=12, color=OKABE_ITO["grey"]), showlegend=False, hoverinfo="skip"))
     fig.add_trace(go.Scatter(x=[1] * kv_heads, y=[k * group + (group - 1) / 2 for k in range(kv_heads)],
                              mode="markers+text", text=[f"K/V{k}" for k in range(kv_heads)],
-                             textposition="middle right", marker=dict(size=18, color=OKABE_ITO["green"], symbol="square"),
+                             textposition="middle right",
+                             marker=dict(size=18, color=[kv_head_color(k) for k in range(kv_heads)], symbol="square"),
                              showlegend=False, hoverinfo="skip"))
     fig.update_xaxes(visible=False, range=[-0.4, 1.4])
     fig.update_yaxes(visible=False, autorange="reversed")
     return finish(fig, title, large, height=max(220, 26 * q_heads + 60))
+
+
+def focused_head(rows: np.ndarray) -> tuple[int, int]:
+    """A (layer, head) whose attention shows a clear pattern, for the page to open on.
+
+    rows: (layers, q_heads, L) attention weights of one query (e.g. the newest). Among the middle half of
+    the layers (the first layers attend diffusely), the head that puts the most weight on one earlier
+    token in the cache: not position 0, where many heads park their weight (a "sink") and show nothing,
+    and not the query's own position. With fewer than 3 positions, (0, 0).
+    """
+    layers, _, length = rows.shape
+    if length < 3:
+        return 0, 0
+    lo, hi = layers // 4, max(layers // 4 + 1, (3 * layers) // 4)
+    focus = np.asarray(rows[lo:hi, :, 1:-1], dtype=float).max(-1)  # (hi - lo, q_heads)
+    layer, head = np.unravel_index(int(np.argmax(focus)), focus.shape)
+    return lo + int(layer), int(head)

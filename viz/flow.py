@@ -10,7 +10,10 @@ import plotly.graph_objects as go
 
 from engine.model import ModelInfo
 from engine.trace import StepTrace
-from viz.style import OKABE_ITO, finish
+from plotly.subplots import make_subplots
+
+from viz.style import DIVERGING, OKABE_ITO, finish
+from viz.words import ENGLISH, Words
 
 
 @dataclass(frozen=True)
@@ -45,24 +48,37 @@ def flow_rows(trace: StepTrace, info: ModelInfo) -> list[FlowRow]:
     return rows
 
 
-def residual_figure(residual: np.ndarray, title: str = "", large: bool = False) -> go.Figure:
-    """‖x0‖, ‖x1‖, ‖x2‖ per layer at the predicting position: two adds per layer, the second onto x1."""
+def residual_figure(residual: np.ndarray, title: str = "", large: bool = False, words: Words = ENGLISH) -> go.Figure:
+    """|x0|, |x1|, |x2| (vector lengths) per layer at the predicting position: two adds per layer, the
+    second onto x1. Labels use plain "|x|": "‖" is missing from many fonts and draws as a box."""
     norms = np.linalg.norm(residual, axis=-1)  # (layers, 3)
     layers = list(range(norms.shape[0]))
     fig = go.Figure()
-    for i, (name, color) in enumerate((("x0 (layer input)", OKABE_ITO["grey"]), ("x1 = x0 + attention", OKABE_ITO["sky"]),
-                                       ("x2 = x1 + FFN", OKABE_ITO["vermillion"]))):
-        fig.add_scatter(x=layers, y=norms[:, i], mode="lines+markers", name=name, line=dict(color=color))
-    fig.update_layout(xaxis=dict(title="layer", dtick=1 if len(layers) <= 32 else None), yaxis=dict(title="‖x‖"),
-                      legend=dict(orientation="h", y=-0.2))
+    colors = {"x0": OKABE_ITO["grey"], "x1": OKABE_ITO["sky"], "x2": OKABE_ITO["vermillion"]}
+    for i, (key, color) in enumerate(colors.items()):
+        fig.add_scatter(x=layers, y=norms[:, i], mode="lines+markers", name=words["residual_" + key],
+                        line=dict(color=color), hovertemplate=words["layer"] + " %{x}: |" + key + "| = %{y:,.1f}")
+    fig.update_layout(xaxis=dict(title=words["layer"], dtick=1 if len(layers) <= 32 else None),
+                      yaxis=dict(title=words["norm_axis"]), legend=dict(orientation="h", y=-0.2))
     return finish(fig, title, large, height=340)
 
 
-def vector_figure(vectors: dict[str, np.ndarray], title: str = "", large: bool = False) -> go.Figure:
-    """Vectors as colour strips (one row each): e.g. the final hidden state and the next input's embedding row."""
+def vector_figure(vectors: dict[str, np.ndarray], title: str = "", large: bool = False,
+                  words: Words = ENGLISH) -> go.Figure:
+    """Vectors as colour strips, one row each (e.g. the final hidden state and the next input's embedding row).
+
+    Each row has its own symmetric colour scale (±its largest |value|): the vectors differ in size by an
+    order of magnitude, and on a shared scale the smaller one would look blank. Hover shows true values.
+    """
     names = list(vectors)
-    z = np.stack([vectors[n] for n in names])
-    fig = go.Figure(go.Heatmap(z=z, y=names, colorscale="RdBu", zmid=0,
-                               hovertemplate="%{y}<br>dim %{x}: %{z:.4f}<extra></extra>"))
-    fig.update_layout(xaxis=dict(title="dimension"))
-    return finish(fig, title, large, height=120 + 40 * len(names))
+    fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, vertical_spacing=0.25 / max(1, len(names)),
+                        subplot_titles=[f"{n} (±{float(np.abs(vectors[n]).max()):,.2f})" for n in names])
+    for i, name in enumerate(names):
+        v = np.asarray(vectors[name], dtype=float)
+        top = float(np.abs(v).max()) or 1.0
+        fig.add_trace(go.Heatmap(z=v[None, :], y=[""], colorscale=DIVERGING, zmin=-top, zmax=top, name=name,
+                                 showscale=False,
+                                 hovertemplate=name + "<br>" + words["dim"] + " %{x}: %{z:.3f}<extra></extra>"),
+                      row=i + 1, col=1)
+    fig.update_xaxes(title=words["dimension"], row=len(names), col=1)
+    return finish(fig, title, large, height=120 + 90 * len(names))

@@ -5,28 +5,35 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.colors import sample_colorscale
 
 from engine.model import ModelInfo
-from viz.style import OKABE_ITO, SEQUENTIAL, finish, position_ticks, window
+from viz.style import OKABE_ITO, SEQUENTIAL, finish, fmt_bytes, position_ticks, readable, text_color_on, window
+from viz.words import ENGLISH, Words
+
+SLOT_TEXT_SIZE = 12  # px; 15 on a projector
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
 
 
-def block_table_frame(block_table: list[int], length: int, block_size: int, labels: list[str]) -> pd.DataFrame:
-    """Logical block → physical block, the positions it covers and the tokens whose K/V it holds."""
+def block_table_frame(block_table: list[int], length: int, block_size: int, labels: list[str],
+                      words: Words = ENGLISH) -> pd.DataFrame:
+    """Logical block → physical block, the positions it covers and the tokens whose K/V it holds.
+    Headers from `words` (keys bt_logical, bt_physical, …)."""
     rows = []
     for logical, physical in enumerate(block_table):
         start = logical * block_size
         end = min(start + block_size, length)
         rows.append({"logical": logical, "physical": physical, "positions": f"{start}–{end - 1}" if end > start else "–",
                      "filled": f"{max(0, end - start)}/{block_size}", "tokens": " ".join(labels[start:end])})
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows, columns=["logical", "physical", "positions", "filled", "tokens"])
+    return frame.rename(columns={c: words["bt_" + c] for c in frame.columns})
 
 
 def pool_figure(block_table: list[int], length: int, block_size: int, num_blocks: int, labels: list[str],
-                title: str = "", large: bool = False, spare: int = 3) -> go.Figure:
+                title: str = "", large: bool = False, spare: int = 3, words: Words = ENGLISH) -> go.Figure:
     """Physical blocks as rows of slots (up to the highest one in use, plus a few free ones); a slot
-    shows the token whose K/V it stores."""
+    shows the token whose K/V it stores, "position:token", in black or white, whichever reads on its cell."""
     owner = {physical: logical for logical, physical in enumerate(block_table)}
     shown = min(num_blocks, max(block_table, default=-1) + 1 + spare)
     z = np.full((shown, block_size), np.nan)
@@ -40,15 +47,22 @@ def pool_figure(block_table: list[int], length: int, block_size: int, num_blocks
             if position < length:
                 z[physical, offset] = logical
                 text[physical][offset] = f"{position}:{labels[position]}"
-    fig = go.Figure(go.Heatmap(z=z, text=text, texttemplate="%{text}", colorscale=SEQUENTIAL, showscale=False,
-                               xgap=2, ygap=2, hovertemplate="block %{y}, slot %{x}<br>%{text}<extra></extra>"))
-    fig.update_layout(xaxis=dict(title="slot (offset in block)", dtick=1),
-                      yaxis=dict(title="physical block", autorange="reversed", dtick=1))
+    top = max(1, len(block_table) - 1)
+    fig = go.Figure(go.Heatmap(z=z, text=text, colorscale=SEQUENTIAL, zmin=0, zmax=top, showscale=False,
+                               xgap=2, ygap=2, hovertemplate=words["block_slot_hover"] + "<br>%{text}<extra></extra>"))
+    cells = [(b, o) for b in range(shown) for o in range(block_size) if text[b][o]]
+    backgrounds = sample_colorscale(SEQUENTIAL, [z[b, o] / top for b, o in cells])
+    fig.add_trace(go.Scatter(x=[o for _, o in cells], y=[b for b, _ in cells], mode="text",
+                             text=[text[b][o] for b, o in cells], hoverinfo="skip", showlegend=False,
+                             textfont=dict(size=SLOT_TEXT_SIZE + (3 if large else 0),
+                                           color=[text_color_on(c) for c in backgrounds])))
+    fig.update_layout(xaxis=dict(title=words["slot_axis"], dtick=1),
+                      yaxis=dict(title=words["physical_block"], autorange="reversed", dtick=1))
     return finish(fig, title, large, height=min(900, 120 + 30 * shown))
 
 
 def kv_bytes_frame(info: ModelInfo, length: int) -> pd.DataFrame:
-    """Bytes per token and for `length` tokens: as loaded (GQA) and as MHA would need, by dtype."""
+    """Bytes per token and for `length` tokens: as loaded (GQA) and as MHA would need, by dtype (numbers)."""
     rows = []
     for dtype, size in DTYPE_BYTES.items():
         for layout, kv_heads in (("GQA (as loaded)", info.kv_heads), ("MHA (one K/V per Q head)", info.q_heads)):
@@ -59,22 +73,35 @@ def kv_bytes_frame(info: ModelInfo, length: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def kv_values_figure(values: np.ndarray, labels: list[str], title: str = "", large: bool = False) -> go.Figure:
+def kv_bytes_table(info: ModelInfo, length: int, words: Words = ENGLISH) -> pd.DataFrame:
+    """`kv_bytes_frame` for people: bytes with separators and units, headers and layouts in `words`."""
+    frame = kv_bytes_frame(info, length)
+    total = f"bytes for {length} tokens"
+    layouts = {"GQA (as loaded)": words["layout_gqa"], "MHA (one K/V per Q head)": words["layout_mha"]}
+    headers = {"dtype": words["dtype"], "layout": words["layout"], "kv_heads": "kv_heads", "formula": words["formula"],
+               "bytes per token": words["bytes_per_token"], total: words["bytes_for"].format(n=f"{length:,}")}
+    return readable(frame, headers, {"layout": layouts.get, "bytes per token": fmt_bytes, total: fmt_bytes})
+
+
+def kv_values_figure(values: np.ndarray, labels: list[str], title: str = "", large: bool = False,
+                     words: Words = ENGLISH) -> go.Figure:
     """One layer's cached K (or V) for one KV head: positions × head_dim numbers. Not tokens, not ids."""
     shown = window(values.shape[0])
     ticks = position_ticks(labels, shown)
     fig = go.Figure(go.Heatmap(z=values[shown], y=ticks, colorscale="RdBu", zmid=0,
-                               hovertemplate="%{y}<br>dim %{x}: %{z:.4f}<extra></extra>"))
+                               hovertemplate="%{y}<br>" + words["dim"] + " %{x}: %{z:.3f}<extra></extra>"))
     fig.update_layout(xaxis=dict(title="head_dim"), yaxis=dict(autorange="reversed"))
     return finish(fig, title, large, height=min(700, 120 + 14 * len(ticks)))
 
 
-def occupancy_bar(used: int, cached: int, total: int, title: str = "", large: bool = False) -> go.Figure:
+def occupancy_bar(used: int, cached: int, total: int, title: str = "", large: bool = False,
+                  words: Words = ENGLISH) -> go.Figure:
     free = total - used - cached
     fig = go.Figure()
-    for name, value, color in (("in use", used, OKABE_ITO["vermillion"]), ("cached, free", cached, OKABE_ITO["green"]),
-                               ("empty", free, OKABE_ITO["grey"])):
-        fig.add_bar(x=[value], y=["blocks"], orientation="h", name=name, marker_color=color,
+    for key, value, color in (("in_use", used, OKABE_ITO["vermillion"]), ("cached_free", cached, OKABE_ITO["green"]),
+                              ("empty", free, OKABE_ITO["grey"])):
+        name = words[key]
+        fig.add_bar(x=[value], y=[words["blocks"]], orientation="h", name=name, marker_color=color,
                     hovertemplate=f"{name}: %{{x}}<extra></extra>")
     fig.update_layout(barmode="stack", xaxis=dict(range=[0, total]), legend=dict(orientation="h"))
     return finish(fig, title, large, height=160)

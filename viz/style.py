@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Mapping
+
+import pandas as pd
 import plotly.graph_objects as go
 
 OKABE_ITO = {
@@ -42,3 +46,92 @@ def finish(fig: go.Figure, title: str = "", large: bool = False, height: int | N
     if height:
         fig.update_layout(height=height)
     return fig
+
+
+# -- colours per K/V head -------------------------------------------------------------------------
+
+# Okabe–Ito, most distinct first: up to 8 KV heads get 8 colours a colour-blind reader can tell apart.
+KV_HEAD_COLORS = [OKABE_ITO[c] for c in ("blue", "orange", "green", "vermillion", "sky", "purple", "yellow", "black")]
+
+
+def kv_head_color(kv_head: int) -> str:
+    """The colour of one K/V head (and of the Q heads that read it), the same in every chart."""
+    return KV_HEAD_COLORS[kv_head % len(KV_HEAD_COLORS)]
+
+
+def relative_luminance(color: str) -> float:
+    """WCAG relative luminance of "#rrggbb" or "rgb(r, g, b)", 0 (black) to 1 (white)."""
+    if color.startswith("#"):
+        channels = [int(color[i:i + 2], 16) for i in (1, 3, 5)]
+    else:
+        channels = [float(x) for x in color[color.index("(") + 1:color.index(")")].split(",")[:3]]
+    linear = [(c / 255) / 12.92 if c / 255 <= 0.03928 else ((c / 255 + 0.055) / 1.055) ** 2.4 for c in channels]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+def contrast_ratio(a: str, b: str) -> float:
+    """WCAG contrast ratio of two colours, 1 to 21 (4.5 is enough for normal text)."""
+    high, low = sorted((relative_luminance(a), relative_luminance(b)), reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
+def text_color_on(background: str) -> str:
+    """Black or white, whichever reads better on `background`."""
+    return "#000000" if contrast_ratio(background, "#000000") >= contrast_ratio(background, "#ffffff") else "#ffffff"
+
+
+# -- numbers for people ---------------------------------------------------------------------------
+
+
+def fmt_int(n) -> str:
+    """12345 → "12,345"."""
+    return f"{int(n):,}"
+
+
+def fmt_float(x, decimals: int = 3) -> str:
+    """A float with thousands separators and `decimals` decimals; missing or infinite values as "–"."""
+    if x is None or not math.isfinite(float(x)):
+        return "–"
+    return f"{float(x):,.{decimals}f}"
+
+
+def fmt_ms(x) -> str:
+    """Milliseconds: 2 decimals below 10 ms, 1 below 1,000 ms, none above."""
+    x = float(x)
+    return f"{x:,.{2 if x < 10 else 1 if x < 1000 else 0}f} ms"
+
+
+def fmt_percent(p) -> str:
+    """A probability as a percentage: 2 decimals below 10 %, 1 above."""
+    value = 100 * float(p)
+    return f"{value:.{2 if value < 10 else 1}f}%"
+
+
+def fmt_size(n) -> str:
+    """Bytes with a binary prefix: 114688 → "112 KiB", 114688000 → "109.4 MiB"."""
+    n = int(n)
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:,.{0 if n % size == 0 else 1}f} {unit}"
+    return f"{n:,} B"
+
+
+def fmt_bytes(n) -> str:
+    """Exact bytes with separators, and the size: 114688 → "114,688 B (112 KiB)"."""
+    n = int(n)
+    return f"{n:,} B" if n < 2**10 else f"{n:,} B ({fmt_size(n)})"
+
+
+def readable(frame: pd.DataFrame, words: Mapping[str, str], formats: Mapping[str, Callable] | None = None
+             ) -> pd.DataFrame:
+    """A table for people: each column's values through `formats[column]` (when given), and its header
+    `words[column]` (the column's own name when the words have none)."""
+    formats = formats or {}
+    out = pd.DataFrame({column: frame[column].map(formats[column]) if column in formats else frame[column]
+                        for column in frame.columns})
+    return out.rename(columns={c: words.get(c, c) for c in frame.columns})
+
+
+def check_mark(value: bool) -> str:
+    """A yes/no cell in any language: ✓ or empty."""
+    return "✓" if value else ""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from ui.context import ViewContext
-from ui.views.common import figure, layer_head_pickers, titled
+from ui.views.common import figure, layer_head_pickers, titled, words
 from viz.attention import gqa_figure, head_grid_figure, heatmap_figure, newest_row_figure
 
 
@@ -20,7 +20,7 @@ def render(ctx: ViewContext) -> None:
     value = "s = q·k/√d" if show_scores else "a = softmax(s)"
     labels = ctx.labels
     figure(heatmap_figure(matrix, labels, ctx.t("heatmap_title", layer=layer, head=head, kv=head // info.gqa_group),
-                          ctx.large, value_name=value, zmin=None if show_scores else 0.0),
+                          ctx.large, value_name=value, zmin=None if show_scores else 0.0, words=words(ctx)),
            f"attention-L{layer}-H{head}")
     st.caption(ctx.t("heatmap_note", n=matrix.shape[0]))
     trace = ctx.trace

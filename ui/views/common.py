@@ -7,11 +7,16 @@ import streamlit as st
 
 from ui import strings
 from ui.context import ViewContext
+from viz.attention import focused_head
+
+
+def words(ctx: ViewContext) -> dict[str, str]:
+    """The words viz functions draw into figures and tables, in the page's language."""
+    return strings.figure_words(ctx.state.lang)
 
 
 def figure(fig: go.Figure, name: str) -> None:
-    """Draw a figure in the page's language; Plotly's toolbar saves it as a PNG named `name`."""
-    strings.translate_figure(fig, st.session_state.get("w_lang", "en"))
+    """Draw a figure (viz drew it in the page's language); Plotly's toolbar saves it as a PNG named `name`."""
     st.plotly_chart(fig, width="stretch", config={"toImageButtonOptions": {"format": "png", "filename": name},
                                                    "displaylogo": False})
 
@@ -23,6 +28,7 @@ def table(frame, key: str | None = None) -> None:
 def layer_head_pickers(ctx: ViewContext, heads: bool = True) -> tuple[int, int]:
     """Layer (and head) selectors bound to the link's `layer` and `head`."""
     info = ctx.model.info
+    open_on_focused_head(ctx)
     columns = st.columns(2)
     with columns[0]:
         layer = st.number_input(ctx.t("layer"), 0, info.layers - 1, key="w_layer", step=1)
@@ -32,6 +38,18 @@ def layer_head_pickers(ctx: ViewContext, heads: bool = True) -> tuple[int, int]:
             head = st.number_input(ctx.t("head"), 0, info.q_heads - 1, key="w_head", step=1,
                                    help=ctx.t("head_help", group=info.gqa_group))
     return int(layer), int(head)
+
+
+def open_on_focused_head(ctx: ViewContext) -> None:
+    """Once per browser session, when the link chose no layer or head and nobody has picked one, start the
+    pickers on a head whose attention shows a pattern (layer 0, head 0 is usually diffuse)."""
+    if st.session_state.get("focused_head_chosen") or ctx.trace is None or ctx.trace.attention is None:
+        return
+    st.session_state["focused_head_chosen"] = True
+    if "layer" in st.query_params or "head" in st.query_params or (ctx.state.layer, ctx.state.head) != (0, 0):
+        return
+    layer, head = focused_head(ctx.trace.attention[:, :, -1].float().numpy())
+    st.session_state["w_layer"], st.session_state["w_head"] = layer, head
 
 
 def titled(ctx: ViewContext, title_key: str) -> bool:

@@ -6,8 +6,9 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from ui import safe
 from ui.context import ViewContext
-from ui.views.common import figure, titled
+from ui.views.common import figure, titled, words
 from viz.flow import flow_rows, residual_figure, vector_figure
 
 
@@ -16,20 +17,25 @@ def render(ctx: ViewContext) -> None:
     if not titled(ctx, "flow_title"):
         return
     trace = ctx.trace
-    rows = [{ctx.t("flow_stage"): ctx.t("flow_stage_" + r.key, **r.facts), ctx.t("flow_shape"): r.shape,
-             ctx.t("flow_note_col"): ctx.t("flow_note_" + r.key, **r.facts)} for r in flow_rows(trace, info)]
+    rows = []
+    for r in flow_rows(trace, info):
+        facts = {k: ctx.t("yes" if v else "no") if isinstance(v, bool) else v for k, v in r.facts.items()}
+        rows.append({ctx.t("flow_stage"): ctx.t("flow_stage_" + r.key, **facts), ctx.t("flow_shape"): r.shape,
+                     ctx.t("flow_note_col"): ctx.t("flow_note_" + r.key, **facts)})
     st.table(pd.DataFrame(rows).set_index(ctx.t("flow_stage")))
     new = ctx.cells[-1]
     left, right = st.columns(2)
     with left:
-        st.markdown(ctx.t("path_text", id=trace.token_id, text=new.text, piece=trace.text or "∅"))
+        st.markdown(ctx.t("path_text", id=trace.token_id, text=safe.text(new.text),
+                          piece=safe.text(trace.text or "∅")))
     with right:
         st.markdown(ctx.t("path_embedding", id=trace.token_id, vocab=info.vocab, hidden=info.hidden))
     st.caption(ctx.t("flow_note"))
-    figure(residual_figure(trace.residual.numpy(), ctx.t("residual_title", adds=2 * info.layers), ctx.large),
+    figure(residual_figure(trace.residual.numpy(), ctx.t("residual_title", adds=2 * info.layers), ctx.large,
+                           words(ctx)),
            "residual-stream")
     vectors = {ctx.t("vec_final"): trace.final_hidden.numpy(),
                ctx.t("vec_next", id=trace.token_id): trace.next_input_embedding.numpy()}
-    figure(vector_figure(vectors, ctx.t("vectors_title"), ctx.large), "final-vs-next-input")
+    figure(vector_figure(vectors, ctx.t("vectors_title"), ctx.large, words(ctx)), "final-vs-next-input")
     different = float(np.abs(vectors[ctx.t("vec_final")] - vectors[ctx.t("vec_next", id=trace.token_id)]).max())
     st.caption(ctx.t("vectors_note", diff=different))

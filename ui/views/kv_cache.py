@@ -5,8 +5,9 @@ from __future__ import annotations
 import streamlit as st
 
 from ui.context import ViewContext
-from ui.views.common import figure, layer_head_pickers, table, titled
-from viz.kv_cache import block_table_frame, kv_bytes_frame, kv_values_figure, occupancy_bar, pool_figure
+from ui.views.common import figure, layer_head_pickers, table, titled, words
+from viz.kv_cache import block_table_frame, kv_bytes_table, kv_values_figure, occupancy_bar, pool_figure
+from viz.style import fmt_int, fmt_size
 
 
 def render(ctx: ViewContext) -> None:
@@ -21,14 +22,15 @@ def render(ctx: ViewContext) -> None:
     c1, c2, c3 = st.columns(3)
     c1.metric(ctx.t("cached_positions"), length)
     c2.metric(ctx.t("blocks_used"), f"{len(trace.block_table)} × {size}")
-    c3.metric(ctx.t("bytes_total"), f"{length * info.kv_bytes_per_token / 2**20:.2f} MiB",
-              help=ctx.t("bytes_help", per=info.kv_bytes_per_token))
+    c3.metric(ctx.t("bytes_total"), fmt_size(length * info.kv_bytes_per_token),
+              help=ctx.t("bytes_help", per=fmt_int(info.kv_bytes_per_token)))
     in_use = len(trace.block_table)
-    figure(occupancy_bar(in_use, ctx.runner.cached_free_blocks(), pool.num_blocks, ctx.t("pool_title", total=pool.num_blocks), ctx.large),
+    figure(occupancy_bar(in_use, ctx.runner.cached_free_blocks(), pool.num_blocks,
+                         ctx.t("pool_title", total=pool.num_blocks), ctx.large, words=words(ctx)),
            "pool-occupancy")
-    figure(pool_figure(trace.block_table, length, size, pool.num_blocks, ctx.labels, ctx.t("blocks_title"), ctx.large),
-           "kv-blocks")
-    table(block_table_frame(trace.block_table, length, size, ctx.labels))
+    figure(pool_figure(trace.block_table, length, size, pool.num_blocks, ctx.labels, ctx.t("blocks_title"), ctx.large,
+                       words=words(ctx)), "kv-blocks")
+    table(block_table_frame(trace.block_table, length, size, ctx.labels, words(ctx)))
     st.markdown(ctx.t("stored", layers=info.layers, kv=info.kv_heads, d=info.head_dim))
     st.markdown(ctx.t("not_stored"))
     layer, head = layer_head_pickers(ctx)
@@ -37,7 +39,8 @@ def render(ctx: ViewContext) -> None:
     which = st.radio(ctx.t("k_or_v"), ["K", "V"], horizontal=True, key="w_kv")
     values = (k if which == "K" else v)[:, kv_head].float().cpu().numpy()
     figure(kv_values_figure(values, ctx.labels, ctx.t("values_title", which=which, layer=layer, kv=kv_head,
-                                                      head=head), ctx.large), f"{which}-L{layer}-KV{kv_head}")
+                                                      head=head), ctx.large, words(ctx)),
+           f"{which}-L{layer}-KV{kv_head}")
     st.markdown(ctx.t("bytes_title"))
-    table(kv_bytes_frame(info, length))
+    table(kv_bytes_table(info, length, words(ctx)))
     st.caption(ctx.t("private_cache"))

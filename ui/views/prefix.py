@@ -5,8 +5,8 @@ from __future__ import annotations
 import streamlit as st
 
 from ui.context import ViewContext
-from ui.views.common import figure, table
-from viz.prefix import alignment_frame, hits_figure, policy_frame
+from ui.views.common import figure, table, words
+from viz.prefix import alignment_frame, alignment_table, hits_figure, policy_frame, policy_table
 from viz.tokens import token_cells, visible
 
 CASE_CACHED = "解释什么是Transformer"
@@ -29,10 +29,12 @@ def render(ctx: ViewContext) -> None:
     m1.metric(ctx.t("reused"), hit.reused_tokens)
     m2.metric(ctx.t("computed"), hit.computed_tokens)
     m3.metric(ctx.t("first_difference"), "–" if hit.first_difference is None else hit.first_difference)
-    figure(hits_figure(hit.hits, hit.unit, ctx.state.block_size, ctx.t("hits_title", policy=hit.policy), ctx.large),
+    policy = ctx.t("policy_" + hit.policy)
+    figure(hits_figure(hit.hits, hit.unit, ctx.state.block_size, ctx.t("hits_title", policy=policy), ctx.large,
+                       words(ctx)),
            "prefix-hits")
     st.markdown(ctx.t("policies_title"))
-    table(policy_frame(ctx.runner.policy_reuse(), n))
+    table(policy_table(policy_frame(ctx.runner.policy_reuse(), n), words(ctx)))
     st.caption(ctx.t("policies_note"))
     cached = ctx.runner.closest_cached()
     if cached is None:
@@ -41,7 +43,8 @@ def render(ctx: ViewContext) -> None:
     tokenizer = ctx.model.tokenizer
     cached_labels = [visible(c.text) for c in token_cells(tokenizer, cached, [])]
     new_labels = ctx.labels[:n]
-    table(alignment_frame(cached, ctx.runner.prompt_ids, cached_labels, new_labels, hit.reused_tokens))
+    table(alignment_table(alignment_frame(cached, ctx.runner.prompt_ids, cached_labels, new_labels, hit.reused_tokens),
+                          words(ctx)))
     st.caption(ctx.t("evictions", count=len(ctx.runner.cache.evictions)))
 
 

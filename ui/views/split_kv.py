@@ -6,8 +6,8 @@ import streamlit as st
 
 from engine.split_kv import worked_example
 from ui.context import ViewContext
-from ui.views.common import figure, layer_head_pickers, table
-from viz.split_kv import merge_frame, split_figure, split_frame, worked_example_frame
+from ui.views.common import figure, layer_head_pickers, table, words
+from viz.split_kv import merge_table, split_figure, split_table, worked_example_frame
 
 
 def render(ctx: ViewContext) -> None:
@@ -16,7 +16,7 @@ def render(ctx: ViewContext) -> None:
     with st.expander(ctx.t("example_title"), expanded=ctx.trace is None):
         example = worked_example()
         st.markdown(ctx.t("example_setup", q=example.query, keys=example.keys, values=example.values))
-        table(worked_example_frame(example))
+        table(worked_example_frame(example, words(ctx)))
         st.markdown(ctx.t("example_result", merged=[round(x, 3) for x in example.merged],
                           unsplit=[round(x, 3) for x in example.unsplit],
                           diff=max(abs(a - b) for a, b in zip(example.merged, example.unsplit))))
@@ -33,9 +33,9 @@ def render(ctx: ViewContext) -> None:
     c1, c2, c3 = st.columns(3)
     c1.metric(ctx.t("splits"), splits)
     c2.metric(ctx.t("cached_positions"), ctx.trace.context_length)
-    c3.metric("max |merged − unsplit|", f"{diff:.2e}")
-    table(split_frame(split, layer, head))
-    figure(split_figure(split, layer, head, ctx.t("split_fig", layer=layer, head=head), ctx.large),
+    c3.metric(ctx.t("max_diff"), f"{diff:.1e}")
+    table(split_table(split, layer, head, words(ctx)))
+    figure(split_figure(split, layer, head, ctx.t("split_fig", layer=layer, head=head), ctx.large, words(ctx)),
            f"split-L{layer}-H{head}")
     with st.expander(ctx.t("merge_table")):
-        table(merge_frame(split, layer, head))
+        table(merge_table(split, layer, head, words(ctx)))

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import html
 import json
 
 import streamlit as st
 
+from engine.prompt import prompt_segments
+from ui import safe
 from ui.context import ViewContext
-from ui.views.common import figure
-from viz.candidates import candidates_figure, candidates_frame
+from ui.views.common import figure, words
+from viz.candidates import candidates_figure, candidates_table
 from viz.tokens import token_frame, token_stream_html
+
+TEMPLATE_STYLE = "background:#8882;border:1px dashed #888;border-radius:4px;color:#666"
 
 
 def phase_line(ctx: ViewContext) -> str:
@@ -36,18 +41,31 @@ def render(ctx: ViewContext) -> None:
             # st.code keeps the text exactly (st.text would dedent and strip it); it drops one leading
             # and one trailing newline, so we add them.
             st.code("\n" + prompt + answer + "\n", language=None, wrap_lines=True)
+        if st.toggle(ctx.t("show_template"), key="w_show_template", help=ctx.t("show_template_help")):
+            wrapped_prompt(ctx)
     with right:
         if ctx.trace is None:
             return
-        st.markdown(f"**{ctx.t('candidates_title', token=ctx.cells[-1].text)}**")
-        frame = candidates_frame(ctx.trace)
-        st.dataframe(frame[["token", "id", "p_raw", "p_temperature", "p_top_k", "p_top_p", "drawn"]], hide_index=True,
-                     key="candidates", height=36 * (len(frame) + 1) + 4,
-                     column_config={c: st.column_config.NumberColumn(format="%.4f")
-                                    for c in ("p_raw", "p_temperature", "p_top_k", "p_top_p")})
+        st.markdown(f"**{ctx.t('candidates_title', token=safe.text(ctx.cells[-1].text))}**")
+        frame = candidates_table(ctx.trace, words(ctx))  # the drawn ✓ first: a narrow column never hides it
+        st.dataframe(frame, hide_index=True, key="candidates", height=36 * (len(frame) + 1) + 4)
         with st.expander(ctx.t("candidates_fig")):
-            figure(candidates_figure(ctx.trace, ctx.t("candidates_fig"), ctx.large), "candidates")
+            figure(candidates_figure(ctx.trace, ctx.t("candidates_fig"), ctx.large, words(ctx)), "candidates")
         downloads(ctx)
+
+
+def wrapped_prompt(ctx: ViewContext) -> None:
+    """The prompt as the model reads it: the chat template's text boxed in grey, the user's text plain.
+
+    st.html renders no Markdown or LaTeX, and every piece is escaped, so the user's text shows as text.
+    """
+    config = ctx.runner.config
+    pieces = []
+    for segment in prompt_segments(ctx.model, config.prompt, config.chat):
+        style = TEMPLATE_STYLE if segment.kind == "template" else ""
+        pieces.append(f'<span class="kv-{segment.kind}" style="{style}">{html.escape(segment.text)}</span>')
+    st.html(f'<div style="font-family:monospace;white-space:pre-wrap;line-height:1.9">{"".join(pieces)}</div>')
+    st.caption(ctx.t("template_legend" if config.chat else "template_off"))
 
 
 def downloads(ctx: ViewContext) -> None:

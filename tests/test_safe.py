@@ -98,3 +98,21 @@ def test_the_models_own_token_shows_as_text(monkeypatch, embedded_model):
     shown = markdown_shown(at)
     assert sum(safe.text(PHISHING) in m for m in shown) >= 2, shown  # "Why …?" and "Path 1 → the user"
     assert not any("](https://evil" in m for m in shown if "kv-stream" not in m)
+
+
+PLOTLY_TAGS = re.compile(r"<\s*/?\s*(a|b|i|br|span|sub|sup|em|s|u)\b", re.IGNORECASE)
+
+
+def test_token_text_in_figure_labels_is_not_plotly_markup():
+    """Plotly reads <a href>, <b>, <br>, <span style> inside labels: a token's text must reach it escaped."""
+    import numpy as np
+
+    from viz.attention import heatmap_figure
+    from viz.kv_cache import pool_figure
+
+    labels = ['<a href="https://evil.example">log in</a>', "<b>bold</b>", "x<br>y", "plain"]
+    heat = heatmap_figure(np.full((4, 4), 0.25), labels)
+    pool = pool_figure([0], 4, 4, 2, labels)
+    shown = list(heat.data[0].x) + list(heat.data[0].y) + [t for row in pool.data[0].text for t in row]
+    assert not [s for s in shown if PLOTLY_TAGS.search(s)], shown
+    assert "0:&lt;a href=\"https://evil.example\"&gt;log in&lt;/a&gt;" in list(heat.data[0].x)

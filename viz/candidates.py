@@ -6,7 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from engine.trace import StepTrace
-from viz.style import OKABE_ITO, check_mark, finish, fmt_percent, readable
+from viz.style import OKABE_ITO, check_mark, finish, fmt_percent, plotly_text, readable
 from viz.tokens import visible
 from viz.words import ENGLISH, Words
 
@@ -32,7 +32,7 @@ def candidates_table(trace: StepTrace, words: Words = ENGLISH) -> pd.DataFrame:
 
 def candidates_figure(trace: StepTrace, title: str = "", large: bool = False, words: Words = ENGLISH) -> go.Figure:
     frame = candidates_frame(trace)
-    labels = [f"{'▶ ' if d else ''}{t} ({i})" for t, i, d in zip(frame["token"], frame["id"], frame["drawn"])]
+    labels = [f"{'▶ ' if d else ''}{plotly_text(t)} ({i})" for t, i, d in zip(frame["token"], frame["id"], frame["drawn"])]
     colors = [OKABE_ITO["grey"], OKABE_ITO["sky"], OKABE_ITO["blue"], OKABE_ITO["vermillion"]]
     fig = go.Figure()
     for column, color in zip(STAGES, colors):

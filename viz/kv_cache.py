@@ -8,7 +8,8 @@ import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 
 from engine.model import ModelInfo
-from viz.style import OKABE_ITO, SEQUENTIAL, finish, fmt_bytes, position_ticks, readable, text_color_on, window
+from viz.style import (OKABE_ITO, SEQUENTIAL, finish, fmt_bytes, plotly_text, position_ticks, readable, text_color_on,
+                        window)
 from viz.words import ENGLISH, Words
 
 SLOT_TEXT_SIZE = 12  # px; 15 on a projector
@@ -46,7 +47,7 @@ def pool_figure(block_table: list[int], length: int, block_size: int, num_blocks
             position = logical * block_size + offset
             if position < length:
                 z[physical, offset] = logical
-                text[physical][offset] = f"{position}:{labels[position]}"
+                text[physical][offset] = f"{position}:{plotly_text(labels[position])}"
     top = max(1, len(block_table) - 1)
     fig = go.Figure(go.Heatmap(z=z, text=text, colorscale=SEQUENTIAL, zmin=0, zmax=top, showscale=False,
                                xgap=2, ygap=2, hovertemplate=words["block_slot_hover"] + "<br>%{text}<extra></extra>"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import math
 from collections.abc import Callable, Mapping
 
@@ -31,7 +32,13 @@ def window(n: int, size: int = MAX_POSITIONS) -> slice:
 
 def position_ticks(labels: list[str], shown: slice) -> list[str]:
     """Axis labels "position:token" for the positions in `shown`."""
-    return [f"{i}:{labels[i]}" for i in range(shown.start, shown.stop)]
+    return [f"{i}:{plotly_text(labels[i])}" for i in range(shown.start, shown.stop)]
+
+
+def plotly_text(text: str) -> str:
+    """A token's text inside a Plotly label, shown as text: Plotly reads tags such as <a href>, <b>, <br>
+    in labels, and decodes entities, so escaping < > & keeps a typed or generated token literal."""
+    return html.escape(text, quote=False)
 
 
 def finish(fig: go.Figure, title: str = "", large: bool = False, height: int | None = None) -> go.Figure:

@@ -24,7 +24,7 @@ import torch
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import InvalidSettingError, PromptTooLongError, SessionStateError
 from engine.kv_cache import BlockPool, BlockTable
-from engine.model import Model
+from engine.model import ForwardRecord, Model
 from engine.prefix_cache import PrefixCache
 from engine.prompt import tokenize_prompt
 from engine.sampler import FilterStages, Sampling, sample
@@ -186,18 +186,8 @@ class DecodeSession:
         if token_id != original.token_id:
             raise RuntimeError(f"rebuilding step {index} drew token {token_id} where the run drew "
                                f"{original.token_id}: the cached K/V no longer match the run")
-        return replace(
-            original,
-            candidates=candidates(stages, self.model.tokenizer, drawn=token_id),
-            logits=record.logits,
-            attention=record.attention,
-            scores=record.scores,
-            attention_rows=record.attention_rows,
-            residual=record.residual,
-            final_hidden=record.final_hidden,
-            next_input_embedding=self.model.weights.embed_tokens[token_id].detach().cpu().clone(),
-            split=record.split,
-        )
+        return replace(original, candidates=candidates(stages, self.model.tokenizer, drawn=token_id),
+                       **self._heavy_fields(record, token_id))
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -247,15 +237,8 @@ class DecodeSession:
             candidates=candidates(stages, tokenizer, drawn=token_id),
             timings_ms={},
             stop_reason=self.stop_reason,
-            logits=record.logits,
-            attention=record.attention,
-            scores=record.scores,
-            attention_rows=record.attention_rows,
-            residual=record.residual,
-            final_hidden=record.final_hidden,
-            next_input_embedding=model.weights.embed_tokens[token_id].detach().cpu().clone(),
-            split=record.split,
             evicted_blocks=evicted,
+            **self._heavy_fields(record, token_id),
         )
         done = time.perf_counter()
         trace.timings_ms = {
@@ -315,6 +298,13 @@ class DecodeSession:
             shared_blocks=shared,
             copied_blocks=copied,
         )
+
+    def _heavy_fields(self, record: ForwardRecord, token_id: int) -> dict:
+        """A trace's tensors (`StepTrace.HEAVY`) from one forward pass and the id it drew."""
+        return dict(logits=record.logits, attention=record.attention, scores=record.scores,
+                    attention_rows=record.attention_rows, residual=record.residual,
+                    final_hidden=record.final_hidden, split=record.split,
+                    next_input_embedding=self.model.weights.embed_tokens[token_id].detach().cpu().clone())
 
     def _stop_reason(self, token_id: int) -> str | None:
         if token_id in self.model.eos_ids:

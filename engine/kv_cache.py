@@ -34,7 +34,7 @@ class BlockCacheOwner(Protocol):
 
     def holds(self, block: int) -> bool: ...
 
-    def evict(self, block: int) -> None: ...
+    def evict(self, block: int) -> set[int]: ...
 
 
 class BlockPool:
@@ -97,7 +97,11 @@ class BlockPool:
         self.require_free(1)
         block, _ = self.free.popitem(last=False)
         if self.owner is not None and self.owner.holds(block):
-            self.owner.evict(block)
+            # Evicting one block can drop others from the index (the radix subtree below it, whole prompts
+            # stored in it): free ones among them are now empty and go to the front, to be reused first.
+            for dropped in self.owner.evict(block):
+                if dropped != block and dropped in self.free:
+                    self.free.move_to_end(dropped, last=False)
         self.ref_count[block] = 1
         return block
 

@@ -58,10 +58,12 @@ class PrefixCache:
     def holds(self, block: int) -> bool:
         return self.index.holds(block)
 
-    def evict(self, block: int) -> None:
-        self.index.forget(block)
+    def evict(self, block: int) -> set[int]:
+        """Forget `block`; return every block the index no longer holds because of it (`block` too)."""
+        dropped = self.index.forget(block)
         self.evictions.append(Eviction(block, self.policy))
         self._unreported.append(block)
+        return dropped
 
     # -- used by sessions ----------------------------------------------------------------------
 
@@ -175,8 +177,9 @@ class BlockHashIndex:
     def holds(self, block: int) -> bool:
         return block in self.by_block
 
-    def forget(self, block: int) -> None:
+    def forget(self, block: int) -> set[int]:
         del self.by_hash[self.by_block.pop(block)]
+        return {block}  # later blocks of the chain stay: a lookup stops at the gap, and they wait to be evicted
 
 
 class WholePromptIndex:
@@ -206,7 +209,9 @@ class WholePromptIndex:
     def holds(self, block: int) -> bool:
         return block in self.by_block
 
-    def forget(self, block: int) -> None:
+    def forget(self, block: int) -> set[int]:
+        """Drop every whole prompt stored partly in `block`; return the blocks no prompt holds any more."""
+        dropped = {block}
         for key in self.by_block.pop(block, set()):
             for other in self.entries.pop(key):
                 users = self.by_block.get(other)
@@ -214,6 +219,8 @@ class WholePromptIndex:
                     users.discard(key)
                     if not users:
                         del self.by_block[other]
+                        dropped.add(other)
+        return dropped
 
 
 class _Node:
@@ -263,14 +270,17 @@ class RadixIndex:
     def holds(self, block: int) -> bool:
         return block in self.by_block
 
-    def forget(self, block: int) -> None:
-        """Cut every path at its first token stored in `block`; what hangs below goes too."""
+    def forget(self, block: int) -> set[int]:
+        """Cut every path at its first token stored in `block`; what hangs below goes too. Returns the
+        blocks no path holds any more."""
+        touched = {block}
         for node in list(self.by_block.get(block, ())):
             if block not in node.blocks:  # already cut while handling another node
                 continue
             cut, first = node.blocks.index(block), node.tokens[0]
+            touched.update(node.blocks)
             for child in list(node.children.values()):
-                self._drop(child)
+                touched.update(self._drop(child))
             node.children = {}
             self._unregister(node)
             node.tokens, node.blocks = node.tokens[:cut], node.blocks[:cut]
@@ -278,6 +288,7 @@ class RadixIndex:
                 del node.parent.children[first]
             else:
                 self._register(node)
+        return {b for b in touched if b not in self.by_block}
 
     # -- tree upkeep ---------------------------------------------------------------------------
 
@@ -296,12 +307,15 @@ class RadixIndex:
         self._register(node)
         return upper
 
-    def _drop(self, node: _Node) -> None:
+    def _drop(self, node: _Node) -> set[int]:
+        """Remove `node` and everything below it; return the blocks they held."""
+        held = set(node.blocks)
         for child in list(node.children.values()):
-            self._drop(child)
+            held |= self._drop(child)
         self._unregister(node)
         node.children = {}
         node.blocks = []
+        return held
 
     def _register(self, node: _Node) -> None:
         for block in set(node.blocks):

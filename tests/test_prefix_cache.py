@@ -390,3 +390,28 @@ def test_forced_failures_never_yield_a_hit_that_differs_from_a_cold_run(policy, 
         for session in sessions:
             session.close()
     assert cache.pool.used_blocks == 0
+
+
+def test_blocks_an_eviction_drops_from_the_index_are_reused_before_cached_ones(tiny_model):
+    """Evicting a radix node's block cuts the subtree below it: those blocks hold nothing findable any
+    more, so they must go to the front of the free list, not stay behind blocks that are still cached."""
+    model = tiny_model("llama")
+    cache = PrefixCache(model, policy="radix", block_size=2, capacity_blocks=6)
+    pool = cache.pool
+
+    def run(prompt, hold=False):
+        session = engine.DecodeSession(model, prompt, prefix_cache=cache, max_new_tokens=1)
+        session.prefill()
+        if not hold:
+            session.close()
+        return session
+
+    run([3, 4, 5])  # blocks: [3 4] [5]
+    extended = run([3, 4, 5, 6, 7], hold=True)  # shares [3 4], copies [5] from its block (released at once)
+    run([9, 9, 9])  # two more cached blocks, released after that source block
+    extended.close()  # publishes [6 7] below [3 4 5] in the tree
+    assert all(cache.holds(b) for b in pool.free)  # every free block cached; the copied-from one first
+    run([8])  # takes the least recently used block: evicting it cuts [3 4 5]'s subtree
+    held = [cache.holds(b) for b in pool.free]
+    assert held == sorted(held), list(zip(pool.free, held))
+    assert held.count(False) == 2  # the two blocks of [6 7] (the copy of [5] and [7]) are empty now

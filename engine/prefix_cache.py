@@ -101,7 +101,26 @@ def reusable_tokens(policy: str, matched: int, prompt_length: int, block_size: i
     return reusable // block_size * block_size if policy == "block" else reusable
 
 
-def predicted_reuse(history: list[list[int]], ids: list[int], block_size: int) -> dict[str, int]:
+def reuse_hits(policy: str, reused: int, prompt_length: int, block_size: int) -> tuple[str, list[bool]]:
+    """The unit a policy reuses in ("block" or "token") and, per prompt block or token, whether it was
+    reused (hit) or computed (miss). Reuse is a prefix, so the hits come first."""
+    if policy == "block":
+        return "block", [(k + 1) * block_size <= reused for k in range(math.ceil(prompt_length / block_size))]
+    return "token", [p < reused for p in range(prompt_length)]
+
+
+@dataclass(frozen=True)
+class PolicyReuse:
+    """What one policy reuses of a prompt: counts and hit or miss per block or token."""
+
+    policy: str
+    reused_tokens: int
+    computed_tokens: int
+    unit: str  # "block" or "token": what `hits` is per
+    hits: list[bool]
+
+
+def predicted_reuse(history: list[list[int]], ids: list[int], block_size: int) -> dict[str, PolicyReuse]:
     """What each policy would reuse for `ids` after the prompts in `history` were published (no eviction).
 
     The same indexes as `PrefixCache`, run over token ids alone, to compare the policies side by side.
@@ -114,7 +133,8 @@ def predicted_reuse(history: list[list[int]], ids: list[int], block_size: int) -
             blocks = list(range(next_block, next_block + math.ceil(len(earlier) / block_size)))
             next_block += len(blocks)
             index.publish(list(earlier), blocks)
-        out[policy] = reusable_tokens(policy, len(index.match(ids)), len(ids), block_size)
+        reused = reusable_tokens(policy, len(index.match(ids)), len(ids), block_size)
+        out[policy] = PolicyReuse(policy, reused, len(ids) - reused, *reuse_hits(policy, reused, len(ids), block_size))
     return out
 
 

@@ -25,7 +25,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import InvalidSettingError, PromptTooLongError, SessionStateError
 from engine.kv_cache import BlockPool, BlockTable
 from engine.model import ForwardRecord, Model
-from engine.prefix_cache import PrefixCache
+from engine.prefix_cache import PrefixCache, reuse_hits
 from engine.prompt import tokenize_prompt
 from engine.sampler import FilterStages, Sampling, sample
 from engine.split_kv import MAX_KV_SPLITS
@@ -284,16 +284,13 @@ class DecodeSession:
                 pool.release(block)
         self.table.length = reused
         closest = cache.closest_prompt(self.prompt_ids)
-        if cache.policy == "block":
-            hits = [(k + 1) * size <= reused for k in range(math.ceil(n / size))]
-        else:
-            hits = [p < reused for p in range(n)]
+        unit, hits = reuse_hits(cache.policy, reused, n, size)
         return PrefixHit(
             policy=cache.policy,
             reused_tokens=reused,
             computed_tokens=n - reused,
             first_difference=None if closest is None else closest[1],
-            unit="block" if cache.policy == "block" else "token",
+            unit=unit,
             hits=hits,
             shared_blocks=shared,
             copied_blocks=copied,

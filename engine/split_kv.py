@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.trace import SplitKVTrace
+
 
 @dataclass
 class Partials:
@@ -143,6 +145,26 @@ def _normalised(m: torch.Tensor, l: torch.Tensor, raw: torch.Tensor) -> Partials
 
 def _finite_or_zero(m: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+
+
+DEMO_SPLITS = 4  # splits of the demonstration replayed over a recorded row when the run itself is unsplit
+
+
+def split_demo(scores: torch.Tensor, v: torch.Tensor, splits: int = DEMO_SPLITS) -> SplitKVTrace:
+    """Split-KV replayed on one query row a step recorded, without another forward pass.
+
+    scores (L,): the row's scaled scores, −inf where masked; v (L, D): the cached V of its K/V head.
+    Computed in float64 by the same `split_ranges`, `partials` and `merge` as the engine. Returns a
+    `SplitKVTrace` with one layer and one head (leading axes (1, 1)); its `unsplit` is softmax(scores) @ v.
+    """
+    s, values = scores.detach().double().cpu(), v.detach().double().cpu()
+    ranges = split_ranges(s.shape[-1], splits)
+    p = partials(s[None], values, ranges)  # (1, S[, D]): one query row
+    merged = merge(p)
+    unsplit = torch.softmax(s, dim=-1) @ values
+    return SplitKVTrace(ranges=ranges, max_score=p.max_score[None], exp_sum=p.exp_sum[None],
+                        partial=p.output[None], weight=merged.weight[None], merged=merged.output[None],
+                        unsplit=unsplit[None, None])
 
 
 @dataclass

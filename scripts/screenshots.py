@@ -1,9 +1,12 @@
-"""Screenshots of every view, English and Chinese, at 1600×1000, from a running server.
+"""Screenshots of the first screen of every view: a projector (1280×720) with and without large text, English and
+Chinese, and a phone (390×844), from a running server.
 
     HF_HUB_OFFLINE=1 streamlit run app.py --server.port 8599 &
-    python scripts/screenshots.py http://localhost:8599 /tmp/kvscope-shots
+    python scripts/screenshots.py http://localhost:8599 /tmp/kvscope-shots            # every shot (~28)
+    python scripts/screenshots.py http://localhost:8599 /tmp/kvscope-shots attention  # only these views
 
-Needs Debian's chromium and the playwright package (see .ci/run).
+Files are named `{view}-{lang}-{1280x720|1280x720-large|390x844}.png`; each shows what a viewer sees without
+scrolling (step 8, the page's defaults otherwise). Needs Debian's chromium and the playwright package (see .ci/run).
 """
 
 import sys
@@ -15,25 +18,35 @@ from playwright.sync_api import sync_playwright
 VIEWS = ("flow", "attention", "kv", "split", "prefix", "costs")
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run"]
+PROJECTOR = {"width": 1280, "height": 720}
+PHONE = {"width": 390, "height": 844}
+# (viewport, large text, file suffix, views): the phone shows two views, enough to judge its layout.
+SCREENS = ((PROJECTOR, False, "1280x720", VIEWS), (PROJECTOR, True, "1280x720-large", VIEWS),
+           (PHONE, False, "390x844", ("attention", "kv")))
 
 
-def main(base: str, folder: str) -> None:
+def shoot(page, base: str, view: str, lang: str, large: bool, path: Path) -> None:
+    page.goto(f"{base}/?step=8&view={view}&lang={lang}" + ("&large=1" if large else ""))
+    page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=120_000)
+    page.wait_for_selector(".st-key-generated code", timeout=120_000)
+    time.sleep(2)  # let Plotly finish drawing
+    page.screenshot(path=str(path))
+    print(path)
+
+
+def main(base: str, folder: str, views: tuple[str, ...] = VIEWS) -> None:
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=ARGS)
-        page = browser.new_page(viewport={"width": 1600, "height": 1000})
-        for lang in ("en", "zh"):
-            for view in VIEWS:
-                page.goto(f"{base}/?step=8&view={view}&lang={lang}&kv_splits=3&block_size=4&layer=5&head=2")
-                page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=120_000)
-                page.wait_for_selector(".st-key-generated code", timeout=120_000)
-                time.sleep(2)  # let Plotly finish drawing
-                page.get_by_role("heading", level=3).first.scroll_into_view_if_needed()
-                page.screenshot(path=str(out / f"{view}-{lang}.png"))
-                print(out / f"{view}-{lang}.png")
+        for viewport, large, suffix, screen_views in SCREENS:
+            page = browser.new_page(viewport=viewport)
+            for lang in ("en", "zh"):
+                for view in (v for v in screen_views if v in views):
+                    shoot(page, base, view, lang, large, out / f"{view}-{lang}-{suffix}.png")
+            page.close()
         browser.close()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], tuple(sys.argv[3:]) or VIEWS)

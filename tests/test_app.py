@@ -101,9 +101,10 @@ def test_sidebar_controls_start_a_new_run(embedded_model):
 @pytest.mark.parametrize("policy, case, reused", [("whole", "case1", 11), ("block", "case1", 8), ("radix", "case1", 11),
                                                   ("whole", "case2", 0), ("block", "case2", 8), ("radix", "case2", 9)])
 def test_article_cases_load_in_one_click(policy, case, reused, embedded_model):
-    at = start(view="prefix", policy=policy, block_size=4)
+    at = start(view="prefix", policy=policy)  # the default block size (16): the case sets its own
     at.button(key=case).click().run()
     assert_clean(at)
+    assert (at.query_params["block_size"], at.query_params["step"], at.query_params["view"]) == ("4", "1", "prefix")
     tokenizer = embedded_model.tokenizer
     cached, new = tokenizer.encode("解释什么是Transformer"), tokenizer.encode(at.session_state["w_prompt"])
     e = next(i for i, (a, b) in enumerate(zip(cached + [-1], new + [-2])) if a != b)
@@ -113,6 +114,9 @@ def test_article_cases_load_in_one_click(policy, case, reused, embedded_model):
     metrics = {m.label: m.value for m in at.metric}
     assert metrics[strings.t("reused")] == str(reused)
     assert metrics[strings.t("computed")] == str(len(new) - reused)
+    # The headline: the three policies side by side; the article's rule reads Case 1 as a hit, Case 2 as a miss.
+    assert metrics[strings.t("policy_whole")] == strings.t("verdict_hit" if case == "case1" else "verdict_miss")
+    assert metrics[strings.t("policy_" + policy)] == strings.t("verdict_hit" if reused else "verdict_miss")
 
 
 def test_play_advances_one_token_per_tick_and_stops_at_the_end(embedded_model):

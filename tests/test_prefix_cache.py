@@ -238,7 +238,9 @@ def test_predicted_reuse_matches_what_real_caches_reuse(tiny_model, tokenizer):
             cache = PrefixCache(model, policy=policy, block_size=4)
             for earlier in history:
                 prefill_then_close(model, cache, earlier)
-            assert prefill_then_close(model, cache, ids).prefix.reused_tokens == predicted[policy], (new, policy)
+            prefix = prefill_then_close(model, cache, ids).prefix
+            assert prefix.reused_tokens == predicted[policy].reused_tokens, (new, policy)
+            assert (prefix.unit, prefix.hits) == (predicted[policy].unit, predicted[policy].hits), (new, policy)
 
 
 # -- a failed prefill or step changes nothing ------------------------------------------------------
@@ -415,3 +417,19 @@ def test_blocks_an_eviction_drops_from_the_index_are_reused_before_cached_ones(t
     held = [cache.holds(b) for b in pool.free]
     assert held == sorted(held), list(zip(pool.free, held))
     assert held.count(False) == 2  # the two blocks of [6 7] (the copy of [5] and [7]) are empty now
+
+
+def test_predicted_reuse_gives_each_policy_its_hits_per_block_or_token():
+    """The article's two cases in miniature: an 11-token cached prompt, extended (a whole-prompt hit) or
+    edited at position 9 (a miss under the whole-prompt rule), with blocks of 4."""
+    from engine.prefix_cache import predicted_reuse
+
+    cached = list(range(1, 12))
+    extended = predicted_reuse([cached], cached + [50, 51], 4)
+    assert {p: r.reused_tokens for p, r in extended.items()} == {"whole": 11, "block": 8, "radix": 11}
+    assert extended["whole"].unit == "token" and extended["whole"].hits == [True] * 11 + [False] * 2
+    assert extended["block"].unit == "block" and extended["block"].hits == [True, True, False, False]
+    edited = predicted_reuse([cached], cached[:9] + [60, 61, 62], 4)
+    assert {p: (r.reused_tokens, r.computed_tokens) for p, r in edited.items()} == {
+        "whole": (0, 12), "block": (8, 4), "radix": (9, 3)}
+    assert edited["whole"].hits == [False] * 12 and edited["radix"].hits == [True] * 9 + [False] * 3

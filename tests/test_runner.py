@@ -44,7 +44,7 @@ def test_a_new_prompt_publishes_the_old_one(tiny_model):
     runner.advance_to(1)
     runner.configure(config("first prompt here, extended"))
     assert runner.history == [runner.model.tokenizer.encode("first prompt here")]
-    assert runner.policy_reuse()["radix"] > 0
+    assert runner.policy_reuse()["radix"].reused_tokens > 0
 
 
 def test_back_past_the_kept_traces_is_one_forward_pass(tiny_model, monkeypatch):
@@ -192,3 +192,25 @@ def test_a_step_completes_while_another_students_forward_pass_runs(tiny_model, m
         release.set()
         first.join(60)
     assert prefilling.generated == 1
+
+
+def test_split_demo_replays_a_recorded_step_in_splits(tiny_model):
+    """At kv_splits = 1 the Split-KV view replays the split maths over a step's recorded scores and cached V:
+    the merge equals the step's own attention output (probs @ V) and what the model computes in 4 splits."""
+    model = tiny_model("llama")
+    unsplit, in_splits = Runner(model, cache_tokens=256), Runner(model, cache_tokens=256)
+    unsplit.configure(config())
+    in_splits.configure(config(kv_splits=4))
+    unsplit.advance_to(6)  # the demo of an earlier step reads only the positions that step had cached
+    in_splits.advance_to(3)
+    layer, head = 1, model.info.q_heads - 1  # the last Q head reads the last K/V head
+    trace = unsplit.trace(3)
+    demo = unsplit.split_demo(trace, layer, head)
+    assert len(demo.ranges) == 4 and demo.ranges[-1][1] == trace.context_length
+    _, v = unsplit.cached_kv(layer, trace.context_length)
+    attended = trace.attention[layer, head, -1].double() @ v[:, head // model.info.gqa_group].double()
+    torch.testing.assert_close(demo.merged[0, 0], demo.unsplit[0, 0], atol=1e-6, rtol=0)
+    torch.testing.assert_close(demo.merged[0, 0], attended, atol=1e-6, rtol=0)
+    ran = in_splits.trace(3).split
+    torch.testing.assert_close(demo.weight[0, 0].float(), ran.weight[layer, head], atol=1e-5, rtol=0)
+    torch.testing.assert_close(demo.merged[0, 0].float(), ran.merged[layer, head], atol=1e-5, rtol=0)

@@ -15,7 +15,7 @@ from viz.candidates import candidates_frame, candidates_table
 from viz.costs import context_growth_frame, per_token_figure, steady_costs, steps_frame, steps_table
 from viz.flow import flow_rows, residual_figure, vector_figure
 from viz.kv_cache import block_table_frame, kv_bytes_frame, kv_bytes_table, pool_figure
-from viz.prefix import alignment_frame, policy_frame, policy_table
+from viz.prefix import alignment_frame, policies_figure, policy_frame, policy_table
 from viz.split_kv import split_frame, split_table
 from viz.style import OKABE_ITO, contrast_ratio, window
 from viz.words import ENGLISH
@@ -263,3 +263,20 @@ def test_steady_costs_use_the_median_decode_step_and_bytes_from_the_model(run, t
     assert list(fig.data[0].x) == pytest.approx([costs.prefill_ms_per_token, 50.0, costs.floor_ms])
     zh = per_token_figure(costs, words=figure_words("zh"))
     assert all("decode" not in label or "下限" in label or "中位数" in label for label in zh.data[0].y)
+
+
+def test_policies_side_by_side_show_each_block_or_token_as_hit_or_miss():
+    from engine.prefix_cache import predicted_reuse
+    from viz.style import HIT_COLOR, MISS_COLOR
+
+    cached = list(range(1, 12))
+    reuse = predicted_reuse([cached], cached[:9] + [60, 61, 62], 4)  # 12 tokens, first differing at 9
+    zh = figure_words("zh")
+    fig = policies_figure({p: reuse[p] for p in ("whole", "block", "radix")}, 4, words=zh)
+    rows = {bar.y[0]: bar for bar in fig.data}
+    assert list(rows) == [zh["policy_whole"], zh["policy_block"], zh["policy_radix"]]
+    block, radix, whole = rows[zh["policy_block"]], rows[zh["policy_radix"]], rows[zh["policy_whole"]]
+    assert list(block.base) == [0, 4, 8] and list(block.x) == [4, 4, 4]  # whole blocks on the positions axis
+    assert list(block.marker.color) == [HIT_COLOR, HIT_COLOR, MISS_COLOR]
+    assert list(radix.text) == ["命中"] * 9 + ["未命中"] * 3
+    assert set(whole.text) == {"未命中"}

@@ -24,9 +24,34 @@ log = logging.getLogger("kvscope")
 
 
 @st.cache_resource(show_spinner=False, max_entries=3)
+def read_model(spec: str) -> engine.Model:
+    """Config, tokenizer and weights (the embedded model's are converted on the server's first start)."""
+    return engine.load_model(spec)
+
+
+@st.cache_resource(show_spinner=False, max_entries=3)
 def load_model(spec: str) -> engine.Model:
     """One copy per model for the whole server, shared read-only by every session."""
-    return timing.warm_up(engine.load_model(spec))  # timed steps are then steady-state, not cold
+    return timing.warm_up(read_model(spec))  # timed steps are then steady-state, not cold
+
+
+LOADED: set[str] = set()  # models this process has loaded: the page shows the loading stages only before
+# Streamlit's own chrome a student could take for the app's: the "Running…" man and its Stop button (a step
+# shows its own progress: the step buttons grey while it runs). Deploy and the menu go by toolbarMode.
+CHROME_CSS = '<style>[data-testid="stStatusWidget"] { visibility: hidden; }</style>'
+
+# The projector's first screen (1280×720) holds the header, the step buttons and the view's main figure: less
+# padding above and beside the page, tighter gaps, a one-line title, smaller view headings.
+LAYOUT_CSS = """<style>
+[data-testid="stMainBlockContainer"] { padding: 2.5rem 2rem 3rem 2rem; }
+@media (max-width: 640px) {  /* a phone: the header holds the sidebar's button, the title goes below it */
+  [data-testid="stMainBlockContainer"] { padding: 4rem 1rem 3rem 1rem; }
+}
+[data-testid="stMain"] [data-testid="stVerticalBlock"] { gap: 0.5rem; }
+[data-testid="stMain"] h1 { font-size: 1.3rem; padding: 0; line-height: 1.3; }
+[data-testid="stMain"] h3 { font-size: 1.15rem; padding-top: 0.25rem; }
+</style>"""
+LARGE_CSS = "<style>html { font-size: 125%; }</style>"  # every rem-sized text and control, a quarter larger
 
 
 def t(key: str, **values) -> str:
@@ -54,6 +79,7 @@ def run_lock() -> threading.RLock:
 
 def draw_page() -> None:
     st.set_page_config(page_title="kvscope", page_icon="🔎", layout="wide")
+    st.html(CHROME_CSS)
     memory.tune_allocator()
     limits = load_limits()
     if "initialized" not in ss:
@@ -66,10 +92,8 @@ def draw_page() -> None:
         apply_pending_case(runner, limits)  # before the widgets: it sets the prompt and chat switch
         fit_to_budget(step_limits(limits, model.info))
     sidebar(limits)
-    if ss.w_large:
-        st.markdown("<style>html { font-size: 125%; }</style>", unsafe_allow_html=True)
+    st.html(LAYOUT_CSS + (LARGE_CSS if ss.w_large else ""))  # style only: takes no room on the page
     st.title(t("title"))
-    st.caption(t("tagline"))
     for problem in ss.pop("problems", []):
         show_problem(problem)
     if model is None:
@@ -88,9 +112,10 @@ def draw_page() -> None:
         return
     play_controls(limits)
     if ss.get("w_playing"):  # redrawn alone on each tick
-        st.fragment(run_every=ss.w_pace)(stepper_and_view)(model, runner)
+        st.fragment(run_every=ss.w_pace)(stepper_and_view)(model, runner, in_fragment=True)
     else:  # not a fragment: a press must work in a session a restarted server has just rebuilt from the link
         stepper_and_view(model, runner)
+    st.caption(t("tagline"))  # at the foot: the first screen is for the step and its figure
 
 
 # -- state ------------------------------------------------------------------------------------
@@ -133,13 +158,25 @@ def run_config(state: AppState, limits: Limits) -> RunConfig:
 def model_for(spec: str) -> tuple[engine.Model | None, str]:
     """The shared model, or None and a message saying why it could not be loaded."""
     try:
-        with st.spinner(t("loading", model=spec)):
-            return load_model(spec), ""
+        return (load_model(spec) if spec in LOADED else load_with_stages(spec)), ""
     except (engine.KvscopeError, OSError, MemoryError) as error:
         return None, t("model_failed", model=spec, error=str(error) or type(error).__name__)
     except Exception as error:  # noqa: BLE001 — any loading fault is shown, never a traceback
         log.error("loading a model failed: %s", type(error).__name__, exc_info=True)
         return None, t("model_failed", model=spec, error=f"{type(error).__name__}: {error}")
+
+
+def load_with_stages(spec: str) -> engine.Model:
+    """Load a model this process has not loaded yet, saying what it is doing (17–49 s on a first start)."""
+    place = st.empty()
+    with place.container(), st.status(t("loading", model=spec), expanded=True):
+        bar = st.progress(0.05, text=t("loading_read"))
+        read_model(spec)
+        bar.progress(0.8, text=t("loading_warm"))
+        model = load_model(spec)
+    place.empty()  # loaded: the page takes its place (a failure stays, with the error below it)
+    LOADED.add(spec)
+    return model
 
 
 def use_default_model() -> None:
@@ -170,6 +207,8 @@ def apply_pending_case(runner: Runner, limits: Limits) -> None:
     if which is None:
         return
     ss.w_chat = False
+    ss.w_block_size = prefix.CASE_BLOCK_SIZE  # small enough for the block policy's reuse to show
+    ss.w_view = "prefix"
     ss.w_prompt = prefix.CASE_CACHED
     runner.configure(run_config(current_state(), limits))
     runner.advance_to(1)
@@ -205,18 +244,17 @@ def sidebar(limits: Limits) -> None:
 
 
 def play_controls(limits: Limits) -> None:
-    left, right = st.columns([1, 3])
-    left.toggle(t("play"), key="w_playing")
+    """The pace, with the settings in the sidebar; the Play toggle sits in the step buttons' row (`draw_step`)."""
     ss.setdefault("w_pace", max(limits.min_pace, 0.8))
-    right.slider(t("pace"), limits.min_pace, 3.0, key="w_pace", step=0.1)
+    st.sidebar.slider(t("pace"), limits.min_pace, 3.0, key="w_pace", step=0.1)
 
 
-def stepper_and_view(model: engine.Model, runner: Runner) -> None:
+def stepper_and_view(model: engine.Model, runner: Runner, in_fragment: bool = False) -> None:
     """The step buttons and the views (a fragment while playing). A fault stays in this session: it is shown,
     and the session can start again; the shared model and other sessions are untouched."""
     try:
         with run_lock():  # a fragment's rerun does not pass through main
-            draw_step(model, runner)
+            draw_step(model, runner, in_fragment)
         return
     except engine.KvscopeError as error:
         message = t("bad_input", error=str(error))
@@ -238,9 +276,16 @@ def reset_session() -> None:
     ss.step = 0
 
 
-def draw_step(model: engine.Model, runner: Runner) -> None:
-    buttons = st.empty()
+def draw_step(model: engine.Model, runner: Runner, in_fragment: bool = False) -> None:
+    """The step counter, the step buttons and Play in one row, the token stream, then the chosen view (its main
+    figure first) and the step's text and candidates: at 1280×720 the main figure starts on the first screen."""
+    if in_fragment and not ss.get("w_playing"):
+        st.rerun(scope="app")  # Play, drawn inside the fragment, was switched off: stop the timed reruns
+    counter = st.empty()
+    buttons_column, play_column = st.columns([4, 1], vertical_alignment="center")
+    buttons = buttons_column.empty()
     step_buttons(buttons, runner, busy=True)
+    play_column.toggle(t("play"), key="w_playing")
     if ss.get("w_playing"):
         if runner.finished and ss.step >= runner.generated:
             ss.stop_playing = True
@@ -255,9 +300,12 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
         show_problem(problem)
         ss["w_" + problem.param] = getattr(state, problem.param)
     ctx = ViewContext(model=model, runner=runner, state=state, step=ss.step, trace=runner.trace(ss.step))
+    counter.html(stepper.counter_html(ctx))
     stepper.render(ctx)
-    st.radio(t("view"), VIEWS, key="w_view", horizontal=True, format_func=labels("view_"))
+    st.radio(t("view"), VIEWS, key="w_view", horizontal=True, format_func=labels("view_"),
+             label_visibility="collapsed")
     VIEW_MODULES[ss.w_view].render(ctx)
+    stepper.details(ctx)
     step_buttons(buttons, runner)  # live again only once the screen shows this step, as the link does
     write_link(current_state())
 
@@ -285,7 +333,7 @@ def step_buttons(place, runner: Runner, busy: bool = False) -> None:
                ("next", "b_next", (1, False),
                 {"shortcut": "Right", "disabled": runner.finished and ss.step >= runner.generated}),
                ("reset", "b_reset", (0, True), {}))
-    columns = place.container().columns(4)
+    columns = place.container().columns([1, 1, 1.4, 1])  # Next is the widest label, and pressed most
     for column, (label, key, move_args, options) in zip(columns, buttons):
         if busy:
             column.button(t(label), key=key + "_busy", disabled=True, width="stretch")

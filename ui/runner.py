@@ -15,8 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import engine
-from engine.prefix_cache import closest_prompt, predicted_reuse
-from engine.trace import StepTrace
+from engine.prefix_cache import PolicyReuse, closest_prompt, predicted_reuse
+from engine.split_kv import split_demo
+from engine.trace import SplitKVTrace, StepTrace
 from ui.settings import Limits, load_limits, step_limits
 
 HISTORY = 8  # published prompts kept for the policy comparison
@@ -298,12 +299,19 @@ class Runner:
             k, v = self.session.pool.read(layer, self.session.table.device_blocks(), length)
         return k, v
 
+    def split_demo(self, trace: StepTrace, layer: int, head: int) -> SplitKVTrace:
+        """Split-KV replayed over what `trace` recorded for one head: its last row's scores and the cached V
+        of that head's K/V group (no forward pass). For a run whose own attention is unsplit."""
+        length = trace.scores.shape[-1]
+        _, v = self.cached_kv(layer, length)  # positions before `length` hold the same K/V at any later step
+        return split_demo(trace.scores[layer, head, -1], v[:, head // self.model.info.gqa_group])
+
     def cached_free_blocks(self) -> int:
         """Free blocks the prefix cache still holds (read under the pool's lock: a classroom pool is shared)."""
         with self.session.pool.lock:
             return sum(1 for block in self.session.pool.free if self.cache.holds(block))
 
-    def policy_reuse(self) -> dict[str, int]:
+    def policy_reuse(self) -> dict[str, PolicyReuse]:
         return predicted_reuse(self.history, self.session.prompt_ids, self.config.block_size)
 
     def closest_cached(self) -> list[int] | None:

@@ -6,7 +6,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from viz.style import OKABE_ITO, SEQUENTIAL, finish, kv_head_color, position_ticks, window
+from viz.style import OKABE_ITO, SEQUENTIAL, finish, first_screen_height, kv_head_color, position_ticks, window
 from viz.words import ENGLISH, Words
 
 
@@ -26,7 +26,7 @@ def heatmap_figure(matrix: np.ndarray, labels: list[str], title: str = "", large
                                colorbar=dict(title=value_name)))
     fig.update_layout(yaxis=dict(autorange="reversed", title=words["query_axis"]),
                       xaxis=dict(title=words["key_axis"], tickangle=-60))
-    return finish(fig, title, large, height=640)
+    return finish(fig, title, large, height=first_screen_height(large))  # the view's main figure
 
 
 def head_grid_figure(rows: np.ndarray, labels: list[str], group: int, title: str = "",

@@ -31,6 +31,13 @@ def block_table_frame(block_table: list[int], length: int, block_size: int, labe
     return frame.rename(columns={c: words["bt_" + c] for c in frame.columns})
 
 
+def slot_label(text: str, keep: int = 5) -> str:
+    """A slot's label on two lines, position over token, the token cut to `keep` characters: 16 slots share
+    a row, and a longer label would run into its neighbours (the hover shows it whole)."""
+    position, token = text.split(":", 1)
+    return f"{position}<br>{token if len(token) <= keep else token[:keep - 1] + '…'}"
+
+
 def pool_figure(block_table: list[int], length: int, block_size: int, num_blocks: int, labels: list[str],
                 title: str = "", large: bool = False, spare: int = 3, words: Words = ENGLISH) -> go.Figure:
     """Physical blocks as rows of slots (up to the highest one in use, plus a few free ones); a slot
@@ -54,12 +61,12 @@ def pool_figure(block_table: list[int], length: int, block_size: int, num_blocks
     cells = [(b, o) for b in range(shown) for o in range(block_size) if text[b][o]]
     backgrounds = sample_colorscale(SEQUENTIAL, [z[b, o] / top for b, o in cells])
     fig.add_trace(go.Scatter(x=[o for _, o in cells], y=[b for b, _ in cells], mode="text",
-                             text=[text[b][o] for b, o in cells], hoverinfo="skip", showlegend=False,
+                             text=[slot_label(text[b][o]) for b, o in cells], hoverinfo="skip", showlegend=False,
                              textfont=dict(size=SLOT_TEXT_SIZE + (3 if large else 0),
                                            color=[text_color_on(c) for c in backgrounds])))
     fig.update_layout(xaxis=dict(title=words["slot_axis"], dtick=1),
                       yaxis=dict(title=words["physical_block"], autorange="reversed", dtick=1))
-    return finish(fig, title, large, height=min(900, 120 + 30 * shown))
+    return finish(fig, title, large, height=min(900, 120 + (44 if large else 36) * shown))  # two-line slots
 
 
 def kv_bytes_frame(info: ModelInfo, length: int) -> pd.DataFrame:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from viz.style import HIT_COLOR, MISS_COLOR, check_mark, finish, fmt_int, readable
+from engine.prefix_cache import PolicyReuse
+from viz.style import HIT_COLOR, MISS_COLOR, check_mark, finish, fmt_int, readable, text_color_on
 from viz.words import ENGLISH, Words
 
 
@@ -30,16 +31,27 @@ def alignment_table(frame: pd.DataFrame, words: Words = ENGLISH) -> pd.DataFrame
                                      "reused": check_mark})
 
 
-def hits_figure(hits: list[bool], unit: str, block_size: int, title: str = "", large: bool = False,
-                words: Words = ENGLISH) -> go.Figure:
-    """One cell per prompt block (block policy) or token: reused (hit) or computed (miss)."""
-    labels = [words["hits_block"].format(i=i, start=i * block_size, end=i * block_size + block_size - 1)
-              if unit == "block" else words["hits_pos"].format(i=i) for i in range(len(hits))]
-    fig = go.Figure(go.Bar(x=labels, y=[1] * len(hits), marker_color=[HIT_COLOR if h else MISS_COLOR for h in hits],
-                           text=[words["hit"] if h else words["miss"] for h in hits], textposition="inside",
-                           hovertemplate="%{x}: %{text}<extra></extra>"))
-    fig.update_layout(yaxis=dict(visible=False), bargap=0.05, xaxis=dict(tickangle=-60))
-    return finish(fig, title, large, height=260)
+def policies_figure(reuse: dict[str, PolicyReuse], block_size: int, title: str = "", large: bool = False,
+                    words: Words = ENGLISH) -> go.Figure:
+    """One row per policy over the prompt's positions: each block (block policy) or token a cell, green where
+    it was reused (hit), grey where it is computed (miss)."""
+    fig = go.Figure()
+    for policy, result in reuse.items():
+        n = result.reused_tokens + result.computed_tokens
+        width = block_size if result.unit == "block" else 1
+        starts = [i * width for i in range(len(result.hits))]
+        widths = [min(width, n - start) for start in starts]
+        colors = [HIT_COLOR if h else MISS_COLOR for h in result.hits]
+        fig.add_bar(y=[words["policy_" + policy]] * len(starts), x=widths, base=starts, orientation="h",
+                    marker=dict(color=colors, line=dict(color="white", width=1)),
+                    text=[words["hit"] if h else words["miss"] for h in result.hits], textposition="inside",
+                    insidetextanchor="middle", textangle=0, textfont=dict(color=[text_color_on(c) for c in colors]),
+                    customdata=[f"{s}–{s + w - 1}" for s, w in zip(starts, widths)],
+                    hovertemplate=words["pos"] + " %{customdata}: %{text}<extra></extra>", showlegend=False)
+    fig.update_layout(barmode="overlay", bargap=0.25, xaxis=dict(title=words["pos_axis"], dtick=block_size),
+                      uniformtext=dict(mode="hide", minsize=9),  # a word too wide for its cell is left to the colour
+                      yaxis=dict(autorange="reversed"))
+    return finish(fig, title, large, height=240 if large else 200)
 
 
 def policy_frame(reuse: dict[str, int], prompt_length: int) -> pd.DataFrame:

@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 
 from engine.split_kv import WorkedExample
 from engine.trace import SplitKVTrace
-from viz.style import OKABE_ITO, finish, fmt_float, fmt_int, fmt_percent, readable
+from viz.style import OKABE_ITO, finish, first_screen_height, fmt_float, fmt_int, fmt_percent, readable
 from viz.words import ENGLISH, Words
 
 PREVIEW_DIMS = 4
@@ -76,7 +76,7 @@ def split_figure(split: SplitKVTrace, layer: int, head: int, title: str = "", la
     fig.add_scatter(x=dims, y=split.merged[layer, head].tolist(), mode="lines", name=words["merged_name"],
                     line=dict(width=2, color=OKABE_ITO["vermillion"], dash="dash"))
     fig.update_layout(xaxis=dict(title="head_dim"), legend=dict(orientation="h", y=-0.2))
-    return finish(fig, title, large, height=420)
+    return finish(fig, title, large, height=first_screen_height(large))  # the view's main figure
 
 
 def worked_example_frame(example: WorkedExample, words: Words = ENGLISH) -> pd.DataFrame:

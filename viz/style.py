@@ -41,6 +41,12 @@ def plotly_text(text: str) -> str:
     return html.escape(text, quote=False)
 
 
+def first_screen_height(large: bool = False) -> int:
+    """Pixels for a view's main figure: what is left of a 1280×720 projector's first screen below the page's
+    header, step buttons and token stream (they take more room with large text)."""
+    return 380 if large else 440
+
+
 def finish(fig: go.Figure, title: str = "", large: bool = False, height: int | None = None) -> go.Figure:
     """Common layout; `large` scales text for a projector."""
     size = 18 if large else 13

@@ -46,7 +46,7 @@ ENGLISH: dict[str, str] = {
     # prefix cache
     "align_position": "position", "align_cached_token": "cached token", "align_cached_id": "cached id",
     "align_new_id": "new id", "align_new_token": "new token", "align_same_id": "same id", "align_reused": "reused",
-    "hits_block": "block {i} (pos {start}–{end})", "hits_pos": "pos {i}", "hit": "hit", "miss": "miss",
+    "hit": "hit", "miss": "miss", "pos": "positions", "pos_axis": "prompt position",
     "pol_policy": "policy", "pol_reused_tokens": "reused tokens", "pol_computed_tokens": "computed tokens",
     "pol_prefill_saved": "prefill saved",
     "policy_block": "block hash (vLLM)", "policy_radix": "radix tree (SGLang)", "policy_whole": "whole prompt (article)",

@@ -13,16 +13,19 @@ def render(ctx: ViewContext) -> None:
     info = ctx.model.info
     if not titled(ctx, "attention_title"):
         return
+    main = st.container(key="main-figure")  # the heatmap first; its pickers under it
     layer, head = layer_head_pickers(ctx)
     show_scores = st.toggle(ctx.t("show_scores"), key="w_scores")
     probs, scores = ctx.runner.full_attention(ctx.step, layer, head)
     matrix = (scores if show_scores else probs).numpy()
     value = "s = q·k/√d" if show_scores else "a = softmax(s)"
     labels = ctx.labels
-    figure(heatmap_figure(matrix, labels, ctx.t("heatmap_title", layer=layer, head=head, kv=head // info.gqa_group),
-                          ctx.large, value_name=value, zmin=None if show_scores else 0.0, words=words(ctx)),
-           f"attention-L{layer}-H{head}")
-    st.caption(ctx.t("heatmap_note", n=matrix.shape[0]))
+    with main:
+        figure(heatmap_figure(matrix, labels, ctx.t("heatmap_title", layer=layer, head=head,
+                                                    kv=head // info.gqa_group),
+                              ctx.large, value_name=value, zmin=None if show_scores else 0.0, words=words(ctx)),
+               f"attention-L{layer}-H{head}")
+        st.caption(ctx.t("heatmap_note", n=matrix.shape[0]))
     trace = ctx.trace
     newest = (trace.scores if show_scores else trace.attention)[layer, :, -1].numpy()  # (q_heads, L) as computed
     figure(newest_row_figure(newest[head], labels[: newest.shape[1]], ctx.t("newest_title", head=head), ctx.large,

@@ -48,7 +48,8 @@ def render(ctx: ViewContext) -> None:
 def per_token(ctx: ViewContext, traces: list[StepTrace], w: dict[str, str]) -> None:
     """Prefill vs decode per token, and decode against the floor its bytes set at this machine's bandwidth."""
     costs = steady_costs(traces, ctx.model.info, memory_bandwidth())
-    figure(per_token_figure(costs, ctx.t("per_token_title"), ctx.large, w), "per-token")
+    with st.container(key="main-figure"):
+        figure(per_token_figure(costs, ctx.t("per_token_title"), ctx.large, w), "per-token")
     c1, c2, c3 = st.columns(3)
     c1.metric(ctx.t("decode_bytes"), fmt_size(costs.decode_bytes),
               help=ctx.t("decode_bytes_help", weights=fmt_bytes(costs.weight_bytes), kv=fmt_bytes(costs.kv_bytes),

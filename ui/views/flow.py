@@ -17,6 +17,10 @@ def render(ctx: ViewContext) -> None:
     if not titled(ctx, "flow_title"):
         return
     trace = ctx.trace
+    with st.container(key="main-figure"):  # the residual stream first; the stage-by-stage table under it
+        figure(residual_figure(trace.residual.numpy(), ctx.t("residual_title", adds=2 * info.layers), ctx.large,
+                               words(ctx)),
+               "residual-stream")
     rows = []
     for r in flow_rows(trace, info):
         facts = {k: ctx.t("yes" if v else "no") if isinstance(v, bool) else v for k, v in r.facts.items()}
@@ -31,9 +35,6 @@ def render(ctx: ViewContext) -> None:
     with right:
         st.markdown(ctx.t("path_embedding", id=trace.token_id, vocab=info.vocab, hidden=info.hidden))
     st.caption(ctx.t("flow_note"))
-    figure(residual_figure(trace.residual.numpy(), ctx.t("residual_title", adds=2 * info.layers), ctx.large,
-                           words(ctx)),
-           "residual-stream")
     vectors = {ctx.t("vec_final"): trace.final_hidden.numpy(),
                ctx.t("vec_next", id=trace.token_id): trace.next_input_embedding.numpy()}
     figure(vector_figure(vectors, ctx.t("vectors_title"), ctx.large, words(ctx)), "final-vs-next-input")

@@ -19,6 +19,9 @@ def render(ctx: ViewContext) -> None:
     pool = session.pool
     length = trace.context_length
     size = pool.block_size
+    with st.container(key="main-figure"):  # blocks and slots first, then the numbers about them
+        figure(pool_figure(trace.block_table, length, size, pool.num_blocks, ctx.labels, ctx.t("blocks_title"),
+                           ctx.large, words=words(ctx)), "kv-blocks")
     c1, c2, c3 = st.columns(3)
     c1.metric(ctx.t("cached_positions"), length)
     c2.metric(ctx.t("blocks_used"), f"{len(trace.block_table)} × {size}")
@@ -28,8 +31,6 @@ def render(ctx: ViewContext) -> None:
     figure(occupancy_bar(in_use, ctx.runner.cached_free_blocks(), pool.num_blocks,
                          ctx.t("pool_title", total=pool.num_blocks), ctx.large, words=words(ctx)),
            "pool-occupancy")
-    figure(pool_figure(trace.block_table, length, size, pool.num_blocks, ctx.labels, ctx.t("blocks_title"), ctx.large,
-                       words=words(ctx)), "kv-blocks")
     table(block_table_frame(trace.block_table, length, size, ctx.labels, words(ctx)))
     st.markdown(ctx.t("stored", layers=info.layers, kv=info.kv_heads, d=info.head_dim))
     st.markdown(ctx.t("not_stored"))

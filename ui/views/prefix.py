@@ -6,36 +6,34 @@ import streamlit as st
 
 from ui.context import ViewContext
 from ui.views.common import figure, table, words
-from viz.prefix import alignment_frame, alignment_table, hits_figure, policy_frame, policy_table
+from viz.prefix import alignment_frame, alignment_table, policies_figure, policy_frame, policy_table
 from viz.tokens import token_cells, visible
 
 CASE_CACHED = "解释什么是Transformer"
 CASES = {"case1": "解释什么是Transformer，举个例子", "case2": "解释什么是大语言模型"}
+CASE_BLOCK_SIZE = 4  # the cached prompt is 11 tokens: blocks of 16 would hide what the block policy reuses
+HEADLINE_ORDER = ("whole", "block", "radix")  # the article's rule first
 
 
 def render(ctx: ViewContext) -> None:
     st.subheader(ctx.t("prefix_title"))
-    st.markdown(ctx.t("prefix_intro"))
     c1, c2 = st.columns(2)
     c1.button(ctx.t("case1"), key="case1", on_click=load_case, args=("case1",))
     c2.button(ctx.t("case2"), key="case2", on_click=load_case, args=("case2",))
+    main = st.container(key="main-figure")  # the headline first, the introduction under it
+    st.markdown(ctx.t("prefix_intro"))
     if ctx.step == 0:
         st.info(ctx.t("need_prefill"))
         return
-    prefill = ctx.runner.session.traces[0]
-    hit = prefill.prefix
     n = len(ctx.runner.prompt_ids)
+    with main:  # the headline: the three policies side by side
+        policies_side_by_side(ctx, n)
+    hit = ctx.runner.session.traces[0].prefix
+    st.markdown(ctx.t("this_run", policy=ctx.t("policy_" + hit.policy)))
     m1, m2, m3 = st.columns(3)
     m1.metric(ctx.t("reused"), hit.reused_tokens)
     m2.metric(ctx.t("computed"), hit.computed_tokens)
     m3.metric(ctx.t("first_difference"), "–" if hit.first_difference is None else hit.first_difference)
-    policy = ctx.t("policy_" + hit.policy)
-    figure(hits_figure(hit.hits, hit.unit, ctx.state.block_size, ctx.t("hits_title", policy=policy), ctx.large,
-                       words(ctx)),
-           "prefix-hits")
-    st.markdown(ctx.t("policies_title"))
-    table(policy_table(policy_frame(ctx.runner.policy_reuse(), n), words(ctx)))
-    st.caption(ctx.t("policies_note"))
     cached = ctx.runner.closest_cached()
     if cached is None:
         st.caption(ctx.t("nothing_cached"))
@@ -46,6 +44,25 @@ def render(ctx: ViewContext) -> None:
     table(alignment_table(alignment_frame(cached, ctx.runner.prompt_ids, cached_labels, new_labels, hit.reused_tokens),
                           words(ctx)))
     st.caption(ctx.t("evictions", count=len(ctx.runner.cache.evictions)))
+
+
+def policies_side_by_side(ctx: ViewContext, n: int) -> None:
+    """The headline: what each policy reuses of this prompt, hit or miss, and per block or token."""
+    reuse = ctx.runner.policy_reuse()
+    ordered = {policy: reuse[policy] for policy in HEADLINE_ORDER}
+    st.markdown(ctx.t("policies_headline", size=ctx.state.block_size))
+    for column, result in zip(st.columns(len(ordered)), ordered.values()):
+        with column.container(key=f"verdict_{result.policy}"):
+            verdict = "verdict_hit" if result.reused_tokens else "verdict_miss"
+            st.metric(ctx.t("policy_" + result.policy), ctx.t(verdict))
+            st.caption(ctx.t("policy_counts", reused=result.reused_tokens, computed=result.computed_tokens,
+                             first=result.reused_tokens))
+    figure(policies_figure(ordered, ctx.state.block_size, ctx.t("policies_fig"), ctx.large, words(ctx)),
+           "prefix-policies")
+    st.caption(ctx.t("case_block_note", size=ctx.state.block_size, case_size=CASE_BLOCK_SIZE) + " "
+               + ctx.t("policies_note"))
+    with st.expander(ctx.t("policies_title")):
+        table(policy_table(policy_frame({p: r.reused_tokens for p, r in ordered.items()}, n), words(ctx)))
 
 
 def load_case(which: str) -> None:

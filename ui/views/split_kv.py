@@ -12,6 +12,7 @@ from viz.split_kv import merge_table, split_figure, split_table, worked_example_
 
 def render(ctx: ViewContext) -> None:
     st.subheader(ctx.t("split_title"))
+    main = st.container(key="main-figure")  # the split figure first, filled once the pickers are drawn
     st.markdown(ctx.t("split_intro"))
     with st.expander(ctx.t("example_title"), expanded=ctx.trace is None):
         example = worked_example()
@@ -23,19 +24,23 @@ def render(ctx: ViewContext) -> None:
     if ctx.trace is None:
         st.info(ctx.t("need_prefill"))
         return
-    splits = ctx.state.kv_splits
-    if ctx.trace.split is None:
+    layer, head = layer_head_pickers(ctx)
+    if ctx.trace.split is not None:  # the run itself attended in splits
+        split, at = ctx.trace.split, (layer, head)
+    elif ctx.trace.scores is not None:  # an unsplit run: the same maths replayed over the recorded scores
+        split, at = ctx.runner.split_demo(ctx.trace, layer, head), (0, 0)
+        st.info(ctx.t("split_demo", splits=len(split.ranges)))
+    else:
         st.info(ctx.t("split_off"))
         return
-    layer, head = layer_head_pickers(ctx)
-    split = ctx.trace.split
-    diff = split.max_abs_diff[layer, head].item()
+    diff = split.max_abs_diff[at].item()
     c1, c2, c3 = st.columns(3)
-    c1.metric(ctx.t("splits"), splits)
+    c1.metric(ctx.t("splits"), len(split.ranges))
     c2.metric(ctx.t("cached_positions"), ctx.trace.context_length)
     c3.metric(ctx.t("max_diff"), f"{diff:.1e}")
-    table(split_table(split, layer, head, words(ctx)))
-    figure(split_figure(split, layer, head, ctx.t("split_fig", layer=layer, head=head), ctx.large, words(ctx)),
-           f"split-L{layer}-H{head}")
+    table(split_table(split, *at, words(ctx)))
+    with main:
+        figure(split_figure(split, *at, ctx.t("split_fig", layer=layer, head=head), ctx.large, words(ctx)),
+               f"split-L{layer}-H{head}")
     with st.expander(ctx.t("merge_table")):
-        table(merge_table(split, layer, head, words(ctx)))
+        table(merge_table(split, *at, words(ctx)))

@@ -1,4 +1,5 @@
-"""Always visible: the phase, the token stream, the text so far, and the candidates for the next token."""
+"""Always shown: the step counter with this step's input and output tokens, the phase, the token stream; and,
+under the view, the text so far and the candidates for the output token."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from ui import safe
 from ui.context import ViewContext
 from ui.views.common import figure, words
 from viz.candidates import candidates_figure, candidates_table
-from viz.tokens import token_frame, token_stream_html
+from viz.tokens import token_chip_styles, token_frame, token_legend_html, token_stream_html, visible
 
 TEMPLATE_STYLE = "background:#8882;border:1px dashed #888;border-radius:4px;color:#666"
 
@@ -28,14 +29,53 @@ def phase_line(ctx: ViewContext) -> str:
     return ctx.t("phase_decode", position=trace.positions[0], length=trace.context_length)
 
 
+def counter_text(ctx: ViewContext) -> str:
+    """The header's counter, e.g. "step 8 · decode · position 43": the step, its phase, the position(s) that went in."""
+    trace = ctx.trace
+    if trace is None:
+        return ctx.t("counter_ready", step=ctx.step)
+    if trace.phase == "prefill":
+        return ctx.t("counter_prefill", step=ctx.step, first=trace.positions[0], last=trace.positions[-1])
+    return ctx.t("counter_decode", step=ctx.step, position=trace.positions[0])
+
+
+def input_positions(ctx: ViewContext) -> range:
+    """The positions whose tokens went into this step: the whole prompt at the prefill, one token after."""
+    trace = ctx.trace
+    return range(0) if trace is None else range(trace.positions[0], trace.positions[-1] + 1)
+
+
+def counter_html(ctx: ViewContext) -> str:
+    """The header line: the step counter, then this step's input token(s) and its output token, as the chips
+    of the token stream draw them. Escaped: tokens are the user's and the model's text."""
+    size = "1rem"
+    line = f'<b class="kv-counter">{html.escape(counter_text(ctx))}</b>'
+    inputs = input_positions(ctx)
+    if inputs:  # a decode step feeds one token; the prefill, every prompt token not reused from the cache
+        cell = ctx.cells[inputs[0]]
+        went_in = (f'<span class="kv-chip kv-{cell.kind} kv-input">{html.escape(visible(cell.text))}</span>'
+                   if len(inputs) == 1 else html.escape(ctx.t("io_prompt_tokens", n=len(inputs))))
+        out = ctx.cells[-1]
+        line += (f' &nbsp;·&nbsp; {html.escape(ctx.t("io_input"))} {went_in} → {html.escape(ctx.t("io_output"))} '
+                 f'<span class="kv-chip kv-newest">{html.escape(visible(out.text))}</span>')
+    return (f"<style>.kv-header .kv-chip{{font-size:{size}}}{token_chip_styles(size)}</style>"
+            f'<div class="kv-header" style="font-size:{size};line-height:1.8">{line}</div>')
+
+
 def render(ctx: ViewContext) -> None:
+    """Under the step buttons: what the step did, and the token stream (a few lines, scrolling)."""
     st.markdown(f"**{phase_line(ctx)}**")
     if ctx.runner.finished and ctx.step == ctx.runner.generated:
         st.info(ctx.t("stopped_" + ctx.runner.session.stop_reason))
+    legend = token_legend_html({kind: ctx.t("legend_" + kind) for kind in ("prompt", "generated", "input")}
+                               | {"newest": ctx.t("legend_output")}, ctx.t("legend_hover"))
+    st.markdown(token_stream_html(ctx.cells, ctx.large, input_positions(ctx), legend), unsafe_allow_html=True)
+
+
+def details(ctx: ViewContext) -> None:
+    """Under the view: the text so far, and the candidates for this step's output token."""
     left, right = st.columns([3, 2])
     with left:
-        st.markdown(token_stream_html(ctx.cells, ctx.large), unsafe_allow_html=True)
-        st.caption(ctx.t("legend"))
         prompt, answer = ctx.runner.texts(ctx.step)
         with st.container(key="generated"):
             # st.code keeps the text exactly (st.text would dedent and strip it); it drops one leading

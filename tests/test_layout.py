@@ -1,0 +1,86 @@
+"""Projector-first layout in headless Chromium: at 1280×720 with large text, the Next button and each view's main
+figure are on the first screen, in English and Chinese; the header's step counter names the step, its phase and
+the input position; on a phone (390×844) Next shows without scrolling sideways.
+
+Needs Debian's chromium and the `playwright` package; `.ci/run` installs both.
+"""
+
+import pytest
+from playwright.sync_api import sync_playwright
+
+import engine
+from tests.server import CHROMIUM, CHROMIUM_ARGS, running_server, settled_text
+from ui import strings
+from ui.state import VIEWS, default_prompt
+
+PROJECTOR = {"width": 1280, "height": 720}
+PHONE = {"width": 390, "height": 844}
+FIGURE_SHOWN = 200  # px of the main figure that must be on the first screen
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with running_server(tmp_path_factory.mktemp("server") / "log.txt") as (url, _):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def projector(browser):
+    page = browser.new_page(viewport=PROJECTOR)
+    yield page
+    page.close()
+
+
+def box(page, selector: str) -> dict:
+    locator = page.locator(selector)
+    assert locator.count() == 1, f"{selector}: {locator.count()} on the page"
+    found = locator.bounding_box()
+    assert found is not None, f"{selector} is not drawn"
+    return found
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+@pytest.mark.parametrize("view", VIEWS)
+def test_next_and_the_main_figure_are_on_the_first_screen_with_large_text(server, projector, view, lang,
+                                                                           embedded_model):
+    projector.goto(f"{server}/?step=8&view={view}&lang={lang}&large=1")
+    settled_text(projector)
+    assert projector.evaluate("window.scrollY") == 0
+    next_button, figure = box(projector, ".st-key-b_next button"), box(projector, ".st-key-main-figure")
+    assert next_button["y"] + next_button["height"] <= PROJECTOR["height"], next_button
+    assert figure["height"] >= FIGURE_SHOWN, figure
+    assert figure["y"] + FIGURE_SHOWN < PROJECTOR["height"], figure
+    assert_step_counter(projector, lang, embedded_model)
+
+
+def assert_step_counter(page, lang: str, model) -> None:
+    """The header at step 8 of the default prompt: "step 8 · decode · position P" with this step's input and
+    output named. Step 1 is the prefill of positions 0…n−1; step k ≥ 2 feeds the token at position n + k − 2."""
+    prompt_tokens = len(engine.DecodeSession(model, default_prompt(lang), chat=True).prompt_ids)
+    assert page.locator(".kv-counter").inner_text() == strings.t("counter_decode", lang, step=8,
+                                                                  position=prompt_tokens + 6)
+    header = page.locator(".kv-header").inner_text()
+    assert strings.t("io_input", lang) in header and strings.t("io_output", lang) in header
+
+
+def test_the_phone_shows_title_and_next_without_scrolling_sideways(server, browser):
+    page = browser.new_page(viewport=PHONE)
+    try:
+        page.goto(f"{server}/?step=8&view=attention")
+        settled_text(page)
+        next_button = box(page, ".st-key-b_next button")
+        assert 0 <= next_button["x"] and next_button["x"] + next_button["width"] <= PHONE["width"], next_button
+        assert next_button["y"] + next_button["height"] <= PHONE["height"], next_button
+        assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+        title, header = box(page, "h1"), box(page, '[data-testid="stHeader"]')
+        assert title["y"] >= header["y"] + header["height"], (title, header)  # not under the sidebar's button
+    finally:
+        page.close()

@@ -13,6 +13,8 @@ from playwright.sync_api import sync_playwright
 import engine
 from tests.server import CHROMIUM, CHROMIUM_ARGS, restarted_server, running_server, settled_text
 
+pytestmark = pytest.mark.browser
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):

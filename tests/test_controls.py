@@ -17,6 +17,8 @@ from ui import strings
 from ui.state import VIEWS
 from ui.views.prefix import CASE_BLOCK_SIZE, CASE_CACHED, CASES
 
+pytestmark = pytest.mark.browser
+
 MAIN = '[data-testid="stMain"]'
 IDLE = '[data-testid="stApp"][data-test-script-state="notRunning"]'
 WAIT_MS = 120_000

@@ -13,6 +13,8 @@ from tests.server import CHROMIUM, CHROMIUM_ARGS, running_server, settled_text
 from ui import strings
 from ui.state import VIEWS, default_prompt
 
+pytestmark = pytest.mark.browser
+
 PROJECTOR = {"width": 1280, "height": 720}
 PHONE = {"width": 390, "height": 844}
 FIGURE_SHOWN = 200  # px of the main figure that must be on the first screen

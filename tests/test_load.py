@@ -10,9 +10,12 @@ import time
 from urllib.parse import quote
 
 import psutil
+import pytest
 from playwright.async_api import async_playwright
 
 from tests.server import CHROMIUM, CHROMIUM_ARGS, running_server
+
+pytestmark = pytest.mark.load
 
 SESSIONS = 30
 STEPS = 3  # Right-arrow presses per session after the link's own step

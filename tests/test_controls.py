@@ -308,9 +308,35 @@ def test_template_toggle_and_downloads(server, page):
         assert download.value.suggested_filename == name
 
 
-def test_start_this_session_again_needs_a_fault():
-    pytest.skip("the 'start this session again' button appears only after a step raised; a browser cannot make "
-                "the engine fail without a fault hook in the app (tests/test_errors.py presses it in AppTest)")
+def test_start_this_session_again_after_a_refused_step(page, tmp_path):
+    """A host whose step budget (KVSCOPE_STEP_MEMORY_MB, at its floor of 16) cannot hold this prompt's
+    attention heatmap: the view refuses it with a message and offers to start the session again."""
+    prompt = "one two three four five six seven eight nine ten " * 30  # ~300 tokens: over the heatmap limit
+    env = {"KVSCOPE_STEP_MEMORY_MB": "16"}
+    with running_server(tmp_path / "log.txt", env=env) as (url, _):
+        page.goto(f"{url}/?{urlencode({'prompt': prompt, 'chat': '0', 'step': '1', 'view': 'attention'})}")
+        idle(page)
+        error = page.locator(MAIN + ' [data-testid="stAlertContentError"]')
+        expect(error).to_contain_text("KVSCOPE_STEP_MEMORY_MB", timeout=WAIT_MS)
+        restart = page.get_by_role("button", name=strings.t("reset_session"))
+        restart.click()
+        until_link(page, step=0, view="attention")
+        expect(restart).to_have_count(0, timeout=WAIT_MS)
+        expect(error).to_have_count(0)
+        assert prompt.strip() in settled_text(page)
+
+
+def test_use_the_default_model_after_a_model_fails_to_load(page, tmp_path):
+    """A host that allows any model, a link naming one that cannot be read offline: the page says why and
+    offers the embedded default, which then loads and steps."""
+    with running_server(tmp_path / "log.txt", env={"KVSCOPE_ALLOW_ANY_MODEL": "1"}) as (url, _):
+        page.goto(f"{url}/?model=nobody/no-such-model&step=1")
+        idle(page)
+        expect(page.locator(MAIN + ' [data-testid="stAlertContentError"]')).to_contain_text("no-such-model",
+                                                                                          timeout=WAIT_MS)
+        page.get_by_role("button", name=strings.t("use_default")).click()
+        text = until_link(page, model=None, step=1)
+        assert "What is a KV cache?" in text
 
 
 # -- the article's cases, at the default settings ------------------------------------------------

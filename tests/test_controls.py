@@ -300,8 +300,8 @@ def test_template_toggle_and_downloads(server, page):
     open_page(page, server, step=2)
     assert page.locator(".kv-template").count() == 0
     toggle(page, "w_show_template")
-    idle(page)
-    expect(page.locator(".kv-template").first).to_be_visible()
+    expect(page.locator(".kv-template").first).to_be_visible(timeout=WAIT_MS)
+    idle(page)  # the run that drew it has finished: a download pressed now is not lost to a rerun
     for key, name in (("dl_trace", "kvscope-step-2.json"), ("dl_tokens", "kvscope-tokens-step-2.csv")):
         with page.expect_download(timeout=WAIT_MS) as download:
             press(page, key)

@@ -60,7 +60,7 @@ async def settled(page) -> str:
     return await page.eval_on_selector(".st-key-generated code", "el => el.textContent")
 
 
-async def press_until_step(page, step: int, deadline_s: float = 300) -> None:
+async def press_until_step(page, step: int, deadline_s: float = 900) -> None:
     """Press → until the link reaches `step`. A press that lands while the page is still finishing a run can
     meet greyed buttons and be refused (by design, tests/test_browser.py pins it); this test is about many
     sessions at once, so such a press is made again once the page is idle."""
@@ -69,7 +69,7 @@ async def press_until_step(page, step: int, deadline_s: float = 300) -> None:
     while True:
         await page.keyboard.press("ArrowRight")
         try:
-            await page.wait_for_function(reached, timeout=60_000)
+            await page.wait_for_function(reached, timeout=120_000)
             return
         except PlaywrightTimeout:
             if time.monotonic() - started > deadline_s:
@@ -80,7 +80,7 @@ async def press_until_step(page, step: int, deadline_s: float = 300) -> None:
 async def student(browser, url: str, i: int) -> dict:
     context = await browser.new_context(viewport={"width": 1280, "height": 900})  # its own cookies: its own session
     page = await context.new_page()
-    page.set_default_timeout(300_000)  # 30 pages share 2 cores with the server
+    page.set_default_timeout(900_000)  # 30 pages share 2 cores with the server; each step redraws the whole page
     await page.goto(f"{url}/?prompt={quote(prompt_for(i))}&step=1&view={['flow', 'attention', 'kv'][i % 3]}",
                     wait_until="domcontentloaded")
     first = await settled(page)

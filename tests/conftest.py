@@ -93,3 +93,12 @@ def tiny_model(tiny_model_dir):
 @pytest.fixture(scope="session")
 def embedded_model(embedded_folder) -> engine.Model:
     return engine.load_model("embedded", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A real Streamlit server on loopback for one browser test module; its URL."""
+    from tests.server import running_server
+
+    with running_server(tmp_path_factory.mktemp("server") / "log.txt") as (url, _):
+        yield url

@@ -9,7 +9,7 @@ import pytest
 from playwright.sync_api import sync_playwright
 
 import engine
-from tests.server import CHROMIUM, CHROMIUM_ARGS, running_server, settled_text
+from tests.server import CHROMIUM, CHROMIUM_ARGS, settled_text
 from ui import strings
 from ui.state import VIEWS, default_prompt
 
@@ -18,12 +18,6 @@ pytestmark = pytest.mark.browser
 PROJECTOR = {"width": 1280, "height": 720}
 PHONE = {"width": 390, "height": 844}
 FIGURE_SHOWN = 200  # px of the main figure that must be on the first screen
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with running_server(tmp_path_factory.mktemp("server") / "log.txt") as (url, _):
-        yield url
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ Block b holds the K/V of `block_size` consecutive positions; a sequence's block 
 logical block i (positions i·B … i·B+B−1) to a physical block anywhere in the pool, so the cache
 grows a block at a time without ever copying what is already stored.
 
-Threads: a pool's `lock` guards its bookkeeping only (ref counts, the free list and, through its
-owner, a prefix index). Reading and writing K/V take no lock, so sessions sharing a pool run their
+Threads: a pool's `lock` guards its bookkeeping only (ref counts, the free list and, for a prefix
+cache's pool, the cache's index). Reading and writing K/V take no lock, so sessions sharing a pool run their
 forward passes at once. That is safe because a session writes only positions past its table's
 length, which lie in blocks it allocated itself (ref count 1, dropped from any index on allocation);
 blocks it shares with others are full prompt blocks, below that length, so nobody writes them while
@@ -29,20 +29,24 @@ import torch
 from engine.errors import CacheFullError, InvalidSettingError
 
 
-class BlockCacheOwner(Protocol):
-    """A prefix cache that keeps released blocks hittable until the pool reuses them."""
+class BlockAllocator(Protocol):
+    """Where a block table gets its blocks: a `BlockPool`, or a `PrefixCache` over one (which evicts
+    what it cached when the pool hands out a block it still held)."""
 
-    def holds(self, block: int) -> bool: ...
+    def require_free(self, count: int) -> None: ...
 
-    def evict(self, block: int) -> set[int]: ...
+    def allocate(self) -> int: ...
+
+    def release(self, block: int) -> None: ...
 
 
 class BlockPool:
     """K and V storage for all layers: two tensors of shape (layers, blocks, block_size, kv_heads, head_dim).
 
-    Free blocks wait in `free`, least recently used first. A released block that a prefix cache still
-    holds goes to the back (it stays hittable); an empty one goes to the front (reused first).
-    Allocation takes the front block, evicting it from the cache if the cache held it.
+    Free blocks wait in `free`, least recently used first, and allocation takes the front one. A block
+    released with `cached=True` (a prefix cache still finds it) goes to the back, so it stays hittable
+    as long as possible; an empty one goes to the front, to be reused first. The pool knows nothing of
+    what a cache holds: the cache says so when it releases, and evicts when it allocates.
     """
 
     def __init__(
@@ -68,7 +72,6 @@ class BlockPool:
         self.v = torch.empty(shape, dtype=dtype, device=device)
         self.ref_count = [0] * num_blocks
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
-        self.owner: BlockCacheOwner | None = None
         self.lock = threading.RLock()  # held by callers around allocate/retain/release and index updates
 
     @property
@@ -94,16 +97,17 @@ class BlockPool:
                                  "(or hold the cached prefix being reused)")
 
     def allocate(self) -> int:
+        """The least recently used free block, now held once."""
         self.require_free(1)
         block, _ = self.free.popitem(last=False)
-        if self.owner is not None and self.owner.holds(block):
-            # Evicting one block can drop others from the index (the radix subtree below it, whole prompts
-            # stored in it): free ones among them are now empty and go to the front, to be reused first.
-            for dropped in self.owner.evict(block):
-                if dropped != block and dropped in self.free:
-                    self.free.move_to_end(dropped, last=False)
         self.ref_count[block] = 1
         return block
+
+    def emptied(self, blocks: Iterable[int]) -> None:
+        """Free `blocks` no cache holds any more go to the front of the free list, to be reused first."""
+        for block in blocks:
+            if block in self.free:
+                self.free.move_to_end(block, last=False)
 
     def retain(self, block: int) -> None:
         """One more user of `block`; a cached free block leaves the free list (a cache hit)."""
@@ -111,11 +115,12 @@ class BlockPool:
             del self.free[block]
         self.ref_count[block] += 1
 
-    def release(self, block: int) -> None:
+    def release(self, block: int, cached: bool = False) -> None:
+        """One user fewer; at none the block is free: last in line when `cached`, else first."""
         self.ref_count[block] -= 1
         if self.ref_count[block] == 0:
             self.free[block] = None
-            if self.owner is None or not self.owner.holds(block):
+            if not cached:
                 self.free.move_to_end(block, last=False)
 
     def copy_slots(self, source: list[int], target: list[int]) -> None:
@@ -150,12 +155,20 @@ class BlockPool:
 
 @dataclass
 class BlockTable:
-    """One sequence's logical → physical block map, plus how many positions are filled."""
+    """One sequence's logical → physical block map, plus how many positions are filled.
+
+    Blocks come from `allocator` and go back to it: the pool itself, or a prefix cache over the pool.
+    """
 
     pool: BlockPool
     blocks: list[int] = field(default_factory=list)
     length: int = 0
+    allocator: BlockAllocator | None = None  # None: the pool
     _device_blocks: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.allocator is None:
+            self.allocator = self.pool
 
     def append(self, count: int) -> list[tuple[int, int]]:
         """Reserve the next `count` positions; return (physical block, offset) for each.
@@ -164,11 +177,11 @@ class BlockTable:
         table unchanged. (If an allocation fails anyway, `roll_back` undoes what was added.)
         """
         size = self.pool.block_size
-        self.pool.require_free(self.blocks_needed(count))
+        self.allocator.require_free(self.blocks_needed(count))
         placed = []
         for position in range(self.length, self.length + count):
             if position // size == len(self.blocks):
-                self.add(self.pool.allocate())
+                self.add(self.allocator.allocate())
             placed.append((self.blocks[position // size], position % size))
         self.length += count
         return placed
@@ -189,7 +202,7 @@ class BlockTable:
         """
         count, length = mark
         for block in reversed(self.blocks[count:]):
-            self.pool.release(block)
+            self.allocator.release(block)
         del self.blocks[count:]
         self.length = length
         self._device_blocks = None
@@ -217,7 +230,7 @@ class BlockTable:
     def free(self) -> None:
         # Last blocks first, so a sequence's tail is evicted before the prefix others may share.
         for block in reversed(self.blocks):
-            self.pool.release(block)
+            self.allocator.release(block)
         self.blocks = []
         self.length = 0
         self._device_blocks = None

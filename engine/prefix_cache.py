@@ -19,14 +19,15 @@ from __future__ import annotations
 import hashlib
 import math
 from array import array
-from collections import OrderedDict, deque
+from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from engine.errors import InvalidSettingError
-from engine.kv_cache import BlockPool
+from engine.kv_cache import BlockPool, BlockTable
+from engine.trace import PrefixHit
 
 POLICIES = ("block", "radix", "whole")
-RECENT_PROMPTS = 64  # published prompts remembered to show where a new prompt first differs
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,9 @@ class Eviction:
 
 
 class PrefixCache:
-    """A bounded pool of K/V blocks shared by the sessions that use this cache, plus a prefix index."""
+    """The one owner of prefix caching: a bounded pool of K/V blocks shared by the sessions that use
+    this cache, the prefix index over it, and the allocation rule that ties them (a block the pool
+    hands out is first evicted from the index; a released block the index holds stays hittable)."""
 
     def __init__(self, model, policy: str = "block", block_size: int = 16, capacity_blocks: int = 512):
         if policy not in POLICIES:
@@ -46,26 +49,68 @@ class PrefixCache:
         self.model = model
         self.policy = policy
         self.pool: BlockPool = model.new_pool(capacity_blocks, block_size)
-        self.pool.owner = self
         self.block_size = block_size
         self.index = INDEXES[policy](block_size)
-        self.prompts: OrderedDict[tuple[int, ...], None] = OrderedDict()
         self.evictions: deque[Eviction] = deque(maxlen=1000)
         self._unreported: list[int] = []
 
-    # -- used by the pool ----------------------------------------------------------------------
+    # -- the block allocator of the tables that use this cache (called with the pool's lock held) --------
 
-    def holds(self, block: int) -> bool:
-        return self.index.holds(block)
+    def require_free(self, count: int, keeping: Iterable[int] = ()) -> None:
+        self.pool.require_free(count, keeping)
 
-    def evict(self, block: int) -> set[int]:
-        """Forget `block`; return every block the index no longer holds because of it (`block` too)."""
-        dropped = self.index.forget(block)
-        self.evictions.append(Eviction(block, self.policy))
-        self._unreported.append(block)
-        return dropped
+    def allocate(self) -> int:
+        """A free block for new K/V; if the index still held it, it is evicted first."""
+        block = self.pool.allocate()
+        if self.index.holds(block):
+            # Evicting one block can drop others from the index (the radix subtree below it, whole
+            # prompts stored in it): free ones among them are now empty, to be reused first.
+            self.pool.emptied(self.index.forget(block) - {block})
+            self.evictions.append(Eviction(block, self.policy))
+            self._unreported.append(block)
+        return block
 
-    # -- used by sessions ----------------------------------------------------------------------
+    def release(self, block: int) -> None:
+        self.pool.release(block, cached=self.index.holds(block))
+
+    # -- used by sessions (with the pool's lock held) -----------------------------------------------------
+
+    def attach(self, ids: list[int], table: BlockTable) -> PrefixHit:
+        """Start `table` (empty) from the cached K/V of `ids`'s longest reusable prefix: whole blocks are
+        shared, a partly reused block is copied into a new one. Returns the hit record.
+
+        When the whole prompt cannot fit (copies plus the blocks of its computed positions),
+        CacheFullError is raised before anything changes.
+        """
+        pool, size, n = self.pool, self.block_size, len(ids)
+        per_token = self.lookup(ids)
+        reused = len(per_token)
+        segments = [per_token[start:start + size] for start in range(0, reused, size)]
+        whole = [len(segment) == size and len(set(segment)) == 1 for segment in segments]
+        sources = sorted(set(per_token))
+        pool.require_free(whole.count(False) + math.ceil(n / size) - len(segments), keeping=sources)
+        for block in sources:  # pin them: allocating a copy must not evict a block we read from
+            pool.retain(block)
+        shared, copied = [], []
+        try:
+            for segment, is_whole in zip(segments, whole):
+                if is_whole:
+                    pool.retain(segment[0])
+                    table.add(segment[0])
+                    shared.append(segment[0])
+                else:
+                    block = self.allocate()
+                    table.add(block)
+                    copied.append(block)
+                    pool.copy_slots([b * size + i for i, b in enumerate(segment)],
+                                    [block * size + i for i in range(len(segment))])
+        finally:
+            for block in sources:
+                self.release(block)
+        table.length = reused
+        unit, hits = reuse_hits(self.policy, reused, n, size)
+        return PrefixHit(policy=self.policy, reused_tokens=reused, computed_tokens=n - reused, unit=unit, hits=hits,
+                         shared_blocks=shared, copied_blocks=copied)
 
     def lookup(self, ids: list[int]) -> list[int]:
         """For each reusable leading token of `ids`, the physical block that holds its K/V."""
@@ -75,24 +120,25 @@ class PrefixCache:
     def publish(self, ids: list[int], table_blocks: list[int]) -> None:
         """Make a finished session's prompt K/V findable (its blocks stay put; nothing is copied)."""
         self.index.publish(ids, table_blocks)
-        key = tuple(ids)
-        self.prompts[key] = None
-        self.prompts.move_to_end(key)
-        while len(self.prompts) > RECENT_PROMPTS:
-            self.prompts.popitem(last=False)
-
-    def closest_prompt(self, ids: list[int]) -> tuple[list[int], int] | None:
-        """The recently published prompt sharing the longest prefix with `ids`, and that prefix's length."""
-        return closest_prompt(self.prompts, ids)
 
     def take_evictions(self) -> list[int]:
         """Blocks evicted since the last call."""
         out, self._unreported = self._unreported, []
         return out
 
+    # -- what the cache holds ---------------------------------------------------------------------------
+
+    def holds(self, block: int) -> bool:
+        return self.index.holds(block)
+
     @property
     def cached_blocks(self) -> int:
         return sum(1 for b in range(self.pool.num_blocks) if self.holds(b))
+
+    def cached_free_blocks(self) -> int:
+        """Free blocks a lookup can still hit (read under the pool's lock: the pool may be shared)."""
+        with self.pool.lock:
+            return sum(1 for block in self.pool.free if self.holds(block))
 
 
 def reusable_tokens(policy: str, matched: int, prompt_length: int, block_size: int) -> int:
@@ -120,33 +166,44 @@ class PolicyReuse:
     hits: list[bool]
 
 
-def predicted_reuse(history: list[list[int]], ids: list[int], block_size: int) -> dict[str, PolicyReuse]:
-    """What each policy would reuse for `ids` after the prompts in `history` were published (no eviction).
+class PromptHistory:
+    """The prompts one user published, oldest first (the last `limit`): what a new prompt is aligned
+    with, and what the policy comparison replays."""
 
-    The same indexes as `PrefixCache`, run over token ids alone, to compare the policies side by side.
-    """
-    out = {}
-    for policy in POLICIES:
-        index = INDEXES[policy](block_size)
-        next_block = 0
-        for earlier in history:
-            blocks = list(range(next_block, next_block + math.ceil(len(earlier) / block_size)))
-            next_block += len(blocks)
-            index.publish(list(earlier), blocks)
-        reused = reusable_tokens(policy, len(index.match(ids)), len(ids), block_size)
-        out[policy] = PolicyReuse(policy, reused, len(ids) - reused, *reuse_hits(policy, reused, len(ids), block_size))
-    return out
+    def __init__(self, limit: int = 8):
+        self.limit = limit
+        self.prompts: list[list[int]] = []
 
+    def add(self, ids: list[int]) -> None:
+        self.prompts = (self.prompts + [list(ids)])[-self.limit:]
 
-def closest_prompt(prompts, ids: list[int]) -> tuple[list[int], int] | None:
-    """Of `prompts` (oldest first), the one sharing the longest prefix with `ids` (the newest on a
-    tie) and the length of that prefix; None when there are none."""
-    best = None
-    for prompt in reversed(list(prompts)):
-        shared = common_prefix_length(prompt, ids)
-        if best is None or shared > best[1]:
-            best = (list(prompt), shared)
-    return best
+    def closest(self, ids: list[int]) -> tuple[list[int], int] | None:
+        """The prompt sharing the longest prefix with `ids` (the newest on a tie) and that prefix's
+        length, i.e. the first position where they differ; None when nothing was published."""
+        best = None
+        for prompt in reversed(self.prompts):
+            shared = common_prefix_length(prompt, ids)
+            if best is None or shared > best[1]:
+                best = (prompt, shared)
+        return best
+
+    def predicted_reuse(self, ids: list[int], block_size: int) -> dict[str, PolicyReuse]:
+        """What each policy would reuse for `ids` after these prompts were published (no eviction).
+
+        The same indexes as `PrefixCache`, run over token ids alone, to compare the policies side by side.
+        """
+        out = {}
+        for policy in POLICIES:
+            index = INDEXES[policy](block_size)
+            next_block = 0
+            for earlier in self.prompts:
+                blocks = list(range(next_block, next_block + math.ceil(len(earlier) / block_size)))
+                next_block += len(blocks)
+                index.publish(earlier, blocks)
+            reused = reusable_tokens(policy, len(index.match(ids)), len(ids), block_size)
+            out[policy] = PolicyReuse(policy, reused, len(ids) - reused,
+                                      *reuse_hits(policy, reused, len(ids), block_size))
+        return out
 
 
 def common_prefix_length(a, b) -> int:

@@ -25,11 +25,11 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import InvalidSettingError, PromptTooLongError, SessionStateError
 from engine.kv_cache import BlockPool, BlockTable
 from engine.model import ForwardRecord, Model
-from engine.prefix_cache import PrefixCache, reuse_hits
+from engine.prefix_cache import PrefixCache
 from engine.prompt import tokenize_prompt
 from engine.sampler import FilterStages, Sampling, sample
 from engine.split_kv import MAX_KV_SPLITS
-from engine.trace import Candidate, Capture, PrefixHit, StepTrace
+from engine.trace import Candidate, Capture, StepTrace
 
 TOP_CANDIDATES = 10
 
@@ -95,7 +95,7 @@ class DecodeSession:
         else:
             capacity = min(len(self.prompt_ids) + max_new_tokens, limit)
             self.pool = model.new_pool(math.ceil(capacity / block_size), block_size)
-        self.table = BlockTable(self.pool)
+        self.table = BlockTable(self.pool, allocator=prefix_cache)
         self.generated: list[int] = []
         self.traces: list[StepTrace] = []
         self.detokenizer = IncrementalDetokenizer(model.tokenizer)
@@ -128,7 +128,8 @@ class DecodeSession:
             raise SessionStateError("prefill() runs once, at the start; call step() to decode")
         with self._undone_on_error():
             with self.pool.lock:
-                prefix = self._reuse_cached_prefix() if self.prefix_cache is not None else None
+                cache = self.prefix_cache
+                prefix = cache.attach(self.prompt_ids, self.table) if cache is not None else None
             start = self.table.length
             trace = self._run("prefill", self.prompt_ids[start:], list(range(start, len(self.prompt_ids))))
             trace.prefix = prefix
@@ -250,51 +251,6 @@ class DecodeSession:
         if len(self.traces) > self.keep_full_traces:
             self.traces[-self.keep_full_traces - 1].slim()
         return trace
-
-    def _reuse_cached_prefix(self) -> PrefixHit:
-        """Start the block table from cached K/V: whole blocks are shared, a partly reused one is copied.
-
-        Called with the pool's lock held. When the whole prompt cannot fit (copies plus the blocks of
-        its computed positions), CacheFullError is raised before anything changes.
-        """
-        cache, pool, size, n = self.prefix_cache, self.pool, self.pool.block_size, len(self.prompt_ids)
-        per_token = cache.lookup(self.prompt_ids)
-        reused = len(per_token)
-        segments = [per_token[start:start + size] for start in range(0, reused, size)]
-        whole = [len(segment) == size and len(set(segment)) == 1 for segment in segments]
-        sources = sorted(set(per_token))
-        pool.require_free(whole.count(False) + math.ceil(n / size) - len(segments), keeping=sources)
-        for block in sources:  # pin them: allocating a copy must not evict a block we read from
-            pool.retain(block)
-        shared, copied = [], []
-        try:
-            for segment, is_whole in zip(segments, whole):
-                if is_whole:
-                    pool.retain(segment[0])
-                    self.table.add(segment[0])
-                    shared.append(segment[0])
-                else:
-                    block = pool.allocate()
-                    self.table.add(block)
-                    copied.append(block)
-                    pool.copy_slots([b * size + i for i, b in enumerate(segment)],
-                                    [block * size + i for i in range(len(segment))])
-        finally:
-            for block in sources:
-                pool.release(block)
-        self.table.length = reused
-        closest = cache.closest_prompt(self.prompt_ids)
-        unit, hits = reuse_hits(cache.policy, reused, n, size)
-        return PrefixHit(
-            policy=cache.policy,
-            reused_tokens=reused,
-            computed_tokens=n - reused,
-            first_difference=None if closest is None else closest[1],
-            unit=unit,
-            hits=hits,
-            shared_blocks=shared,
-            copied_blocks=copied,
-        )
 
     def _heavy_fields(self, record: ForwardRecord, token_id: int) -> dict:
         """A trace's tensors (`StepTrace.HEAVY`) from one forward pass and the id it drew."""

@@ -62,7 +62,6 @@ class PrefixHit:
     policy: str  # "block", "radix" or "whole"
     reused_tokens: int  # K/V taken from the cache, not recomputed
     computed_tokens: int  # prompt tokens this prefill computed
-    first_difference: int | None  # first position differing from the closest cached prompt (None: cache empty)
     unit: str  # "block" or "token": what `hits` is per
     hits: list[bool]  # per prompt block (block policy) or token: reused or not
     shared_blocks: list[int]  # cached physical blocks now in this sequence's table

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import engine
-from engine.prefix_cache import PrefixCache
+from engine.prefix_cache import PrefixCache, PromptHistory
 
 CASE_CACHED = "解释什么是Transformer"
 CASE_1 = "解释什么是Transformer，举个例子"
@@ -70,8 +70,6 @@ def test_source_article_cases_on_the_embedded_tokenizer(block_size, tiny_model, 
             trace = prefill_then_close(model, cache, new)
             assert trace.prefix.reused_tokens == expected_reuse(policy, cached, new, block_size)
             reuse[policy, name] = trace.prefix.reused_tokens
-            assert trace.prefix.first_difference == next(
-                i for i, (x, y) in enumerate(zip(cached + [-1], new + [-2])) if x != y)
     # Case 1 extends the cached prompt: the article's rule reuses all of it.
     assert reuse["whole", "case1"] == len(cached) == reuse["radix", "case1"]
     # Case 2 edits it: the article's rule reuses nothing, SGLang every token before the edit.
@@ -124,13 +122,11 @@ def test_only_prompt_tokens_are_published_and_only_on_close(tiny_model):
     session.prefill()
     for _ in range(5):
         session.step()
-    empty_cache = prefill_then_close(model, PrefixCache(model, "radix", 4), a)
     assert prefill_then_close(model, cache, a).prefix.reused_tokens == 0  # not published yet
     generated = list(session.generated)
     session.close()
     trace = prefill_then_close(model, cache, a + generated)
     assert trace.prefix.reused_tokens == len(a)  # the answer's K/V is not shared
-    assert empty_cache.prefix.first_difference is None  # nothing cached to compare with
 
 
 def test_lru_eviction_keeps_in_use_blocks_and_forgets_evicted_ones(tiny_model):
@@ -227,16 +223,16 @@ def test_pool_stays_consistent_over_random_sessions(policy, ops, tiny_model):
 
 
 def test_predicted_reuse_matches_what_real_caches_reuse(tiny_model, tokenizer):
-    from engine.prefix_cache import predicted_reuse
-
     model = tiny_model("llama")
-    history = [tokenizer.encode(CASE_CACHED), tokenizer.encode("解释什么是注意力")]
+    history = PromptHistory()
+    for earlier in (CASE_CACHED, "解释什么是注意力"):
+        history.add(tokenizer.encode(earlier))
     for new in (CASE_1, CASE_2, "解释什么是注意力机制"):
         ids = tokenizer.encode(new)
-        predicted = predicted_reuse(history, ids, 4)
+        predicted = history.predicted_reuse(ids, 4)
         for policy in ("block", "radix", "whole"):
             cache = PrefixCache(model, policy=policy, block_size=4)
-            for earlier in history:
+            for earlier in history.prompts:
                 prefill_then_close(model, cache, earlier)
             prefix = prefill_then_close(model, cache, ids).prefix
             assert prefix.reused_tokens == predicted[policy].reused_tokens, (new, policy)
@@ -422,14 +418,23 @@ def test_blocks_an_eviction_drops_from_the_index_are_reused_before_cached_ones(t
 def test_predicted_reuse_gives_each_policy_its_hits_per_block_or_token():
     """The article's two cases in miniature: an 11-token cached prompt, extended (a whole-prompt hit) or
     edited at position 9 (a miss under the whole-prompt rule), with blocks of 4."""
-    from engine.prefix_cache import predicted_reuse
-
-    cached = list(range(1, 12))
-    extended = predicted_reuse([cached], cached + [50, 51], 4)
+    history = PromptHistory()
+    history.add(cached := list(range(1, 12)))
+    extended = history.predicted_reuse(cached + [50, 51], 4)
     assert {p: r.reused_tokens for p, r in extended.items()} == {"whole": 11, "block": 8, "radix": 11}
     assert extended["whole"].unit == "token" and extended["whole"].hits == [True] * 11 + [False] * 2
     assert extended["block"].unit == "block" and extended["block"].hits == [True, True, False, False]
-    edited = predicted_reuse([cached], cached[:9] + [60, 61, 62], 4)
+    edited = history.predicted_reuse(cached[:9] + [60, 61, 62], 4)
     assert {p: (r.reused_tokens, r.computed_tokens) for p, r in edited.items()} == {
         "whole": (0, 12), "block": (8, 4), "radix": (9, 3)}
     assert edited["whole"].hits == [False] * 12 and edited["radix"].hits == [True] * 9 + [False] * 3
+
+
+def test_prompt_history_aligns_with_the_prompt_sharing_the_longest_prefix():
+    history = PromptHistory(limit=3)
+    assert history.closest([1, 2, 3]) is None  # nothing published: nothing to compare with
+    for prompt in ([1, 2, 9], [1, 2, 3, 4], [1, 7], [1, 2, 3, 5]):
+        history.add(prompt)
+    assert history.prompts == [[1, 2, 3, 4], [1, 7], [1, 2, 3, 5]]  # the oldest of four is dropped
+    assert history.closest([1, 2, 3, 6]) == ([1, 2, 3, 5], 3)  # a tie goes to the newest; differs at 3
+    assert history.closest([8]) == ([1, 2, 3, 5], 0)

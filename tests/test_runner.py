@@ -43,7 +43,7 @@ def test_a_new_prompt_publishes_the_old_one(tiny_model):
     runner.configure(config("first prompt here"))
     runner.advance_to(1)
     runner.configure(config("first prompt here, extended"))
-    assert runner.history == [runner.model.tokenizer.encode("first prompt here")]
+    assert runner.history.prompts == [runner.model.tokenizer.encode("first prompt here")]
     assert runner.policy_reuse()["radix"].reused_tokens > 0
 
 

@@ -19,7 +19,8 @@ from viz.prefix import alignment_frame, policies_figure, policy_frame, policy_ta
 from viz.split_kv import split_frame, split_table
 from viz.style import OKABE_ITO, contrast_ratio, window
 from viz.words import ENGLISH
-from viz.tokens import token_cells, token_stream_html
+from engine.tokens import token_cells
+from viz.tokens import token_stream_html
 
 QWEN3_06B = ModelInfo(name="Qwen/Qwen3-0.6B", family="qwen3", layers=28, hidden=1024, q_heads=16, kv_heads=8,
                       head_dim=128, intermediate=3072, vocab=151936, tied_embeddings=True, context_limit=40960,
@@ -266,11 +267,12 @@ def test_steady_costs_use_the_median_decode_step_and_bytes_from_the_model(run, t
 
 
 def test_policies_side_by_side_show_each_block_or_token_as_hit_or_miss():
-    from engine.prefix_cache import predicted_reuse
+    from engine.prefix_cache import PromptHistory
     from viz.style import HIT_COLOR, MISS_COLOR
 
-    cached = list(range(1, 12))
-    reuse = predicted_reuse([cached], cached[:9] + [60, 61, 62], 4)  # 12 tokens, first differing at 9
+    history = PromptHistory()
+    history.add(cached := list(range(1, 12)))
+    reuse = history.predicted_reuse(cached[:9] + [60, 61, 62], 4)  # 12 tokens, first differing at 9
     zh = figure_words("zh")
     fig = policies_figure({p: reuse[p] for p in ("whole", "block", "radix")}, 4, words=zh)
     rows = {bar.y[0]: bar for bar in fig.data}

@@ -1,4 +1,5 @@
-"""What every view gets: the model, the run, the state from the link, the shown step and its trace."""
+"""What every view gets: the run (its window onto the engine), the state from the link, the shown step and
+its trace. Views read the run only through `Runner`'s concept-named methods."""
 
 from __future__ import annotations
 
@@ -6,16 +7,16 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import engine
+from engine.tokens import TokenCell
 from engine.trace import StepTrace
 from ui import strings
 from ui.runner import Runner
 from ui.state import AppState
-from viz.tokens import TokenCell, token_cells, visible
+from viz.tokens import visible
 
 
 @dataclass
 class ViewContext:
-    model: engine.Model
     runner: Runner
     state: AppState
     step: int  # tokens generated and shown
@@ -28,10 +29,14 @@ class ViewContext:
     def large(self) -> bool:
         return self.state.large
 
+    @property
+    def info(self) -> engine.ModelInfo:
+        return self.runner.info
+
     @cached_property
     def cells(self) -> list[TokenCell]:
         """Prompt tokens and the tokens generated so far, in one sequence."""
-        return token_cells(self.model.tokenizer, self.runner.prompt_ids, self.runner.session.generated[: self.step])
+        return self.runner.cells(self.step)
 
     @cached_property
     def labels(self) -> list[str]:

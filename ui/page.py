@@ -294,12 +294,12 @@ def draw_step(model: engine.Model, runner: Runner, in_fragment: bool = False) ->
     requested = ss.step
     ss.step = runner.advance_to(requested)
     if ss.step < requested:
-        st.warning(t("step_unreachable", step=requested, reached=ss.step, reason=runner.session.stop_reason))
+        st.warning(t("step_unreachable", step=requested, reached=ss.step, reason=runner.stop_reason))
     state, problems = clamp(current_state(), model.info.layers, model.info.q_heads)
     for problem in problems:
         show_problem(problem)
         ss["w_" + problem.param] = getattr(state, problem.param)
-    ctx = ViewContext(model=model, runner=runner, state=state, step=ss.step, trace=runner.trace(ss.step))
+    ctx = ViewContext(runner=runner, state=state, step=ss.step, trace=runner.trace(ss.step))
     counter.html(stepper.counter_html(ctx))
     stepper.render(ctx)
     st.radio(t("view"), VIEWS, key="w_view", horizontal=True, format_func=labels("view_"),

@@ -15,9 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import engine
-from engine.prefix_cache import PolicyReuse, closest_prompt, predicted_reuse
+from engine.prefix_cache import PolicyReuse, PromptHistory
+from engine.prompt import PromptSegment, prompt_segments
 from engine.split_kv import split_demo
-from engine.trace import SplitKVTrace, StepTrace
+from engine.tokens import TokenCell, token_cells
+from engine.trace import PrefixHit, SplitKVTrace, StepTrace
 from ui.settings import Limits, load_limits, step_limits
 
 HISTORY = 8  # published prompts kept for the policy comparison
@@ -131,7 +133,7 @@ class Runner:
         self.config: RunConfig | None = None
         self.session: engine.DecodeSession | None = None
         self.cache: engine.PrefixCache | None = None
-        self.history: list[list[int]] = []  # prompts published in this browser session, oldest first
+        self.history = PromptHistory(HISTORY)  # the prompts this browser session published
         self._rebuilt: tuple[int, StepTrace] | None = None  # the last slimmed step rebuilt, for reruns
         self._attention: tuple[tuple, tuple] | None = None
         self._finalizer: weakref.finalize | None = None
@@ -207,7 +209,7 @@ class Runner:
             published = bool(self.session.traces)
             self.session.close()
             if published:
-                self.history = (self.history + [list(self.session.prompt_ids)])[-HISTORY:]
+                self.history.add(self.session.prompt_ids)
             self.session = None
 
     # -- stepping ------------------------------------------------------------------------------
@@ -306,17 +308,63 @@ class Runner:
         _, v = self.cached_kv(layer, length)  # positions before `length` hold the same K/V at any later step
         return split_demo(trace.scores[layer, head, -1], v[:, head // self.model.info.gqa_group])
 
-    def cached_free_blocks(self) -> int:
-        """Free blocks the prefix cache still holds (read under the pool's lock: a classroom pool is shared)."""
-        with self.session.pool.lock:
-            return sum(1 for block in self.session.pool.free if self.cache.holds(block))
+    # -- the window the views read: concept-named, plain data (never the session, pool or tokenizer) --
+
+    @property
+    def info(self) -> engine.ModelInfo:
+        return self.model.info
+
+    @property
+    def stop_reason(self) -> str | None:
+        return self.session.stop_reason
+
+    def cells(self, step: int) -> list[TokenCell]:
+        """The prompt's tokens and the first `step` generated ones, one cell each."""
+        return token_cells(self.model.tokenizer, self.session.prompt_ids, self.session.generated[:step])
+
+    def prompt_cells(self, ids: list[int]) -> list[TokenCell]:
+        """Cells for another prompt's ids (e.g. the cached prompt a new one is aligned with)."""
+        return token_cells(self.model.tokenizer, ids, [])
+
+    def prompt_tail_text(self, keep: int) -> str:
+        """The text of the prompt's last `keep` tokens: what a truncated prompt would still say."""
+        return self.model.tokenizer.decode(self.session.prompt_ids[len(self.session.prompt_ids) - keep:])
+
+    def prompt_segments(self) -> list[PromptSegment]:
+        """The prompt as the model reads it, split into the chat template's text and the user's."""
+        return prompt_segments(self.model, self.config.prompt, self.config.chat)
+
+    def step_traces(self, step: int) -> list[StepTrace]:
+        """The traces of the first `step` steps (older ones slimmed: ids, timings, candidates)."""
+        return self.session.traces[:step]
+
+    def pool_state(self) -> PoolState:
+        """The KV pool this run's blocks come from (read under the pool's lock: it may be shared)."""
+        pool = self.cache.pool
+        return PoolState(block_size=pool.block_size, blocks=pool.num_blocks,
+                         cached_free=self.cache.cached_free_blocks())
+
+    def prefix_hit(self) -> PrefixHit | None:
+        """How this run's prefill used the prefix cache (None before the prefill)."""
+        return self.session.traces[0].prefix if self.session.traces else None
+
+    def evictions(self) -> int:
+        """Blocks the prefix cache has evicted so far (the last 1,000 are remembered)."""
+        return len(self.cache.evictions)
 
     def policy_reuse(self) -> dict[str, PolicyReuse]:
-        return predicted_reuse(self.history, self.session.prompt_ids, self.config.block_size)
+        return self.history.predicted_reuse(self.session.prompt_ids, self.config.block_size)
 
-    def closest_cached(self) -> list[int] | None:
-        closest = closest_prompt(self.history, self.session.prompt_ids)
-        return None if closest is None else closest[0]
+    def closest_cached(self) -> tuple[list[int], int] | None:
+        """The published prompt sharing the longest prefix with this one, and where they first differ."""
+        return self.history.closest(self.session.prompt_ids)
+
+
+@dataclass(frozen=True)
+class PoolState:
+    block_size: int
+    blocks: int
+    cached_free: int  # free blocks a prefix-cache lookup can still hit
 
 
 def _grow(matrix, row, future: float):

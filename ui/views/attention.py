@@ -10,7 +10,7 @@ from viz.attention import gqa_figure, head_grid_figure, heatmap_figure, newest_r
 
 
 def render(ctx: ViewContext) -> None:
-    info = ctx.model.info
+    info = ctx.info
     if not titled(ctx, "attention_title"):
         return
     main = st.container(key="main-figure")  # the heatmap first; its pickers under it

@@ -27,7 +27,7 @@ def table(frame, key: str | None = None) -> None:
 
 def layer_head_pickers(ctx: ViewContext, heads: bool = True) -> tuple[int, int]:
     """Layer (and head) selectors bound to the link's `layer` and `head`."""
-    info = ctx.model.info
+    info = ctx.info
     open_on_focused_head(ctx)
     columns = st.columns(2)
     with columns[0]:

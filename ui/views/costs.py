@@ -14,9 +14,9 @@ from viz.style import fmt_bytes, fmt_ms, fmt_size
 
 
 def render(ctx: ViewContext) -> None:
-    info = ctx.model.info
+    info = ctx.info
     st.subheader(ctx.t("costs_title"))
-    traces = ctx.runner.session.traces[: ctx.step]
+    traces = ctx.runner.step_traces(ctx.step)
     w = words(ctx)
     if traces:
         per_token(ctx, traces, w)
@@ -38,16 +38,15 @@ def render(ctx: ViewContext) -> None:
                       kib=info.kv_bytes_per_token / 1024))
     if n > 2:
         keep = st.slider(ctx.t("truncate_keep"), 1, n, key="w_keep", value=max(1, n // 2), persist_state="session")
-        kept = ctx.runner.prompt_ids[n - keep:]
         st.markdown(ctx.t("truncate_result", dropped=n - keep, keep=keep,
                           kib=keep * info.kv_bytes_per_token / 1024,
                           work=100 * keep * (keep + 1) / (n * (n + 1))))
-        st.code("…" + ctx.model.tokenizer.decode(kept), language=None, wrap_lines=True)
+        st.code("…" + ctx.runner.prompt_tail_text(keep), language=None, wrap_lines=True)
 
 
 def per_token(ctx: ViewContext, traces: list[StepTrace], w: dict[str, str]) -> None:
     """Prefill vs decode per token, and decode against the floor its bytes set at this machine's bandwidth."""
-    costs = steady_costs(traces, ctx.model.info, memory_bandwidth())
+    costs = steady_costs(traces, ctx.info, memory_bandwidth())
     with st.container(key="main-figure"):
         figure(per_token_figure(costs, ctx.t("per_token_title"), ctx.large, w), "per-token")
     c1, c2, c3 = st.columns(3)

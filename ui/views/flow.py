@@ -13,7 +13,7 @@ from viz.flow import flow_rows, residual_figure, vector_figure
 
 
 def render(ctx: ViewContext) -> None:
-    info = ctx.model.info
+    info = ctx.info
     if not titled(ctx, "flow_title"):
         return
     trace = ctx.trace

@@ -11,16 +11,15 @@ from viz.style import fmt_int, fmt_size
 
 
 def render(ctx: ViewContext) -> None:
-    info = ctx.model.info
+    info = ctx.info
     if not titled(ctx, "kv_title"):
         return
     trace = ctx.trace
-    session = ctx.runner.session
-    pool = session.pool
+    pool = ctx.runner.pool_state()
     length = trace.context_length
     size = pool.block_size
     with st.container(key="main-figure"):  # blocks and slots first, then the numbers about them
-        figure(pool_figure(trace.block_table, length, size, pool.num_blocks, ctx.labels, ctx.t("blocks_title"),
+        figure(pool_figure(trace.block_table, length, size, pool.blocks, ctx.labels, ctx.t("blocks_title"),
                            ctx.large, words=words(ctx)), "kv-blocks")
     c1, c2, c3 = st.columns(3)
     c1.metric(ctx.t("cached_positions"), length)
@@ -28,9 +27,8 @@ def render(ctx: ViewContext) -> None:
     c3.metric(ctx.t("bytes_total"), fmt_size(length * info.kv_bytes_per_token),
               help=ctx.t("bytes_help", per=fmt_int(info.kv_bytes_per_token)))
     in_use = len(trace.block_table)
-    figure(occupancy_bar(in_use, ctx.runner.cached_free_blocks(), pool.num_blocks,
-                         ctx.t("pool_title", total=pool.num_blocks), ctx.large, words=words(ctx)),
-           "pool-occupancy")
+    figure(occupancy_bar(in_use, pool.cached_free, pool.blocks, ctx.t("pool_title", total=pool.blocks), ctx.large,
+                         words=words(ctx)), "pool-occupancy")
     table(block_table_frame(trace.block_table, length, size, ctx.labels, words(ctx)))
     st.markdown(ctx.t("stored", layers=info.layers, kv=info.kv_heads, d=info.head_dim))
     st.markdown(ctx.t("not_stored"))

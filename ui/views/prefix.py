@@ -7,7 +7,7 @@ import streamlit as st
 from ui.context import ViewContext
 from ui.views.common import figure, table, words
 from viz.prefix import alignment_frame, alignment_table, policies_figure, policy_frame, policy_table
-from viz.tokens import token_cells, visible
+from viz.tokens import visible
 
 CASE_CACHED = "解释什么是Transformer"
 CASES = {"case1": "解释什么是Transformer，举个例子", "case2": "解释什么是大语言模型"}
@@ -28,22 +28,22 @@ def render(ctx: ViewContext) -> None:
     n = len(ctx.runner.prompt_ids)
     with main:  # the headline: the three policies side by side
         policies_side_by_side(ctx, n)
-    hit = ctx.runner.session.traces[0].prefix
+    hit = ctx.runner.prefix_hit()
+    closest = ctx.runner.closest_cached()  # the same history the policy comparison replays
     st.markdown(ctx.t("this_run", policy=ctx.t("policy_" + hit.policy)))
     m1, m2, m3 = st.columns(3)
     m1.metric(ctx.t("reused"), hit.reused_tokens)
     m2.metric(ctx.t("computed"), hit.computed_tokens)
-    m3.metric(ctx.t("first_difference"), "–" if hit.first_difference is None else hit.first_difference)
-    cached = ctx.runner.closest_cached()
-    if cached is None:
+    m3.metric(ctx.t("first_difference"), "–" if closest is None else closest[1])
+    if closest is None:
         st.caption(ctx.t("nothing_cached"))
         return
-    tokenizer = ctx.model.tokenizer
-    cached_labels = [visible(c.text) for c in token_cells(tokenizer, cached, [])]
+    cached = closest[0]
+    cached_labels = [visible(c.text) for c in ctx.runner.prompt_cells(cached)]
     new_labels = ctx.labels[:n]
     table(alignment_table(alignment_frame(cached, ctx.runner.prompt_ids, cached_labels, new_labels, hit.reused_tokens),
                           words(ctx)))
-    st.caption(ctx.t("evictions", count=len(ctx.runner.cache.evictions)))
+    st.caption(ctx.t("evictions", count=ctx.runner.evictions()))
 
 
 def policies_side_by_side(ctx: ViewContext, n: int) -> None:

@@ -8,7 +8,6 @@ import json
 
 import streamlit as st
 
-from engine.prompt import prompt_segments
 from ui import safe
 from ui.context import ViewContext
 from ui.views.common import figure, words
@@ -66,7 +65,7 @@ def render(ctx: ViewContext) -> None:
     """Under the step buttons: what the step did, and the token stream (a few lines, scrolling)."""
     st.markdown(f"**{phase_line(ctx)}**")
     if ctx.runner.finished and ctx.step == ctx.runner.generated:
-        st.info(ctx.t("stopped_" + ctx.runner.session.stop_reason))
+        st.info(ctx.t("stopped_" + ctx.runner.stop_reason))
     legend = token_legend_html({kind: ctx.t("legend_" + kind) for kind in ("prompt", "generated", "input")}
                                | {"newest": ctx.t("legend_output")}, ctx.t("legend_hover"))
     st.markdown(token_stream_html(ctx.cells, ctx.large, input_positions(ctx), legend), unsafe_allow_html=True)
@@ -99,13 +98,12 @@ def wrapped_prompt(ctx: ViewContext) -> None:
 
     st.html renders no Markdown or LaTeX, and every piece is escaped, so the user's text shows as text.
     """
-    config = ctx.runner.config
     pieces = []
-    for segment in prompt_segments(ctx.model, config.prompt, config.chat):
+    for segment in ctx.runner.prompt_segments():
         style = TEMPLATE_STYLE if segment.kind == "template" else ""
         pieces.append(f'<span class="kv-{segment.kind}" style="{style}">{html.escape(segment.text)}</span>')
     st.html(f'<div style="font-family:monospace;white-space:pre-wrap;line-height:1.9">{"".join(pieces)}</div>')
-    st.caption(ctx.t("template_legend" if config.chat else "template_off"))
+    st.caption(ctx.t("template_legend" if ctx.runner.config.chat else "template_off"))
 
 
 def downloads(ctx: ViewContext) -> None:

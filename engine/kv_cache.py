@@ -29,6 +29,11 @@ import torch
 from engine.errors import CacheFullError, InvalidSettingError
 
 
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, element_bytes: int) -> int:
+    """What the cache stores per token: 2 (K and V) × layers × kv_heads × head_dim × bytes per element."""
+    return 2 * layers * kv_heads * head_dim * element_bytes
+
+
 class BlockAllocator(Protocol):
     """Where a block table gets its blocks: a `BlockPool`, or a `PrefixCache` over one (which evicts
     what it cached when the pool hands out a block it still held)."""
@@ -76,9 +81,8 @@ class BlockPool:
 
     @property
     def bytes_per_token(self) -> int:
-        """2 (K and V) × layers × kv_heads × head_dim × bytes per element."""
         layers, _, _, kv_heads, head_dim = self.k.shape
-        return 2 * layers * kv_heads * head_dim * self.k.element_size()
+        return kv_bytes_per_token(layers, kv_heads, head_dim, self.k.element_size())
 
     @property
     def used_blocks(self) -> int:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention import attend
-from engine.kv_cache import BlockPool
+from engine.kv_cache import BlockPool, kv_bytes_per_token
 from engine.rope import Rope, apply_rope
 from engine.trace import Capture, SplitKVTrace
 from engine.weights import Weights
@@ -42,9 +42,13 @@ class ModelInfo:
     positions: str  # "RoPE (<type>)" or "learned"
 
     @property
+    def element_bytes(self) -> int:
+        """Bytes per number of the weights and the KV cache (4 for float32)."""
+        return torch.finfo(getattr(torch, self.dtype)).bits // 8
+
+    @property
     def kv_bytes_per_token(self) -> int:
-        """2 (K and V) × layers × kv_heads × head_dim × bytes per element."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * torch.finfo(getattr(torch, self.dtype)).bits // 8
+        return kv_bytes_per_token(self.layers, self.kv_heads, self.head_dim, self.element_bytes)
 
     @property
     def gqa_group(self) -> int:

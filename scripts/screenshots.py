@@ -15,7 +15,9 @@ from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
-VIEWS = ("flow", "attention", "kv", "split", "prefix", "costs")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from ui.state import VIEWS  # noqa: E402
+
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run"]
 PROJECTOR = {"width": 1280, "height": 720}

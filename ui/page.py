@@ -14,7 +14,7 @@ from ui import memory, safe, strings
 from ui.context import ViewContext
 from ui.runner import ClassroomCache, Runner, RunConfig
 from ui.settings import Limits, StepLimits, fit_state, load_limits, step_limits
-from ui.state import LANGS, POLICIES, VIEWS, AppState, Problem, clamp, clean_prompt, parse_query, to_query
+from ui.state import LANGS, POLICIES, VIEWS, AppState, Problem, bounds, clamp, clean_prompt, parse_query, to_query
 from ui.views import attention, costs, flow, kv_cache, prefix, split_kv, stepper
 
 VIEW_MODULES = {"flow": flow, "attention": attention, "kv": kv_cache, "split": split_kv, "prefix": prefix,
@@ -233,13 +233,13 @@ def sidebar(limits: Limits) -> None:
         st.text_area(t("prompt"), key="w_prompt", height=120, max_chars=4000)
         st.toggle(t("chat"), key="w_chat", help=t("chat_help"))
         st.markdown(f"**{t('sampling')}**")
-        st.slider(t("temperature"), 0.0, 5.0, key="w_temperature", step=0.05, help=t("temperature_help"))
-        st.number_input("top-k", 0, 1000, key="w_top_k", step=1, help=t("top_k_help"))
-        st.slider("top-p", 0.01, 1.0, key="w_top_p", step=0.01, help=t("top_p_help"))
-        st.number_input(t("seed"), 0, 2**31 - 1, key="w_seed", step=1)
+        st.slider(t("temperature"), *bounds("temperature"), key="w_temperature", step=0.05, help=t("temperature_help"))
+        st.number_input("top-k", *bounds("top_k"), key="w_top_k", step=1, help=t("top_k_help"))
+        st.slider("top-p", *bounds("top_p"), key="w_top_p", step=0.01, help=t("top_p_help"))
+        st.number_input(t("seed"), *bounds("seed"), key="w_seed", step=1)
         st.markdown(f"**{t('cache')}**")
-        st.number_input(t("block_size"), 1, 256, key="w_block_size", step=1, help=t("block_size_help"))
-        st.number_input(t("kv_splits"), 1, 64, key="w_kv_splits", step=1, help=t("kv_splits_help"))
+        st.number_input(t("block_size"), *bounds("block_size"), key="w_block_size", step=1, help=t("block_size_help"))
+        st.number_input(t("kv_splits"), *bounds("kv_splits"), key="w_kv_splits", step=1, help=t("kv_splits_help"))
         st.selectbox(t("policy"), POLICIES, key="w_policy", format_func=labels("policy_"))
 
 

@@ -11,11 +11,11 @@ import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
+from engine.prefix_cache import POLICIES
 from engine.sampler import TEMPERATURE_FLOOR
 
 VIEWS = ("flow", "attention", "kv", "split", "prefix", "costs")
 LANGS = ("en", "zh")
-POLICIES = ("block", "radix", "whole")
 DEFAULT_PROMPTS = {"en": "What is a KV cache?", "zh": "什么是 KV 缓存？"}  # a page opens with its language's
 DEFAULT_PROMPT = DEFAULT_PROMPTS["en"]
 MAX_PROMPT_CHARS = 4000
@@ -63,6 +63,14 @@ RANGES = {
     "layer": (int, 0, 1000),
     "head": (int, 0, 1000),
 }
+
+
+def bounds(name: str) -> tuple:
+    """A number setting's (low, high), for its widget: the same range a link value is checked against."""
+    _, low, high = RANGES[name]
+    return low, high
+
+
 # Values above 0 but below these are raised to them; 0 itself stays (a temperature of 0 is greedy).
 FLOORS = {"temperature": TEMPERATURE_FLOOR}
 CHOICES = {"view": VIEWS, "lang": LANGS, "policy": POLICIES}

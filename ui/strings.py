@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from viz.words import ENGLISH as FIGURE_ENGLISH
+from viz.words import TRANSLATIONS as FIGURE_WORDS
 
 LANGUAGE_NAMES = {"en": "English", "zh": "简体中文"}
 
@@ -143,8 +143,8 @@ EN = {
     "kv_title": "The paged KV cache",
     "cached_positions": "Cached positions",
     "blocks_used": "Blocks × size",
-    "bytes_total": "K/V bytes (float32)",
-    "bytes_help": "{per} bytes per token: 2 × layers × kv_heads × head_dim × 4.",
+    "bytes_total": "K/V bytes ({dtype})",
+    "bytes_help": "{per} bytes per token: 2 × layers × kv_heads × head_dim × {element} bytes.",
     "pool_title": "The block pool ({total} blocks): in use by this run, cached for reuse, or empty",
     "blocks_title": "Physical blocks and slots: which position's K/V each slot holds",
     "stored": "**Stored:** for each of the {layers} layers, each position's K and V: {kv} KV heads × {d} numbers each, after RoPE (and k_norm where the model has it). Each layer projects its own.",
@@ -337,8 +337,8 @@ ZH = {
     "kv_title": "分页 KV 缓存",
     "cached_positions": "缓存位置数",
     "blocks_used": "块数 × 块大小",
-    "bytes_total": "K/V 字节（float32）",
-    "bytes_help": "每个 token {per} 字节：2 × 层数 × KV 头数 × head_dim × 4。",
+    "bytes_total": "K/V 字节（{dtype}）",
+    "bytes_help": "每个 token {per} 字节：2 × 层数 × KV 头数 × head_dim × {element} 字节。",
     "pool_title": "块池（共 {total} 块）：本次运行占用、缓存待复用、或空闲",
     "blocks_title": "物理块与槽位：每个槽存放哪个位置的 K/V",
     "stored": "**存放的：** {layers} 层中每一层、每个位置的 K 和 V：{kv} 个 KV 头 × 每个 {d} 个数，已施加 RoPE（以及模型有的 k_norm）。每层用自己的权重投影。",
@@ -403,47 +403,13 @@ def t(key: str, lang: str = "en", **values) -> str:
     return text.format(**values) if values else text
 
 
-# Words drawn inside figures and tables: `viz` holds the English (its defaults), the Chinese is here.
-# Keys are "fig_" + the viz key; `figure_words(lang)` gives a view the mapping a viz function takes.
-ZH_FIGURE_WORDS = {
-    "query": "查询", "key": "键", "query_axis": "查询（每行 = 一步的 token）", "key_axis": "键（缓存位置）",
-    "cand_drawn": "抽中", "cand_token": "token", "cand_id": "id", "cand_p_raw": "softmax",
-    "cand_p_temperature": "÷ 温度", "cand_p_top_k": "top-k 后", "cand_p_top_p": "top-p 后",
-    "stage_p_raw": "softmax(logits)", "stage_p_temperature": "÷ 温度", "stage_p_top_k": "top-k",
-    "stage_p_top_p": "top-p → 从中抽样", "probability": "概率",
-    "step": "步", "phase": "阶段", "tokens_in": "输入 token 数", "cached_positions": "缓存位置数",
-    "kv_bytes_read": "读取的 K/V 字节", "forward_ms": "前向计算", "total_ms": "合计",
-    "phase_prefill": "prefill", "phase_decode": "decode",
-    "step_hover": "第 %{x} 步（%{customdata[0]}，%{customdata[1]} 个 token）：%{y:,.1f} 毫秒",
-    "ms": "毫秒", "ms_per_token": "每个 token 的毫秒数", "decode_step": "decode 步", "mib_per_step": "每步读取 MiB",
-    "kv_read_hover": "第 %{{x}} 步：{layers} 层共读取 %{{y:,.2f}} MiB 的 K/V",
-    "prefill_per_token": "prefill（{n} 个 token 一次算完），折合每个 token",
-    "decode_per_token": "decode，每步一个 token（{n} 步的中位数）",
-    "memory_floor": "decode 下限：读取字节数 ÷ 内存带宽",
-    "tokens": "token 数", "millions": "百万", "growth_kv": "KV 缓存（MiB）：线性",
-    "growth_scores": "prefill 注意力分数（百万）：平方", "context_limit": "上下文上限 {limit}",
-    "layer": "层", "residual_x0": "x0（层输入）", "residual_x1": "x1 = x0 + 注意力", "residual_x2": "x2 = x1 + FFN",
-    "norm_axis": "|x|（向量长度）", "dim": "维", "dimension": "维度",
-    "bt_logical": "逻辑块", "bt_physical": "物理块", "bt_positions": "位置", "bt_filled": "已填", "bt_tokens": "token",
-    "block_slot_hover": "块 %{y}，槽位 %{x}", "slot_axis": "槽位（块内偏移）", "physical_block": "物理块",
-    "in_use": "使用中", "cached_free": "已缓存、空闲", "empty": "空闲", "blocks": "块",
-    "dtype": "数据类型", "layout": "布局", "formula": "公式", "bytes_per_token": "每 token 字节数",
-    "bytes_for": "{n} 个 token 的字节数", "layout_gqa": "GQA（当前模型）", "layout_mha": "MHA（每个 Q 头一组 K/V）",
-    "align_position": "位置", "align_cached_token": "缓存中的 token", "align_cached_id": "缓存中的 id",
-    "align_new_id": "新 id", "align_new_token": "新 token", "align_same_id": "id 相同", "align_reused": "已复用",
-    "hit": "命中", "miss": "未命中", "pos": "位置", "pos_axis": "提示词中的位置",
-    "pol_policy": "策略", "pol_reused_tokens": "复用的 token", "pol_computed_tokens": "计算的 token",
-    "pol_prefill_saved": "节省的 prefill",
-    "policy_block": "块哈希（vLLM）", "policy_radix": "基数树（SGLang）", "policy_whole": "整段提示词（原文）",
-    "split": "段", "keys": "键", "count": "个数", "scores": "分数", "m_i": "m_i（最大分数）",
-    "weight": "权重 w_i/Σw", "o_i": "O_i（局部输出）", "empty_split": "（空）",
-    "merged": "合并", "unsplit": "不切分", "merge_diff": "|合并 − 不切分|",
-    "partial_name": "O_{i}（键 {start}–{end}，w={w}）", "merged_name": "合并 = Σ w_i O_i / Σ w_i",
-}
-EN.update({"fig_" + key: text for key, text in FIGURE_ENGLISH.items()})
-ZH.update({"fig_" + key: text for key, text in ZH_FIGURE_WORDS.items()})
+# Words drawn inside figures and tables live with viz (viz/figure_words.csv, every language in one row); as
+# "fig_" + the viz key they are strings like any other, and `figure_words(lang)` gives a view the mapping a
+# viz function takes.
+EN.update({"fig_" + key: text for key, text in FIGURE_WORDS["en"].items()})
+ZH.update({"fig_" + key: text for key, text in FIGURE_WORDS["zh"].items()})
 
 
 def figure_words(lang: str) -> dict[str, str]:
     """The words a viz function draws, in `lang` (English where a translation is missing)."""
-    return {key: t("fig_" + key, lang) for key in FIGURE_ENGLISH}
+    return {key: t("fig_" + key, lang) for key in FIGURE_WORDS["en"]}

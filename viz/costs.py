@@ -36,11 +36,6 @@ def steps_table(frame: pd.DataFrame, words: Words = ENGLISH) -> pd.DataFrame:
     return readable(frame, {c: words[key] for c, key in STEP_HEADERS.items()}, formats)
 
 
-def element_bytes(info: ModelInfo) -> int:
-    """Bytes per number of the loaded weights and cache (4 for float32)."""
-    return info.kv_bytes_per_token // (2 * info.layers * info.kv_heads * info.head_dim)
-
-
 @dataclass(frozen=True)
 class SteadyCosts:
     """Per-token times of one run and what a decode step must read from memory.
@@ -77,7 +72,7 @@ def steady_costs(traces: list[StepTrace], info: ModelInfo, bandwidth: float) -> 
         decode_steps=len(decodes),
         decode_ms_median=statistics.median(t.timings_ms.get("total", 0.0) for t in decodes) if decodes else None,
         context=context,
-        weight_bytes=info.parameters * element_bytes(info),
+        weight_bytes=info.parameters * info.element_bytes,
         kv_bytes=context * info.kv_bytes_per_token,
         bandwidth=bandwidth,
     )

@@ -7,6 +7,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 
+from engine.kv_cache import kv_bytes_per_token
 from engine.model import ModelInfo
 from viz.style import (OKABE_ITO, SEQUENTIAL, finish, fmt_bytes, plotly_text, position_ticks, readable, text_color_on,
                         window)
@@ -74,7 +75,7 @@ def kv_bytes_frame(info: ModelInfo, length: int) -> pd.DataFrame:
     rows = []
     for dtype, size in DTYPE_BYTES.items():
         for layout, kv_heads in (("GQA (as loaded)", info.kv_heads), ("MHA (one K/V per Q head)", info.q_heads)):
-            per_token = 2 * info.layers * kv_heads * info.head_dim * size
+            per_token = kv_bytes_per_token(info.layers, kv_heads, info.head_dim, size)
             rows.append({"dtype": dtype, "layout": layout, "kv_heads": kv_heads,
                          "formula": f"2 × {info.layers} × {kv_heads} × {info.head_dim} × {size}",
                          "bytes per token": per_token, f"bytes for {length} tokens": per_token * length})

@@ -24,8 +24,8 @@ def render(ctx: ViewContext) -> None:
     c1, c2, c3 = st.columns(3)
     c1.metric(ctx.t("cached_positions"), length)
     c2.metric(ctx.t("blocks_used"), f"{len(trace.block_table)} × {size}")
-    c3.metric(ctx.t("bytes_total"), fmt_size(length * info.kv_bytes_per_token),
-              help=ctx.t("bytes_help", per=fmt_int(info.kv_bytes_per_token)))
+    c3.metric(ctx.t("bytes_total", dtype=info.dtype), fmt_size(length * info.kv_bytes_per_token),
+              help=ctx.t("bytes_help", per=fmt_int(info.kv_bytes_per_token), element=info.element_bytes))
     in_use = len(trace.block_table)
     figure(occupancy_bar(in_use, pool.cached_free, pool.blocks, ctx.t("pool_title", total=pool.blocks), ctx.large,
                          words=words(ctx)), "pool-occupancy")

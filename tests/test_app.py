@@ -58,12 +58,24 @@ def test_a_link_restores_the_exact_state(embedded_model):
     assert len(at.dataframe) >= 1  # the split table for layer 2, head 1
 
 
+VIEW_TITLES = {"flow": "flow_title", "attention": "attention_title", "kv": "kv_title", "split": "split_title",
+               "prefix": "prefix_title", "costs": "costs_title"}
+
+
 @pytest.mark.parametrize("view", VIEWS)
 @pytest.mark.parametrize("step", [0, 1, 3])
 def test_every_view_renders_before_prefill_after_prefill_and_while_decoding(view, step, embedded_model):
     at = start(view=view, step=step, kv_splits=2, block_size=4)
     assert_clean(at)
     assert parse_query(dict(at.query_params.items()))[0].view == view and at.query_params["step"] == str(step)
+    assert strings.t(VIEW_TITLES[view]) in [s.value for s in at.subheader]
+    hints = [i.value for i in at.info]
+    if step == 0:  # nothing has run: the view says how to start it
+        assert strings.t("need_prefill") in hints
+    else:  # the step's own figures, and the counter names the step
+        assert strings.t("need_prefill") not in hints
+        assert len(at.get("plotly_chart")) >= 1
+        assert f"step {step}" in " ".join(h.value for h in at.get("html"))
 
 
 def test_views_can_be_switched_and_layer_head_chosen(embedded_model):

@@ -7,15 +7,14 @@ import pytest
 import torch
 
 import engine
+from tests.runs import decode
 from engine.kv_cache import BlockPool, BlockTable
 
 PROMPT = "Paged attention stores the cache in blocks"  # not a multiple of 4 or 16 tokens
 
 
 def run(model, prompt, block_size, steps):
-    session = engine.DecodeSession(model, prompt, block_size=block_size, max_new_tokens=steps + 1)
-    traces = [session.prefill()] + [session.step() for _ in range(steps)]
-    return session, traces
+    return decode(model, prompt, steps, block_size=block_size, max_new_tokens=steps + 1)
 
 
 @pytest.mark.parametrize("block_size", [1, 4, 16])

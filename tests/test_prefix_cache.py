@@ -102,10 +102,7 @@ def test_a_hit_shares_blocks_without_copying_whole_ones(tiny_model):
     model = tiny_model("llama")
     cache = PrefixCache(model, policy="radix", block_size=4)
     a = list(range(500, 520))
-    first = engine.DecodeSession(model, a, prefix_cache=cache, max_new_tokens=1)
-    first.prefill()
-    first_blocks = list(first.table.blocks)
-    first.close()
+    first_blocks = prefill_then_close(model, cache, a).block_table
     second = engine.DecodeSession(model, a[:10] + [1, 2, 3], prefix_cache=cache, max_new_tokens=1)
     trace = second.prefill()
     assert trace.prefix.reused_tokens == 10

@@ -11,6 +11,7 @@ from transformers.generation.logits_process import (
 )
 
 import engine
+from tests.runs import decode
 from engine.sampler import MAX_SEED, TEMPERATURE_FLOOR, apply_top_k, apply_top_p, filter_logits, sample
 
 # Few distinct values over a small vocabulary, so ties at the filter boundaries are common.
@@ -59,10 +60,7 @@ def test_filtered_distributions_on_real_logits(embedded_model):
 
 
 def generate(model, sampling, steps=12):
-    session = engine.DecodeSession(model, "Once upon a time", sampling=sampling, max_new_tokens=steps)
-    traces = [session.prefill()]
-    while not session.finished:
-        traces.append(session.step())
+    session, traces = decode(model, "Once upon a time", sampling=sampling, max_new_tokens=steps)
     return session.generated, traces
 
 

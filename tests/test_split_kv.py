@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import engine
+from tests.runs import decode
 from engine.split_kv import EXAMPLE_KEYS, EXAMPLE_QUERY, EXAMPLE_VALUES, merge, partials, split_ranges, worked_example
 
 
@@ -69,12 +70,7 @@ def test_worked_example_reproduces_exactly():
 
 
 def generate(model, kv_splits, steps=20):
-    session = engine.DecodeSession(model, "Split the history, not the answer:", kv_splits=kv_splits,
-                                   max_new_tokens=steps)
-    traces = [session.prefill()]
-    while not session.finished:
-        traces.append(session.step())
-    return traces
+    return decode(model, "Split the history, not the answer:", kv_splits=kv_splits, max_new_tokens=steps)[1]
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3", "gpt2"])

@@ -8,6 +8,7 @@ import pytest
 from plotly.colors import sample_colorscale
 
 import engine
+from tests.runs import decode
 from engine.model import ModelInfo
 from ui.strings import figure_words
 from viz.attention import focused_head, gqa_figure, head_grid_figure, heatmap_figure
@@ -30,9 +31,8 @@ QWEN3_06B = ModelInfo(name="Qwen/Qwen3-0.6B", family="qwen3", layers=28, hidden=
 @pytest.fixture(scope="module")
 def run(tiny_model):
     model = tiny_model("llama")
-    session = engine.DecodeSession(model, "Paged blocks hold K and V", block_size=4, kv_splits=3, max_new_tokens=6,
-                                   sampling=engine.Sampling(temperature=1.0, seed=2))
-    traces = [session.prefill()] + [session.step() for _ in range(5)]
+    session, traces = decode(model, "Paged blocks hold K and V", 5, block_size=4, kv_splits=3, max_new_tokens=6,
+                             sampling=engine.Sampling(temperature=1.0, seed=2))
     return model, session, traces
 
 

@@ -21,6 +21,7 @@ class ViewContext:
     state: AppState
     step: int  # tokens generated and shown
     trace: StepTrace | None  # the step that produced the newest shown token (None before the prefill)
+    stage: str | None = None  # the stage of one step a lesson chapter talks about (viz.step_picture.STAGES)
 
     def t(self, key: str, **values) -> str:
         return strings.t(key, self.state.lang, **values)

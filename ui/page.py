@@ -12,10 +12,12 @@ import engine
 from engine import timing
 from ui import memory, safe, strings
 from ui.context import ViewContext
+from ui.lesson import CHAPTERS
 from ui.runner import ClassroomCache, Runner, RunConfig
 from ui.settings import Limits, StepLimits, fit_state, load_limits, step_limits
-from ui.state import LANGS, POLICIES, VIEWS, AppState, Problem, bounds, clamp, clean_prompt, parse_query, to_query
-from ui.views import attention, costs, flow, kv_cache, prefix, split_kv, stepper
+from ui.state import (LANGS, POLICIES, VIEWS, AppState, Problem, bounds, clamp, clean_prompt, default_prompt,
+                      parse_query, to_query)
+from ui.views import attention, costs, flow, kv_cache, lesson, prefix, split_kv, stepper
 
 VIEW_MODULES = {"flow": flow, "attention": attention, "kv": kv_cache, "split": split_kv, "prefix": prefix,
                 "costs": costs}
@@ -52,6 +54,10 @@ LAYOUT_CSS = """<style>
 [data-testid="stMain"] h3 { font-size: 1.15rem; padding-top: 0.25rem; }
 </style>"""
 LARGE_CSS = "<style>html { font-size: 125%; }</style>"  # every rem-sized text and control, a quarter larger
+# In the lesson the sidebar holds the chapter's text beside the figure: wider, on a screen wide enough for both.
+LESSON_CSS = """<style>@media (min-width: 900px) {
+  [data-testid="stSidebar"] { width: 21rem !important; min-width: 21rem !important; }
+}</style>"""
 
 
 def t(key: str, **values) -> str:
@@ -91,8 +97,8 @@ def draw_page() -> None:
     if runner is not None:
         apply_pending_case(runner, limits)  # before the widgets: it sets the prompt and chat switch
         fit_to_budget(step_limits(limits, model.info))
-    sidebar(limits)
-    st.html(LAYOUT_CSS + (LARGE_CSS if ss.w_large else ""))  # style only: takes no room on the page
+    lesson_place = sidebar(limits)
+    st.html(LAYOUT_CSS + (LARGE_CSS if ss.w_large else "") + (LESSON_CSS if ss.get("w_chapter") else ""))
     st.title(t("title"))
     for problem in ss.pop("problems", []):
         show_problem(problem)
@@ -114,7 +120,7 @@ def draw_page() -> None:
     if ss.get("w_playing"):  # redrawn alone on each tick
         st.fragment(run_every=ss.w_pace)(stepper_and_view)(model, runner, in_fragment=True)
     else:  # not a fragment: a press must work in a session a restarted server has just rebuilt from the link
-        stepper_and_view(model, runner)
+        stepper_and_view(model, runner, lesson_place)
     st.caption(t("tagline"))  # at the foot: the first screen is for the step and its figure
 
 
@@ -132,6 +138,32 @@ def start_from_link(limits: Limits) -> None:
     ss.step = state.step
     ss.problems = problems
     ss.initialized = True
+    if state.chapter:
+        enter_chapter(state.chapter, keep=frozenset(st.query_params.to_dict()))  # the link's own values stay
+
+
+def go_to_chapter(number: int) -> None:
+    """A lesson control's press: chapter `number` (0 leaves the lesson, keeping the page as it is)."""
+    with run_lock():
+        enter_chapter(number)
+
+
+def enter_chapter(number: int, keep: frozenset[str] = frozenset()) -> None:
+    """Put the page in chapter `number`'s state: its view, step, block size and split count, and the article's
+    case where it has one. Settings named in `keep` stay as they are; the prompt and sampling are the class's."""
+    ss.w_chapter = number
+    if not number:
+        return
+    chapter = CHAPTERS[number - 1]
+    for name, value in {"view": chapter.view, "step": chapter.step, **chapter.settings}.items():
+        if name not in keep:
+            ss[name if name == "step" else "w_" + name] = value
+    if chapter.case:
+        ss.pending_case = chapter.case
+    elif ss.w_prompt in prefix.CASE_PROMPTS and "prompt" not in keep:  # back from a case: the usual prompt
+        ss.w_prompt, ss.w_chat = default_prompt(ss.w_lang), True
+    if chapter.view == "attention":
+        ss.focused_head_chosen = False  # open on a head with a pattern worth talking about
 
 
 def current_state() -> AppState:
@@ -219,8 +251,10 @@ def apply_pending_case(runner: Runner, limits: Limits) -> None:
 # -- widgets ----------------------------------------------------------------------------------
 
 
-def sidebar(limits: Limits) -> None:
+def sidebar(limits: Limits):
+    """The settings; returns the place at their top where the lesson's panel goes once the step is drawn."""
     with st.sidebar:
+        lesson_place = st.container()
         st.selectbox(t("language"), LANGS, key="w_lang", format_func=lambda code: strings.LANGUAGE_NAMES[code])
         st.toggle(t("large_text"), key="w_large")
         if limits.allow_any_model:
@@ -241,6 +275,7 @@ def sidebar(limits: Limits) -> None:
         st.number_input(t("block_size"), *bounds("block_size"), key="w_block_size", step=1, help=t("block_size_help"))
         st.number_input(t("kv_splits"), *bounds("kv_splits"), key="w_kv_splits", step=1, help=t("kv_splits_help"))
         st.selectbox(t("policy"), POLICIES, key="w_policy", format_func=labels("policy_"))
+    return lesson_place
 
 
 def play_controls(limits: Limits) -> None:
@@ -249,12 +284,12 @@ def play_controls(limits: Limits) -> None:
     st.sidebar.slider(t("pace"), limits.min_pace, 3.0, key="w_pace", step=0.1)
 
 
-def stepper_and_view(model: engine.Model, runner: Runner, in_fragment: bool = False) -> None:
+def stepper_and_view(model: engine.Model, runner: Runner, lesson_place=None, in_fragment: bool = False) -> None:
     """The step buttons and the views (a fragment while playing). A fault stays in this session: it is shown,
     and the session can start again; the shared model and other sessions are untouched."""
     try:
         with run_lock():  # a fragment's rerun does not pass through main
-            draw_step(model, runner, in_fragment)
+            draw_step(model, runner, lesson_place, in_fragment)
         return
     except engine.KvscopeError as error:
         message = t("bad_input", error=str(error))
@@ -276,7 +311,7 @@ def reset_session() -> None:
     ss.step = 0
 
 
-def draw_step(model: engine.Model, runner: Runner, in_fragment: bool = False) -> None:
+def draw_step(model: engine.Model, runner: Runner, lesson_place=None, in_fragment: bool = False) -> None:
     """The step counter, the step buttons and Play in one row, the token stream, then the chosen view (its main
     figure first) and the step's text and candidates: at 1280×720 the main figure starts on the first screen."""
     if in_fragment and not ss.get("w_playing"):
@@ -299,7 +334,12 @@ def draw_step(model: engine.Model, runner: Runner, in_fragment: bool = False) ->
     for problem in problems:
         show_problem(problem)
         ss["w_" + problem.param] = getattr(state, problem.param)
-    ctx = ViewContext(runner=runner, state=state, step=ss.step, trace=runner.trace(ss.step))
+    chapter = CHAPTERS[state.chapter - 1] if state.chapter else None
+    ctx = ViewContext(runner=runner, state=state, step=ss.step, trace=runner.trace(ss.step),
+                      stage=chapter.stage if chapter else None)
+    if lesson_place is not None:  # not while playing: a fragment cannot draw into the sidebar
+        with lesson_place:
+            lesson.render(ctx, go_to_chapter)
     counter.html(stepper.counter_html(ctx))
     stepper.render(ctx)
     st.radio(t("view"), VIEWS, key="w_view", horizontal=True, format_func=labels("view_"),

@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields, replace
 
 from engine.prefix_cache import POLICIES
 from engine.sampler import TEMPERATURE_FLOOR
+from ui.lesson import CHAPTERS
 
 VIEWS = ("flow", "attention", "kv", "split", "prefix", "costs")
 LANGS = ("en", "zh")
@@ -39,6 +40,7 @@ class AppState:
     head: int = 0
     lang: str = "en"
     large: bool = False  # projector mode: larger text
+    chapter: int = 0  # the lesson's chapter, 1-based; 0: free exploration
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ RANGES = {
     "step": (int, 0, 100_000),
     "layer": (int, 0, 1000),
     "head": (int, 0, 1000),
+    "chapter": (int, 0, len(CHAPTERS)),
 }
 
 

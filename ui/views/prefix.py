@@ -11,6 +11,7 @@ from viz.tokens import visible
 
 CASE_CACHED = "解释什么是Transformer"
 CASES = {"case1": "解释什么是Transformer，举个例子", "case2": "解释什么是大语言模型"}
+CASE_PROMPTS = {CASE_CACHED, *CASES.values()}
 CASE_BLOCK_SIZE = 4  # the cached prompt is 11 tokens: blocks of 16 would hide what the block policy reuses
 HEADLINE_ORDER = ("whole", "block", "radix")  # the article's rule first
 

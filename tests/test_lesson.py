@@ -1,0 +1,181 @@
+"""The lesson: every chapter opens from its link in both languages, puts the page in the state it claims,
+and quotes the model's own numbers (computed here from model.info and an engine run of our own, not from
+the chapter's text); a real browser moves through the chapters with PageDown / PageUp, the buttons and the
+list, and leaves the lesson keeping the page as it is."""
+
+import re
+from functools import cache
+
+import pytest
+from playwright.sync_api import expect, sync_playwright
+
+import engine
+from tests.app_helpers import assert_clean, start
+from tests.test_app import english_left
+from tests.runs import decode
+from tests.server import CHROMIUM, CHROMIUM_ARGS, settled_text
+from ui import strings
+from ui.lesson import CHAPTERS
+from ui.state import default_prompt, parse_query
+from ui.views.prefix import CASE_BLOCK_SIZE, CASE_CACHED, CASES
+
+VIEW_TITLES = {"flow": "flow_title", "attention": "attention_title", "kv": "kv_title", "split": "split_title",
+               "prefix": "prefix_title", "costs": "costs_title"}
+
+
+def sidebar_text(at) -> str:
+    return "\n".join([m.value for m in at.sidebar.markdown] + [c.value for c in at.sidebar.caption])
+
+
+@cache
+def own_trace(model: engine.Model, prompt: str, step: int, block_size: int, kv_splits: int):
+    """The trace of `step` on the page's default run, from a session of our own."""
+    session, traces = decode(model, prompt, step - 1, chat=True, block_size=block_size, kv_splits=kv_splits)
+    return session, traces[step - 1]
+
+
+def case_reuse(model: engine.Model, case: str) -> dict:
+    """What real prefix caches reuse of the article's case after its cached prompt ran, per policy."""
+    out = {}
+    for policy in engine.POLICIES:
+        cache_ = engine.PrefixCache(model, policy=policy, block_size=CASE_BLOCK_SIZE)
+        for prompt in (CASE_CACHED, CASES[case]):
+            session = engine.DecodeSession(model, prompt, prefix_cache=cache_, max_new_tokens=1)
+            out[policy] = session.prefill().prefix.reused_tokens
+            session.close()
+    return out
+
+
+def expected_numbers(chapter, model: engine.Model, lang: str) -> list[str]:
+    """The numbers this chapter must quote, as the page formats them."""
+    info = model.info
+    element = model.weights.embed_tokens.element_size()
+    kv = 2 * info.layers * info.kv_heads * info.head_dim * element
+    if chapter.case:
+        tokenizer = model.tokenizer
+        cached, new = tokenizer.encode(CASE_CACHED), tokenizer.encode(CASES[chapter.case])
+        reuse = case_reuse(model, chapter.case)
+        first = next(i for i, (a, b) in enumerate(zip(cached + [-1], new + [-2])) if a != b)
+        numbers = [reuse["whole"], reuse["block"], reuse["radix"]]
+        return [str(x) for x in numbers + ([first] if chapter.case == "case2" else [len(cached), len(new)])]
+    session, trace = own_trace(model, default_prompt(lang), chapter.step, chapter.settings["block_size"], chapter.settings["kv_splits"])
+    n, context = len(session.prompt_ids), trace.context_length
+    numbers = {
+        "tokens": lambda: [f"{info.vocab:,}", info.hidden, n],
+        "prefill": lambda: [n, info.layers, f"{kv:,}", f"id {trace.token_id}", f"{context * kv / 1024:,.1f}"],
+        "decode": lambda: [info.layers, f"{info.hidden} × {info.vocab:,}", trace.token_id, trace.positions[-1]],
+        "two_paths": lambda: [trace.token_id, info.hidden],
+        "residual": lambda: [info.layers, 2 * info.layers],
+        "attention": lambda: [f"√{info.head_dim}", context],
+        "gqa": lambda: [f"{info.q_heads} × {info.head_dim} = {info.q_heads * info.head_dim}",
+                        f"{2 * info.layers * info.q_heads * info.head_dim * element:,}", info.kv_heads],
+        "kv_cache": lambda: [f"2 × {info.layers} × {info.kv_heads} × {info.head_dim} × {element} = {kv:,}", context],
+        "paging": lambda: [len(trace.block_table), context],
+        "long_context": lambda: [f"{context * kv / 2**20:,.2f}", context, info.layers],
+        "split_kv": lambda: [len(trace.split.ranges), f"{trace.split.max_abs_diff.max().item():.1e}"],
+        "context_window": lambda: [f"{info.context_limit:,}", f"{kv:,}"],
+    }[chapter.key]()
+    return [str(x) for x in numbers]
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.key)
+def test_every_chapter_opens_from_its_link_in_its_state_with_the_models_numbers(chapter, lang, embedded_model):
+    at = start(chapter=chapter.number, lang=lang)
+    assert_clean(at)
+    state, problems = parse_query(dict(at.query_params.items()))
+    assert not problems and state.chapter == chapter.number
+    block_size = CASE_BLOCK_SIZE if chapter.case else chapter.settings["block_size"]
+    assert (state.view, state.step, state.block_size, state.kv_splits) == (
+        chapter.view, chapter.step, block_size, chapter.settings["kv_splits"])
+    if chapter.case:
+        assert state.prompt == CASES[chapter.case] and not state.chat
+    assert strings.t(VIEW_TITLES[chapter.view], lang) in [s.value for s in at.subheader]
+    text = sidebar_text(at)
+    assert chapter.part("title", lang) in text
+    assert "{" not in text and "–" not in text  # every placeholder was filled with a number of this step
+    missing = [number for number in expected_numbers(chapter, embedded_model, lang) if number not in text]
+    assert not missing, (missing, text)
+    if lang == "zh":
+        assert not english_left([text]), english_left([text])
+
+
+def test_chapters_tell_different_things_and_cover_every_teaching_point():
+    bodies = [c.part("body", lang) for c in CHAPTERS for lang in ("en", "zh")]
+    assert len(set(bodies)) == len(bodies) and len(CHAPTERS) >= 10
+    assert {p for c in CHAPTERS for p in c.points} == {f"T{i}" for i in range(1, 15)}
+    for c in CHAPTERS:  # the same placeholders in both languages: a number is never missing in one of them
+        for part in ("body", "look", "claim", "question", "answer"):
+            names = [set(re.findall(r"{(\w+)", c.part(part, lang))) for lang in ("en", "zh")]
+            assert names[0] == names[1], (c.key, part)
+
+
+@pytest.mark.parametrize("value", ["abc", "99", "-1", "2.5"])
+def test_a_malformed_chapter_falls_back_with_a_message(value, embedded_model):
+    at = start(chapter=value)
+    assert_clean(at)
+    assert any("chapter" in w.value for w in at.warning), [w.value for w in at.warning]
+
+
+def test_leaving_the_lesson_keeps_the_page_as_it_is(embedded_model):
+    at = start(chapter=9)  # paging: kv view, step 6, blocks of 4
+    at.button(key="b_lesson_leave").click().run()
+    assert_clean(at)
+    state, _ = parse_query(dict(at.query_params.items()))
+    assert (state.chapter, state.view, state.step, state.block_size) == (0, "kv", 6, 4)
+    assert "chapter" not in at.query_params
+
+
+# -- in a real browser ----------------------------------------------------------------------------------
+
+IDLE = '[data-testid="stApp"][data-test-script-state="notRunning"]'
+WAIT_MS = 120_000
+
+
+def chapter_in_link(page, number: int | None) -> None:
+    expected = "null" if number is None else f"'{number}'"
+    page.wait_for_function(f"() => new URL(location.href).searchParams.get('chapter') === {expected}",
+                           timeout=WAIT_MS)
+    settled_text(page)
+
+
+def press(page, key: str) -> None:
+    page.locator(f".st-key-{key}").get_by_role("button").first.click()  # (a help icon is a button too)
+
+
+def shows_chapter(page, number: int) -> None:
+    title = CHAPTERS[number - 1].part("title", "en")
+    expect(page.locator(".st-key-chapter").get_by_text(title)).to_be_visible(timeout=WAIT_MS)
+
+
+@pytest.mark.browser
+def test_keys_buttons_and_the_list_move_through_the_chapters(server):
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 720})
+        page.goto(f"{server}/")
+        settled_text(page)
+        press(page, "b_lesson_start")
+        chapter_in_link(page, 1)
+        shows_chapter(page, 1)
+        page.locator("h1").first.click()  # focus on the page, not a field, as a presenter's clicker would
+        page.keyboard.press("PageDown")
+        chapter_in_link(page, 2)
+        shows_chapter(page, 2)
+        page.keyboard.press("PageUp")
+        chapter_in_link(page, 1)
+        press(page, "b_chapter_next")
+        chapter_in_link(page, 2)
+        page.locator(".st-key-w_chapter label").filter(has_text=CHAPTERS[11].part("title", "en")).click()
+        chapter_in_link(page, 12)  # the article's Case 1, loaded on entering
+        shows_chapter(page, 12)
+        params = dict(p.split("=", 1) for p in page.url.split("?", 1)[1].split("&"))
+        assert (params["view"], params["block_size"], params["step"]) == ("prefix", "4", "1")
+        press(page, "b_chapter_back")
+        chapter_in_link(page, 11)
+        assert "view=split" in page.url and "kv_splits=4" in page.url
+        press(page, "b_lesson_leave")
+        chapter_in_link(page, None)
+        assert "view=split" in page.url and "kv_splits=4" in page.url  # leaving keeps the state
+        expect(page.locator(".st-key-b_lesson_start")).to_be_visible()
+        browser.close()

@@ -1,0 +1,44 @@
+"""The lesson: the chapters of ui/lesson.toml, in order, each the state it puts the page in.
+
+A chapter covers one or more teaching points of DESIGN.md; its text (English and Chinese) quotes the
+loaded model's own numbers through placeholders that `ui.views.lesson.facts` fills.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+TEXT_PARTS = ("title", "body", "look", "claim", "question", "answer")
+SETTINGS = ("block_size", "kv_splits")  # settings a chapter may set besides the view and step; others keep theirs
+DEFAULT_SETTINGS = {"block_size": 16, "kv_splits": 1}  # what a chapter that names none of them uses
+
+
+@dataclass(frozen=True)
+class Chapter:
+    number: int  # 1-based, as the link's `chapter`
+    key: str
+    points: tuple[str, ...]  # teaching points, e.g. ("T4", "T11")
+    view: str
+    step: int
+    stage: str | None  # the part of one step's picture it highlights (viz.step_picture.STAGES)
+    settings: dict[str, int]  # block_size and kv_splits this chapter runs with
+    case: str | None  # the article's prefix-cache case it loads ("case1", "case2")
+    text: dict[str, dict[str, str]]  # language → part (TEXT_PARTS) → template
+
+    def part(self, name: str, lang: str) -> str:
+        return self.text.get(lang, self.text["en"])[name]
+
+
+def read_chapters(path: Path = Path(__file__).with_name("lesson.toml")) -> tuple[Chapter, ...]:
+    with open(path, "rb") as f:
+        raw = tomllib.load(f)["chapter"]
+    return tuple(
+        Chapter(number=i, key=c["key"], points=tuple(c["points"]), view=c["view"], step=c["step"],
+                stage=c.get("stage"), settings={name: c.get(name, DEFAULT_SETTINGS[name]) for name in SETTINGS},
+                case=c.get("case"), text={lang: c[lang] for lang in ("en", "zh")})
+        for i, c in enumerate(raw, start=1))
+
+
+CHAPTERS = read_chapters()

@@ -1,0 +1,97 @@
+"""The lesson panel: the chapter's explanation with this model's numbers, the article's claim beside them,
+a question for the class, and the way to the other chapters."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from engine.kv_cache import kv_bytes_per_token
+from ui import safe
+from ui.context import ViewContext
+from ui.lesson import CHAPTERS, Chapter
+
+
+class _Missing:
+    """A number this step does not have (e.g. no split before the prefill): shown as a dash, whatever its format."""
+
+    def __format__(self, spec: str) -> str:
+        return "–"
+
+
+class _Facts(dict):
+    def __missing__(self, key: str) -> _Missing:
+        return _Missing()
+
+
+def fill(template: str, facts: dict) -> str:
+    return template.format_map(_Facts(facts))
+
+
+def facts(ctx: ViewContext) -> dict:
+    """The loaded model's and this step's own numbers, by the names the chapters' placeholders use. Text
+    values (the model's name, a token) are escaped: the chapter is drawn as Markdown."""
+    info, trace, runner = ctx.info, ctx.trace, ctx.runner
+    n = len(runner.prompt_ids)
+    out = dict(
+        name=safe.text(info.name), layers=info.layers, adds=2 * info.layers, hidden=info.hidden, vocab=info.vocab,
+        q_heads=info.q_heads, kv_heads=info.kv_heads, group=info.gqa_group, head_dim=info.head_dim,
+        concat=info.q_heads * info.head_dim, kv_bytes=info.kv_bytes_per_token, dtype=info.dtype,
+        mha_bytes=kv_bytes_per_token(info.layers, info.q_heads, info.head_dim, info.element_bytes),
+        element=info.element_bytes, limit=info.context_limit, n=n, n_but_one=n - 1, step=ctx.step,
+        block_size=ctx.state.block_size,
+        positions_note=ctx.t("lesson_positions_learned" if info.positions == "learned" else "lesson_positions_rope"),
+    )
+    if trace is not None:
+        context = trace.context_length
+        out.update(id=trace.token_id, token=safe.text(ctx.cells[-1].text), inputs=len(trace.input_ids),
+                   context=context, position=trace.positions[-1], blocks=len(trace.block_table),
+                   kv_kib=context * info.kv_bytes_per_token / 1024, read_mib=context * info.kv_bytes_per_token / 2**20)
+        if trace.split is not None:
+            out.update(splits=len(trace.split.ranges), diff=trace.split.max_abs_diff.max().item())
+    hit = runner.prefix_hit()
+    if hit is not None:
+        out.update(reused=hit.reused_tokens, computed=hit.computed_tokens,
+                   reuse_note=ctx.t("lesson_reuse_note", reused=hit.reused_tokens, computed=hit.computed_tokens)
+                   if hit.reused_tokens else "")
+    closest = runner.closest_cached()
+    if closest is not None:
+        out.update(cached_n=len(closest[0]), first=closest[1])
+        out.update({policy: reuse.reused_tokens for policy, reuse in runner.policy_reuse().items()})
+    return out
+
+
+def current(ctx: ViewContext) -> Chapter | None:
+    number = ctx.state.chapter
+    return CHAPTERS[number - 1] if number else None
+
+
+def render(ctx: ViewContext, go_to) -> None:
+    """The panel for the chapter in the link (`go_to(n)` is the navigation callback; 0 leaves the lesson)."""
+    chapter = current(ctx)
+    if chapter is None:
+        st.button(ctx.t("lesson_start"), key="b_lesson_start", on_click=go_to, args=(1,), width="stretch",
+                  help=ctx.t("lesson_start_help"))
+        return
+    lang = ctx.state.lang
+    with st.container(key="chapter"):
+        st.caption(ctx.t("lesson_of", n=chapter.number, total=len(CHAPTERS)))
+        st.markdown(f"#### {chapter.part('title', lang)}")
+        if ctx.trace is None:
+            st.info(ctx.t("need_prefill"))
+        else:
+            numbers = facts(ctx)
+            st.markdown(fill(chapter.part("body", lang), numbers))
+            st.markdown(f"**{ctx.t('lesson_look')}** {fill(chapter.part('look', lang), numbers)}")
+            st.markdown(f"**{ctx.t('lesson_claim')}** {fill(chapter.part('claim', lang), numbers)}")
+            st.markdown(f"**{ctx.t('lesson_question')}** {fill(chapter.part('question', lang), numbers)}")
+            with st.expander(ctx.t("lesson_answer")):
+                st.markdown(fill(chapter.part("answer", lang), numbers))
+    back, forward = st.columns(2)
+    back.button(ctx.t("lesson_back"), key="b_chapter_back", on_click=go_to, args=(chapter.number - 1,),
+                disabled=chapter.number == 1, shortcut="PageUp", width="stretch")
+    forward.button(ctx.t("lesson_next"), key="b_chapter_next", on_click=go_to, args=(chapter.number + 1,),
+                   disabled=chapter.number == len(CHAPTERS), shortcut="PageDown", width="stretch")
+    titles = {c.number: f"{c.number}. {c.part('title', lang)}" for c in CHAPTERS}
+    st.radio(ctx.t("lesson_chapters"), list(titles), key="w_chapter", format_func=titles.get,
+             on_change=lambda: go_to(st.session_state.w_chapter))
+    st.button(ctx.t("lesson_leave"), key="b_lesson_leave", on_click=go_to, args=(0,), width="stretch")

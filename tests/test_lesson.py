@@ -166,7 +166,7 @@ def test_keys_buttons_and_the_list_move_through_the_chapters(server):
         chapter_in_link(page, 1)
         press(page, "b_chapter_next")
         chapter_in_link(page, 2)
-        page.locator(".st-key-w_chapter label").filter(has_text=CHAPTERS[11].part("title", "en")).click()
+        page.locator(".st-key-chapter_list label").filter(has_text=CHAPTERS[11].part("title", "en")).click()
         chapter_in_link(page, 12)  # the article's Case 1, loaded on entering
         shows_chapter(page, 12)
         params = dict(p.split("=", 1) for p in page.url.split("?", 1)[1].split("&"))
@@ -179,3 +179,17 @@ def test_keys_buttons_and_the_list_move_through_the_chapters(server):
         assert "view=split" in page.url and "kv_splits=4" in page.url  # leaving keeps the state
         expect(page.locator(".st-key-b_lesson_start")).to_be_visible()
         browser.close()
+
+
+def test_play_keeps_the_chapter_and_the_list_still_moves(embedded_model):
+    at = start(chapter=3)
+    at.toggle(key="w_playing").set_value(True).run()
+    at.run()  # Play's ticks do not draw the sidebar: the chapter must survive them
+    assert_clean(at)
+    assert at.query_params["chapter"] == "3" and at.query_params["step"] == "5"
+    assert strings.t("lesson_playing") in [i.value for i in at.sidebar.info]
+    at.toggle(key="w_playing").set_value(False).run()
+    at.radio(key="chapter_list").set_value(7).run()
+    assert_clean(at)
+    state, _ = parse_query(dict(at.query_params.items()))
+    assert (state.chapter, state.view, state.step) == (7, "attention", 4)

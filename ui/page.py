@@ -118,6 +118,8 @@ def draw_page() -> None:
         return
     play_controls(limits)
     if ss.get("w_playing"):  # redrawn alone on each tick
+        if ss.get("w_chapter"):  # a fragment cannot redraw the sidebar: the chapter's numbers would be stale
+            lesson_place.info(t("lesson_playing"))
         st.fragment(run_every=ss.w_pace)(stepper_and_view)(model, runner, in_fragment=True)
     else:  # not a fragment: a press must work in a session a restarted server has just rebuilt from the link
         stepper_and_view(model, runner, lesson_place)

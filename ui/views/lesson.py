@@ -92,6 +92,8 @@ def render(ctx: ViewContext, go_to) -> None:
     forward.button(ctx.t("lesson_next"), key="b_chapter_next", on_click=go_to, args=(chapter.number + 1,),
                    disabled=chapter.number == len(CHAPTERS), shortcut="PageDown", width="stretch")
     titles = {c.number: f"{c.number}. {c.part('title', lang)}" for c in CHAPTERS}
-    st.radio(ctx.t("lesson_chapters"), list(titles), key="w_chapter", format_func=titles.get,
-             on_change=lambda: go_to(st.session_state.w_chapter))
+    # Its own key, set from the chapter each run: `w_chapter` must outlive runs that do not draw the list (Play).
+    st.session_state.chapter_list = chapter.number
+    st.radio(ctx.t("lesson_chapters"), list(titles), key="chapter_list", format_func=titles.get,
+             on_change=lambda: go_to(st.session_state.chapter_list))
     st.button(ctx.t("lesson_leave"), key="b_lesson_leave", on_click=go_to, args=(0,), width="stretch")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import logging
 import threading
 from dataclasses import fields, replace
@@ -100,6 +101,8 @@ def draw_page() -> None:
     lesson_place = sidebar(limits)
     st.html(LAYOUT_CSS + (LARGE_CSS if ss.w_large else "") + (LESSON_CSS if ss.get("w_chapter") else ""))
     st.title(t("title"))
+    if ss.get("w_chapter"):
+        phone_lesson_hint()
     for problem in ss.pop("problems", []):
         show_problem(problem)
     if model is None:
@@ -350,6 +353,14 @@ def draw_step(model: engine.Model, runner: Runner, lesson_place=None, in_fragmen
     stepper.details(ctx)
     step_buttons(buttons, runner)  # live again only once the screen shows this step, as the link does
     write_link(current_state())
+
+
+def phone_lesson_hint() -> None:
+    """On a phone the sidebar, where the chapter is explained, starts closed: say the chapter and where it is."""
+    title = html.escape(CHAPTERS[ss.w_chapter - 1].part("title", ss.w_lang))
+    note = html.escape(t("lesson_phone", n=ss.w_chapter, total=len(CHAPTERS)))
+    st.html(f"<style>.kv-lesson-phone{{display:none}}@media (max-width:640px){{.kv-lesson-phone{{display:block}}}}"
+            f"</style><div class='kv-lesson-phone'><b>{title}</b> · {note}</div>")
 
 
 def fit_to_budget(step: StepLimits) -> None:

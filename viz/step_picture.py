@@ -35,6 +35,7 @@ FILLS = {  # a light fill per part of the model: input side, layers, cache, outp
     "final_norm": "#fde9d9", "lm_head": "#fde9d9", "sampling": "#fde9d9", "detokenize": "#fde9d9",
 }
 FRAME = "frame"  # the layers' frame and the phase note: part of no stage, never highlighted or dimmed
+BOX_TEXT, LABEL_TEXT = 0.9, 0.82  # of the page's figure text size: boxes are narrow, labels sit between them
 STACK_SHADOWS = 2  # copies drawn behind a box when several tokens go through at once (prefill)
 
 
@@ -209,7 +210,7 @@ def draw(fig: go.Figure, part, stage: str | None, size: int, deck: int) -> None:
     else:
         anchor = {"left": "left", "right": "right"}.get(part.align, "center")
         fig.add_annotation(x=part.x, y=part.y, text=part.text, showarrow=False, xanchor=anchor, align=part.align,
-                           font=dict(size=size - 4, color=text_color), bgcolor="rgba(255,255,255,0.85)",
+                           font=dict(size=round(LABEL_TEXT * size), color=text_color), bgcolor="rgba(255,255,255,0.85)",
                            name=f"{part.stage}:shape:{part.key}" if part.key else part.stage)
 
 
@@ -221,13 +222,13 @@ def draw_box(fig: go.Figure, box: Box, color: str, width: float, opacity: float,
         for k in range(deck, 0, -1):  # the rows behind the front one
             fig.add_shape(type=kind, x0=box.x0 + 0.6 * k, x1=box.x1 + 0.6 * k, y0=box.y0 + 1.2 * k,
                           y1=box.y1 + 1.2 * k, line=dict(color=color, width=1), fillcolor=fill, opacity=opacity,
-                          name=box.stage, visible=True, layer="below")
+                          name=box.stage, layer="below")
     fig.add_shape(type=kind, x0=box.x0, x1=box.x1, y0=box.y0, y1=box.y1, line=dict(color=color, width=width),
                   fillcolor=fill if box.text else "rgba(0,0,0,0)", opacity=opacity, name=box.stage, layer="below")
     if box.text:
         y, anchor = (box.y1 - 0.8, "top") if box.text_on_top else ((box.y0 + box.y1) / 2, "middle")
         fig.add_annotation(x=(box.x0 + box.x1) / 2, y=y, yanchor=anchor, text=box.text, showarrow=False,
-                           font=dict(size=size - (1 if box.round else 2), color=text_color), name=box.stage)
+                           font=dict(size=size if box.round else round(BOX_TEXT * size), color=text_color), name=box.stage)
 
 
 def draw_arrow(fig: go.Figure, arrow: Arrow, color: str, width: float, opacity: float) -> None:

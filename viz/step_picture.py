@@ -5,7 +5,9 @@ read from `viz.flow.flow_rows` (the flow table's rows), so the table and the pic
 
 Drawn with Plotly shapes and annotations on a fixed 100 × 100 canvas (x right, y up). A lesson chapter
 highlights one stage; every shape and annotation is named by its stage ("<stage>", or
-"<stage>:shape:<flow row key>" for a label that shows a shape) so tests and readers can find it.
+"<stage>:shape:<flow row key>" for a label that shows a shape) so tests and readers can find it. An arrow
+belongs to the stage that produces what it carries (the logits arrow to lm_head, the new id's arrows to the path
+they start).
 """
 
 from __future__ import annotations
@@ -56,7 +58,6 @@ class Box:
 class Arrow:
     stage: str
     points: tuple[tuple[float, float], ...]  # a polyline; the head is at the last point
-    dashed: bool = False
 
 
 @dataclass(frozen=True)
@@ -79,16 +80,15 @@ def step_figure(trace: StepTrace, info: ModelInfo, stage: str | None = None, tit
     if stage is not None and stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}: one of {', '.join(STAGES)}")
     rows = {row.key: row for row in flow_rows(trace, info)}
-    parts = input_band(trace, info, rows, words) + layer_band(trace, info, rows, words) + \
+    parts = input_band(trace, info, rows, words) + layer_band(rows, words) + \
         output_band(trace, info, rows, words)
-    fig = go.Figure()
-    size = 18 if large else 13
+    fig = finish(go.Figure(), title, large, height=660 if large else 560)
+    size = fig.layout.font.size  # the shared figure text size (larger for a projector)
     deck = STACK_SHADOWS if len(trace.input_ids) > 1 else 0
     for part in parts:
         draw(fig, part, stage, size, deck)
     fig.update_xaxes(range=[0, 100], visible=False, fixedrange=True)
     fig.update_yaxes(range=[0, 100], visible=False, fixedrange=True)
-    fig = finish(fig, title, large, height=660 if large else 560)
     fig.update_layout(showlegend=False, plot_bgcolor="white", hovermode=False)
     return fig
 
@@ -110,7 +110,7 @@ def input_band(trace: StepTrace, info: ModelInfo, rows: dict[str, FlowRow], word
         embed_text += "<br>" + words["sp_position_rows"]
     note = words["sp_prefill_note" if trace.phase == "prefill" else "sp_decode_note"].format(
         n=t, positions=rows["ids"].facts["positions"], position=trace.positions[-1], layers=info.layers,
-        length=trace.context_length)
+        length=rows["read_kv"].facts["length"])
     parts = [
         Box("token_id", 1, 84, 19, 98, ids_text, per_token=True),
         Arrow("token_id", ((10, 84), (10, 77))),
@@ -123,7 +123,7 @@ def input_band(trace: StepTrace, info: ModelInfo, rows: dict[str, FlowRow], word
     return parts
 
 
-def layer_band(trace: StepTrace, info: ModelInfo, rows: dict[str, FlowRow], words: Words) -> list:
+def layer_band(rows: dict[str, FlowRow], words: Words) -> list:
     """The layer, drawn once for all N: x0 → norm, q/k/v → attention (via the paged cache) → ⊕ → norm, FFN → ⊕,
     with the residual (skip) lines above the row and the cache below it."""
     row_y0, row_y1, mid = 53, 65, 59
@@ -143,7 +143,7 @@ def layer_band(trace: StepTrace, info: ModelInfo, rows: dict[str, FlowRow], word
         Arrow("kv_write", ((33.5, row_y0), (33.5, 48))),
         Box("kv_write", 27, 34.5, 45, 48, words["sp_cache_write"], text_on_top=True),
         shape_label(rows["write_kv"], 36, 37),
-        Box("kv_read", 45, 34.5, 63, 48, words["sp_cache_read"].format(length=trace.context_length),
+        Box("kv_read", 45, 34.5, 63, 48, words["sp_cache_read"].format(length=rows["read_kv"].facts["length"]),
             text_on_top=True),
         shape_label(rows["read_kv"], 54, 37),
         Arrow("kv_read", ((60, 48), (60, row_y0))),
@@ -173,10 +173,10 @@ def output_band(trace: StepTrace, info: ModelInfo, rows: dict[str, FlowRow], wor
         Arrow("final_norm", ((96, 57), (96, 30.5), (8, 30.5), (8, 25))),
         Label("final_norm", 52, 32.2, last + ": x2 " + rows["final_norm"].shape, key="final_norm"),
         Box("final_norm", 1, 13, 15, 25, words["sp_final_norm"]),
-        Arrow("lm_head", ((15, 19), (22, 19))),
+        Arrow("final_norm", ((15, 19), (22, 19))),
         shape_label(rows["final_norm"], 18.5, 22),
         Box("lm_head", 22, 13, 34, 25, words["sp_lm_head"].format(vocab=fmt_int(info.vocab), hidden=info.hidden)),
-        Arrow("sampling", ((34, 19), (44, 19))),
+        Arrow("lm_head", ((34, 19), (44, 19))),
         shape_label(rows["lm_head"], 39, 22, prefix=words["sp_logits"] + "<br>"),
         Box("sampling", 44, 9, 66, 28, words["sp_sampling"] + chance),
         Arrow("sampling", ((66, 19), (70, 19))),
@@ -216,6 +216,7 @@ def draw(fig: go.Figure, part, stage: str | None, size: int, deck: int) -> None:
 
 def draw_box(fig: go.Figure, box: Box, color: str, width: float, opacity: float, text_color: str, size: int,
              lit: bool, deck: int) -> None:
+    """A box (or ⊕ circle) with its text; `deck` copies behind it stand for the other rows of a prefill."""
     fill = "#ffd9bf" if lit else FILLS.get(box.stage, "white")
     kind = "circle" if box.round else "rect"
     if box.per_token:
@@ -235,8 +236,7 @@ def draw_arrow(fig: go.Figure, arrow: Arrow, color: str, width: float, opacity: 
     """The polyline as one path shape, and the last segment as an annotation arrow (for its head)."""
     points = arrow.points
     path = "M " + " L ".join(f"{x},{y}" for x, y in points)
-    dash = "dash" if arrow.dashed else "solid"
-    fig.add_shape(type="path", path=path, line=dict(color=color, width=max(width - 1, 1.5), dash=dash),
+    fig.add_shape(type="path", path=path, line=dict(color=color, width=max(width - 1, 1.5)),
                   opacity=opacity, name=arrow.stage)
     (tail_x, tail_y), (head_x, head_y) = points[-2], points[-1]
     fig.add_annotation(x=head_x, y=head_y, ax=tail_x, ay=tail_y, xref="x", yref="y", axref="x", ayref="y", text="",

@@ -18,34 +18,50 @@ from viz.words import ENGLISH, Words
 
 @dataclass(frozen=True)
 class FlowRow:
-    key: str  # names the stage; the page words it (ui.strings: flow_stage_<key>, flow_note_<key>)
-    shape: str
+    key: str  # names the row; the page words it (ui.strings: flow_stage_<key>, flow_note_<key>)
+    stage: str  # the part of the step picture it belongs to (one of viz.step_picture.STAGES)
+    shape: str  # the tensor shape(s) here, as the table's shape column and the picture's arrows show them
     facts: dict  # numbers the note quotes
 
 
 def flow_rows(trace: StepTrace, info: ModelInfo) -> list[FlowRow]:
-    """The chain of one forward pass with the real model's shapes."""
-    t = len(trace.input_ids)
+    """The chain of one forward pass with the real model's shapes: t rows go in (t = 1 in decode, the
+    prompt's length in prefill), the cache holds `context_length` positions after the write, and only the
+    last row goes on past the layers. The flow table and the step picture both read these rows."""
+    t, length = len(trace.input_ids), trace.context_length
     concat = info.q_heads * info.head_dim
+    per_token_kv = f"({info.kv_heads}, {info.head_dim})"
     rows = [
-        FlowRow("ids", f"({t},)", {"ids": str(trace.input_ids[:6]) + (" …" if t > 6 else "")}),
-        FlowRow("embed", f"({t}, {info.hidden})", {"vocab": info.vocab, "hidden": info.hidden}),
+        FlowRow("ids", "token_id", f"({t},)",
+                {"ids": str(trace.input_ids[:6]) + (" …" if t > 6 else ""), "positions": position_span(trace)}),
+        FlowRow("embed", "embedding", f"({t}, {info.hidden})", {"vocab": info.vocab, "hidden": info.hidden}),
     ]
     if info.positions == "learned":
-        rows.append(FlowRow("positions", f"({t}, {info.hidden})", {}))
+        rows.append(FlowRow("positions", "embedding", f"({t}, {info.hidden})", {}))
     rows += [
-        FlowRow("norm", f"({t}, {info.hidden})", {"layers": info.layers, "norm": info.norm}),
-        FlowRow("qkv", f"Q ({t}, {info.q_heads}×{info.head_dim}), K/V ({t}, {info.kv_heads}×{info.head_dim})",
-                {"group": info.gqa_group}),
-        FlowRow("write_kv", f"+{t} × {info.kv_heads * info.head_dim} (K) + {t} × {info.kv_heads * info.head_dim} (V)", {}),
-        FlowRow("attend", f"{info.q_heads} × ({t}, {info.head_dim})", {}),
-        FlowRow("o_proj", f"({t}, {concat}) → ({t}, {info.hidden})", {}),
-        FlowRow("mlp", f"({t}, {info.intermediate}) → ({t}, {info.hidden})", {}),
-        FlowRow("final_norm", f"({info.hidden},)", {}),
-        FlowRow("lm_head", f"({info.vocab},)", {"tied": info.tied_embeddings}),
-        FlowRow("sample", f"({info.vocab},) → 1", {"id": trace.token_id}),
+        FlowRow("norm", "attention", f"({t}, {info.hidden})", {"layers": info.layers, "norm": info.norm}),
+        FlowRow("q", "attention", f"Q ({t}, {info.q_heads}×{info.head_dim})",
+                {"q_heads": info.q_heads, "head_dim": info.head_dim}),
+        FlowRow("kv", "attention", f"K, V ({t}, {info.kv_heads}×{info.head_dim})", {"group": info.gqa_group}),
+        FlowRow("write_kv", "kv_write", f"+{t} × {per_token_kv}", {"count": t}),
+        FlowRow("read_kv", "kv_read", f"{length} × {per_token_kv}", {"length": length}),
+        FlowRow("attend", "attention", f"{info.q_heads} × ({t}, {info.head_dim})", {}),
+        FlowRow("o_proj", "attention", f"({t}, {concat}) → ({t}, {info.hidden})", {}),
+        FlowRow("mlp", "ffn", f"({t}, {info.intermediate}) → ({t}, {info.hidden})", {}),
+        FlowRow("residual", "residual", f"({t}, {info.hidden})", {"layers": info.layers, "adds": 2 * info.layers}),
+        FlowRow("final_norm", "final_norm", f"({info.hidden},)", {}),
+        FlowRow("lm_head", "lm_head", f"({info.vocab},)", {"tied": info.tied_embeddings}),
+        FlowRow("sample", "sampling", f"({info.vocab},) → 1", {"id": trace.token_id}),
+        FlowRow("detokenize", "detokenize", "(1,)", {"id": trace.token_id}),
+        FlowRow("next_input", "next_input", f"({info.hidden},)", {"id": trace.token_id}),
     ]
     return rows
+
+
+def position_span(trace: StepTrace) -> str:
+    """The positions a step fed: "40" in decode, "0–40" in prefill."""
+    first, last = trace.positions[0], trace.positions[-1]
+    return str(first) if first == last else f"{first}–{last}"
 
 
 def residual_figure(residual: np.ndarray, title: str = "", large: bool = False, words: Words = ENGLISH) -> go.Figure:

@@ -10,6 +10,7 @@ from ui import safe
 from ui.context import ViewContext
 from ui.views.common import figure, titled, words
 from viz.flow import flow_rows, residual_figure, vector_figure
+from viz.step_picture import step_figure
 
 
 def render(ctx: ViewContext) -> None:
@@ -17,10 +18,11 @@ def render(ctx: ViewContext) -> None:
     if not titled(ctx, "flow_title"):
         return
     trace = ctx.trace
-    with st.container(key="main-figure"):  # the residual stream first; the stage-by-stage table under it
-        figure(residual_figure(trace.residual.numpy(), ctx.t("residual_title", adds=2 * info.layers), ctx.large,
-                               words(ctx)),
-               "residual-stream")
+    with st.container(key="main-figure"):  # the picture of the step first (a lesson highlights its stage)
+        figure(step_figure(trace, info, ctx.stage, picture_title(ctx), ctx.large, words(ctx)), "one-step")
+    figure(residual_figure(trace.residual.numpy(), ctx.t("residual_title", adds=2 * info.layers), ctx.large,
+                           words(ctx)),
+           "residual-stream")
     rows = []
     for r in flow_rows(trace, info):
         facts = {k: ctx.t("yes" if v else "no") if isinstance(v, bool) else v for k, v in r.facts.items()}
@@ -40,3 +42,11 @@ def render(ctx: ViewContext) -> None:
     figure(vector_figure(vectors, ctx.t("vectors_title"), ctx.large, words(ctx)), "final-vs-next-input")
     different = float(np.abs(vectors[ctx.t("vec_final")] - vectors[ctx.t("vec_next", id=trace.token_id)]).max())
     st.caption(ctx.t("vectors_note", diff=different))
+
+
+def picture_title(ctx: ViewContext) -> str:
+    """"Step 5 (decode): id 1234 in → id 314 out" (prefill: how many prompt ids went in)."""
+    trace = ctx.trace
+    if trace.phase == "prefill":
+        return ctx.t("picture_title_prefill", step=ctx.step, n=len(trace.input_ids), output=trace.token_id)
+    return ctx.t("picture_title_decode", step=ctx.step, input=trace.input_ids[0], output=trace.token_id)

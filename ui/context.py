@@ -12,7 +12,7 @@ from engine.trace import StepTrace
 from ui import strings
 from ui.runner import Runner
 from ui.state import AppState
-from viz.tokens import visible
+from viz.tokens import position_label
 
 
 @dataclass
@@ -41,4 +41,5 @@ class ViewContext:
 
     @cached_property
     def labels(self) -> list[str]:
-        return [visible(c.text) for c in self.cells]
+        """What each position reads as in figures and tables ("解¹⁄₂" for part 1 of a two-token character)."""
+        return [position_label(c) for c in self.cells]

@@ -18,7 +18,7 @@ import engine
 from engine.prefix_cache import PolicyReuse, PromptHistory
 from engine.prompt import PromptSegment, prompt_segments
 from engine.split_kv import split_demo
-from engine.tokens import TokenCell, token_cells
+from engine.tokens import TokenCell, candidate_cells, token_cells
 from engine.trace import PrefixHit, SplitKVTrace, StepTrace
 from ui.settings import Limits, load_limits, step_limits
 
@@ -321,6 +321,12 @@ class Runner:
     def cells(self, step: int) -> list[TokenCell]:
         """The prompt's tokens and the first `step` generated ones, one cell each."""
         return token_cells(self.model.tokenizer, self.session.prompt_ids, self.session.generated[:step])
+
+    def candidate_cells(self, step: int, candidate_ids: list[int]) -> list[TokenCell]:
+        """The candidates for token `step` (1-based), each as the cell it would become after the tokens before
+        it: a candidate finishing a character those left unfinished belongs to that character's group."""
+        context = (self.session.prompt_ids + self.session.generated)[:len(self.session.prompt_ids) + step - 1]
+        return candidate_cells(self.model.tokenizer, context, candidate_ids)
 
     def prompt_cells(self, ids: list[int]) -> list[TokenCell]:
         """Cells for another prompt's ids (e.g. the cached prompt a new one is aligned with)."""

@@ -87,6 +87,15 @@ EN = {
     "legend_input": "this step's input (went in)",
     "legend_output": "this step's output (came out)",
     "legend_hover": "hover a token for its id and bytes",
+    "legend_hover_bpe": "hover for ids and bytes · ▸ one character, several tokens?",
+    "bpe_explained": "Why one chip can hold several tokens: this model's tokenizer is byte-level BPE. It turns text "
+                     "into its UTF-8 bytes and merges byte sequences that were frequent in its training text into "
+                     "tokens; a character it saw rarely (many Chinese characters, emoji) stays split, so one "
+                     "character can be two or three tokens, each holding some of its bytes (解 is e8 a7, then a3). "
+                     "The model sees only the ids, one position per token. A chip with small bars under it is one "
+                     "character made of that many tokens (hover a bar for its id and bytes); in figures and tables "
+                     "解¹⁄₂ marks the first of its two tokens. A token whose character is not finished yet shows "
+                     "as its bytes, e.g. ⟨e8 a7⟩.",
     "candidates_title": "Why “{token}”? The top candidates before and after each filter",
     "candidates_fig": "Probability of the top candidates at each sampling stage",
     "download_trace": "⬇ Step JSON",
@@ -309,6 +318,13 @@ ZH = {
     "legend_input": "本步的输入（送进模型）",
     "legend_output": "本步的输出（模型产生）",
     "legend_hover": "鼠标悬停可看 token 的 id 和字节",
+    "legend_hover_bpe": "悬停看 id 和字节 · ▸ 一字多 token？",
+    "bpe_explained": "为什么一个块里会有几个 token：这个模型的分词器是字节级 BPE。它先把文字变成 UTF-8 字节，"
+                     "再把训练文本里常见的字节序列合并成 token；训练时少见的字符（许多汉字、表情符号）没有被合并，"
+                     "于是一个字符可能由两三个 token 组成，每个 token 只含它的一部分字节（“解”是 e8 a7，再加 a3）。"
+                     "模型只看到 id，每个 token 占一个位置。下面带小横条的块是由几个 token 组成的一个字符"
+                     "（鼠标悬停在横条上可看它的 id 和字节）；图和表里的“解¹⁄₂”表示它两个 token 中的第一个。"
+                     "所属字符还没写完的 token 显示为字节，例如 ⟨e8 a7⟩。",
     "candidates_title": "为什么是“{token}”？各过滤步骤前后的候选",
     "candidates_fig": "各采样阶段的候选概率",
     "download_trace": "⬇ 本步 JSON",

@@ -13,33 +13,38 @@ from viz.words import ENGLISH, Words
 STAGES = ("p_raw", "p_temperature", "p_top_k", "p_top_p")  # each one's label: words["stage_" + stage]
 
 
-def candidates_frame(trace: StepTrace) -> pd.DataFrame:
+def candidates_frame(trace: StepTrace, labels: list[str] | None = None) -> pd.DataFrame:
+    """One row per candidate. `labels`: what each candidate reads as (`viz.tokens.position_label` of its cell:
+    "解²⁄₂" for the token that would finish 解, "⟨e8 a7⟩" for a piece of a character); by default its own text."""
     rows = []
-    for c in trace.candidates:
-        rows.append({"token": visible(c.text), "id": c.token_id, "logit": c.logit, "p_raw": c.p_raw,
+    labels = labels or [visible(c.text) for c in trace.candidates]
+    for c, label in zip(trace.candidates, labels, strict=True):
+        rows.append({"token": label, "id": c.token_id, "logit": c.logit, "p_raw": c.p_raw,
                      "p_temperature": c.p_temperature, "p_top_k": c.p_top_k, "p_top_p": c.p_top_p,
                      "drawn": c.token_id == trace.token_id})
     return pd.DataFrame(rows)
 
 
-def candidates_table(trace: StepTrace, words: Words = ENGLISH) -> pd.DataFrame:
+def candidates_table(trace: StepTrace, words: Words = ENGLISH, labels: list[str] | None = None) -> pd.DataFrame:
     """The candidates for people: the drawn mark first (so a narrow column never hides it), the token,
     its id and its probability at each stage as a percentage."""
-    frame = candidates_frame(trace)[["drawn", "token", "id", *STAGES]]
+    frame = candidates_frame(trace, labels)[["drawn", "token", "id", *STAGES]]
     formats = {"drawn": check_mark, **{stage: fmt_percent for stage in STAGES}}  # ids are names: no separators
     return readable(frame, {c: words["cand_" + c] for c in frame.columns}, formats)
 
 
-def candidates_figure(trace: StepTrace, title: str = "", large: bool = False, words: Words = ENGLISH) -> go.Figure:
-    frame = candidates_frame(trace)
-    labels = [f"{'▶ ' if d else ''}{plotly_text(t)} ({i})" for t, i, d in zip(frame["token"], frame["id"], frame["drawn"])]
+def candidates_figure(trace: StepTrace, title: str = "", large: bool = False, words: Words = ENGLISH,
+                      labels: list[str] | None = None) -> go.Figure:
+    frame = candidates_frame(trace, labels)
+    bars = [f"{'▶ ' if drawn else ''}{plotly_text(token)} ({token_id})"
+            for token, token_id, drawn in zip(frame["token"], frame["id"], frame["drawn"])]
     colors = [OKABE_ITO["grey"], OKABE_ITO["sky"], OKABE_ITO["blue"], OKABE_ITO["vermillion"]]
     fig = go.Figure()
     for column, color in zip(STAGES, colors):
         name = words["stage_" + column]
-        fig.add_bar(y=labels, x=frame[column], name=name, orientation="h", marker_color=color,
+        fig.add_bar(y=bars, x=frame[column], name=name, orientation="h", marker_color=color,
                     hovertemplate="%{y}: %{x:.2%}<extra>" + name + "</extra>")
     fig.update_layout(barmode="group", yaxis=dict(autorange="reversed"),
                       xaxis=dict(range=[0, 1], title=words["probability"], tickformat=".0%"),
                       legend=dict(orientation="h", y=-0.15))
-    return finish(fig, title, large, height=120 + 34 * len(labels))
+    return finish(fig, title, large, height=120 + 34 * len(bars))

@@ -7,7 +7,7 @@ import streamlit as st
 from ui.context import ViewContext
 from ui.views.common import figure, table, words
 from viz.prefix import alignment_frame, alignment_table, policies_figure, policy_frame, policy_table
-from viz.tokens import visible
+from viz.tokens import position_label
 
 CASE_CACHED = "解释什么是Transformer"
 CASES = {"case1": "解释什么是Transformer，举个例子", "case2": "解释什么是大语言模型"}
@@ -40,7 +40,7 @@ def render(ctx: ViewContext) -> None:
         st.caption(ctx.t("nothing_cached"))
         return
     cached = closest[0]
-    cached_labels = [visible(c.text) for c in ctx.runner.prompt_cells(cached)]
+    cached_labels = [position_label(c) for c in ctx.runner.prompt_cells(cached)]
     new_labels = ctx.labels[:n]
     table(alignment_table(alignment_frame(cached, ctx.runner.prompt_ids, cached_labels, new_labels, hit.reused_tokens),
                           words(ctx)))

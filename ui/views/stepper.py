@@ -12,7 +12,8 @@ from ui import safe
 from ui.context import ViewContext
 from ui.views.common import figure, words
 from viz.candidates import candidates_figure, candidates_table
-from viz.tokens import token_chip_styles, token_frame, token_legend_html, token_stream_html, visible
+from viz.tokens import (position_label, reads_as, splits_characters, token_chip_styles, token_frame, token_legend_html,
+                         token_stream_html)
 
 TEMPLATE_STYLE = "background:#8882;border:1px dashed #888;border-radius:4px;color:#666"
 
@@ -52,11 +53,11 @@ def counter_html(ctx: ViewContext) -> str:
     inputs = input_positions(ctx)
     if inputs:  # a decode step feeds one token; the prefill, every prompt token not reused from the cache
         cell = ctx.cells[inputs[0]]
-        went_in = (f'<span class="kv-chip kv-{cell.kind} kv-input">{html.escape(visible(cell.text))}</span>'
+        went_in = (f'<span class="kv-chip kv-{cell.kind} kv-input">{html.escape(position_label(cell))}</span>'
                    if len(inputs) == 1 else html.escape(ctx.t("io_prompt_tokens", n=len(inputs))))
         out = ctx.cells[-1]
         line += (f' &nbsp;·&nbsp; {html.escape(ctx.t("io_input"))} {went_in} → {html.escape(ctx.t("io_output"))} '
-                 f'<span class="kv-chip kv-newest">{html.escape(visible(out.text))}</span>')
+                 f'<span class="kv-chip kv-newest">{html.escape(position_label(out))}</span>')
     return (f"<style>.kv-header .kv-chip{{font-size:{size}}}{token_chip_styles(size)}</style>"
             f'<div class="kv-header" style="font-size:{size};line-height:1.8">{line}</div>')
 
@@ -66,9 +67,14 @@ def render(ctx: ViewContext) -> None:
     st.markdown(f"**{phase_line(ctx)}**")
     if ctx.runner.finished and ctx.step == ctx.runner.generated:
         st.info(ctx.t("stopped_" + ctx.runner.stop_reason))
-    legend = token_legend_html({kind: ctx.t("legend_" + kind) for kind in ("prompt", "generated", "input")}
-                               | {"newest": ctx.t("legend_output")}, ctx.t("legend_hover"))
-    st.markdown(token_stream_html(ctx.cells, ctx.large, input_positions(ctx), legend), unsafe_allow_html=True)
+    labels = {kind: ctx.t("legend_" + kind) for kind in ("prompt", "generated", "input")} | {
+        "newest": ctx.t("legend_output")}
+    if splits_characters(ctx.cells):  # byte-level BPE explained where a character made of several tokens shows
+        legend = token_legend_html(labels, ctx.t("legend_hover_bpe"), ctx.t("bpe_explained"))
+    else:
+        legend = token_legend_html(labels, ctx.t("legend_hover"))
+    with st.container(key="token-stream"):
+        st.markdown(token_stream_html(ctx.cells, ctx.large, input_positions(ctx), legend), unsafe_allow_html=True)
 
 
 def details(ctx: ViewContext) -> None:
@@ -85,11 +91,13 @@ def details(ctx: ViewContext) -> None:
     with right:
         if ctx.trace is None:
             return
-        st.markdown(f"**{ctx.t('candidates_title', token=safe.text(ctx.cells[-1].text))}**")
-        frame = candidates_table(ctx.trace, words(ctx))  # the drawn ✓ first: a narrow column never hides it
+        st.markdown(f"**{ctx.t('candidates_title', token=safe.text(reads_as(ctx.cells[-1])))}**")
+        ids = [c.token_id for c in ctx.trace.candidates]
+        labels = [position_label(c) for c in ctx.runner.candidate_cells(ctx.step, ids)]  # "解²⁄₂", never "�"
+        frame = candidates_table(ctx.trace, words(ctx), labels)  # the drawn ✓ first: a narrow column never hides it
         st.dataframe(frame, hide_index=True, key="candidates", height=36 * (len(frame) + 1) + 4)
         with st.expander(ctx.t("candidates_fig")):
-            figure(candidates_figure(ctx.trace, ctx.t("candidates_fig"), ctx.large, words(ctx)), "candidates")
+            figure(candidates_figure(ctx.trace, ctx.t("candidates_fig"), ctx.large, words(ctx), labels), "candidates")
         downloads(ctx)
 
 

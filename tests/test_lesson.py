@@ -193,3 +193,13 @@ def test_play_keeps_the_chapter_and_the_list_still_moves(embedded_model):
     assert_clean(at)
     state, _ = parse_query(dict(at.query_params.items()))
     assert (state.chapter, state.view, state.step) == (7, "attention", 4)
+
+
+def test_the_tokens_chapter_explains_byte_level_bpe_when_a_character_spans_several_tokens(embedded_model):
+    tokenizer = embedded_model.tokenizer
+    split = any(len(tokenizer.encode(ch)) > 1 for ch in "解释什么是")  # the tokenizer's own verdict
+    assert split  # SmolLM2 splits these characters: the chapter must say why
+    at = start(chapter=1, prompt="解释什么是Transformer", chat=0)
+    assert strings.t("bpe_explained") in [c.value for c in at.sidebar.caption]
+    plain = start(chapter=1, prompt="Hello there", chat=0)
+    assert strings.t("bpe_explained") not in [c.value for c in plain.sidebar.caption]

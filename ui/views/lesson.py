@@ -81,6 +81,8 @@ def render(ctx: ViewContext, go_to) -> None:
         else:
             numbers = facts(ctx)
             st.markdown(fill(chapter.part("body", lang), numbers))
+            if chapter.key == "tokens" and any(cell.group.size > 1 for cell in ctx.cells):
+                st.caption(ctx.t("bpe_explained"))  # a character over several tokens is on screen: say why
             st.markdown(f"**{ctx.t('lesson_look')}** {fill(chapter.part('look', lang), numbers)}")
             st.markdown(f"**{ctx.t('lesson_claim')}** {fill(chapter.part('claim', lang), numbers)}")
             st.markdown(f"**{ctx.t('lesson_question')}** {fill(chapter.part('question', lang), numbers)}")

@@ -24,7 +24,8 @@ import torch
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import InvalidSettingError, PromptTooLongError, SessionStateError
 from engine.kv_cache import BlockPool, BlockTable
-from engine.model import ForwardRecord, Model
+from engine.model import Model
+from engine.recorder import ForwardRecord
 from engine.prefix_cache import PrefixCache, reuse_hits
 from engine.prompt import tokenize_prompt
 from engine.sampler import FilterStages, Sampling, sample

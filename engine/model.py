@@ -97,6 +97,13 @@ class Model:
             x = x + self.weights.position_embeddings[positions]
         return x
 
+    def next_input(self, token_id: int, position: int) -> torch.Tensor:
+        """(hidden,) on the CPU: what the next step feeds its first layer for `token_id` at `position`:
+        the id's embedding row, plus the position's row where positions are learned (GPT-2: wte + wpe;
+        `info.positions == "learned"`). With RoPE the position enters later, inside attention."""
+        ids = torch.tensor([token_id], device=self.device)
+        return self.embed(ids, torch.tensor([position], device=self.device))[0].cpu()
+
     def full_attention(self, ids: list[int], layer: int, block_size: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer's causal attention over the whole sequence `ids`, by one fresh prefill pass.
 

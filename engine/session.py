@@ -188,7 +188,7 @@ class DecodeSession:
             raise RuntimeError(f"rebuilding step {index} drew token {token_id} where the run drew "
                                f"{original.token_id}: the cached K/V no longer match the run")
         return replace(original, candidates=candidates(stages, self.model.tokenizer, drawn=token_id),
-                       **self._heavy_fields(record, token_id))
+                       **self._heavy_fields(record, token_id, original.positions[-1] + 1))
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -239,7 +239,7 @@ class DecodeSession:
             timings_ms={},
             stop_reason=self.stop_reason,
             evicted_blocks=evicted,
-            **self._heavy_fields(record, token_id),
+            **self._heavy_fields(record, token_id, positions[-1] + 1),
         )
         done = time.perf_counter()
         trace.timings_ms = {
@@ -297,12 +297,12 @@ class DecodeSession:
             copied_blocks=copied,
         )
 
-    def _heavy_fields(self, record: ForwardRecord, token_id: int) -> dict:
-        """A trace's tensors (`StepTrace.HEAVY`) from one forward pass and the id it drew."""
+    def _heavy_fields(self, record: ForwardRecord, token_id: int, position: int) -> dict:
+        """A trace's tensors (`StepTrace.HEAVY`) from one forward pass and the id it drew for `position`."""
         return dict(logits=record.logits, attention=record.attention, scores=record.scores,
                     attention_rows=record.attention_rows, residual=record.residual,
                     final_hidden=record.final_hidden, split=record.split,
-                    next_input_embedding=self.model.weights.embed_tokens[token_id].detach().cpu().clone())
+                    next_input_embedding=self.model.next_input(token_id, position))
 
     def _stop_reason(self, token_id: int) -> str | None:
         if token_id in self.model.eos_ids:

@@ -13,6 +13,7 @@ are published there for later prompts.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -99,7 +100,7 @@ class DecodeSession:
         self.table = BlockTable(self.pool)
         self.generated: list[int] = []
         self.traces: list[StepTrace] = []
-        self.detokenizer = IncrementalDetokenizer(model.tokenizer)
+        self.detokenizer = IncrementalDetokenizer(model.tokenizer, self.prompt_ids)
         self.stop_reason: str | None = None
         self.closed = False
 
@@ -116,8 +117,17 @@ class DecodeSession:
 
     @property
     def text(self) -> str:
-        """The answer text shown so far."""
-        return self.detokenizer.shown
+        """The answer text shown so far: every step's piece joined."""
+        return self.text_after(len(self.generated))
+
+    def text_after(self, count: int) -> str:
+        """The answer text after its first `count` tokens (0 … len(generated)): their pieces joined.
+
+        A piece holds back the bytes of an unfinished character until a later token completes it (see
+        `engine.detokenizer`), so this is never a broken character."""
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= len(self.generated):
+            raise SessionStateError(f"the answer has {len(self.generated)} tokens; asked for the text after {count!r}")
+        return "".join(trace.text for trace in self.traces[:count])
 
     # -- steps -------------------------------------------------------------------------------
 
@@ -199,14 +209,14 @@ class DecodeSession:
         start. The blocks it allocated were never published, so no cache entry points at them."""
         mark = self.table.mark()
         generated, traces, stop_reason = len(self.generated), len(self.traces), self.stop_reason
-        decoded, shown = len(self.detokenizer.ids), self.detokenizer.shown
+        detokenizer = copy.copy(self.detokenizer)  # its state is immutable: a shallow copy is a snapshot
         try:
             yield
         except BaseException:
             with self.pool.lock:
                 self.table.roll_back(mark)
-            del self.generated[generated:], self.traces[traces:], self.detokenizer.ids[decoded:]
-            self.stop_reason, self.detokenizer.shown = stop_reason, shown
+            del self.generated[generated:], self.traces[traces:]
+            self.stop_reason, self.detokenizer = stop_reason, detokenizer
             raise
 
     def _run(self, phase: str, ids: list[int], positions: list[int]) -> StepTrace:

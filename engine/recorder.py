@@ -42,8 +42,10 @@ class StepRecorder:
         self.rows = _attention_rows(len(positions), length, layers, q_heads, capture)
         recorded = range(layers) if capture.layers is None else capture.layers
         self.slot_of = {layer: i for i, layer in enumerate(recorded)} if capture.attention else {}
+        # (recorded layers, q_heads, rows, L) each: filled in place, one copy per layer
         self.probs = torch.empty((len(self.slot_of), q_heads, self.rows, length), dtype=dtype, device=device)
         self.scores = torch.empty_like(self.probs)
+        # (layers, 3, hidden): x0, x1, x2 of the last position
         self.residual = torch.empty((layers, 3, hidden), dtype=dtype, device=device) if capture.residuals else None
         self.splits: list[SplitRecord] = []
 

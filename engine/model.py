@@ -1,8 +1,10 @@
 """Our own forward pass, layer by layer, over the loaded weights and the paged KV cache.
 
-Per layer (pre-norm):  x1 = x0 + o_proj(attention(norm(x0)))   then   x2 = x1 + mlp(norm(x1)).
+Per layer (pre-norm, `DecoderLayer`):  x1 = x0 + attention(norm(x0))   then   x2 = x1 + mlp(norm(x1)).
 The second add is onto x1, not x0: a layer adds to the residual stream twice.
 After the last layer: final norm → lm_head → logits over the vocabulary.
+The maths of norm, projections and MLP are in `engine.layers`; what a pass keeps for the trace is
+collected by `engine.recorder.StepRecorder`, beside the layers.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import torch
 
 from engine.attention import attend
 from engine.kv_cache import BlockPool, kv_bytes_per_token
+from engine.layers import linear, mlp, norm, project_qkv
+from engine.recorder import ForwardRecord, StepRecorder
 from engine.rope import Rope, apply_rope
-from engine.trace import Capture, SplitKVTrace
-from engine.weights import Weights
+from engine.trace import Capture
+from engine.weights import LayerWeights, Weights
 
 
 ATTENTION_COPIES = 6  # (q_heads, T, L) float32 tensors one layer's attention holds at its peak
@@ -67,20 +71,9 @@ class ModelInfo:
         return self.layers * self.q_heads * splits * (self.head_dim + 3) * 4
 
 
-@dataclass
-class ForwardRecord:
-    """What one forward pass returns: logits for the last position and what `Capture` asked for."""
-
-    logits: torch.Tensor  # (vocab,) float32
-    final_hidden: torch.Tensor  # (hidden,) after the final norm
-    attention: torch.Tensor | None  # (layers, q_heads, rows, L)
-    scores: torch.Tensor | None
-    attention_rows: list[int]
-    residual: torch.Tensor | None  # (layers, 3, hidden) at the last position
-    split: SplitKVTrace | None
-
-
 class Model:
+    """A loaded model: its weights, facts, tokenizer and decoder layers; `forward` runs one pass."""
+
     def __init__(self, weights: Weights, info: ModelInfo, tokenizer, rope: Rope | None, attention_scales: list[float],
                  eos_ids: set[int], device: torch.device):
         self.weights = weights
@@ -90,6 +83,8 @@ class Model:
         self.attention_scales = attention_scales  # per layer (GPT-2 can scale by 1/(layer+1))
         self.eos_ids = eos_ids
         self.device = device
+        self.layers = [DecoderLayer(i, layer, info, scale)
+                       for i, (layer, scale) in enumerate(zip(weights.layers, attention_scales))]
 
     @property
     def dtype(self) -> torch.dtype:
@@ -105,6 +100,13 @@ class Model:
         if self.weights.position_embeddings is not None:
             x = x + self.weights.position_embeddings[positions]
         return x
+
+    def next_input(self, token_id: int, position: int) -> torch.Tensor:
+        """(hidden,) on the CPU: what the next step feeds its first layer for `token_id` at `position`:
+        the id's embedding row, plus the position's row where positions are learned (GPT-2: wte + wpe;
+        `info.positions == "learned"`). With RoPE the position enters later, inside attention."""
+        ids = torch.tensor([token_id], device=self.device)
+        return self.embed(ids, torch.tensor([position], device=self.device))[0].cpu()
 
     def full_attention(self, ids: list[int], layer: int, block_size: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer's causal attention over the whole sequence `ids`, by one fresh prefill pass.
@@ -133,85 +135,88 @@ class Model:
         Each layer writes the new K/V into the pool at `slots`, then attends over every cached position
         (in `kv_splits` merged splits when > 1).
         """
-        w, info = self.weights, self.info
+        info = self.info
         ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)
         pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
-        t, length = len(ids), positions[-1] + 1
-        rows = _attention_rows(t, length, info, capture)
-        recorded = list(range(info.layers) if capture.layers is None else capture.layers)
-        slot_of = {layer: i for i, layer in enumerate(recorded)} if capture.attention else {}
-        x = self.embed(ids_t, pos_t)
-        cos_sin = self.rope.cos_sin(pos_t, x.dtype) if self.rope else None
-        # Filled layer by layer: one copy per layer into buffers sized for what is kept.
-        probs_out = torch.empty((len(slot_of), info.q_heads, rows, length), dtype=x.dtype, device=self.device)
-        scores_out = torch.empty_like(probs_out)
-        residual = torch.empty((info.layers, 3, info.hidden), dtype=x.dtype, device=self.device) \
-            if capture.residuals else None
-        splits = []
-        for index, layer in enumerate(w.layers):
-            x0 = x
-            h = layer.input_layernorm(x0)
-            q, k, v = layer.project_qkv(h)  # one matmul for q_proj, k_proj, v_proj
-            q = q.reshape(t, info.q_heads, info.head_dim)
-            k = k.reshape(t, info.kv_heads, info.head_dim)
-            v = v.reshape(t, info.kv_heads, info.head_dim)
-            if layer.q_norm is not None:
-                q, k = layer.q_norm(q), layer.k_norm(k)
-            if cos_sin is not None:
-                q, k = apply_rope(q, *cos_sin), apply_rope(k, *cos_sin)
-            if slots is None:
-                cached_k, cached_v = _cached_then_new(pool, index, blocks, positions[0], first_block, k, v)
-            else:
-                pool.write(index, slots, k, v)
-                cached_k, cached_v = pool.read(index, blocks, length, first_block)
-            result = attend(q, cached_k, cached_v, pos_t, self.attention_scales[index], kv_splits)
-            x1 = x0 + layer.o_proj(result.output)
-            x = x1 + layer.mlp(layer.post_attention_layernorm(x1))
-            if index in slot_of:
-                probs_out[slot_of[index]] = result.probs[:, -rows:]
-                scores_out[slot_of[index]] = result.scores[:, -rows:]
-            if residual is not None:
-                torch.stack((x0[-1], x1[-1], x[-1]), out=residual[index])
-            if result.split is not None:
-                splits.append(result.split)
-        final_hidden = w.norm(x[-1])
-        logits = torch.mv(w.lm_head, final_hidden).float()
-        return ForwardRecord(
-            logits=logits.cpu(),
-            final_hidden=final_hidden.cpu(),
-            attention=probs_out.cpu() if slot_of else None,
-            scores=scores_out.cpu() if slot_of else None,
-            attention_rows=positions[-rows:] if slot_of else [],
-            residual=residual.cpu() if residual is not None else None,
-            split=_stack_splits(splits) if splits else None,
+        x = self.embed(ids_t, pos_t)  # (T, hidden)
+        context = PassContext(
+            positions=pos_t,
+            cos_sin=self.rope.cos_sin(pos_t, x.dtype) if self.rope else None,
+            kv=PagedKV(pool, blocks, slots, first_block, cached=positions[0], length=positions[-1] + 1),
+            kv_splits=kv_splits,
         )
+        recorder = StepRecorder(capture, positions, info.layers, info.q_heads, info.hidden, x.dtype, self.device)
+        for layer in self.layers:
+            x = layer(x, context, recorder)
+        final_hidden = norm(x[-1], self.weights.norm)
+        logits = torch.mv(self.weights.lm_head, final_hidden).float()
+        return recorder.finish(logits, final_hidden)
 
 
-def _cached_then_new(pool: BlockPool, layer: int, blocks: torch.Tensor, cached: int, first_block: int | None,
-                     k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first `cached` positions' K/V from the pool followed by k, v (T, kv_heads, head_dim) of this
-    pass: the same values a write then a read would give, with nothing written."""
-    cached_k, cached_v = pool.read(layer, blocks, cached, first_block)
-    return torch.cat((cached_k, k)), torch.cat((cached_v, v))
+@dataclass
+class PagedKV:
+    """One sequence's K/V in the pool as a pass sees it: its blocks, and where this pass's K/V go."""
+
+    pool: BlockPool
+    blocks: torch.Tensor  # (logical blocks,) physical block of each
+    slots: torch.Tensor | None  # (T,) flat slots for this pass's K/V; None: write nothing
+    first_block: int | None  # the first block when the blocks are consecutive (read as a view)
+    cached: int  # positions the blocks held before this pass
+    length: int  # positions attended: cached + T
+
+    def store_and_read(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write this pass's k, v (T, kv_heads, D) for `layer`; return K, V of all `length` positions
+        (L, kv_heads, D). Without slots, the cached positions are read and k, v appended in memory: the
+        values a write then a read would give, with nothing written."""
+        if self.slots is None:
+            cached_k, cached_v = self.pool.read(layer, self.blocks, self.cached, self.first_block)
+            return torch.cat((cached_k, k)), torch.cat((cached_v, v))
+        self.pool.write(layer, self.slots, k, v)
+        return self.pool.read(layer, self.blocks, self.length, self.first_block)
 
 
-def _stack_splits(records) -> SplitKVTrace:
-    def stack(get):
-        return torch.stack([get(r) for r in records]).cpu()
+@dataclass
+class PassContext:
+    """What every layer of one forward pass shares."""
 
-    return SplitKVTrace(
-        ranges=records[0].ranges,
-        max_score=stack(lambda r: r.partials.max_score),
-        exp_sum=stack(lambda r: r.partials.exp_sum),
-        partial=stack(lambda r: r.partials.output),
-        weight=stack(lambda r: r.merged.weight),
-        merged=stack(lambda r: r.merged.output),
-        unsplit=stack(lambda r: r.unsplit),
-    )
+    positions: torch.Tensor  # (T,) the query positions
+    cos_sin: tuple[torch.Tensor, torch.Tensor] | None  # RoPE's (T, head_dim) each; None for learned positions
+    kv: PagedKV
+    kv_splits: int
 
 
-def _attention_rows(t: int, length: int, info: ModelInfo, capture: Capture) -> int:
-    """How many of the last query rows fit in the capture budget (at least one)."""
-    layers = info.layers if capture.layers is None else len(capture.layers)
-    per_row = max(1, layers) * info.q_heads * length
-    return max(1, min(t, capture.attention_budget // per_row))
+class DecoderLayer:
+    """One pre-norm decoder layer: attention, then the MLP, each added onto the residual stream."""
+
+    def __init__(self, index: int, weights: LayerWeights, info: ModelInfo, attention_scale: float):
+        self.index = index
+        self.w = weights
+        self.q_heads, self.kv_heads, self.head_dim = info.q_heads, info.kv_heads, info.head_dim
+        self.scale = attention_scale
+
+    def __call__(self, x0: torch.Tensor, context: PassContext, recorder: StepRecorder) -> torch.Tensor:
+        """x0 (T, hidden) → x2 (T, hidden). The second add is onto x1, not x0."""
+        x1 = x0 + self.attention(norm(x0, self.w.input_layernorm), context, recorder)
+        x2 = x1 + mlp(norm(x1, self.w.post_attention_layernorm), self.w)
+        recorder.residuals(self.index, x0, x1, x2)
+        return x2
+
+    def attention(self, h: torch.Tensor, context: PassContext, recorder: StepRecorder) -> torch.Tensor:
+        """h (T, hidden), normalised → o_proj of the concatenated head outputs (T, hidden).
+
+        Project q, k, v; normalise q and k per head (Qwen3); rotate them by position (RoPE); write k, v
+        to the paged pool and read back every cached position; attend (in merged splits when asked).
+        """
+        t = h.shape[0]
+        q, k, v = project_qkv(h, self.w)
+        q = q.reshape(t, self.q_heads, self.head_dim)  # (T, q_heads, D)
+        k = k.reshape(t, self.kv_heads, self.head_dim)  # (T, kv_heads, D)
+        v = v.reshape(t, self.kv_heads, self.head_dim)
+        if self.w.q_norm is not None:
+            q, k = norm(q, self.w.q_norm), norm(k, self.w.k_norm)
+        if context.cos_sin is not None:
+            q, k = apply_rope(q, *context.cos_sin), apply_rope(k, *context.cos_sin)
+        cached_k, cached_v = context.kv.store_and_read(self.index, k, v)  # (L, kv_heads, D)
+        result = attend(q, cached_k, cached_v, context.positions, self.scale, context.kv_splits)
+        recorder.attention(self.index, result)
+        return linear(result.output, self.w.o_proj)

@@ -1,4 +1,4 @@
-"""Choosing the next token id from the logits.
+"""Choosing the next token id from the logits, and the candidates a trace lists beside it.
 
 Order and tie rules as in transformers' logits processors: temperature → top-k → top-p → softmax
 → multinomial draw; greedy (temperature 0) is argmax. Top-k keeps every token whose logit equals
@@ -28,10 +28,12 @@ from dataclasses import dataclass
 import torch
 
 from engine.errors import InvalidSettingError
+from engine.trace import Candidate
 
 _STEP_SEED_STRIDE = 1_000_003  # a prime, so (seed, step) pairs map to distinct generator seeds
 TEMPERATURE_FLOOR = 0.01  # the smallest temperature above 0 (see the module docstring)
 MAX_SEED = 2**32 - 1  # seed × stride + step stays below torch's 2**64 for any step
+TOP_CANDIDATES = 10  # candidates a trace lists, besides a drawn token outside them
 
 
 @dataclass(frozen=True)
@@ -117,3 +119,33 @@ def sample(logits: torch.Tensor, sampling: Sampling, step: int) -> tuple[int, Fi
     probs = torch.softmax(stages.top_p, dim=-1)
     drawn = torch.multinomial(probs, 1, generator=step_generator(sampling.seed, step))
     return int(drawn), stages
+
+
+def candidates(stages: FilterStages, tokenizer, drawn: int, count: int = TOP_CANDIDATES) -> list[Candidate]:
+    """The `count` most likely tokens by raw logit, with their probability after each filter.
+
+    The drawn token is appended when a sample picked one outside that list.
+    """
+    softmax: dict[int, torch.Tensor] = {}  # stages a filter left unchanged are the same tensor: one softmax
+    probs = {}
+    for name in ("raw", "temperature", "top_k", "top_p"):
+        stage = getattr(stages, name)
+        if id(stage) not in softmax:
+            softmax[id(stage)] = torch.softmax(stage, dim=-1)
+        probs[name] = softmax[id(stage)]
+    ids = torch.topk(stages.raw, min(count, stages.raw.shape[-1])).indices.tolist()
+    if drawn not in ids:
+        ids.append(drawn)
+    out = []
+    for token_id in ids:
+        out.append(Candidate(
+            token_id=token_id,
+            token=tokenizer.convert_ids_to_tokens(token_id),
+            text=tokenizer.decode([token_id]),
+            logit=float(stages.raw[token_id]),
+            p_raw=float(probs["raw"][token_id]),
+            p_temperature=float(probs["temperature"][token_id]),
+            p_top_k=float(probs["top_k"][token_id]),
+            p_top_p=float(probs["top_p"][token_id]),
+        ))
+    return out

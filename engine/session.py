@@ -6,6 +6,10 @@
         trace = session.step()         # the last token's embedding row → every layer → the next token
     session.close()                    # the session's KV blocks go back to the pool
 
+The session owns the run's state (ids, traces, text, block table) and the order of calls; it leans on
+`settings` (argument checks), `prompt` (chat template), `sampler` (the draw and its candidates),
+`detokenizer` (the answer text) and `stopwatch` (step timings).
+
 The session's KV cache is private to it and freed at the end. With a `PrefixCache`, its blocks come
 from the cache's pool: the prefill reuses what the cache holds, and on close the prompt's blocks
 are published there for later prompts.
@@ -13,25 +17,23 @@ are published there for later prompts.
 
 from __future__ import annotations
 
+import copy
 import math
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 
-import torch
-
 from engine.detokenizer import IncrementalDetokenizer
-from engine.errors import InvalidSettingError, PromptTooLongError, SessionStateError
+from engine.errors import SessionStateError
 from engine.kv_cache import BlockPool, BlockTable
-from engine.model import ForwardRecord, Model
+from engine.model import Model
 from engine.prefix_cache import PrefixCache
 from engine.prompt import tokenize_prompt
-from engine.sampler import FilterStages, Sampling, sample
-from engine.split_kv import MAX_KV_SPLITS
-from engine.trace import Candidate, Capture, StepTrace
-
-TOP_CANDIDATES = 10
+from engine.recorder import ForwardRecord
+from engine.sampler import Sampling, candidates, sample
+from engine.settings import DEFAULT_BLOCK_SIZE, check_prefix_cache, check_prompt_fits, check_settings
+from engine.stopwatch import Stopwatch
+from engine.trace import Capture, StepTrace
 
 
 class DecodeSession:
@@ -60,22 +62,10 @@ class DecodeSession:
         prefix_cache: PrefixCache | None = None,
     ):
         if block_size is None:
-            block_size = prefix_cache.block_size if prefix_cache is not None else 16
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-            raise InvalidSettingError(f"block_size must be an integer ≥ 1, got {block_size!r}")
-        if isinstance(kv_splits, bool) or not isinstance(kv_splits, int) or not 1 <= kv_splits <= MAX_KV_SPLITS:
-            raise InvalidSettingError(f"kv_splits must be an integer from 1 to {MAX_KV_SPLITS} "
-                                      f"(the engine's limit), got {kv_splits!r}")
+            block_size = prefix_cache.block_size if prefix_cache is not None else DEFAULT_BLOCK_SIZE
+        check_settings(block_size, max_new_tokens, keep_full_traces, kv_splits)
         if prefix_cache is not None:
-            if prefix_cache.model is not model:
-                raise InvalidSettingError("the prefix cache belongs to another model")
-            if block_size != prefix_cache.block_size:
-                raise InvalidSettingError(
-                    f"block_size {block_size} differs from the prefix cache's block size {prefix_cache.block_size}")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise InvalidSettingError(f"max_new_tokens must be an integer ≥ 1, got {max_new_tokens!r}")
-        if isinstance(keep_full_traces, bool) or not isinstance(keep_full_traces, int) or keep_full_traces < 1:
-            raise InvalidSettingError(f"keep_full_traces must be an integer ≥ 1, got {keep_full_traces!r}")
+            check_prefix_cache(prefix_cache, model, block_size)
         self.model = model
         self.sampling = sampling or Sampling()
         self.capture = capture or Capture()
@@ -84,21 +74,16 @@ class DecodeSession:
         self.kv_splits = kv_splits
         self.prefix_cache = prefix_cache
         self.prompt_ids = tokenize_prompt(model, prompt, chat)
-        limit = model.info.context_limit
-        if len(self.prompt_ids) >= limit:
-            raise PromptTooLongError(
-                f"the prompt is {len(self.prompt_ids)} tokens; {model.info.name} reads at most {limit} positions, "
-                f"so a prompt can have at most {limit - 1} tokens to leave room for an answer"
-            )
+        check_prompt_fits(self.prompt_ids, model)
         if prefix_cache is not None:
             self.pool: BlockPool = prefix_cache.pool
         else:
-            capacity = min(len(self.prompt_ids) + max_new_tokens, limit)
+            capacity = min(len(self.prompt_ids) + max_new_tokens, model.info.context_limit)
             self.pool = model.new_pool(math.ceil(capacity / block_size), block_size)
         self.table = BlockTable(self.pool, allocator=prefix_cache)
         self.generated: list[int] = []
         self.traces: list[StepTrace] = []
-        self.detokenizer = IncrementalDetokenizer(model.tokenizer)
+        self.detokenizer = IncrementalDetokenizer(model.tokenizer, self.prompt_ids)
         self.stop_reason: str | None = None
         self.closed = False
 
@@ -115,8 +100,18 @@ class DecodeSession:
 
     @property
     def text(self) -> str:
-        """The answer text shown so far."""
-        return self.detokenizer.shown
+        """The answer text shown so far: every step's piece joined."""
+        return self.text_after(len(self.generated))
+
+    def text_after(self, count: int) -> str:
+        """The answer text after its first `count` tokens (0 … len(generated)): their pieces joined.
+
+        A piece holds back the bytes of an unfinished character until a later token completes it (see
+        `engine.detokenizer`), so this is never a broken character."""
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= len(self.generated):
+            raise SessionStateError(f"text_after takes a token count from 0 to {len(self.generated)} (the answer's "
+                                    f"length so far), got {count!r}")
+        return "".join(trace.text for trace in self.traces[:count])
 
     # -- steps -------------------------------------------------------------------------------
 
@@ -188,7 +183,7 @@ class DecodeSession:
             raise RuntimeError(f"rebuilding step {index} drew token {token_id} where the run drew "
                                f"{original.token_id}: the cached K/V no longer match the run")
         return replace(original, candidates=candidates(stages, self.model.tokenizer, drawn=token_id),
-                       **self._heavy_fields(record, token_id))
+                       **self._heavy_fields(record, token_id, original.positions[-1] + 1))
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -199,28 +194,28 @@ class DecodeSession:
         start. The blocks it allocated were never published, so no cache entry points at them."""
         mark = self.table.mark()
         generated, traces, stop_reason = len(self.generated), len(self.traces), self.stop_reason
-        decoded, shown = len(self.detokenizer.ids), self.detokenizer.shown
+        detokenizer = copy.copy(self.detokenizer)  # its state is immutable: a shallow copy is a snapshot
         try:
             yield
         except BaseException:
             with self.pool.lock:
                 self.table.roll_back(mark)
-            del self.generated[generated:], self.traces[traces:], self.detokenizer.ids[decoded:]
-            self.stop_reason, self.detokenizer.shown = stop_reason, shown
+            del self.generated[generated:], self.traces[traces:]
+            self.stop_reason, self.detokenizer = stop_reason, detokenizer
             raise
 
     def _run(self, phase: str, ids: list[int], positions: list[int]) -> StepTrace:
         model = self.model
-        start = time.perf_counter()
+        clock = Stopwatch()
         with self.pool.lock:  # bookkeeping only: forward passes of sessions sharing the pool run at once
             placed = self.table.append(len(ids))
             evicted = self.prefix_cache.take_evictions() if self.prefix_cache is not None else []
         record = model.forward(ids, positions, self.pool, self.table.device_blocks(), self.table.slots(placed),
                                self.capture, self.kv_splits, self.table.first_of_run())
-        forward_done = time.perf_counter()
+        clock.lap("forward")
         step = len(self.traces)
         token_id, stages = sample(record.logits, self.sampling, step)
-        sample_done = time.perf_counter()
+        clock.lap("sample")
         self.generated.append(token_id)
         self.stop_reason = self._stop_reason(token_id)
         tokenizer = model.tokenizer
@@ -239,25 +234,20 @@ class DecodeSession:
             timings_ms={},
             stop_reason=self.stop_reason,
             evicted_blocks=evicted,
-            **self._heavy_fields(record, token_id),
+            **self._heavy_fields(record, token_id, positions[-1] + 1),
         )
-        done = time.perf_counter()
-        trace.timings_ms = {
-            "forward": 1000 * (forward_done - start),
-            "sample": 1000 * (sample_done - forward_done),
-            "total": 1000 * (done - start),
-        }
+        trace.timings_ms = clock.timings_ms()
         self.traces.append(trace)
         if len(self.traces) > self.keep_full_traces:
             self.traces[-self.keep_full_traces - 1].slim()
         return trace
 
-    def _heavy_fields(self, record: ForwardRecord, token_id: int) -> dict:
-        """A trace's tensors (`StepTrace.HEAVY`) from one forward pass and the id it drew."""
+    def _heavy_fields(self, record: ForwardRecord, token_id: int, position: int) -> dict:
+        """A trace's tensors (`StepTrace.HEAVY`) from one forward pass and the id it drew for `position`."""
         return dict(logits=record.logits, attention=record.attention, scores=record.scores,
                     attention_rows=record.attention_rows, residual=record.residual,
                     final_hidden=record.final_hidden, split=record.split,
-                    next_input_embedding=self.model.weights.embed_tokens[token_id].detach().cpu().clone())
+                    next_input_embedding=self.model.next_input(token_id, position))
 
     def _stop_reason(self, token_id: int) -> str | None:
         if token_id in self.model.eos_ids:
@@ -267,33 +257,3 @@ class DecodeSession:
         if len(self.prompt_ids) + len(self.generated) >= self.model.info.context_limit:
             return "context_limit"  # the newest token would sit beyond the positions the model was trained on
         return None
-
-
-def candidates(stages: FilterStages, tokenizer, drawn: int, count: int = TOP_CANDIDATES) -> list[Candidate]:
-    """The `count` most likely tokens by raw logit, with their probability after each filter.
-
-    The drawn token is appended when a sample picked one outside that list.
-    """
-    softmax: dict[int, torch.Tensor] = {}  # stages a filter left unchanged are the same tensor: one softmax
-    probs = {}
-    for name in ("raw", "temperature", "top_k", "top_p"):
-        stage = getattr(stages, name)
-        if id(stage) not in softmax:
-            softmax[id(stage)] = torch.softmax(stage, dim=-1)
-        probs[name] = softmax[id(stage)]
-    ids = torch.topk(stages.raw, min(count, stages.raw.shape[-1])).indices.tolist()
-    if drawn not in ids:
-        ids.append(drawn)
-    out = []
-    for token_id in ids:
-        out.append(Candidate(
-            token_id=token_id,
-            token=tokenizer.convert_ids_to_tokens(token_id),
-            text=tokenizer.decode([token_id]),
-            logit=float(stages.raw[token_id]),
-            p_raw=float(probs["raw"][token_id]),
-            p_temperature=float(probs["temperature"][token_id]),
-            p_top_k=float(probs["top_k"][token_id]),
-            p_top_p=float(probs["top_p"][token_id]),
-        ))
-    return out

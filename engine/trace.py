@@ -94,7 +94,9 @@ class StepTrace:
     attention_rows: list[int] = field(default_factory=list)  # query positions of those rows
     residual: torch.Tensor | None = None  # (layers, 3, hidden): x0, x1 (after attention), x2 (after FFN)
     final_hidden: torch.Tensor | None = None  # (hidden,) after the final norm: lm_head's input
-    next_input_embedding: torch.Tensor | None = None  # (hidden,) embed_tokens[token_id]: next step's input
+    # (hidden,) the next step's input for token_id: its embed_tokens row, plus position_embeddings[its
+    # position] where ModelInfo.positions == "learned" (GPT-2); with RoPE the position enters in attention.
+    next_input_embedding: torch.Tensor | None = None
     split: SplitKVTrace | None = None  # with kv_splits > 1
 
     HEAVY = ("logits", "attention", "scores", "residual", "final_hidden", "next_input_embedding", "split")

@@ -1,8 +1,9 @@
 """The model's weights as plain tensors, named as in Hugging Face transformers' Llama/Qwen files.
 
 We take the tensors out of a transformers model once, then run our own forward pass over them
-(`engine.model`). GPT-2's fused `c_attn` (a Conv1D, stored input × output) is split into
-q/k/v and transposed so every family goes through the same code.
+(`engine.model`, with the maths in `engine.layers`); this module only loads and holds them. GPT-2's
+fused `c_attn` (a Conv1D, stored input × output) is split into q/k/v and transposed so every family
+goes through the same code.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from transformers.activations import ACT2FN
 
 from engine.errors import UnsupportedModelError
@@ -21,28 +21,15 @@ class Linear:
     weight: torch.Tensor  # (out, in)
     bias: torch.Tensor | None = None
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
-
 
 @dataclass
 class Norm:
-    """RMSNorm (Llama, Qwen) when `bias` is None and `kind == "rms"`, else LayerNorm (GPT-2)."""
+    """RMSNorm (Llama, Qwen) when `kind == "rms"` (no bias), LayerNorm (GPT-2) when `kind == "layer"`."""
 
     weight: torch.Tensor
     bias: torch.Tensor | None
     eps: float
     kind: str  # "rms" or "layer"
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kind == "layer":
-            return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
-        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
-            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)  # one fused kernel
-        # As transformers does: normalise in float32, scale in the weight's dtype.
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
 
 
 @dataclass
@@ -67,16 +54,6 @@ class LayerWeights:
         self.qkv = _stack(self.q_proj, self.k_proj, self.v_proj)
         if self.gate_proj is not None:
             self.gate_up = _stack(self.gate_proj, self.up_proj)
-
-    def project_qkv(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        sizes = [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]]
-        return self.qkv(h).split(sizes, dim=-1)
-
-    def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up is None:
-            return self.down_proj(self.act(self.up_proj(x)))
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return self.down_proj(self.act(gate) * up)
 
 
 def _stack(*parts: Linear) -> Linear:

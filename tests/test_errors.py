@@ -110,6 +110,12 @@ def test_bad_keep_full_traces(keep_full_traces, tiny_model):
         engine.DecodeSession(tiny_model("llama"), "hello", keep_full_traces=keep_full_traces)
 
 
+@pytest.mark.parametrize("max_new_tokens", [0, -2, 3.0, False, "8"])
+def test_bad_max_new_tokens(max_new_tokens, tiny_model):
+    with pytest.raises(engine.InvalidSettingError, match="max_new_tokens must be an integer ≥ 1"):
+        engine.DecodeSession(tiny_model("llama"), "hello", max_new_tokens=max_new_tokens)
+
+
 @pytest.mark.parametrize("kv_splits", [0, -1, 2.0, True])
 def test_bad_kv_splits(kv_splits, tiny_model):
     with pytest.raises(engine.InvalidSettingError, match="kv_splits"):

@@ -72,6 +72,24 @@ def test_scores_are_the_scaled_dot_products_behind_the_probabilities(family, tin
     assert (trace.attention[:, :, future] == 0).all()
 
 
+@pytest.mark.parametrize("family", ["gpt2", "qwen3"])
+def test_next_input_is_what_transformers_feeds_the_first_layer(family, tiny_model, tiny_model_dir):
+    """The next step's input for the drawn id: GPT-2's token row plus its position's row (wte + wpe),
+    a RoPE family's token row alone; the next decode step starts from exactly that vector."""
+    model = tiny_model(family)
+    hf = hf_model(tiny_model_dir(family))
+    session = engine.DecodeSession(model, PROMPT, max_new_tokens=3)
+    trace = session.prefill()
+    with torch.inference_mode():
+        out = hf(input_ids=torch.tensor([session.prompt_ids + [trace.token_id]]), output_hidden_states=True)
+    assert_close(trace.next_input_embedding, out.hidden_states[0][0, -1], 1e-6, f"{family} next input")
+    if family == "gpt2":
+        token_row = hf.get_input_embeddings().weight[trace.token_id]
+        assert (trace.next_input_embedding - token_row).abs().max() > 1e-3, "GPT-2 adds the position row"
+    step = session.step()
+    assert torch.equal(step.residual[0, 0], trace.next_input_embedding)
+
+
 def test_residual_stream_and_dual_path_match_transformers(tiny_model, tiny_model_dir):
     """x0/x2 per layer equal transformers' hidden states; the next input is the new id's embedding row."""
     model = tiny_model("qwen3")

@@ -260,7 +260,7 @@ class Runner:
     def texts(self, step: int) -> tuple[str, str]:
         """The prompt as the model read it, and the answer text after `step` tokens."""
         prompt = self.model.tokenizer.decode(self.session.prompt_ids)
-        return prompt, "".join(t.text for t in self.session.traces[:step])
+        return prompt, self.session.text_after(min(step, len(self.session.generated)))
 
     def full_attention(self, step: int, layer: int, head: int):
         """Probabilities and scores (n, n) of one head of `layer` over the sequence step `step` attended.

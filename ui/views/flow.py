@@ -37,10 +37,12 @@ def render(ctx: ViewContext) -> None:
     with right:
         st.markdown(ctx.t("path_embedding", id=trace.token_id, vocab=info.vocab, hidden=info.hidden))
     st.caption(ctx.t("flow_note"))
-    vectors = {ctx.t("vec_final"): trace.final_hidden.numpy(),
-               ctx.t("vec_next", id=trace.token_id): trace.next_input_embedding.numpy()}
+    # GPT-2's next input is its token row plus a learned position row; RoPE families take the token row alone.
+    next_label = ctx.t("vec_next_learned" if info.positions == "learned" else "vec_next", id=trace.token_id,
+                       position=trace.positions[-1] + 1)
+    vectors = {ctx.t("vec_final"): trace.final_hidden.numpy(), next_label: trace.next_input_embedding.numpy()}
     figure(vector_figure(vectors, ctx.t("vectors_title"), ctx.large, words(ctx)), "final-vs-next-input")
-    different = float(np.abs(vectors[ctx.t("vec_final")] - vectors[ctx.t("vec_next", id=trace.token_id)]).max())
+    different = float(np.abs(vectors[ctx.t("vec_final")] - vectors[next_label]).max())
     st.caption(ctx.t("vectors_note", diff=different))
 
 

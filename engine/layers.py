@@ -1,0 +1,43 @@
+"""The computations inside one decoder layer, as plain functions over the weights in `engine.weights`.
+
+Norm (RMSNorm or LayerNorm), the linear projections, the q/k/v projection and the MLP. The layer that
+strings them together is `engine.model.DecoderLayer`; attention itself is `engine.attention.attend`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.weights import LayerWeights, Linear, Norm
+
+
+def linear(x: torch.Tensor, p: Linear) -> torch.Tensor:
+    """x (..., in) → (..., out): x · weightᵀ + bias."""
+    return F.linear(x, p.weight, p.bias)
+
+
+def norm(x: torch.Tensor, n: Norm) -> torch.Tensor:
+    """RMSNorm (Llama, Qwen) or LayerNorm (GPT-2) over the last axis of x (..., width)."""
+    if n.kind == "layer":
+        return F.layer_norm(x, (x.shape[-1],), n.weight, n.bias, n.eps)
+    if x.dtype == torch.float32 and n.weight.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), n.weight, n.eps)  # one fused kernel
+    # As transformers does: normalise in float32, scale in the weight's dtype.
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + n.eps)
+    return n.weight * x32.to(x.dtype)
+
+
+def project_qkv(h: torch.Tensor, w: LayerWeights) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """h (T, hidden) → q (T, q_heads × D), k and v (T, kv_heads × D): one matmul over the stacked weight."""
+    sizes = [w.q_proj.weight.shape[0], w.k_proj.weight.shape[0], w.v_proj.weight.shape[0]]
+    return linear(h, w.qkv).split(sizes, dim=-1)
+
+
+def mlp(x: torch.Tensor, w: LayerWeights) -> torch.Tensor:
+    """x (T, hidden) → (T, hidden): down(act(gate(x)) · up(x)), or GPT-2's plain down(act(up(x)))."""
+    if w.gate_up is None:
+        return linear(w.act(linear(x, w.up_proj)), w.down_proj)
+    gate, up = linear(x, w.gate_up).chunk(2, dim=-1)
+    return linear(w.act(gate) * up, w.down_proj)

@@ -252,3 +252,16 @@ def test_a_chinese_page_opens_with_a_chinese_prompt_and_a_short_link(embedded_mo
     assert "什么是 KV 缓存？" in shown_text(at)
     assert "prompt" not in at.query_params  # the language's default prompt is not written into the link
     assert "What is a KV cache?" in shown_text(start())
+
+
+@pytest.mark.parametrize("family, learned", [("gpt2", True), ("qwen3", False)])
+def test_the_next_input_is_labelled_as_the_model_builds_it(family, learned, monkeypatch, tiny_model_dir):
+    """GPT-2 adds a learned position row to the token row; a RoPE model's next input is the token row alone."""
+    import json
+
+    folder = tiny_model_dir(family)
+    monkeypatch.setenv("KVSCOPE_MODELS", folder)
+    at = start(model=folder, chat=0, step=2)
+    assert_clean(at)
+    names = [trace.get("name") for chart in at.get("plotly_chart") for trace in json.loads(chart.proto.spec)["data"]]
+    assert any("+ position row" in str(name) for name in names) == learned, names

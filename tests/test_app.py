@@ -254,7 +254,7 @@ def test_a_chinese_page_opens_with_a_chinese_prompt_and_a_short_link(embedded_mo
     assert "What is a KV cache?" in shown_text(start())
 
 
-@pytest.mark.parametrize("family, learned", [("gpt2", True), ("qwen3", False)])
+@pytest.mark.parametrize("family, learned", [("gpt2", True), ("llama", False)])
 def test_the_next_input_is_labelled_as_the_model_builds_it(family, learned, monkeypatch, tiny_model_dir):
     """GPT-2 adds a learned position row to the token row; a RoPE model's next input is the token row alone."""
     import json

@@ -1,18 +1,26 @@
 """The picture of one step (viz.step_picture): every labelled shape is the shape of the tensor the engine made
 (read from the trace, the pool and the weights, not from the model card), the lesson's stage is the only one
-highlighted, and the flow view shows it in English and Chinese."""
+highlighted while the rest stays readable, the picture fits a projector's first screen with no word overlapping
+another or leaving its box (drawn by Plotly in headless Chromium), and the flow view shows it in English and
+Chinese."""
 
+import base64
 import json
 import re
+from pathlib import Path
 
+import plotly
 import pytest
+import streamlit
 
 import engine
 from tests.app_helpers import assert_clean, start
 from tests.runs import decode
 from tests.test_app import english_left, figure_strings
+from tests.test_layout import browser  # noqa: F401 (headless Chromium, one per module)
 from ui import strings
-from viz.step_picture import FRAME, HIGHLIGHT, STAGES, step_figure
+from viz.step_picture import FRAME, HIGHLIGHT, MIN_WIDTH, STAGES, step_figure
+from viz.style import contrast_ratio
 
 PROMPT = "Paged blocks hold K and V"
 
@@ -135,3 +143,123 @@ def test_the_flow_view_shows_the_picture_in_the_pages_language(lang, embedded_mo
     assert HIGHLIGHT not in json.dumps(spec)  # free exploration: no stage is highlighted
     if lang == "zh":
         assert not english_left(texts), english_left(texts)
+
+
+def test_the_picture_fits_a_projectors_first_screen_in_readable_text(runs):
+    """At 1280×720 the picture starts about 390 px down: at most 380 px tall with normal text, every word at least
+    13 px, and larger with large text."""
+    model, _, traces = runs("embedded")
+    for trace in (traces[0], traces[2]):
+        normal, large = step_figure(trace, model.info, title="Step"), step_figure(trace, model.info, title="Step",
+                                                                                    large=True)
+        assert normal.layout.height <= 380, normal.layout.height
+        sizes = [a.font.size for a in normal.layout.annotations if a.text]
+        large_sizes = [a.font.size for a in large.layout.annotations if a.text]
+        assert min(sizes) >= 13, sizes
+        assert min(large_sizes) > min(sizes) and all(b >= a for a, b in zip(sizes, large_sizes))
+
+
+def test_dimmed_parts_stay_readable_while_the_stage_stands_out(runs):
+    """On a projector a faint grey vanishes: a dimmed word is dark enough to read on white (WCAG 4.5:1) and a dimmed
+    shape keeps at least 0.55 of its colour; the highlighted stage's lines are thicker than the rest."""
+    model, _, traces = runs("embedded")
+    for stage in ("sampling", "next_input", "kv_read"):
+        fig = step_figure(traces[2], model.info, stage)
+        for a in fig.layout.annotations:
+            if a.text and a.name.split(":")[0] not in (stage, FRAME):
+                assert contrast_ratio(a.font.color, "#ffffff") >= 4.5, (a.name, a.font.color)
+        dimmed = [s for s in fig.layout.shapes if s.name not in (stage, FRAME)]
+        assert dimmed and all(s.opacity >= 0.55 for s in dimmed), stage
+        lit_width = min(s.line.width for s in fig.layout.shapes if s.name == stage)
+        assert lit_width > max(s.line.width for s in dimmed), stage
+
+
+# -- drawn in Chromium: where Plotly puts each word ------------------------------------------------------------
+
+PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+APP_FONT = next((Path(streamlit.__file__).parent / "static").rglob("SourceSansVF-Upright*.woff2"))  # the page's font
+
+
+def drawn_boxes(browser, fig, width: int) -> tuple[list[dict], list[dict], dict]:
+    """Draw `fig` `width` px wide in the app's font (Plotly.js from the plotly package); return (the words, the
+    shapes, the figure's rect): words and shapes as {index (into the layout's annotations or shapes), rect}, rects
+    as {left, top, right, bottom} in px."""
+    font = base64.b64encode(APP_FONT.read_bytes()).decode()
+    spec = fig.to_plotly_json()
+    spec["layout"] = {**spec["layout"], "width": width, "font": {**spec["layout"]["font"], "family": "App"}}
+    page = browser.new_page(viewport={"width": width + 20, "height": 900})
+    try:
+        page.set_content(f"<style>@font-face {{font-family: App; src: url(data:font/woff2;base64,{font})}}"
+                         "body {margin: 0}</style><div id=f></div>")
+        page.add_script_tag(path=str(PLOTLY_JS))
+        page.evaluate("async spec => { await document.fonts.load('13px App');"
+                      " await Plotly.newPlot('f', spec.data, spec.layout, {staticPlot: true}); }",
+                      json.loads(json.dumps(spec, default=str)))
+        return page.evaluate("""() => {
+            const rect = el => { const r = el.getBoundingClientRect();
+                                 return {left: r.left, top: r.top, right: r.right, bottom: r.bottom}; };
+            const words = [...document.querySelectorAll('g.annotation')].map(g => ({
+                index: +g.dataset.index, rect: rect(g.querySelector('text'))})).filter(w => w.rect.right > w.rect.left);
+            const boxes = [...document.querySelectorAll('path[data-index]')].map(p => ({
+                index: +p.dataset.index, rect: rect(p)}));
+            return [words, boxes, rect(document.querySelector('.main-svg'))];
+        }""")
+    finally:
+        page.close()
+
+
+def overlap(a: dict, b: dict, slack: float = 0.5) -> bool:
+    return min(a["right"], b["right"]) - max(a["left"], b["left"]) > slack and \
+        min(a["bottom"], b["bottom"]) - max(a["top"], b["top"]) > slack
+
+
+def inside(inner: dict, outer: dict, slack: float = 1.0) -> bool:
+    return inner["left"] >= outer["left"] - slack and inner["right"] <= outer["right"] + slack and \
+        inner["top"] >= outer["top"] - slack and inner["bottom"] <= outer["bottom"] + slack
+
+
+def containing_box(fig, annotation, boxes: list[dict]) -> dict | None:
+    """The smallest rectangle or circle on the canvas holding the annotation's anchor; of a deck, the front one
+    (drawn last)."""
+    def holds(box: dict) -> bool:
+        shape = fig.layout.shapes[box["index"]]
+        return shape.type in ("rect", "circle") and shape.x0 <= annotation.x <= shape.x1 and \
+            shape.y0 <= annotation.y <= shape.y1
+
+    def size(box: dict) -> tuple[float, int]:
+        shape = fig.layout.shapes[box["index"]]
+        return (shape.x1 - shape.x0) * (shape.y1 - shape.y0), -box["index"]
+
+    return min(filter(holds, boxes), key=size, default=None)
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("family, index", [("embedded", 0), ("embedded", 2), ("gpt2", 0)],
+                         ids=["prefill", "decode", "gpt2-prefill"])
+@pytest.mark.parametrize("large", [False, True], ids=["normal", "large"])
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_no_word_overlaps_another_or_leaves_its_box(runs, browser, family, index, large, lang):
+    """At the narrowest width the page gives the picture, every word stays inside the figure and inside the box
+    it names, no two words overlap, and no word runs into a box it does not belong to (a deck's rows included)."""
+    model, _, traces = runs(family)
+    fig = step_figure(traces[index], model.info, title="Step 3 (decode): id 659 in → id 70 out", large=large,
+                      words=strings.figure_words(lang))
+    words, boxes, figure = drawn_boxes(browser, fig, MIN_WIDTH)
+    assert len(words) == len([a for a in fig.layout.annotations if a.text])
+    filled = [b for b in boxes if fig.layout.shapes[b["index"]].type in ("rect", "circle")
+              and fig.layout.shapes[b["index"]].name != FRAME]
+    for k, word in enumerate(words):
+        annotation = fig.layout.annotations[word["index"]]
+        assert inside(word["rect"], figure), annotation.text
+        home = containing_box(fig, annotation, boxes)
+        if home is not None:
+            assert inside(word["rect"], home["rect"]), (annotation.text, word["rect"], home["rect"])
+        for other in words[k + 1:]:
+            assert not overlap(word["rect"], other["rect"]), (annotation.text,
+                                                              fig.layout.annotations[other["index"]].text)
+        own = [b for b in filled if home is not None and overlap(b["rect"], home["rect"]) and
+               fig.layout.shapes[b["index"]].name == fig.layout.shapes[home["index"]].name]  # its box and its deck
+        for box in filled:
+            if box not in own:
+                assert not overlap(word["rect"], box["rect"], slack=1.5), (annotation.text,
+                                                                           fig.layout.shapes[box["index"]].name)

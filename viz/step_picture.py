@@ -3,7 +3,9 @@ the paged KV cache, FFN, two residual adds), the final norm, lm_head and samplin
 id's two paths (text for the user; embedding row for the next step). Every arrow carries the real shape,
 read from `viz.flow.flow_rows` (the flow table's rows), so the table and the picture cannot disagree.
 
-Drawn with Plotly shapes and annotations on a fixed 100 × 100 canvas (x right, y up). A lesson chapter
+Wider than tall, to fit a projector's first screen: the ids and their embedding rows in a column left of the
+layer, the output row (final norm → … → the two paths) under both. Drawn with Plotly shapes and annotations on a
+canvas 100 units wide (x right) whose heights are px measured in lines of text (y up, see Rows). A lesson chapter
 highlights one stage; every shape and annotation is named by its stage ("<stage>", or
 "<stage>:shape:<flow row key>" for a label that shows a shape) so tests and readers can find it. An arrow
 belongs to the stage that produces what it carries (the logits arrow to lm_head, the new id's arrows to the path
@@ -29,16 +31,87 @@ STAGES = ("token_id", "embedding", "attention", "kv_write", "kv_read", "ffn", "r
 
 HIGHLIGHT = OKABE_ITO["vermillion"]
 LINE = "#555555"
-DIMMED_TEXT = "#b0b0b0"
+# Dimmed parts stay readable on a projector: dark grey text (contrast 6.7 on white), grey lines, paler fills.
+DIMMED_LINE, DIMMED_TEXT, DIMMED_OPACITY = "#8c8c8c", "#5c5c5c", 0.6
 FILLS = {  # a light fill per part of the model: input side, layers, cache, output side
     "token_id": "#dcefff", "embedding": "#dcefff", "next_input": "#dcefff",
     "attention": "#e3f4ec", "ffn": "#e3f4ec", "residual": "#ffffff",
     "kv_write": "#fff6cc", "kv_read": "#fff6cc",
     "final_norm": "#fde9d9", "lm_head": "#fde9d9", "sampling": "#fde9d9", "detokenize": "#fde9d9",
 }
-FRAME = "frame"  # the layers' frame and the phase note: part of no stage, never highlighted or dimmed
-BOX_TEXT, LABEL_TEXT = 0.9, 0.82  # of the page's figure text size: boxes are narrow, labels sit between them
+FRAME = "frame"  # the layers' frame: part of no stage, never highlighted or dimmed
+TEXT, MIN_TEXT = 0.9, 13  # every word: this share of the page's figure text size, and never under 13 px
+LINE_SPACING = 1.3  # Plotly's line height, in text sizes
+PAD = 4  # px between a box's edge and its text
 STACK_SHADOWS = 2  # copies drawn behind a box when several tokens go through at once (prefill)
+SHADOW_X, SHADOW_Y = 0.4, 3  # how far each copy sits up and right (x units, px)
+MIN_WIDTH = 760  # px the picture needs (its x axis is 100 units wide, its words fixed px): large text still fits
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Heights on the canvas in px (y up, 0 at the bottom of the plot area), all measured in lines of text, so a
+    larger text size makes a taller picture rather than overlapping words. From the bottom: the output row (the
+    two paths stacked at its right end), the gap x2 crosses to the final norm, and the layer (the skip lines with
+    their labels, the row of boxes, the paged cache above it)."""
+
+    line: float  # px per line of text
+
+    def box(self, lines: int) -> float:
+        """The height of a box holding `lines` lines of text."""
+        return lines * self.line + 2 * PAD
+
+    def labelled_box(self, lines: int) -> float:
+        """The height of a box holding `lines` lines of text over a shape label (with a gap between them)."""
+        return self.box(lines + 1) + PAD
+
+    @property
+    def out_top(self) -> float:
+        return self.box(2) + 6 + self.box(3)  # detokenize over next input
+
+    @property
+    def out_mid(self) -> float:
+        return self.out_top / 2
+
+    @property
+    def link(self) -> float:  # the line carrying the last position's x2 under the layer
+        return self.out_top + self.line / 2 + 3
+
+    @property
+    def layer_bottom(self) -> float:
+        return self.out_top + self.line + 6
+
+    @property
+    def skip(self) -> float:  # the skip (residual) lines, with their labels under them
+        return self.layer_bottom + self.line + 6
+
+    @property
+    def row_bottom(self) -> float:
+        return self.skip + 10
+
+    @property
+    def row_top(self) -> float:
+        return self.row_bottom + self.box(2)
+
+    @property
+    def mid(self) -> float:  # the residual stream's height through the row of boxes
+        return (self.row_bottom + self.row_top) / 2
+
+    @property
+    def cache_bottom(self) -> float:
+        return self.row_top + 16  # room for the K, V arrows
+
+    @property
+    def cache_top(self) -> float:
+        return self.cache_bottom + self.labelled_box(2)
+
+    @property
+    def layer_top(self) -> float:
+        return self.cache_top + 4
+
+    @property
+    def height(self) -> float:
+        return self.layer_top + STACK_SHADOWS * SHADOW_Y + 2  # room for the token box's deck
 
 
 @dataclass(frozen=True)
@@ -75,22 +148,33 @@ def step_figure(trace: StepTrace, info: ModelInfo, stage: str | None = None, tit
     """The step of `trace` as one diagram; `stage` (one of STAGES, or None) is highlighted, the rest dimmed.
 
     Shapes on the arrows come from `flow_rows(trace, info)`: e.g. (1, 576) into the layers in decode,
-    (n, 576) in prefill, logits (vocab,), the embedding row (hidden,) for the next step.
+    (n, 576) in prefill, logits (vocab,), the embedding row (hidden,) for the next step. About 330 px high with
+    a title and normal text, 385 with large; it needs MIN_WIDTH px across.
     """
     if stage is not None and stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}: one of {', '.join(STAGES)}")
     rows = {row.key: row for row in flow_rows(trace, info)}
-    parts = input_band(trace, info, rows, words) + layer_band(rows, words) + \
-        output_band(trace, info, rows, words)
-    fig = finish(go.Figure(), title, large, height=660 if large else 560)
+    fig = finish(go.Figure(), title, large)
     size = fig.layout.font.size  # the shared figure text size (larger for a projector)
+    text = text_size(size)
+    y = Rows(LINE_SPACING * text)
+    parts = input_band(trace, info, rows, words, y) + layer_band(rows, words, y) + \
+        output_band(trace, info, rows, words, y)
     deck = STACK_SHADOWS if len(trace.input_ids) > 1 else 0
     for part in parts:
-        draw(fig, part, stage, size, deck)
+        draw(fig, part, stage, text, size, deck)
+    title_height = round(LINE_SPACING * (size + 3)) + 10 if title else 4  # finish() titles at size + 3
+    fig.update_layout(height=round(y.height) + title_height + 4, margin=dict(l=6, r=6, t=title_height, b=4),
+                      title=dict(y=1, yref="container", yanchor="top", pad=dict(t=6)))
     fig.update_xaxes(range=[0, 100], visible=False, fixedrange=True)
-    fig.update_yaxes(range=[0, 100], visible=False, fixedrange=True)
+    fig.update_yaxes(range=[0, y.height], visible=False, fixedrange=True)
     fig.update_layout(showlegend=False, plot_bgcolor="white", hovermode=False)
     return fig
+
+
+def text_size(size: int) -> int:
+    """Px of the picture's words for the page's figure text size `size` (13 normal, 18 large): 13 and 16."""
+    return max(MIN_TEXT, round(TEXT * size))
 
 
 def shape_label(row: FlowRow, x: float, y: float, align: str = "center", prefix: str = "") -> Label:
@@ -98,95 +182,101 @@ def shape_label(row: FlowRow, x: float, y: float, align: str = "center", prefix:
     return Label(row.stage, x, y, prefix + row.shape, key=row.key, align=align)
 
 
-def input_band(trace: StepTrace, info: ModelInfo, rows: dict[str, FlowRow], words: Words) -> list:
-    """Top left: the id(s) and their embedding rows; top right: what this step feeds and reads, in words."""
+def input_band(trace: StepTrace, info: ModelInfo, rows: dict[str, FlowRow], words: Words, y: Rows) -> list:
+    """Left of the layer: the id(s) above their embedding rows, which enter the layer."""
     t = len(trace.input_ids)
     shown = ", ".join(str(i) for i in trace.input_ids[:2]) + (", …" if t > 2 else "")
-    ids_text = words["sp_token_ids" if t > 1 else "sp_token_id"].format(n=t) + "<br>" + shown + "<br>" + \
-        words["sp_positions" if t > 1 else "sp_position"].format(positions=rows["ids"].facts["positions"])
+    positions = rows["ids"].facts["positions"]
+    ids_text = words["sp_token_ids" if t > 1 else "sp_token_id"].format(n=t, ids=shown) + "<br>" + \
+        words["sp_positions" if t > 1 else "sp_position"].format(positions=positions)
     embed_text = words["sp_embedding"] + "<br>" + words["sp_embedding_rows"].format(
         vocab=fmt_int(info.vocab), hidden=info.hidden)
-    if "positions" in rows:  # GPT-2: a learned row per position is added (wpe)
-        embed_text += "<br>" + words["sp_position_rows"]
-    note = words["sp_prefill_note" if trace.phase == "prefill" else "sp_decode_note"].format(
-        n=t, positions=rows["ids"].facts["positions"], position=trace.positions[-1], layers=info.layers,
-        length=rows["read_kv"].facts["length"])
+    learned = "positions" in rows  # GPT-2: a learned row per position is added (wpe), shown in the box
+    token_bottom = y.layer_top - y.box(2)
+    embed_bottom = y.layer_bottom + 4  # x0 leaves the box at y.mid, in its upper half
+    embed_top = embed_bottom + (y.labelled_box(3) if learned else y.box(3))
     parts = [
-        Box("token_id", 1, 84, 19, 98, ids_text, per_token=True),
-        Arrow("token_id", ((10, 84), (10, 77))),
-        shape_label(rows["ids"], 11, 81, "left"),
-        Box("embedding", 1, 60, 19, 77, embed_text, per_token=True),
-        Label(FRAME, 24, 91, note, align="left"),
+        Box("token_id", 0.5, token_bottom, 26, y.layer_top, ids_text, per_token=True),
+        Arrow("token_id", ((13, token_bottom), (13, embed_top))),
+        shape_label(rows["ids"], 14, (token_bottom + embed_top + STACK_SHADOWS * SHADOW_Y) / 2, "left"),
+        Box("embedding", 0.5, embed_bottom, 26, embed_top, embed_text, per_token=True, text_on_top=learned),
     ]
-    if "positions" in rows:  # the position table's name in GPT-2's weights
-        parts.append(shape_label(rows["positions"], 10, 56.5, prefix="+ wpe "))
+    if learned:  # the position table's name in GPT-2's weights, on the box's last line
+        parts.append(shape_label(rows["positions"], 13.25, embed_bottom + PAD + y.line / 2,
+                                 prefix=words["sp_position_rows"] + " "))
     return parts
 
 
-def layer_band(rows: dict[str, FlowRow], words: Words) -> list:
-    """The layer, drawn once for all N: x0 → norm, q/k/v → attention (via the paged cache) → ⊕ → norm, FFN → ⊕,
-    with the residual (skip) lines above the row and the cache below it."""
-    row_y0, row_y1, mid = 53, 65, 59
-    skip_y = 70
+def layer_band(rows: dict[str, FlowRow], words: Words, y: Rows) -> list:
+    """The layer, drawn once for all N: x0 → norm, q/k/v → attention (via the paged cache above) → ⊕ → norm, FFN
+    → ⊕, with the residual (skip) lines under the row."""
+    mid, low, high = y.mid, y.row_bottom, y.row_top
+    plus = y.line * 0.6  # a ⊕ node's half height
+    above = high + STACK_SHADOWS * SHADOW_Y + 2 + y.line / 2  # a one-line label just above the row (and its deck)
     layers = rows["residual"].facts
     return [
-        Box(FRAME, 22, 33.5, 99, 79, ""),  # one layer drawn stands for all N
-        Label("residual", 23, 76, words["sp_layers"].format(layers=layers["layers"], adds=layers["adds"]),
-              align="left"),
-        Arrow("embedding", ((19, mid), (27, mid))),
-        shape_label(rows["embed"], 23, 62.5, "center", "x0 "),
-        Box("attention", 27, row_y0, 40, row_y1, words["sp_norm_qkv"], per_token=True),
-        Arrow("attention", ((40, 61), (55, 61))),
-        shape_label(rows["q"], 47.5, 63.5),
-        Box("attention", 55, row_y0, 69, row_y1, words["sp_attend"], per_token=True),
-        # K and V go down into the cache; attention reads the whole cache back up.
-        Arrow("kv_write", ((33.5, row_y0), (33.5, 48))),
-        Box("kv_write", 27, 34.5, 45, 48, words["sp_cache_write"], text_on_top=True),
-        shape_label(rows["write_kv"], 36, 37),
-        Box("kv_read", 45, 34.5, 63, 48, words["sp_cache_read"].format(length=rows["read_kv"].facts["length"]),
-            text_on_top=True),
-        shape_label(rows["read_kv"], 54, 37),
-        Arrow("kv_read", ((60, 48), (60, row_y0))),
-        Arrow("attention", ((69, mid), (74, mid))),
-        Box("residual", 74, mid - 2, 78, mid + 2, "+", round=True),
-        Box("ffn", 80.5, row_y0, 92, row_y1, words["sp_ffn"], per_token=True),
-        Arrow("residual", ((78, mid), (80.5, mid))),
-        shape_label(rows["mlp"], 86, 50.5),
-        Arrow("ffn", ((92, mid), (94, mid))),
-        Box("residual", 94, mid - 2, 98, mid + 2, "+", round=True),
+        Box(FRAME, 27.5, y.layer_bottom, 99.8, y.layer_top, ""),  # one layer drawn stands for all N
+        Label("residual", 99.3, y.layer_top - 3 - y.line,
+              words["sp_layers"].format(layers=layers["layers"], adds=layers["adds"]), align="right"),
+        Arrow("embedding", ((26, mid), (36, mid))),
+        shape_label(rows["embed"], 31.75, mid + 2 + y.line, prefix="x0<br>"),
+        Box("attention", 36, low, 47, high, words["sp_norm_qkv"], per_token=True),
+        Arrow("attention", ((47, mid), (59, mid))),
+        shape_label(rows["q"], 53.4, mid + 2 + y.line / 2),  # centred in what a prefill's deck leaves of the gap
+        Box("attention", 59, low, 69, high, words["sp_attend"], per_token=True),
+        # K and V go up into the cache; attention reads the whole cache back down.
+        Arrow("kv_write", ((41.5, high), (41.5, y.cache_bottom))),
+        Box("kv_write", 36, y.cache_bottom, 52, y.cache_top, words["sp_cache_write"], text_on_top=True),
+        shape_label(rows["write_kv"], 44, y.cache_bottom + PAD + y.line / 2),
+        Box("kv_read", 52, y.cache_bottom, 68, y.cache_top,
+            words["sp_cache_read"].format(length=rows["read_kv"].facts["length"]), text_on_top=True),
+        shape_label(rows["read_kv"], 60, y.cache_bottom + PAD + y.line / 2),
+        Arrow("kv_read", ((63, y.cache_bottom), (63, high))),
+        Arrow("attention", ((69, mid), (72, mid))),
+        Box("residual", 72, mid - plus, 74.4, mid + plus, "+", round=True),
+        Box("ffn", 77.5, low, 88, high, words["sp_ffn"], per_token=True),
+        Arrow("residual", ((74.4, mid), (77.5, mid))),
+        shape_label(rows["mlp"], 82.75, above),
+        Arrow("ffn", ((88, mid), (91.6, mid))),
+        Box("residual", 91.6, mid - plus, 94, mid + plus, "+", round=True),
         # The skip lines: x0 around attention onto x1, x1 around the FFN onto x2.
-        Arrow("residual", ((24, mid), (24, skip_y), (76, skip_y), (76, mid + 2))),
-        Label("residual", 50, skip_y + 2.5, words["sp_add_attention"]),
-        Arrow("residual", ((79, mid), (79, skip_y), (96, skip_y), (96, mid + 2))),
-        Label("residual", 87.5, skip_y + 2.5, words["sp_add_ffn"]),
+        Arrow("residual", ((30, mid), (30, y.skip), (73.2, y.skip), (73.2, mid - plus))),
+        Label("residual", 51.6, y.skip - 3 - y.line / 2, words["sp_add_attention"]),
+        Arrow("residual", ((75.8, mid), (75.8, y.skip), (92.8, y.skip), (92.8, mid - plus))),
+        Label("residual", 84.3, y.skip - 3 - y.line / 2, words["sp_add_ffn"]),
     ]
 
 
-def output_band(trace: StepTrace, info: ModelInfo, rows: dict[str, FlowRow], words: Words) -> list:
-    """Bottom: the last position's x2 → final norm → lm_head → logits → softmax and filters → the new id, which
-    takes two paths: its text to the user, its embedding row to the next step."""
+def output_band(trace: StepTrace, info: ModelInfo, rows: dict[str, FlowRow], words: Words, y: Rows) -> list:
+    """Under the layer: the last position's x2 → final norm → lm_head → logits → softmax and filters → the new id,
+    which takes two paths: its text to the user, its embedding row to the next step."""
     drawn = next((c for c in trace.candidates if c.token_id == trace.token_id), None)
     chance = "<br>" + words["sp_chance"].format(p=fmt_percent(drawn.p_top_p)) if drawn else ""
     piece = plotly_text(visible(trace.text))
     last = words["sp_last_position"].format(position=trace.positions[-1])
+    mid, line = y.out_mid, y.line
+    two, three, five = y.box(2) / 2, y.box(3) / 2, y.box(5) / 2  # half heights
+    text_mid, next_mid = y.out_top - two, three  # the two paths' boxes, stacked
     return [
-        Arrow("final_norm", ((96, 57), (96, 30.5), (8, 30.5), (8, 25))),
-        Label("final_norm", 52, 32.2, last + ": x2 " + rows["final_norm"].shape, key="final_norm"),
-        Box("final_norm", 1, 13, 15, 25, words["sp_final_norm"]),
-        Arrow("final_norm", ((15, 19), (22, 19))),
-        shape_label(rows["final_norm"], 18.5, 22),
-        Box("lm_head", 22, 13, 34, 25, words["sp_lm_head"].format(vocab=fmt_int(info.vocab), hidden=info.hidden)),
-        Arrow("lm_head", ((34, 19), (44, 19))),
-        shape_label(rows["lm_head"], 39, 22, prefix=words["sp_logits"] + "<br>"),
-        Box("sampling", 44, 9, 66, 28, words["sp_sampling"] + chance),
-        Arrow("sampling", ((66, 19), (70, 19))),
-        Box("sampling", 70, 12, 80, 26, words["sp_new_id"].format(id=trace.token_id) + f"<br>“{piece}”"),
-        Arrow("detokenize", ((80, 22), (83, 22), (83, 21), (86, 21))),
-        Box("detokenize", 86, 15, 99.5, 27, words["sp_detokenize"].format(piece=piece)),
-        Arrow("next_input", ((80, 16), (83, 16), (83, 7), (86, 7))),
-        Box("next_input", 86, 1, 99.5, 13, words["sp_next_input"].format(
+        Arrow("final_norm", ((94, y.mid), (97.5, y.mid), (97.5, y.link), (6, y.link), (6, mid + two))),
+        Label("final_norm", 52, y.link, last + ": x2 " + rows["final_norm"].shape, key="final_norm"),
+        Box("final_norm", 0.5, mid - two, 11.5, mid + two, words["sp_final_norm"]),
+        Arrow("final_norm", ((11.5, mid), (18.5, mid))),
+        shape_label(rows["final_norm"], 15, mid + 2 + line / 2),
+        Box("lm_head", 18.5, mid - two, 31, mid + two,
+            words["sp_lm_head"].format(vocab=fmt_int(info.vocab), hidden=info.hidden)),
+        Arrow("lm_head", ((31, mid), (40, mid))),
+        shape_label(rows["lm_head"], 35.5, mid + 2 + line, prefix=words["sp_logits"] + "<br>"),
+        Box("sampling", 40, mid - five, 59.5, mid + five, words["sp_sampling"] + chance),
+        Arrow("sampling", ((59.5, mid), (63, mid))),
+        Box("sampling", 63, mid - three, 72, mid + three, words["sp_new_id"].format(id=trace.token_id) +
+            f"<br>“{piece}”"),
+        Arrow("detokenize", ((72, mid + line / 2), (74.5, mid + line / 2), (74.5, text_mid), (77, text_mid))),
+        Box("detokenize", 77, y.out_top - 2 * two, 99.8, y.out_top, words["sp_detokenize"].format(piece=piece)),
+        Arrow("next_input", ((72, mid - line / 2), (74.5, mid - line / 2), (74.5, next_mid), (77, next_mid))),
+        Box("next_input", 77, 0, 99.8, 2 * three, words["sp_next_input"].format(
             id=trace.token_id, position=trace.positions[-1] + 1)),
-        shape_label(rows["next_input"], 82.5, 3, "right", prefix=words["sp_row"] + " "),
+        shape_label(rows["next_input"], 74, (mid - three) / 2, "right", prefix=words["sp_row"] + " "),
     ]
 
 
@@ -196,40 +286,42 @@ def _style(part_stage: str, stage: str | None) -> tuple[str, float, float, str]:
         return LINE, 1.5, 1.0, "#222222"
     if part_stage == stage:
         return HIGHLIGHT, 4.0, 1.0, "#000000"
-    return "#c8c8c8", 1.0, 0.45, DIMMED_TEXT
+    return DIMMED_LINE, 1.0, DIMMED_OPACITY, DIMMED_TEXT
 
 
-def draw(fig: go.Figure, part, stage: str | None, size: int, deck: int) -> None:
-    """Add one Box, Arrow or Label to `fig`, styled for the highlighted `stage`; a per-token box gets `deck`
-    copies behind it."""
+def draw(fig: go.Figure, part, stage: str | None, text: int, size: int, deck: int) -> None:
+    """Add one Box, Arrow or Label to `fig`, styled for the highlighted `stage`, its words `text` px (a ⊕ sign
+    `size`); a per-token box gets `deck` copies behind it."""
     color, width, opacity, text_color = _style(part.stage, stage)
     if isinstance(part, Box):
-        draw_box(fig, part, color, width, opacity, text_color, size, stage == part.stage, deck)
+        draw_box(fig, part, color, width, opacity, text_color, size if part.round else text, stage == part.stage,
+                 deck)
     elif isinstance(part, Arrow):
         draw_arrow(fig, part, color, width, opacity)
     else:
         anchor = {"left": "left", "right": "right"}.get(part.align, "center")
         fig.add_annotation(x=part.x, y=part.y, text=part.text, showarrow=False, xanchor=anchor, align=part.align,
-                           font=dict(size=round(LABEL_TEXT * size), color=text_color), bgcolor="rgba(255,255,255,0.85)",
+                           font=dict(size=text, color=text_color), bgcolor="rgba(255,255,255,0.85)",
                            name=f"{part.stage}:shape:{part.key}" if part.key else part.stage)
 
 
-def draw_box(fig: go.Figure, box: Box, color: str, width: float, opacity: float, text_color: str, size: int,
+def draw_box(fig: go.Figure, box: Box, color: str, width: float, opacity: float, text_color: str, text: int,
              lit: bool, deck: int) -> None:
-    """A box (or ⊕ circle) with its text; `deck` copies behind it stand for the other rows of a prefill."""
+    """A box (or ⊕ circle) with its words (`text` px); `deck` copies behind it stand for the other rows of a
+    prefill."""
     fill = "#ffd9bf" if lit else FILLS.get(box.stage, "white")
     kind = "circle" if box.round else "rect"
     if box.per_token:
         for k in range(deck, 0, -1):  # the rows behind the front one
-            fig.add_shape(type=kind, x0=box.x0 + 0.6 * k, x1=box.x1 + 0.6 * k, y0=box.y0 + 1.2 * k,
-                          y1=box.y1 + 1.2 * k, line=dict(color=color, width=1), fillcolor=fill, opacity=opacity,
+            fig.add_shape(type=kind, x0=box.x0 + SHADOW_X * k, x1=box.x1 + SHADOW_X * k, y0=box.y0 + SHADOW_Y * k,
+                          y1=box.y1 + SHADOW_Y * k, line=dict(color=color, width=1), fillcolor=fill, opacity=opacity,
                           name=box.stage, layer="below")
     fig.add_shape(type=kind, x0=box.x0, x1=box.x1, y0=box.y0, y1=box.y1, line=dict(color=color, width=width),
                   fillcolor=fill if box.text else "rgba(0,0,0,0)", opacity=opacity, name=box.stage, layer="below")
     if box.text:
-        y, anchor = (box.y1 - 0.8, "top") if box.text_on_top else ((box.y0 + box.y1) / 2, "middle")
+        y, anchor = (box.y1 - PAD, "top") if box.text_on_top else ((box.y0 + box.y1) / 2, "middle")
         fig.add_annotation(x=(box.x0 + box.x1) / 2, y=y, yanchor=anchor, text=box.text, showarrow=False,
-                           font=dict(size=size if box.round else round(BOX_TEXT * size), color=text_color), name=box.stage)
+                           font=dict(size=text, color=text_color), name=box.stage)
 
 
 def draw_arrow(fig: go.Figure, arrow: Arrow, color: str, width: float, opacity: float) -> None:

@@ -10,7 +10,11 @@ from ui import safe
 from ui.context import ViewContext
 from ui.views.common import figure, titled, words
 from viz.flow import flow_rows, residual_figure, vector_figure
-from viz.step_picture import step_figure
+from viz.step_picture import MIN_WIDTH, step_figure
+
+# Narrower than MIN_WIDTH (a phone) the picture keeps its size and scrolls sideways rather than squeezing its words
+# together; the page itself does not widen.
+PICTURE_CSS = f"<style>.st-key-main-figure [data-testid='stFullScreenFrame'] {{ min-width: {MIN_WIDTH}px; }}</style>"
 
 
 def render(ctx: ViewContext) -> None:
@@ -19,6 +23,7 @@ def render(ctx: ViewContext) -> None:
         return
     trace = ctx.trace
     with st.container(key="main-figure"):  # the picture of the step first (a lesson highlights its stage)
+        st.html(PICTURE_CSS)
         figure(step_figure(trace, info, ctx.stage, picture_title(ctx), ctx.large, words(ctx)), "one-step")
     figure(residual_figure(trace.residual.numpy(), ctx.t("residual_title", adds=2 * info.layers), ctx.large,
                            words(ctx)),

@@ -96,6 +96,15 @@ def embedded_model(embedded_folder) -> engine.Model:
 
 
 @pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium for one browser test module."""
+    from tests.server import chromium
+
+    with chromium() as browser:
+        yield browser
+
+
+@pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A real Streamlit server on loopback for one browser test module; its URL."""
     from tests.server import running_server

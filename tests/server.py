@@ -15,6 +15,26 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
                  "--disable-component-update", "--disable-sync"]
 
 
+@contextlib.contextmanager
+def chromium():
+    """Headless Debian Chromium (Playwright's sync API): the browser every browser test drives."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@contextlib.contextmanager
+def browser_page(width: int = 1280, height: int = 720, **options):
+    """One page of a fresh Chromium at `width` × `height` (options go to `new_page`)."""
+    with chromium() as browser:
+        yield browser.new_page(viewport={"width": width, "height": height}, **options)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -8,20 +8,17 @@ import time
 from urllib.parse import parse_qs, quote, urlencode, urlparse
 
 import pytest
-from playwright.sync_api import sync_playwright
 
 import engine
-from tests.server import CHROMIUM, CHROMIUM_ARGS, restarted_server, running_server, settled_text
+from tests.server import browser_page, restarted_server, running_server, settled_text
 
 pytestmark = pytest.mark.browser
 
 
 @pytest.fixture(scope="module")
 def page():
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser.new_page(viewport={"width": 1600, "height": 1000})
-        browser.close()
+    with browser_page(1600, 1000) as page:
+        yield page
 
 
 def expected(model, prompt: str, steps: int, chat: bool = True) -> str:

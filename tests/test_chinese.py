@@ -5,10 +5,9 @@ tests/test_browser.py."""
 from urllib.parse import urlencode
 
 import pytest
-from playwright.sync_api import sync_playwright
 
 from engine.detokenizer import REPLACEMENT
-from tests.server import CHROMIUM, CHROMIUM_ARGS, settled_text
+from tests.server import browser_page, settled_text
 from ui import strings
 
 pytestmark = pytest.mark.browser
@@ -19,10 +18,8 @@ STREAM_CHIPS = ".st-key-token-stream .kv-stream > .kv-chip"  # the stream's own 
 
 @pytest.fixture(scope="module")
 def page():
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser.new_page(viewport={"width": 1280, "height": 720})
-        browser.close()
+    with browser_page() as page:
+        yield page
 
 
 def test_a_chinese_prompt_shows_characters_not_bytes(server, page, tokenizer):

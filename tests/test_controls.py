@@ -10,9 +10,9 @@ import time
 from urllib.parse import parse_qs, urlencode, urlparse
 
 import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
-from tests.server import CHROMIUM, CHROMIUM_ARGS, running_server, settled_text
+from tests.server import browser_page, running_server, settled_text
 from ui import strings
 from ui.state import VIEWS
 from ui.views.prefix import CASE_BLOCK_SIZE, CASE_CACHED, CASES
@@ -26,10 +26,8 @@ WAIT_MS = 120_000
 
 @pytest.fixture(scope="module")
 def page():
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser.new_page(viewport={"width": 1280, "height": 720}, accept_downloads=True)
-        browser.close()
+    with browser_page(accept_downloads=True) as page:
+        yield page
 
 
 # -- helpers ------------------------------------------------------------------------------------

@@ -6,10 +6,9 @@ Needs Debian's chromium and the `playwright` package; `.ci/run` installs both.
 """
 
 import pytest
-from playwright.sync_api import sync_playwright
 
 import engine
-from tests.server import CHROMIUM, CHROMIUM_ARGS, settled_text
+from tests.server import settled_text
 from ui import strings
 from ui.state import VIEWS, default_prompt
 
@@ -18,14 +17,6 @@ pytestmark = pytest.mark.browser
 PROJECTOR = {"width": 1280, "height": 720}
 PHONE = {"width": 390, "height": 844}
 FIGURE_SHOWN = 200  # px of the main figure that must be on the first screen
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture(scope="module")

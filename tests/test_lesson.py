@@ -7,13 +7,13 @@ import re
 from functools import cache
 
 import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
 import engine
 from tests.app_helpers import assert_clean, start
 from tests.test_app import english_left
 from tests.runs import decode
-from tests.server import CHROMIUM, CHROMIUM_ARGS, settled_text
+from tests.server import browser_page, settled_text
 from ui import strings
 from ui.lesson import CHAPTERS
 from ui.state import default_prompt, parse_query
@@ -150,9 +150,7 @@ def shows_chapter(page, number: int) -> None:
 
 @pytest.mark.browser
 def test_keys_buttons_and_the_list_move_through_the_chapters(server):
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 720})
+    with browser_page() as page:
         page.goto(f"{server}/")
         settled_text(page)
         press(page, "b_lesson_start")
@@ -178,7 +176,6 @@ def test_keys_buttons_and_the_list_move_through_the_chapters(server):
         chapter_in_link(page, None)
         assert "view=split" in page.url and "kv_splits=4" in page.url  # leaving keeps the state
         expect(page.locator(".st-key-b_lesson_start")).to_be_visible()
-        browser.close()
 
 
 def test_play_keeps_the_chapter_and_the_list_still_moves(embedded_model):

@@ -3,7 +3,6 @@
 import functools
 
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

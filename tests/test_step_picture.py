@@ -17,7 +17,6 @@ import engine
 from tests.app_helpers import assert_clean, start
 from tests.runs import decode
 from tests.test_app import english_left, figure_strings
-from tests.test_layout import browser  # noqa: F401 (headless Chromium, one per module)
 from ui import strings
 from viz.step_picture import FRAME, HIGHLIGHT, MIN_WIDTH, STAGES, step_figure
 from viz.style import contrast_ratio

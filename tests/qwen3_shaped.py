@@ -55,6 +55,7 @@ The embedding table has one row per token id; a token id is only a row number.
 Grouped-query attention lets two query heads share one key and value head, so the cache is half as large.
 The residual stream is added to twice in every layer: once after attention, once after the feed-forward network.
 Explain what a Transformer is. The answer is written one token at a time.
+The user asks a question, the system sets the rules, and the assistant answers the user.
 什么是 KV 缓存？KV 缓存保存模型已经读过的每个 token 的键和值。
 解释什么是Transformer。Transformer 是一种基于注意力机制的神经网络模型。
 每一步解码都要读取每一层全部历史的键和值，然后再加上一行新的。

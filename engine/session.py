@@ -40,7 +40,8 @@ class DecodeSession:
     """Step-by-step generation for one prompt.
 
     prompt: text, or a list of token ids. With `chat=True` a text prompt is wrapped as a user message
-    by the tokenizer's chat template (with the generation prompt).
+    by the tokenizer's chat template (with the generation prompt); `think` turns on the thinking of a
+    template that has the switch (Qwen3: off by default, its answer then starts after an empty think block).
     keep_full_traces: how many of the latest steps keep their heavy tensors (attention, logits,
     residuals); older traces are slimmed, so a long run's memory stays bounded.
     kv_splits: attention reads the cached K/V in this many splits and merges them (FlashDecoding).
@@ -53,6 +54,7 @@ class DecodeSession:
         prompt: str | Sequence[int],
         *,
         chat: bool = False,
+        think: bool = False,
         sampling: Sampling | None = None,
         block_size: int | None = None,
         max_new_tokens: int = 256,
@@ -73,7 +75,7 @@ class DecodeSession:
         self.max_new_tokens = max_new_tokens
         self.kv_splits = kv_splits
         self.prefix_cache = prefix_cache
-        self.prompt_ids = tokenize_prompt(model, prompt, chat)
+        self.prompt_ids = tokenize_prompt(model, prompt, chat, think)
         check_prompt_fits(self.prompt_ids, model)
         if prefix_cache is not None:
             self.pool: BlockPool = prefix_cache.pool

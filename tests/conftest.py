@@ -111,3 +111,20 @@ def server(tmp_path_factory):
 
     with running_server(tmp_path_factory.mktemp("server") / "log.txt") as (url, _):
         yield url
+
+
+@pytest.fixture(scope="session")
+def qwen3_shaped_dir(tmp_path_factory) -> str:
+    """A folder with a random-weight model of Qwen3-0.6B's exact shape, in bfloat16, and a tokenizer trained
+    here (tests/qwen3_shaped.py): 1.19 GB on disk, ~10 s to write."""
+    from tests.qwen3_shaped import make_qwen3_shaped
+
+    return str(make_qwen3_shaped(tmp_path_factory.mktemp("qwen3-0.6b-shaped")))
+
+
+QWEN3_SHAPED_DTYPE = torch.float32  # the engine's dtype for it in the tests (bfloat16 once the loader fits it)
+
+
+@pytest.fixture(scope="session")
+def qwen3_shaped(qwen3_shaped_dir) -> engine.Model:
+    return engine.load_model(qwen3_shaped_dir, device="cpu", dtype=QWEN3_SHAPED_DTYPE)

@@ -11,7 +11,7 @@ import streamlit as st
 
 import engine
 from engine import timing
-from ui import memory, safe, strings
+from ui import memory, model_card, safe, strings
 from ui.context import ViewContext
 from ui.lesson import CHAPTERS
 from ui.runner import ClassroomCache, Runner, RunConfig
@@ -98,7 +98,7 @@ def draw_page() -> None:
     if runner is not None:
         apply_pending_case(runner, limits)  # before the widgets: it sets the prompt and chat switch
         fit_to_budget(step_limits(limits, model.info))
-    lesson_place = sidebar(limits)
+    lesson_place = sidebar(limits, can_think=runner is not None and runner.can_think)
     st.html(LAYOUT_CSS + (LARGE_CSS if ss.w_large else "") + (LESSON_CSS if ss.get("w_chapter") else ""))
     st.title(t("title"))
     if ss.get("w_chapter"):
@@ -126,6 +126,7 @@ def draw_page() -> None:
         st.fragment(run_every=ss.w_pace)(stepper_and_view)(model, runner, in_fragment=True)
     else:  # not a fragment: a press must work in a session a restarted server has just rebuilt from the link
         stepper_and_view(model, runner, lesson_place)
+    model_card.render(model.info, t)  # at the foot, collapsed: the first screen is the step's
     st.caption(t("tagline"))  # at the foot: the first screen is for the step and its figure
 
 
@@ -184,7 +185,7 @@ def write_link(state: AppState) -> None:
 
 def run_config(state: AppState, limits: Limits) -> RunConfig:
     return RunConfig(
-        prompt=state.prompt, chat=state.chat,
+        prompt=state.prompt, chat=state.chat, think=state.think,
         sampling=engine.Sampling(temperature=float(state.temperature), top_k=int(state.top_k),
                                  top_p=float(state.top_p), seed=int(state.seed)),
         block_size=int(state.block_size), kv_splits=int(state.kv_splits), policy=state.policy,
@@ -256,8 +257,9 @@ def apply_pending_case(runner: Runner, limits: Limits) -> None:
 # -- widgets ----------------------------------------------------------------------------------
 
 
-def sidebar(limits: Limits):
-    """The settings; returns the place at their top where the lesson's panel goes once the step is drawn."""
+def sidebar(limits: Limits, can_think: bool = False):
+    """The settings; returns the place at their top where the lesson's panel goes once the step is drawn.
+    can_think: the model's chat template has a thinking switch (Qwen3), so the Thinking toggle shows."""
     with st.sidebar:
         lesson_place = st.container()
         st.selectbox(t("language"), LANGS, key="w_lang", format_func=lambda code: strings.LANGUAGE_NAMES[code])
@@ -271,6 +273,8 @@ def sidebar(limits: Limits):
             st.selectbox(t("model"), options, key="w_model", help=t("model_help"))
         st.text_area(t("prompt"), key="w_prompt", height=120, max_chars=4000)
         st.toggle(t("chat"), key="w_chat", help=t("chat_help"))
+        if can_think:
+            st.toggle(t("think"), key="w_think", help=t("think_help"), disabled=not ss.w_chat)
         st.markdown(f"**{t('sampling')}**")
         st.slider(t("temperature"), *bounds("temperature"), key="w_temperature", step=0.05, help=t("temperature_help"))
         st.number_input("top-k", *bounds("top_k"), key="w_top_k", step=1, help=t("top_k_help"))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import engine
 from engine.prefix_cache import PolicyReuse, PromptHistory
-from engine.prompt import PromptSegment, prompt_segments
+from engine.prompt import PromptSegment, prompt_segments, template_can_think
 from engine.split_kv import split_demo
 from engine.tokens import TokenCell, candidate_cells, token_cells
 from engine.trace import PrefixHit, SplitKVTrace, StepTrace
@@ -120,6 +120,7 @@ class RunConfig:
     policy: str
     max_new_tokens: int
     max_prompt_tokens: int
+    think: bool = False  # a template's thinking switch (Qwen3); templates without one never see it
 
 
 class Runner:
@@ -160,7 +161,7 @@ class Runner:
                                             capacity_blocks=self._pool_blocks(config))
         self.config = config
         session = engine.DecodeSession(
-            self.model, config.prompt, chat=config.chat, sampling=config.sampling, block_size=config.block_size,
+            self.model, config.prompt, chat=config.chat, think=config.think, sampling=config.sampling, block_size=config.block_size,
             max_new_tokens=config.max_new_tokens, kv_splits=config.kv_splits, prefix_cache=self.cache,
             keep_full_traces=self.keep_full_traces, capture=CAPTURE,
         )
@@ -338,7 +339,12 @@ class Runner:
 
     def prompt_segments(self) -> list[PromptSegment]:
         """The prompt as the model reads it, split into the chat template's text and the user's."""
-        return prompt_segments(self.model, self.config.prompt, self.config.chat)
+        return prompt_segments(self.model, self.config.prompt, self.config.chat, self.config.think)
+
+    @property
+    def can_think(self) -> bool:
+        """Whether the model's chat template has a thinking switch (Qwen3's `enable_thinking`)."""
+        return template_can_think(self.model.tokenizer)
 
     def step_traces(self, step: int) -> list[StepTrace]:
         """The traces of the first `step` steps (older ones slimmed: ids, timings, candidates)."""

@@ -27,6 +27,7 @@ class AppState:
     model: str = "embedded"
     prompt: str = DEFAULT_PROMPT
     chat: bool = True
+    think: bool = False  # Qwen3's thinking, in a template that has the switch: off, as the articles' answers
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
@@ -77,7 +78,7 @@ def bounds(name: str) -> tuple:
 # Values above 0 but below these are raised to them; 0 itself stays (a temperature of 0 is greedy).
 FLOORS = {"temperature": TEMPERATURE_FLOOR}
 CHOICES = {"view": VIEWS, "lang": LANGS, "policy": POLICIES}
-FLAGS = ("chat", "large")
+FLAGS = ("chat", "think", "large")
 
 
 def parse_query(params: Mapping[str, str | list[str]]) -> tuple[AppState, list[Problem]]:

@@ -48,21 +48,36 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def qwen3_shaped_folder() -> str:
-    """Random weights at Qwen3-0.6B's widths, with a word-level tokenizer of its vocabulary size."""
+QWEN3_06B_SHAPE = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                       tie_word_embeddings=True, eos_token_id=0, bos_token_id=0)
+
+
+def qwen3_shaped_folder(dtype: torch.dtype = torch.float32, tokenizer_folder: str | None = None) -> str:
+    """A folder with random weights at Qwen3-0.6B's widths, saved as safetensors in `dtype`.
+
+    The tokenizer is the one saved in `tokenizer_folder` (its ids must stay below the vocabulary size),
+    or else a word-level one of the full vocabulary.
+    """
+    folder = Path(tempfile.mkdtemp(prefix="kvscope-qwen3-shape-"))
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(Qwen3Config(**QWEN3_06B_SHAPE), dtype=dtype).save_pretrained(folder)
+    if tokenizer_folder is not None:
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(tokenizer_folder).save_pretrained(folder)
+    else:
+        word_level_tokenizer(QWEN3_06B_SHAPE["vocab_size"]).save_pretrained(folder)
+    return str(folder)
+
+
+def word_level_tokenizer(vocab: int) -> PreTrainedTokenizerFast:
+    """Words w0 … w{vocab−1}, one id each: random prompts decode and re-encode to the same ids."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    folder = Path(tempfile.mkdtemp(prefix="kvscope-qwen3-shape-"))
-    vocab = 151936
-    config = Qwen3Config(vocab_size=vocab, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                         num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-                         tie_word_embeddings=True, eos_token_id=0, bos_token_id=0)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab)}, unk_token="w0"))
     words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="w0", eos_token="w0").save_pretrained(folder)
-    return str(folder)
+    return PreTrainedTokenizerFast(tokenizer_object=words, unk_token="w0", eos_token="w0")
 
 
 def bytes_per_token(model: engine.Model, context: int) -> int:

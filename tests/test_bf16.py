@@ -130,3 +130,46 @@ def test_qwen3_shaped_bf16_loads_and_steps_within_the_peak_bound(qwen3_shaped_bf
     assert figures["kv_bytes_per_token"] == 2 * 28 * 8 * 128 * 2  # 114,688 B, the article's figure
     assert figures["peak_mb"] * 1e6 <= PEAK_BOUND, f"peak {figures['peak_mb']} MB > 1.6 GiB: {figures}"
     assert figures["tokens"] == greedy_ids(qwen3_shaped_bf16, PROMPT_IDS, 9)
+
+
+@pytest.mark.parametrize("given, dtype, bad", [(None, "float32", ""), ("bfloat16", "bfloat16", ""),
+                                               (" BFloat16 ", "bfloat16", ""), ("float32", "float32", ""),
+                                               ("float64", "float32", "float64"), ("bf16", "float32", "bf16")])
+def test_kvscope_dtype_setting(given, dtype, bad):
+    from ui.settings import load_limits
+
+    limits = load_limits({} if given is None else {"KVSCOPE_DTYPE": given})
+    assert (limits.dtype, limits.bad_dtype) == (dtype, bad)
+
+
+def own_copy(folder: str, tmp_path) -> str:
+    """The tiny model in a folder of its own: the app caches loaded models by spec for the whole process."""
+    import shutil
+
+    return shutil.copytree(folder, tmp_path / "model")
+
+
+@pytest.mark.parametrize("setting, dtype, element", [("bfloat16", "bfloat16", 2), ("float64", "float32", 4)])
+def test_the_app_runs_the_hosts_dtype_and_its_kv_bytes(setting, dtype, element, monkeypatch, tmp_path, tiny_model_dir):
+    """KVSCOPE_DTYPE reaches the loaded model: the KV view's bytes name the dtype and count its element size
+    (the config's shapes × 2 bytes in bfloat16); a value not understood is said so, and float32 runs."""
+    from transformers import AutoConfig
+
+    from tests.app_helpers import assert_clean, start
+
+    folder = own_copy(tiny_model_dir("qwen3"), tmp_path)
+    config = AutoConfig.from_pretrained(folder)
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * element
+    monkeypatch.setenv("KVSCOPE_MODELS", str(folder))
+    monkeypatch.setenv("KVSCOPE_DTYPE", setting)
+    at = start(model=folder, chat=0, step=2, view="kv")
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    metric = next(m for m in at.metric if m.label.startswith("K/V bytes"))
+    assert metric.label == f"K/V bytes ({dtype})"
+    assert metric.help.startswith(f"{per_token:,} bytes per token"), metric.help
+    warnings = [w.value for w in at.warning if "KVSCOPE_DTYPE" in w.value]
+    assert bool(warnings) == (setting != dtype), warnings
+    if warnings:
+        assert setting in warnings[0] and "float32" in warnings[0]
+    assert_clean(at)

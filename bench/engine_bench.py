@@ -57,13 +57,14 @@ QWEN3_06B_SHAPE = dict(vocab_size=151936, hidden_size=1024, intermediate_size=30
                        tie_word_embeddings=True, eos_token_id=0, bos_token_id=0)
 
 
-def qwen3_shaped_folder(dtype: torch.dtype = torch.float32, tokenizer_folder: str | None = None) -> str:
+def qwen3_shaped_folder(dtype: torch.dtype = torch.float32, tokenizer_folder: str | None = None,
+                        parent: str | None = None) -> str:
     """A folder with random weights at Qwen3-0.6B's widths, saved as safetensors in `dtype`.
 
     The tokenizer is the one saved in `tokenizer_folder` (its ids must stay below the vocabulary size),
-    or else a word-level one of the full vocabulary.
+    or else a word-level one of the full vocabulary. The folder is made under `parent` (default: the temp dir).
     """
-    folder = Path(tempfile.mkdtemp(prefix="kvscope-qwen3-shape-"))
+    folder = Path(tempfile.mkdtemp(prefix="kvscope-qwen3-shape-", dir=parent))
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(Qwen3Config(**QWEN3_06B_SHAPE), dtype=dtype).save_pretrained(folder)
     if tokenizer_folder is not None:

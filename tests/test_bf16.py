@@ -98,12 +98,12 @@ def test_bf16_weights_are_one_copy_the_stacked_projections_views_of_it(bf16_mode
 
 
 @pytest.fixture(scope="module")
-def qwen3_shaped_bf16(embedded_folder) -> str:
+def qwen3_shaped_bf16(embedded_folder, tmp_path_factory) -> str:
     """A random-weight model of Qwen3-0.6B's exact shape, saved in bfloat16 (safetensors), SmolLM2's tokenizer."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/ is not a package pytest imports
     from bench.engine_bench import qwen3_shaped_folder
 
-    return qwen3_shaped_folder(torch.bfloat16, embedded_folder)
+    return qwen3_shaped_folder(torch.bfloat16, embedded_folder, str(tmp_path_factory.mktemp("qwen3-shape")))
 
 
 def greedy_ids(folder: str, prompt: list[int], tokens: int) -> list[int]:

@@ -1,12 +1,15 @@
 """The engine's decode step against transformers' own cached decode, on the same weights, interleaved.
 
-    HF_HUB_OFFLINE=1 python bench/engine_bench.py [--steps 48] [--context 200] [--device auto]
+    HF_HUB_OFFLINE=1 python bench/engine_bench.py [--steps 48] [--context 200] [--device auto] [--dtype both]
 
 Models: the embedded SmolLM2-135M and a random-weight model with Qwen3-0.6B's real widths (hidden
 1024, 16 Q / 8 KV heads of 128, intermediate 3072, 28 layers, vocab 151936). For each: prefill
 tokens per second; per-step medians of (a) the engine with full traces, (b) the engine recording
 only ids, text and candidates, (c) transformers with `past_key_values`; their ratio; peak memory;
 and the memory-bandwidth bound (bytes read per token ÷ measured bandwidth). Run by hand, not in CI.
+
+--dtype float32, bfloat16 or both: each (model, dtype) runs in a fresh subprocess, so its peak memory is
+its own. The Qwen3-shaped weights are saved once in bfloat16, so float32 runs the same numbers, upcast.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import json
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -48,21 +52,37 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def qwen3_shaped_folder() -> str:
-    """Random weights at Qwen3-0.6B's widths, with a word-level tokenizer of its vocabulary size."""
+QWEN3_06B_SHAPE = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                       tie_word_embeddings=True, eos_token_id=0, bos_token_id=0)
+
+
+def qwen3_shaped_folder(dtype: torch.dtype = torch.float32, tokenizer_folder: str | None = None,
+                        parent: str | None = None) -> str:
+    """A folder with random weights at Qwen3-0.6B's widths, saved as safetensors in `dtype`.
+
+    The tokenizer is the one saved in `tokenizer_folder` (its ids must stay below the vocabulary size),
+    or else a word-level one of the full vocabulary. The folder is made under `parent` (default: the temp dir).
+    """
+    folder = Path(tempfile.mkdtemp(prefix="kvscope-qwen3-shape-", dir=parent))
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(Qwen3Config(**QWEN3_06B_SHAPE), dtype=dtype).save_pretrained(folder)
+    if tokenizer_folder is not None:
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(tokenizer_folder).save_pretrained(folder)
+    else:
+        word_level_tokenizer(QWEN3_06B_SHAPE["vocab_size"]).save_pretrained(folder)
+    return str(folder)
+
+
+def word_level_tokenizer(vocab: int) -> PreTrainedTokenizerFast:
+    """Words w0 … w{vocab−1}, one id each: random prompts decode and re-encode to the same ids."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    folder = Path(tempfile.mkdtemp(prefix="kvscope-qwen3-shape-"))
-    vocab = 151936
-    config = Qwen3Config(vocab_size=vocab, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                         num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-                         tie_word_embeddings=True, eos_token_id=0, bos_token_id=0)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab)}, unk_token="w0"))
     words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="w0", eos_token="w0").save_pretrained(folder)
-    return str(folder)
+    return PreTrainedTokenizerFast(tokenizer_object=words, unk_token="w0", eos_token="w0")
 
 
 def bytes_per_token(model: engine.Model, context: int) -> int:
@@ -76,10 +96,10 @@ def bytes_per_token(model: engine.Model, context: int) -> int:
     return (per_layer + w.lm_head.numel()) * element + context * model.info.kv_bytes_per_token
 
 
-def run(spec: str, steps: int, context: int, device: str) -> dict:
-    model = engine.load_model(spec, device=device)
+def run(spec: str, steps: int, context: int, device: str, dtype: torch.dtype = torch.float32) -> dict:
+    model = engine.load_model(spec, device=device, dtype=dtype)
     source = embedded.embedded_source() if spec == "embedded" else spec
-    hf = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).to(model.device).eval()
+    hf = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(model.device).eval()
     generator = torch.Generator().manual_seed(1)
     prompt = torch.randint(10, min(model.info.vocab, len(model.tokenizer)), (context,), generator=generator).tolist()
     sessions = {
@@ -120,7 +140,8 @@ def run(spec: str, steps: int, context: int, device: str) -> dict:
     medians = {name: 1000 * statistics.median(values) for name, values in times.items()}
     bound_ms = 1000 * bytes_per_token(model, context + steps // 2) / (bandwidth_gb_s(model.device) * 1e9)
     return {
-        "model": model.info.name, "parameters": model.info.parameters, "device": str(model.device),
+        "model": model.info.name, "dtype": model.info.dtype, "threads": torch.get_num_threads(), "parameters": model.info.parameters,
+        "device": str(model.device),
         "context": context, "steps": steps,
         "median_ms": {k: round(v, 2) for k, v in medians.items()},
         "ratio_full_vs_transformers": round(medians["engine, full traces"] / medians["transformers"], 3),
@@ -137,12 +158,26 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=200)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--models", nargs="*", default=["embedded", "qwen3-shape"])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "both"])
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)  # a model spec, run in this process
     args = parser.parse_args()
+    if args.threads:  # a busy shared machine: one thread each spares OpenMP's barriers from waiting on others
+        torch.set_num_threads(args.threads)
+    if args.child:
+        print(json.dumps(run(args.child, args.steps, args.context, args.device, getattr(torch, args.dtype))))
+        return
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"read bandwidth {bandwidth_gb_s(engine.loader.resolve_device(args.device)):.1f} GB/s")
+    dtypes = ["float32", "bfloat16"] if args.dtype == "both" else [args.dtype]
     for name in args.models:
-        spec = qwen3_shaped_folder() if name == "qwen3-shape" else name
-        print(json.dumps(run(spec, args.steps, args.context, args.device), indent=1, ensure_ascii=False))
+        spec = qwen3_shaped_folder(torch.bfloat16) if name == "qwen3-shape" else name
+        for dtype in dtypes:
+            command = [sys.executable, __file__, "--child", spec, "--dtype", dtype, "--steps", str(args.steps),
+                       "--context", str(args.context), "--device", args.device]
+            command += ["--threads", str(args.threads)] if args.threads else []
+            out = subprocess.run(command, capture_output=True, text=True, check=False)
+            print(out.stdout.strip() or out.stderr.strip()[-2000:], flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Peak memory of the worst run the app allows, for one page and for several pages at once.
 
-    HF_HUB_OFFLINE=1 python bench/step_memory.py [--pages 1 8] [--splits N] [--block-size B] [--steps 128]
+    HF_HUB_OFFLINE=1 [KVSCOPE_DTYPE=bfloat16] python bench/step_memory.py [--pages 1 8] [--splits N] [--block-size B]
+        [--steps 128] [--model embedded|qwen3-shape|FOLDER]
 
 Each measurement runs in a fresh subprocess (the resident high-water mark, `ru_maxrss`, only grows):
 load the embedded model, note the resident memory, then run `pages` browser-session runs at once in
@@ -9,8 +10,9 @@ splits and the smallest block size the limits allow, `steps` decode steps, then 
 view's full heatmap, the KV view's cached K/V and a step back past the kept traces (a replay).
 Reported: the peak resident memory of the process and its growth over the loaded model (after one
 short warm-up pass, which touches every weight page). Defaults
-come from `ui.settings` (KVSCOPE_STEP_MEMORY_MB and the other limits), so a host can check its own
-setting. Run by hand, not in CI.
+come from `ui.settings` (KVSCOPE_STEP_MEMORY_MB, KVSCOPE_DTYPE and the other limits), so a host can check
+its own setting. `--model qwen3-shape`: random weights of Qwen3-0.6B's exact shape, saved in bfloat16 with
+the embedded tokenizer (bench/engine_bench.py). Run by hand, not in CI.
 """
 
 from __future__ import annotations
@@ -70,8 +72,8 @@ def one_page(model, limits, splits: int, block_size: int, steps: int) -> None:
     runner.close()
 
 
-def measure(pages: int, splits: int | None, block_size: int | None, steps: int) -> dict:
-    """In this process: load the model, then run `pages` pages at once in threads."""
+def measure(pages: int, splits: int | None, block_size: int | None, steps: int, spec: str = "embedded") -> dict:
+    """In this process: load the model `spec` in the host's dtype, then run `pages` pages at once in threads."""
     import torch
 
     import engine
@@ -81,7 +83,7 @@ def measure(pages: int, splits: int | None, block_size: int | None, steps: int) 
     memory.tune_allocator()
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     limits = load_limits()
-    model = engine.load_model("embedded")
+    model = engine.load_model(spec, dtype=getattr(torch, limits.dtype))
     step = step_limits(limits, model.info)
     splits = splits or step.max_kv_splits
     block_size = block_size or step.min_block_size
@@ -106,7 +108,7 @@ def measure(pages: int, splits: int | None, block_size: int | None, steps: int) 
         thread.join()
     if errors:
         raise errors[0]
-    return {"pages": pages, "kv_splits": splits, "block_size": block_size, "steps": steps,
+    return {"model": model.info.name, "dtype": model.info.dtype, "pages": pages, "kv_splits": splits, "block_size": block_size, "steps": steps,
             "step_memory_mb": limits.step_memory_mb, "loaded_mb": round(loaded), "peak_mb": round(peak_mb()),
             "extra_mb": round(peak_mb() - loaded), "seconds": round(time.perf_counter() - start, 1)}
 
@@ -117,13 +119,23 @@ def main() -> None:
     parser.add_argument("--splits", type=int, default=None, help="default: the largest the limits allow")
     parser.add_argument("--block-size", type=int, default=None, help="default: the smallest the limits allow")
     parser.add_argument("--steps", type=int, default=128)
+    parser.add_argument("--model", default="embedded", help="embedded, qwen3-shape or a model folder")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(args.pages[0], args.splits, args.block_size, args.steps)))
+        print(json.dumps(measure(args.pages[0], args.splits, args.block_size, args.steps, args.model)))
         return
+    spec = args.model
+    if spec == "qwen3-shape":
+        import torch
+
+        from bench.engine_bench import qwen3_shaped_folder
+        from engine import embedded
+
+        spec = qwen3_shaped_folder(torch.bfloat16, embedded.embedded_source())
     for pages in args.pages:
-        command = [sys.executable, __file__, "--child", "--pages", str(pages), "--steps", str(args.steps)]
+        command = [sys.executable, __file__, "--child", "--pages", str(pages), "--steps", str(args.steps),
+                   "--model", spec]
         for flag, value in (("--splits", args.splits), ("--block-size", args.block_size)):
             if value is not None:
                 command += [flag, str(value)]

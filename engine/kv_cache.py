@@ -3,6 +3,12 @@
 What is stored: for every layer, each token's projected K and V (after RoPE and, in Qwen3, k_norm).
 What is not: tokens, token ids, embeddings or hidden states.
 
+In which dtype: the weights' (`Model.new_pool`; `ModelInfo.dtype`), so a bfloat16 model's cache is
+bfloat16: 2 × 28 × 8 × 128 × 2 = 114,688 B per token for Qwen3-0.6B, half of float32's. Why not float32
+for a bfloat16 model: K and V come out of bfloat16 projections, so float32 would store the same values
+at twice the bytes; and transformers' own cache keeps the model's dtype, so the cached K/V equal its
+bit for bit (tests/test_bf16.py) and the app's "KV bytes per token" is the articles' figure.
+
 Block b holds the K/V of `block_size` consecutive positions; a sequence's block table maps its
 logical block i (positions i·B … i·B+B−1) to a physical block anywhere in the pool, so the cache
 grows a block at a time without ever copying what is already stored.

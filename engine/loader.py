@@ -65,19 +65,22 @@ def load_model(spec: str = EMBEDDED, device: str | torch.device = "auto", dtype:
     hf.eval()
     if config.model_type == "gpt2":
         weights = weights_from_gpt2(hf, config)
-        rope, scales = None, [block.attn.scaling for block in hf.transformer.h]
-        positions = "learned"
+        blocks, rope, positions = hf.transformer.h, None, "learned"
+        scales = [block.attn.scaling for block in blocks]
     else:
         weights = weights_from_llama_like(hf, config)
-        rope = Rope.from_hf(hf.model.rotary_emb)
-        scales = [block.self_attn.scaling for block in hf.model.layers]
+        blocks, rope = hf.model.layers, Rope.from_hf(hf.model.rotary_emb)
+        scales = [block.self_attn.scaling for block in blocks]
         positions = f"RoPE ({rope.rope_type})"
     if target.type != "cpu":
         weights = weights.to(target)
-    for layer in weights.layers:
+    owned = not (isinstance(source, embedded.InMemory) and hf is source.model)
+    for layer, block in zip(weights.layers, blocks):
         layer.fuse()
+        if owned:  # transformers' own tensors of this layer go now, not after the whole load: no second copy
+            block.to("meta")
     name = f"{embedded.HUB_ID} (embedded)" if spec.strip() == EMBEDDED else spec.strip()
-    info = _info(name, config, weights, dtype, positions)
+    info = _info(name, config, weights, weights.embed_tokens.dtype, positions)
     return Model(weights, info, tokenizer, rope, scales, _eos_ids(hf, config, tokenizer), target)
 
 

@@ -47,7 +47,8 @@ class ModelInfo:
 
     @property
     def element_bytes(self) -> int:
-        """Bytes per number of the weights and the KV cache (4 for float32)."""
+        """Bytes per number of the weights and of the KV cache, which keeps the weights' dtype (`dtype`;
+        4 for float32, 2 for bfloat16): `Model.new_pool` allocates exactly this."""
         return torch.finfo(getattr(torch, self.dtype)).bits // 8
 
     @property
@@ -88,11 +89,14 @@ class Model:
 
     @property
     def dtype(self) -> torch.dtype:
+        """The weights' dtype, which `info.dtype` names."""
         return self.weights.embed_tokens.dtype
 
     def new_pool(self, num_blocks: int, block_size: int) -> BlockPool:
+        """A KV pool in `info.dtype` (the weights' dtype: see `engine.kv_cache`), so `info.kv_bytes_per_token`
+        is what it stores."""
         i = self.info
-        return BlockPool(i.layers, i.kv_heads, i.head_dim, num_blocks, block_size, self.dtype, self.device)
+        return BlockPool(i.layers, i.kv_heads, i.head_dim, num_blocks, block_size, getattr(torch, i.dtype), self.device)
 
     def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rows of the embedding table (an id is only a row number), plus GPT-2's learned positions."""

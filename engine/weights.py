@@ -14,6 +14,7 @@ import torch
 from transformers.activations import ACT2FN
 
 from engine.errors import UnsupportedModelError
+from engine.pages import drop_file_pages
 
 
 @dataclass
@@ -50,14 +51,22 @@ class LayerWeights:
     gate_up: Linear | None = None  # gate_proj and up_proj stacked
 
     def fuse(self) -> None:
-        """Stack q/k/v (and gate/up) into one weight each; the named projections become views of it."""
+        """Stack q/k/v (and gate/up) into one weight each; the named projections become views of it.
+
+        The parts' own memory is given up as each is stacked (see `_stack`), so loading holds at most
+        one layer's parts twice, never a second copy of the model."""
         self.qkv = _stack(self.q_proj, self.k_proj, self.v_proj)
         if self.gate_proj is not None:
             self.gate_up = _stack(self.gate_proj, self.up_proj)
 
 
 def _stack(*parts: Linear) -> Linear:
-    """One Linear whose output is the parts' outputs side by side; each part is re-pointed at its slice."""
+    """One Linear whose output is the parts' outputs side by side; each part is re-pointed at its slice.
+
+    Parts read from a mapped weights file give their pages back once copied (`engine.pages`); parts in
+    ordinary memory are freed when their last holder (the transformers module) lets go of them.
+    """
+    originals = [t for p in parts for t in (p.weight, p.bias) if t is not None]
     weight = torch.cat([p.weight for p in parts])
     has_bias = any(p.bias is not None for p in parts)
     bias = torch.cat([p.bias if p.bias is not None else weight.new_zeros(p.weight.shape[0]) for p in parts]) \
@@ -69,6 +78,7 @@ def _stack(*parts: Linear) -> Linear:
         if p.bias is not None:
             p.bias = bias[start:start + rows]
         start += rows
+    drop_file_pages(originals)
     return Linear(weight, bias)
 
 

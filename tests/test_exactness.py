@@ -11,8 +11,8 @@ DECODE_STEPS = 32
 PROMPT = "The KV cache stores keys and values for every layer, so decoding"
 
 
-def hf_model(folder: str):
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
+def hf_model(folder: str, dtype: torch.dtype = torch.float32):
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="eager").eval()
 
 
 def cached_kv(session: engine.DecodeSession, layer: int) -> tuple[torch.Tensor, torch.Tensor]:

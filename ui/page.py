@@ -8,6 +8,7 @@ import threading
 from dataclasses import fields, replace
 
 import streamlit as st
+import torch
 
 import engine
 from engine import timing
@@ -15,7 +16,7 @@ from ui import memory, model_card, safe, strings
 from ui.context import ViewContext
 from ui.lesson import CHAPTERS
 from ui.runner import ClassroomCache, Runner, RunConfig
-from ui.settings import Limits, StepLimits, fit_state, load_limits, step_limits
+from ui.settings import DTYPES, Limits, StepLimits, fit_state, load_limits, step_limits
 from ui.state import (LANGS, POLICIES, VIEWS, AppState, Problem, bounds, clamp, clean_prompt, default_prompt,
                       parse_query, to_query)
 from ui.views import attention, costs, flow, kv_cache, lesson, prefix, split_kv, stepper
@@ -28,8 +29,9 @@ log = logging.getLogger("kvscope")
 
 @st.cache_resource(show_spinner=False, max_entries=3)
 def read_model(spec: str) -> engine.Model:
-    """Config, tokenizer and weights (the embedded model's are converted on the server's first start)."""
-    return engine.load_model(spec)
+    """Config, tokenizer and weights (the embedded model's are converted on the server's first start), in the
+    host's dtype (KVSCOPE_DTYPE: fixed for the process, so the model's spec alone names the cached copy)."""
+    return engine.load_model(spec, dtype=getattr(torch, load_limits().dtype))
 
 
 @st.cache_resource(show_spinner=False, max_entries=3)
@@ -105,6 +107,8 @@ def draw_page() -> None:
         phone_lesson_hint()
     for problem in ss.pop("problems", []):
         show_problem(problem)
+    if limits.bad_dtype:
+        st.warning(t("dtype_bad", value=limits.bad_dtype, allowed=" / ".join(DTYPES)))
     if model is None:
         st.error(failure)
         st.button(t("use_default"), key="use_default", on_click=use_default_model)

@@ -11,6 +11,9 @@ KVSCOPE_SHARED_CACHE_TOKENS K/V positions in that shared pool (default 8192)
 KVSCOPE_LEASE_SECONDS      a student's run in that shared pool not used for this long gives its blocks
                            back; it is rebuilt when the student returns (default 600)
 KVSCOPE_MIN_PACE           fastest autoplay, seconds per token (default 0.3)
+KVSCOPE_DTYPE              the weights' and KV cache's dtype: float32 (default) or bfloat16 (half the memory; a
+                           Qwen3-0.6B saved in bfloat16 then loads within 1.6 GiB). Any other value: float32,
+                           and the page says the setting was not understood
 KVSCOPE_STEP_MEMORY_MB     memory one step of one page may add over the loaded model, in MB (default 256); the
                            largest kv_splits, the smallest block size and the longest attention heatmap follow
                            from it (`StepLimits`), and what does not fit is refused or clamped with a message
@@ -45,9 +48,21 @@ class Limits:
     lease_seconds: int = 600
     min_pace: float = 0.3
     step_memory_mb: int = 256
+    dtype: str = "float32"  # one of DTYPES
+    bad_dtype: str = ""  # KVSCOPE_DTYPE as given when it was not one of DTYPES (float32 is used)
 
     def model_allowed(self, spec: str) -> bool:
         return self.allow_any_model or spec in self.models
+
+
+DTYPES = ("float32", "bfloat16")
+
+
+def _dtype(env) -> tuple[str, str]:
+    """(dtype, the value given when it is not one of DTYPES): KVSCOPE_DTYPE, case and spaces ignored."""
+    given = env.get("KVSCOPE_DTYPE", DTYPES[0])
+    name = given.strip().lower()
+    return (name, "") if name in DTYPES else (DTYPES[0], given)
 
 
 def _int(env, name: str, default: int, low: int, high: int) -> int:
@@ -63,6 +78,7 @@ def load_limits(env=os.environ) -> Limits:
         pace = max(0.05, float(env.get("KVSCOPE_MIN_PACE", 0.3)))
     except ValueError:
         pace = 0.3
+    dtype, bad_dtype = _dtype(env)
     return Limits(
         models=("embedded",) + tuple(m for m in extra if m != "embedded"),
         allow_any_model=env.get("KVSCOPE_ALLOW_ANY_MODEL", "0") == "1",
@@ -75,6 +91,8 @@ def load_limits(env=os.environ) -> Limits:
         lease_seconds=_int(env, "KVSCOPE_LEASE_SECONDS", 600, 10, 7 * 24 * 3600),
         min_pace=pace,
         step_memory_mb=_int(env, "KVSCOPE_STEP_MEMORY_MB", 256, 16, 1_000_000),
+        dtype=dtype,
+        bad_dtype=bad_dtype,
     )
 
 

@@ -73,8 +73,21 @@ async def press_until_step(page, step: int, deadline_s: float = 900) -> None:
             return
         except PlaywrightTimeout:
             if time.monotonic() - started > deadline_s:
-                raise
+                raise AssertionError(f"step {step} not reached in {deadline_s:.0f} s: {await page_state(page)}") from None
             await page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]')
+
+
+async def page_state(page) -> str:
+    """What a page that stopped stepping shows, for the failure message: its link, run state, step buttons,
+    alerts and focused element."""
+    return await page.evaluate("""() => ({
+        url: location.href,
+        state: document.querySelector('[data-testid=stApp]').getAttribute('data-test-script-state'),
+        next_live: document.querySelectorAll('.st-key-b_next button:not([disabled])').length,
+        next_busy: document.querySelectorAll('.st-key-b_next_busy').length,
+        alerts: [...document.querySelectorAll('[data-testid=stAlert]')].map(e => e.innerText.slice(0, 200)),
+        focus: document.activeElement && document.activeElement.tagName,
+    })""")
 
 
 async def student(browser, url: str, i: int) -> dict:

@@ -3,7 +3,7 @@
 import pytest
 
 import engine
-from tests.app_helpers import assert_clean, shown_text, start
+from tests.app_helpers import VIEW_TITLES, assert_clean, shown_text, start
 from ui import strings
 from ui.state import VIEWS, parse_query
 
@@ -56,10 +56,6 @@ def test_a_link_restores_the_exact_state(embedded_model):
     # The link the page writes back describes the same state (defaults such as chat=1 are left out).
     assert parse_query(dict(at.query_params.items())) == parse_query({k: str(v) for k, v in params.items()})
     assert len(at.dataframe) >= 1  # the split table for layer 2, head 1
-
-
-VIEW_TITLES = {"flow": "flow_title", "attention": "attention_title", "kv": "kv_title", "split": "split_title",
-               "prefix": "prefix_title", "costs": "costs_title"}
 
 
 @pytest.mark.parametrize("view", VIEWS)

@@ -12,6 +12,7 @@ from urllib.parse import parse_qs, urlencode, urlparse
 import pytest
 from playwright.sync_api import expect
 
+from tests.app_helpers import VIEW_TITLES
 from tests.server import browser_page, running_server, settled_text
 from ui import strings
 from ui.state import VIEWS
@@ -226,10 +227,6 @@ def test_play_and_pace(server, page):
 
 
 # -- views and their own controls ---------------------------------------------------------------
-
-VIEW_TITLES = {"flow": "flow_title", "attention": "attention_title", "kv": "kv_title", "split": "split_title",
-               "prefix": "prefix_title", "costs": "costs_title"}
-
 
 def test_every_view_opens_from_the_radio(server, page):
     open_page(page, server, step=2)

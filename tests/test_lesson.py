@@ -10,7 +10,7 @@ import pytest
 from playwright.sync_api import expect
 
 import engine
-from tests.app_helpers import assert_clean, start
+from tests.app_helpers import VIEW_TITLES, assert_clean, start
 from tests.test_app import english_left
 from tests.runs import decode
 from tests.server import browser_page, settled_text
@@ -18,10 +18,6 @@ from ui import strings
 from ui.lesson import CHAPTERS
 from ui.state import default_prompt, parse_query
 from ui.views.prefix import CASE_BLOCK_SIZE, CASE_CACHED, CASES
-
-VIEW_TITLES = {"flow": "flow_title", "attention": "attention_title", "kv": "kv_title", "split": "split_title",
-               "prefix": "prefix_title", "costs": "costs_title"}
-
 
 def sidebar_text(at) -> str:
     return "\n".join([m.value for m in at.sidebar.markdown] + [c.value for c in at.sidebar.caption])

@@ -241,7 +241,8 @@ class DecodeSession:
         trace.timings_ms = clock.timings_ms()
         self.traces.append(trace)
         if len(self.traces) > self.keep_full_traces:
-            self.traces[-self.keep_full_traces - 1].slim()
+            old = len(self.traces) - self.keep_full_traces - 1
+            self.traces[old] = self.traces[old].slimmed()
         return trace
 
     def _heavy_fields(self, record: ForwardRecord, token_id: int, position: int) -> dict:

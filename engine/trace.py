@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
@@ -101,15 +101,22 @@ class StepTrace:
 
     HEAVY = ("logits", "attention", "scores", "residual", "final_hidden", "next_input_embedding", "split")
 
-    def slim(self) -> None:
-        """Drop the heavy tensors (kept: ids, positions, slots, text, candidates, timings)."""
-        for name in self.HEAVY:
-            setattr(self, name, None)
-        self.attention_rows = []
+    def slimmed(self) -> StepTrace:
+        """A copy without the heavy tensors (kept: ids, positions, slots, text, candidates, timings). A copy, not
+        an edit: a page drawing this step from a run another page extends keeps the tensors it is reading."""
+        return replace(self, attention_rows=[], **dict.fromkeys(self.HEAVY))
 
     @property
     def is_slim(self) -> bool:
         return self.logits is None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of this trace's tensors (the heavy fields, the split record's included)."""
+        values = [getattr(self, name) for name in self.HEAVY]
+        if self.split is not None:
+            values += [getattr(self.split, f.name) for f in fields(self.split)]
+        return sum(v.nbytes for v in values if isinstance(v, torch.Tensor))
 
     def to_dict(self) -> dict:
         """JSON-ready: tensors become nested lists; −inf (masked scores) and other non-finite numbers become None."""

@@ -15,7 +15,7 @@ from engine import timing
 from ui import memory, model_card, safe, strings
 from ui.context import ViewContext
 from ui.lesson import CHAPTERS
-from ui.runner import ClassroomCache, Runner, RunConfig
+from ui.runner import ClassroomCache, Runner, RunConfig, RunStore
 from ui.settings import DTYPES, Limits, StepLimits, fit_state, load_limits, step_limits
 from ui.state import (LANGS, POLICIES, VIEWS, AppState, Problem, bounds, clamp, clean_prompt, default_prompt,
                       parse_query, to_query)
@@ -231,15 +231,23 @@ def classroom_cache(spec: str, tokens: int, lease_seconds: int) -> ClassroomCach
     return ClassroomCache(load_model(spec), tokens, lease_seconds)
 
 
+@st.cache_resource(show_spinner=False, max_entries=3)
+def run_store(spec: str, max_bytes: int) -> RunStore:
+    """The runs pages share, one store per model for the server."""
+    return RunStore(max_bytes)
+
+
 def runner_for(model: engine.Model, limits: Limits) -> Runner:
-    """This browser session's own run (its decode session and, unless shared, its prefix cache)."""
+    """This browser session's view of a run: on the class's prefix cache when the host shares one, else a run
+    shared with every page that has the same settings and prompt history."""
     runner = ss.get("runner")
     if runner is None or runner.model is not model:
         if runner is not None:
             runner.close()
         classroom = (classroom_cache(ss.w_model, limits.shared_cache_tokens, limits.lease_seconds)
                      if limits.shared_prefix_cache else None)
-        runner = ss.runner = Runner(model, limits.cache_tokens, limits.full_traces, classroom)
+        runs = run_store(ss.w_model, limits.shared_runs_mb * 10**6)
+        runner = ss.runner = Runner(model, limits.cache_tokens, limits.full_traces, classroom, runs)
     return runner
 
 

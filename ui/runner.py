@@ -1,4 +1,5 @@
-"""One browser session's run: its decode session, its prefix cache and the prompts it published.
+"""The runs pages read: a `Run` (a decode session on its prefix cache), the `RunStore` that shares runs
+between pages, and each browser session's `Runner` (its settings, its run, the prompts it published).
 
 Plain Python (no Streamlit), so the app's step logic is tested like the engine. `step` counts
 generated tokens: 0 is the prompt alone, 1 is after the prefill (which yields the first token).
@@ -123,95 +124,271 @@ class RunConfig:
     think: bool = False  # a template's thinking switch (Qwen3); templates without one never see it
 
 
-class Runner:
-    def __init__(self, model: engine.Model, cache_tokens: int, keep_full_traces: int = 8,
-                 classroom: ClassroomCache | None = None):
+Seeds = tuple[tuple[int, ...], ...]  # prompts (token ids) a run's prefix cache holds before its own prefill
+RunKey = tuple[RunConfig, Seeds]
+SEED_CAPTURE = engine.Capture(attention=False, residuals=False)  # a seed prompt's prefill only fills the cache
+MEMO = 4  # rebuilt steps and attention heatmaps a run keeps for the pages reading it
+
+
+class Run:
+    """One computed run: a decode session on a prefix cache, and what pages computed from it (rebuilt older steps,
+    full attention heatmaps). A run is fully determined by its config and its cache's starting content (`seeds`),
+    so pages with the same ones can read one run; stepping further extends it for all of them (under `lock`).
+
+    cache: the class's shared prefix cache, or None for a cache of the run's own that first prefills `seeds`
+    (the prompts its page published before, in order).
+    """
+
+    def __init__(self, model: engine.Model, config: RunConfig, keep_full_traces: int, pool_tokens: int,
+                 seeds: Seeds = (), cache: engine.PrefixCache | None = None):
         self.model = model
-        self.cache_tokens = cache_tokens  # the pool's size in positions, whatever the block size
-        self.keep_full_traces = keep_full_traces
-        self.classroom = classroom
-        self.lock = threading.RLock()  # this run's own state; a shared pool has its own lock for bookkeeping
-        self.config: RunConfig | None = None
-        self.session: engine.DecodeSession | None = None
-        self.cache: engine.PrefixCache | None = None
-        self.history = PromptHistory(HISTORY)  # the prompts this browser session published
-        self._rebuilt: tuple[int, StepTrace] | None = None  # the last slimmed step rebuilt, for reruns
-        self._attention: tuple[tuple, tuple] | None = None
-        self._finalizer: weakref.finalize | None = None
-
-    # -- configuration -------------------------------------------------------------------------
-
-    def configure(self, config: RunConfig) -> None:
-        """Start a new run when any setting changed; the old prompt is published to the prefix cache."""
-        with self.lock:
-            if config == self.config and self.session is not None:
-                self._resume()
-                return
-            self.close()
-            if self.classroom is not None:
-                self.classroom.check_in(self)
-            self._open(config)
-
-    def _open(self, config: RunConfig) -> None:
-        """A new decode session for `config`, on the class's prefix cache or this runner's own."""
-        if self.classroom is not None:
-            self.cache = self.classroom.get(config.policy, config.block_size)
-        elif self.cache is None or (self.cache.policy, self.cache.block_size) != (config.policy, config.block_size):
-            self.cache = engine.PrefixCache(self.model, policy=config.policy, block_size=config.block_size,
-                                            capacity_blocks=self._pool_blocks(config))
         self.config = config
+        self.seeds = seeds
+        self.lock = threading.RLock()  # stepping; a shared pool has its own lock for bookkeeping
+        if cache is None:
+            tokens = max(pool_tokens, config.max_prompt_tokens + config.max_new_tokens)  # always one longest run
+            cache = engine.PrefixCache(model, policy=config.policy, block_size=config.block_size,
+                                       capacity_blocks=-(-tokens // config.block_size) + 2)
+            for ids in seeds:
+                with engine.DecodeSession(model, list(ids), prefix_cache=cache, max_new_tokens=1,
+                                          keep_full_traces=1, capture=SEED_CAPTURE) as seed:
+                    seed.prefill()  # closing publishes its prompt's K/V
+        self.cache = cache
         session = engine.DecodeSession(
-            self.model, config.prompt, chat=config.chat, think=config.think, sampling=config.sampling, block_size=config.block_size,
-            max_new_tokens=config.max_new_tokens, kv_splits=config.kv_splits, prefix_cache=self.cache,
-            keep_full_traces=self.keep_full_traces, capture=CAPTURE,
-        )
+            model, config.prompt, chat=config.chat, think=config.think, sampling=config.sampling,
+            block_size=config.block_size, max_new_tokens=config.max_new_tokens, kv_splits=config.kv_splits,
+            prefix_cache=cache, keep_full_traces=keep_full_traces, capture=CAPTURE)
         if len(session.prompt_ids) > config.max_prompt_tokens:
             session.close()
             raise engine.PromptTooLongError(f"the prompt is {len(session.prompt_ids)} tokens; this app allows "
                                             f"at most {config.max_prompt_tokens}")
         self.session = session
-        if self.classroom is not None:  # a private pool goes with this runner; a shared one must get its blocks back
-            self._finalizer = weakref.finalize(self, self.classroom.orphaned.append, session)
+        self._rebuilt: OrderedDict[int, StepTrace] = OrderedDict()
+        self._attention: OrderedDict[tuple[int, int], tuple] = OrderedDict()
+
+    def advance_to(self, step: int) -> int:
+        """Run prefill/decode until `step` tokens exist (or the run ends); return the step reached."""
+        with self.lock:
+            session = self.session
+            if step >= 1 and not session.traces:
+                session.prefill()
+            while len(session.generated) < step and not session.finished:
+                session.step()
+            return min(step, len(session.generated))
+
+    def trace(self, step: int) -> StepTrace | None:
+        """The trace that produced token `step` (1-based), with its tensors: if it was slimmed, rebuilt by one
+        forward pass over the K/V the run's cache holds (kept for the next pages that draw it)."""
+        if step < 1 or step > len(self.session.traces):
+            return None
+        trace = self.session.traces[step - 1]
+        if not trace.is_slim:
+            return trace
+        with self.lock:
+            if step not in self._rebuilt:
+                _remember(self._rebuilt, step, self.session.rebuild(step - 1))
+            self._rebuilt.move_to_end(step)
+            return self._rebuilt[step]
+
+    def full_attention(self, step: int, layer: int, head: int):
+        """Probabilities and scores (n, n) of one head of `layer` over the sequence step `step` attended.
+
+        Computed once by a fresh prefill, then grown row by row from the decode steps' own recorded
+        rows, so stepping forward costs one row, not a prefill. Only the shown heads are kept.
+        """
+        session = self.session
+        n = len(session.prompt_ids) + max(0, step - 1)
+        with self.lock:
+            kept = self._attention.get((layer, head))
+            if kept is not None:
+                probs, scores = kept
+                while probs.shape[0] < n and (row := self._decode_row(probs.shape[0] + 1, layer, head)) is not None:
+                    probs, scores = _grow(probs, row[0], 0.0), _grow(scores, row[1], float("-inf"))
+                _remember(self._attention, (layer, head), (probs, scores))
+                if probs.shape[0] >= n:
+                    return probs[:n, :n], scores[:n, :n]
+            probs, scores = self.model.full_attention(session.ids[:n], layer, self.config.block_size)
+            _remember(self._attention, (layer, head), (probs[head].clone(), scores[head].clone()))
+            return self._attention[(layer, head)]
+
+    def _decode_row(self, length: int, layer: int, head: int):
+        """The row a decode step recorded when the sequence reached `length` positions, if still kept."""
+        index = length - len(self.session.prompt_ids)  # traces[index] is that decode step
+        if not 1 <= index < len(self.session.traces):
+            return None
+        trace = self.session.traces[index]
+        if trace.is_slim:
+            return None
+        return trace.attention[layer, head, 0], trace.scores[layer, head, 0]
+
+    def cached_kv(self, layer: int, length: int):
+        """The K and V this run's cache holds for `layer`: (length, kv_heads, head_dim) each."""
+        with self.lock:
+            return self.session.pool.read(layer, self.session.table.device_blocks(), length)
+
+    @property
+    def nbytes(self) -> int:
+        """What this run holds: its traces' tensors, the K/V of its cache's written blocks, its memos."""
+        pool = self.cache.pool
+        kv = (pool.used_blocks + self.cache.cached_free_blocks()) * pool.block_size * pool.bytes_per_token
+        memo = sum(t.nbytes for t in self._rebuilt.values())
+        memo += sum(p.nbytes + s.nbytes for p, s in self._attention.values())
+        return sum(t.nbytes for t in self.session.traces) + kv + memo
+
+    @property
+    def prefilled(self) -> bool:
+        return bool(self.session.traces)
+
+    @property
+    def closed(self) -> bool:
+        return self.session.closed
+
+    def close(self) -> None:
+        """Publish the prompt to the cache (if prefilled) and give the blocks back: for a run on the class's cache."""
+        with self.lock:
+            self.session.close()
+
+
+class RunStore:
+    """The runs of one model that pages share: least recently used first, bounded in bytes (`max_bytes`).
+
+    A run is built once per key, under a lock of that key (pages asking at once wait for the one build). A page
+    keeps the run it reads even after the store dropped it; the store only stops handing it out.
+    """
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.built = 0  # runs built so far
+        self._lock = threading.Lock()  # guards the two dicts below
+        self._runs: OrderedDict[RunKey, Run] = OrderedDict()
+        self._building: dict[RunKey, threading.Lock] = {}
+
+    def get(self, key: RunKey, build: Callable[[], Run]) -> Run:
+        with self._lock:
+            building = self._building.setdefault(key, threading.Lock())
+        with building:
+            with self._lock:
+                run = self._runs.get(key)
+                if run is not None:
+                    self._runs.move_to_end(key)
+                    return run
+            run = build()  # may raise (a prompt too long): nothing is stored
+            with self._lock:
+                self._runs[key] = run
+                self._building.pop(key, None)
+                self.built += 1
+        self.trim()
+        return run
+
+    def trim(self) -> None:
+        """Drop the least recently used runs until the others fit in `max_bytes` (the newest always stays)."""
+        with self._lock:
+            runs = list(self._runs.items())
+        sizes = {key: run.nbytes for key, run in runs}  # outside the store's lock: a run's size reads its pool
+        total = sum(sizes.values())
+        with self._lock:
+            for key, _ in runs[:-1]:
+                if total <= self.max_bytes:
+                    break
+                if self._runs.pop(key, None) is not None:
+                    total -= sizes[key]
+
+    @property
+    def keys(self) -> list[RunKey]:
+        """The keys of the runs kept, least recently used first."""
+        with self._lock:
+            return list(self._runs)
+
+
+class Runner:
+    """One browser session's view of a run: its settings, the run it reads and the prompts it published.
+
+    runs: where runs are shared between pages (None: this page's runs are its own). classroom: the class's shared
+    prefix cache, when the host turns it on; runs then depend on what other pages ran, so they are never shared.
+    """
+
+    def __init__(self, model: engine.Model, cache_tokens: int, keep_full_traces: int = 8,
+                 classroom: ClassroomCache | None = None, runs: RunStore | None = None):
+        self.model = model
+        self.cache_tokens = cache_tokens  # the pool's size in positions, whatever the block size
+        self.keep_full_traces = keep_full_traces
+        self.classroom = classroom
+        self.runs = runs if classroom is None else None
+        self.lock = threading.RLock()  # this page's own state
+        self.config: RunConfig | None = None
+        self.run: Run | None = None
+        self.history = PromptHistory(HISTORY)  # the prompts this browser session published
+        self._saw_prefill = False  # this page reached step 1 of its run: leaving it publishes the prompt
+        self._finalizer: weakref.finalize | None = None
+
+    @property
+    def session(self) -> engine.DecodeSession:
+        return self.run.session
+
+    @property
+    def cache(self) -> engine.PrefixCache:
+        return self.run.cache
+
+    # -- configuration -------------------------------------------------------------------------
+
+    def configure(self, config: RunConfig) -> None:
+        """Read the run of `config`, starting or joining one when any setting changed; the prompt of the run
+        left is published (this page's later runs start with it in their prefix cache)."""
+        with self.lock:
+            if config == self.config and self.run is not None:
+                self._resume()
+                return
+            self.close()
+            if self.classroom is not None:
+                self.classroom.check_in(self)
+            self.config = config
+            self._open()
+
+    def _open(self) -> None:
+        config = self.config
+        if self.classroom is not None:
+            cache = self.classroom.get(config.policy, config.block_size)
+            self.run = Run(self.model, config, self.keep_full_traces, self.cache_tokens, cache=cache)
+            # a shared pool must get the blocks back of a page that is gone
+            self._finalizer = weakref.finalize(self, self.classroom.orphaned.append, self.run.session)
             self._finalizer.atexit = False
-        self._rebuilt = None
-        self._attention = None
+            return
+        seeds = tuple(tuple(ids) for ids in self.history.prompts)
+        build = lambda: Run(self.model, config, self.keep_full_traces, self.cache_tokens, seeds)  # noqa: E731
+        self.run = build() if self.runs is None else self.runs.get((config, seeds), build)
 
     def _resume(self) -> None:
-        """Renew the classroom lease; rebuild the session if it was closed while the student was away
+        """Renew the classroom lease; rebuild the run if it was closed while the student was away
         (same settings and seed, so the same tokens)."""
         if self.classroom is not None:
             self.classroom.check_in(self)
-        if self.session is not None and self.session.closed:
-            self._open(self.config)
+            if self.run is not None and self.run.closed:
+                self._open()
 
     def suspend(self) -> None:
-        """Close the decode session (its blocks go back), keeping the settings: the next use rebuilds it."""
+        """Close the run on the class's cache (its blocks go back), keeping the settings: the next use rebuilds it."""
         with self.lock:
-            if self.session is not None:
+            if self.run is not None:
                 self._forget_finalizer()
-                self.session.close()
+                self.run.close()
 
     def _forget_finalizer(self) -> None:
         if self._finalizer is not None:
             self._finalizer.detach()
             self._finalizer = None
 
-    def _pool_blocks(self, config: RunConfig) -> int:
-        """Room for the host's cache size, and always for one longest run."""
-        tokens = max(self.cache_tokens, config.max_prompt_tokens + config.max_new_tokens)
-        return -(-tokens // config.block_size) + 2
-
     def close(self) -> None:
-        """End the run: its prompt is published (if prefilled) and its blocks go back."""
+        """Leave the run: its prompt is published if this page saw its prefill; a run on the class's cache ends
+        (its blocks go back), a shared one stays for the other pages reading it."""
         with self.lock:
-            if self.session is None:
+            if self.run is None:
                 return
-            self._forget_finalizer()
-            published = bool(self.session.traces)
-            self.session.close()
-            if published:
-                self.history.add(self.session.prompt_ids)
-            self.session = None
+            if self.classroom is not None:
+                self._forget_finalizer()
+                self.run.close()
+            if self._saw_prefill:
+                self.history.add(self.run.session.prompt_ids)
+            self.run, self._saw_prefill = None, False
 
     # -- stepping ------------------------------------------------------------------------------
 
@@ -232,31 +409,19 @@ class Runner:
         with self.lock:
             self._resume()
             try:
-                return self._advance(step)
+                reached = self.run.advance_to(step)
             except engine.CacheFullError:
                 if self.classroom is None or not self.classroom.reclaim(collect=True):
                     raise
-                return self._advance(step)  # students who left gave blocks back; the failed call changed nothing
-
-    def _advance(self, step: int) -> int:
-        session = self.session
-        if step >= 1 and not session.traces:
-            session.prefill()
-        while len(session.generated) < step and not session.finished:
-            session.step()
-        return min(step, len(session.generated))
+                reached = self.run.advance_to(step)  # students who left gave blocks back; the failed call changed nothing
+            self._saw_prefill = self._saw_prefill or reached >= 1
+        if self.runs is not None:
+            self.runs.trim()  # the run may have grown
+        return reached
 
     def trace(self, step: int) -> StepTrace | None:
-        """The trace that produced token `step` (1-based), with its tensors: if it was slimmed, rebuilt
-        by one forward pass over the K/V the run's cache holds."""
-        if step < 1 or step > len(self.session.traces):
-            return None
-        trace = self.session.traces[step - 1]
-        if not trace.is_slim:
-            return trace
-        if self._rebuilt is None or self._rebuilt[0] != step:  # no lock: a rebuild only reads this run's blocks
-            self._rebuilt = (step, self.session.rebuild(step - 1))
-        return self._rebuilt[1]
+        """The trace that produced token `step` (1-based), with its tensors (rebuilt if it was slimmed)."""
+        return self.run.trace(step)
 
     def texts(self, step: int) -> tuple[str, str]:
         """The prompt as the model read it, and the answer text after `step` tokens."""
@@ -264,43 +429,18 @@ class Runner:
         return prompt, self.session.text_after(min(step, len(self.session.generated)))
 
     def full_attention(self, step: int, layer: int, head: int):
-        """Probabilities and scores (n, n) of one head of `layer` over the sequence step `step` attended.
-
-        Computed once by a fresh prefill, then grown row by row from the decode steps' own recorded
-        rows, so stepping forward costs one row, not a prefill. Only the shown head is kept.
-        """
+        """Probabilities and scores (n, n) of one head of `layer` over the sequence step `step` attended."""
         n = len(self.session.prompt_ids) + max(0, step - 1)
         limit = step_limits(load_limits(), self.model.info).max_attention_tokens
         if n > limit:
             raise engine.InvalidSettingError(
                 f"the full attention heatmap of {n} positions does not fit this server's step memory "
                 f"(KVSCOPE_STEP_MEMORY_MB): at most {limit} positions")
-        key = (self.config, layer, head)
-        if self._attention is not None and self._attention[0] == key:
-            probs, scores = self._attention[1]
-            while probs.shape[0] < n and (row := self._decode_row(probs.shape[0] + 1, layer, head)) is not None:
-                probs, scores = _grow(probs, row[0], 0.0), _grow(scores, row[1], float("-inf"))
-            self._attention = (key, (probs, scores))
-            if probs.shape[0] >= n:
-                return probs[:n, :n], scores[:n, :n]
-        ids = (self.session.prompt_ids + self.session.generated)[:n]
-        probs, scores = self.model.full_attention(ids, layer, self.config.block_size)
-        self._attention = (key, (probs[head].clone(), scores[head].clone()))
-        return self._attention[1]
-
-    def _decode_row(self, length: int, layer: int, head: int):
-        """The row a decode step recorded when the sequence reached `length` positions, if still kept."""
-        index = length - len(self.session.prompt_ids)  # traces[index] is that decode step
-        if not 1 <= index < len(self.session.traces) or self.session.traces[index].is_slim:
-            return None
-        trace = self.session.traces[index]
-        return trace.attention[layer, head, 0], trace.scores[layer, head, 0]
+        return self.run.full_attention(step, layer, head)
 
     def cached_kv(self, layer: int, length: int):
         """The K and V this run's cache holds for `layer`: (length, kv_heads, head_dim) each."""
-        with self.lock:
-            k, v = self.session.pool.read(layer, self.session.table.device_blocks(), length)
-        return k, v
+        return self.run.cached_kv(layer, length)
 
     def split_demo(self, trace: StepTrace, layer: int, head: int) -> SplitKVTrace:
         """Split-KV replayed over what `trace` recorded for one head: its last row's scores and the cached V
@@ -377,6 +517,14 @@ class PoolState:
     block_size: int
     blocks: int
     cached_free: int  # free blocks a prefix-cache lookup can still hit
+
+
+def _remember(memo: OrderedDict, key, value) -> None:
+    """Keep `value` as the newest of at most MEMO entries."""
+    memo[key] = value
+    memo.move_to_end(key)
+    while len(memo) > MEMO:
+        memo.popitem(last=False)
 
 
 def _grow(matrix, row, future: float):

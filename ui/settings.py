@@ -6,6 +6,8 @@ KVSCOPE_MAX_PROMPT_TOKENS  longest prompt, in tokens (default 384)
 KVSCOPE_MAX_NEW_TOKENS     most tokens one run generates (default 128)
 KVSCOPE_CACHE_TOKENS       K/V positions in each browser session's pool, prefix cache included (default 512)
 KVSCOPE_FULL_TRACES        latest steps whose tensors a session keeps; older ones are rebuilt by one pass (default 8)
+KVSCOPE_SHARED_RUNS_MB     memory for the runs pages share (the same settings and prompt history: one run), in MB;
+                           the least recently used are dropped beyond it (default 256)
 KVSCOPE_SHARED_PREFIX_CACHE 1: one prefix cache for the whole class (prompts then reuse each other's K/V)
 KVSCOPE_SHARED_CACHE_TOKENS K/V positions in that shared pool (default 8192)
 KVSCOPE_LEASE_SECONDS      a student's run in that shared pool not used for this long gives its blocks
@@ -43,6 +45,7 @@ class Limits:
     max_new_tokens: int = 128
     cache_tokens: int = 512
     full_traces: int = 8
+    shared_runs_mb: int = 256
     shared_prefix_cache: bool = False
     shared_cache_tokens: int = 8192
     lease_seconds: int = 600
@@ -86,6 +89,7 @@ def load_limits(env=os.environ) -> Limits:
         max_new_tokens=_int(env, "KVSCOPE_MAX_NEW_TOKENS", 128, 1, 100_000),
         cache_tokens=_int(env, "KVSCOPE_CACHE_TOKENS", 512, 64, 1_000_000),
         full_traces=_int(env, "KVSCOPE_FULL_TRACES", 8, 1, 10_000),
+        shared_runs_mb=_int(env, "KVSCOPE_SHARED_RUNS_MB", 256, 0, 1_000_000),
         shared_prefix_cache=env.get("KVSCOPE_SHARED_PREFIX_CACHE", "0") == "1",
         shared_cache_tokens=_int(env, "KVSCOPE_SHARED_CACHE_TOKENS", 8192, 64, 10_000_000),
         lease_seconds=_int(env, "KVSCOPE_LEASE_SECONDS", 600, 10, 7 * 24 * 3600),

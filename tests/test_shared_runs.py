@@ -1,0 +1,170 @@
+"""Runs shared between pages: one computation per (settings, prompt history), forks on a change, a bounded store."""
+
+import threading
+
+import torch
+
+import engine
+from tests.app_helpers import shown_text, start
+from ui.runner import Runner, RunStore
+from tests.test_runner import config
+
+
+class EngineCalls:
+    """Counts the engine's prefills and decode steps (of runs, not of the seed prompts' cache fills)."""
+
+    def __init__(self, monkeypatch):
+        self.prefills = self.steps = 0
+        prefill, step = engine.DecodeSession.prefill, engine.DecodeSession.step
+
+        def counted_prefill(session):
+            self.prefills += session.max_new_tokens > 1  # a seed prompt's prefill asks for one token
+            return prefill(session)
+
+        def counted_step(session):
+            self.steps += 1
+            return step(session)
+
+        monkeypatch.setattr(engine.DecodeSession, "prefill", counted_prefill)
+        monkeypatch.setattr(engine.DecodeSession, "step", counted_step)
+
+
+def pages(model, store, count=2):
+    return [Runner(model, cache_tokens=256, keep_full_traces=4, runs=store) for _ in range(count)]
+
+
+def test_pages_with_the_same_settings_read_one_run(tiny_model, monkeypatch):
+    model, store = tiny_model("llama"), RunStore(10**9)
+    calls = EngineCalls(monkeypatch)
+    first, second = pages(model, store)
+    for page in (first, second):
+        page.configure(config())
+        assert page.advance_to(6) == 6
+    assert first.run is second.run and store.built == 1
+    assert (calls.prefills, calls.steps) == (1, 5)  # the second page computed nothing
+    alone = engine.DecodeSession(model, config().prompt, sampling=config().sampling, block_size=4, max_new_tokens=40)
+    alone.prefill()
+    for _ in range(5):
+        alone.step()
+    assert second.cells(6) == first.cells(6) and [c.token_id for c in first.cells(6)][-6:] == alone.generated
+
+
+def test_stepping_past_the_end_extends_the_run_for_every_page(tiny_model, monkeypatch):
+    model, store = tiny_model("llama"), RunStore(10**9)
+    calls = EngineCalls(monkeypatch)
+    leader, student = pages(model, store)
+    for page in (leader, student):
+        page.configure(config())
+    student.advance_to(3)
+    leader.advance_to(9)
+    assert student.generated == 9  # the student's run is the same one, now nine tokens long
+    assert student.advance_to(9) == 9 and calls.steps == 8  # and nothing was computed twice
+
+
+def test_a_changed_setting_forks_and_the_other_page_keeps_its_run(tiny_model):
+    model, store = tiny_model("llama"), RunStore(10**9)
+    first, second = pages(model, store)
+    for page in (first, second):
+        page.configure(config())
+        page.advance_to(4)
+    shared = first.run
+    second.configure(config(sampling=engine.Sampling(temperature=1.0, seed=5)))
+    second.advance_to(4)
+    assert second.run is not shared and first.run is shared and store.built == 2
+    assert shared.session.generated[:4] == first.session.generated[:4] and not shared.closed
+
+
+def test_a_page_prompt_history_is_part_of_what_it_shares(tiny_model):
+    """A prefix-cache hit depends on what the page published before: pages share a run only with the same history."""
+    model, store = tiny_model("llama"), RunStore(10**9)
+    first, second, fresh = pages(model, store, 3)
+    cached, edited = "The cat sat on the warm mat today", "The cat sat on the warm mat tonight"
+    for page in (first, second):
+        page.configure(config(prompt=cached))
+        page.advance_to(1)  # the prefill publishes the prompt when the page leaves it
+        page.configure(config(prompt=edited))
+        page.advance_to(1)
+    fresh.configure(config(prompt=edited))
+    fresh.advance_to(1)
+    assert first.run is second.run and fresh.run is not first.run
+    assert first.prefix_hit().reused_tokens > 0 and fresh.prefix_hit().reused_tokens == 0
+    # the hit is the one a prefix cache holding the earlier prompt gives
+    cache = engine.PrefixCache(model, policy="radix", block_size=4, capacity_blocks=200)
+    with engine.DecodeSession(model, cached, prefix_cache=cache) as before:
+        before.prefill()
+    with engine.DecodeSession(model, edited, prefix_cache=cache, sampling=config().sampling) as after:
+        hit = after.prefill().prefix
+    assert first.prefix_hit() == hit
+
+
+def test_a_page_that_did_not_see_the_prefill_publishes_nothing(tiny_model):
+    model, store = tiny_model("llama"), RunStore(10**9)
+    stepping, looking = pages(model, store)
+    for page in (stepping, looking):
+        page.configure(config())
+    stepping.advance_to(2)  # the shared run is prefilled, but `looking` stayed at step 0
+    looking.configure(config(prompt="Something else entirely"))
+    assert looking.history.prompts == [] and looking.run.seeds == ()
+
+
+def test_the_store_drops_the_least_recently_used_runs_beyond_its_bytes(tiny_model):
+    model = tiny_model("llama")
+    probe = RunStore(10**9)
+    (page,) = pages(model, probe, 1)
+    page.configure(config(prompt="prompt 0"))
+    page.advance_to(5)
+    one_run = page.run.nbytes
+    assert one_run > 0
+    store = RunStore(int(2.5 * one_run))
+    keep, *others = pages(model, store, 4)
+    keep.configure(config(prompt="prompt 0"))
+    keep.advance_to(5)
+    for n, other in enumerate(others, 1):
+        other.configure(config(prompt=f"prompt {n}"))
+        other.advance_to(5)
+    prompts = [key[0].prompt for key in store.keys]
+    assert prompts == ["prompt 2", "prompt 3"]  # two fit; the oldest went first
+    assert keep.advance_to(6) == 6 and keep.trace(6) is not None  # a page keeps the run it reads
+    again = pages(model, store, 1)[0]
+    again.configure(config(prompt="prompt 0"))
+    assert again.run is not keep.run and store.built == 5  # dropped: built again for a new page
+
+
+def test_a_step_drawn_while_another_page_extends_the_run_keeps_its_tensors(tiny_model):
+    model, store = tiny_model("llama"), RunStore(10**9)
+    reader, stepper = pages(model, store)
+    for page in (reader, stepper):
+        page.configure(config())
+    reader.advance_to(3)
+    drawn = reader.trace(3)
+    stepper.advance_to(12)  # keep_full_traces=4: step 3 is slimmed in the run
+    assert reader.run.session.traces[2].is_slim
+    assert drawn.logits is not None and drawn.attention is not None  # the page's copy is whole
+    rebuilt = reader.trace(3)  # a later draw rebuilds it, once for every page
+    torch.testing.assert_close(rebuilt.logits, drawn.logits, atol=1e-5, rtol=0)
+    assert stepper.trace(3) is rebuilt
+
+
+def test_pages_asking_at_once_wait_for_one_build(tiny_model, monkeypatch):
+    model, store = tiny_model("llama"), RunStore(10**9)
+    calls = EngineCalls(monkeypatch)
+    runners = pages(model, store, 8)
+    threads = [threading.Thread(target=lambda r=r: (r.configure(config()), r.advance_to(10))) for r in runners]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert store.built == 1 and calls.prefills == 1 and calls.steps == 9
+    assert len({id(r.run) for r in runners}) == 1
+
+
+def test_two_browser_sessions_on_one_link_share_one_run(monkeypatch):
+    calls = EngineCalls(monkeypatch)
+    link = dict(prompt="Shared by the whole class", chat=0, step=5)
+    first = start(**link)
+    after_first = (calls.prefills, calls.steps)
+    second = start(**link)
+    assert not first.exception and not second.exception
+    assert after_first[0] >= 1 and (calls.prefills, calls.steps) == after_first  # the second page computed nothing
+    assert shown_text(second) == shown_text(first)
+    assert first.session_state.runner.run is second.session_state.runner.run

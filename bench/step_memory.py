@@ -1,7 +1,7 @@
 """Peak memory of the worst run the app allows, for one page and for several pages at once.
 
     HF_HUB_OFFLINE=1 [KVSCOPE_DTYPE=bfloat16] python bench/step_memory.py [--pages 1 8] [--splits N] [--block-size B]
-        [--steps 128] [--model embedded|qwen3-shape|FOLDER]
+        [--steps 128] [--model embedded|qwen3-shape|FOLDER] [--one-link]
 
 Each measurement runs in a fresh subprocess (the resident high-water mark, `ru_maxrss`, only grows):
 load the embedded model, note the resident memory, then run `pages` browser-session runs at once in
@@ -12,7 +12,8 @@ Reported: the peak resident memory of the process and its growth over the loaded
 short warm-up pass, which touches every weight page). Defaults
 come from `ui.settings` (KVSCOPE_STEP_MEMORY_MB, KVSCOPE_DTYPE and the other limits), so a host can check
 its own setting. `--model qwen3-shape`: random weights of Qwen3-0.6B's exact shape, saved in bfloat16 with
-the embedded tokenizer (bench/engine_bench.py). Run by hand, not in CI.
+the embedded tokenizer (bench/engine_bench.py). `--one-link`: the pages open one link, as a class following its
+teacher does, and share its run through one `RunStore` as the app's pages do. Run by hand, not in CI.
 """
 
 from __future__ import annotations
@@ -54,12 +55,13 @@ def prompt_of(tokenizer, tokens: int) -> str:
     return text
 
 
-def one_page(model, limits, splits: int, block_size: int, steps: int) -> None:
-    """What one worst-case page costs: prefill, `steps` steps, the attention and KV views, one step back."""
+def one_page(model, limits, splits: int, block_size: int, steps: int, runs=None) -> None:
+    """What one worst-case page costs: prefill, `steps` steps, the attention and KV views, one step back.
+    runs: the RunStore pages share (None: the page's run is its own)."""
     import engine
     from ui.runner import Runner, RunConfig
 
-    runner = Runner(model, limits.cache_tokens, limits.full_traces)
+    runner = Runner(model, limits.cache_tokens, limits.full_traces, runs=runs)
     runner.configure(RunConfig(prompt=prompt_of(model.tokenizer, PROMPT_TOKENS), chat=False,
                                sampling=engine.Sampling(), block_size=block_size, kv_splits=splits,
                                policy="block", max_new_tokens=limits.max_new_tokens,
@@ -72,12 +74,15 @@ def one_page(model, limits, splits: int, block_size: int, steps: int) -> None:
     runner.close()
 
 
-def measure(pages: int, splits: int | None, block_size: int | None, steps: int, spec: str = "embedded") -> dict:
-    """In this process: load the model `spec` in the host's dtype, then run `pages` pages at once in threads."""
+def measure(pages: int, splits: int | None, block_size: int | None, steps: int, spec: str = "embedded",
+            one_link: bool = False) -> dict:
+    """In this process: load the model `spec` in the host's dtype, then run `pages` pages at once in threads
+    (on one link: sharing one RunStore)."""
     import torch
 
     import engine
     from ui import memory
+    from ui.runner import RunStore
     from ui.settings import load_limits, step_limits
 
     memory.tune_allocator()
@@ -93,10 +98,11 @@ def measure(pages: int, splits: int | None, block_size: int | None, steps: int, 
     warm_up.close()
     loaded = resident_mb()
     errors: list[BaseException] = []
+    runs = RunStore(limits.shared_runs_mb * 10**6) if one_link else None
 
     def run():
         try:
-            one_page(model, limits, splits, block_size, steps)
+            one_page(model, limits, splits, block_size, steps, runs)
         except BaseException as error:  # noqa: BLE001 — reported below
             errors.append(error)
 
@@ -108,7 +114,7 @@ def measure(pages: int, splits: int | None, block_size: int | None, steps: int, 
         thread.join()
     if errors:
         raise errors[0]
-    return {"model": model.info.name, "dtype": model.info.dtype, "pages": pages, "kv_splits": splits, "block_size": block_size, "steps": steps,
+    return {"model": model.info.name, "dtype": model.info.dtype, "pages": pages, "one_link": one_link, "kv_splits": splits, "block_size": block_size, "steps": steps,
             "step_memory_mb": limits.step_memory_mb, "loaded_mb": round(loaded), "peak_mb": round(peak_mb()),
             "extra_mb": round(peak_mb() - loaded), "seconds": round(time.perf_counter() - start, 1)}
 
@@ -120,10 +126,11 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=None, help="default: the smallest the limits allow")
     parser.add_argument("--steps", type=int, default=128)
     parser.add_argument("--model", default="embedded", help="embedded, qwen3-shape or a model folder")
+    parser.add_argument("--one-link", action="store_true", help="the pages share one link's run")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(args.pages[0], args.splits, args.block_size, args.steps, args.model)))
+        print(json.dumps(measure(args.pages[0], args.splits, args.block_size, args.steps, args.model, args.one_link)))
         return
     spec = args.model
     if spec == "qwen3-shape":
@@ -135,7 +142,7 @@ def main() -> None:
         spec = qwen3_shaped_folder(torch.bfloat16, embedded.embedded_source())
     for pages in args.pages:
         command = [sys.executable, __file__, "--child", "--pages", str(pages), "--steps", str(args.steps),
-                   "--model", spec]
+                   "--model", spec] + (["--one-link"] if args.one_link else [])
         for flag, value in (("--splits", args.splits), ("--block-size", args.block_size)):
             if value is not None:
                 command += [flag, str(value)]

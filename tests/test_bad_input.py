@@ -150,7 +150,7 @@ def test_allowed_local_model_loads(monkeypatch, tiny_model_dir):
 # -- faults -----------------------------------------------------------------------------------
 
 def test_exception_inside_a_step_is_shown_and_the_session_can_restart(monkeypatch, embedded_model):
-    at = start(step=1)
+    at = start(prompt="A fault is injected into step two of this run", step=1)  # its own run: step 2 is computed
     real_step = engine.DecodeSession.step
 
     def broken(self):

@@ -44,7 +44,7 @@ def render(ctx: ViewContext) -> None:
     new_labels = ctx.labels[:n]
     table(alignment_table(alignment_frame(cached, ctx.runner.prompt_ids, cached_labels, new_labels, hit.reused_tokens),
                           words(ctx)))
-    st.caption(ctx.t("evictions", count=ctx.runner.evictions()))
+    st.caption(ctx.t("evictions", count=ctx.runner.evictions(), kept=ctx.runner.history.limit))
 
 
 def policies_side_by_side(ctx: ViewContext, n: int) -> None:

@@ -30,6 +30,7 @@ TEMPLATE = ROOT / "deploy" / "nginx.conf"
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"  # Debian installs it outside a user's PATH
 REDIS = shutil.which("redis-server") or "/usr/bin/redis-server"
 START_SECONDS = 180  # an app imports torch and transformers before it answers (longer on a busy machine)
+CRASH_LOOP_SECONDS = 30  # an app started again that exits this soon cannot start: stop rather than loop
 
 
 @dataclass
@@ -41,8 +42,10 @@ class Child:
     log: Path
     env: dict[str, str]
     process: subprocess.Popen | None = None
+    started_at: float = 0.0
 
     def start(self) -> None:
+        self.started_at = time.time()
         with open(self.log, "a") as log:
             # Its own process group: a Ctrl-C in the terminal reaches this script only, which stops the
             # children in order (nginx first, so no request reaches a stopping app).
@@ -83,7 +86,7 @@ def nginx_config(run_dir: Path, listen: str, app_ports: list[int]) -> str:
         if backup != port:
             servers += f" server 127.0.0.1:{backup} backup;"
         upstreams.append(f"upstream {name} {{ {servers} }}")
-    share = int(10_000 / len(names)) / 100  # nginx reads two decimals; rounded down, the shares stay within 100%
+    share = int(10_000 / len(names)) / 100  # nginx reads two decimals; rounded down, they stay within 100%
     split = [f"{share:.2f}% {name};" for name in names[:-1]] + [f"* {names[-1]};"]
     filled = {"RUN_DIR": str(run_dir), "LISTEN": listen, "UPSTREAMS": "\n    ".join(upstreams),
               "SPLIT": " ".join(split), "KNOWN": " ".join(f"{name} {name};" for name in names),
@@ -152,6 +155,7 @@ def on_signal(signum, frame) -> None:
 
 def supervise(apps: list[Child], fixed: list[Child]) -> None:
     """Run until a signal: start again an app that exits; stop if redis or nginx exits (nothing could serve)."""
+    restarted: list[Child] = []
     while True:
         time.sleep(1)
         for child in fixed:
@@ -159,6 +163,10 @@ def supervise(apps: list[Child], fixed: list[Child]) -> None:
                 raise RuntimeError(f"{child.name} exited (code {child.process.returncode}); see {child.log}")
         for app in apps:
             if not app.running():
+                if app in restarted and time.time() - app.started_at < CRASH_LOOP_SECONDS:
+                    raise RuntimeError(f"{app.name} exited again within {CRASH_LOOP_SECONDS} s of its restart; "
+                                       f"see {app.log}")
+                restarted.append(app)
                 print(f"kvscope: {app.name} exited (code {app.process.returncode}); starting it again", flush=True)
                 app.start()
 

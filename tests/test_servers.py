@@ -98,10 +98,13 @@ def deployment(tmp_path_factory):
     with open(output, "w") as out:
         script = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=out,
                                   stderr=subprocess.STDOUT)
+    started = set()
     try:
-        yield Deployment(wait_for_url(script, output), ports, folder / "run", script, output)
+        url = wait_for_url(script, output)
+        started = descendants(script.pid)  # now, while they are still the script's children
+        yield Deployment(url, ports, folder / "run", script, output)
     finally:
-        leftovers = descendants(script.pid)
+        leftovers = started | descendants(script.pid)
         if script.poll() is None:
             script.send_signal(signal.SIGTERM)
             try:

@@ -211,11 +211,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"kvscope: started {child.name} (pid {child.process.pid})", flush=True)
         wait_for("redis", lambda: redis_answers(redis_port), children)
         for app, port in zip(apps, app_ports):
-            wait_for(app.name, lambda: answers(f"http://127.0.0.1:{port}/_stcore/health"), children)
+            wait_for(app.name, lambda port=port: answers(f"http://127.0.0.1:{port}/_stcore/health"), children)
         host = "127.0.0.1" if args.address in ("0.0.0.0", "::") else args.address
         url = f"http://{host}:{args.port}"
         wait_for("nginx", lambda: answers(url + "/_stcore/health"), children)
         print(f"kvscope: {url}  ({args.servers} servers; logs in {run_dir}; Ctrl-C stops)", flush=True)
+        if host != args.address:
+            print(f"kvscope: students open this machine's address, port {args.port}", flush=True)
         supervise(apps, [redis, nginx])
     except Stopped as signal_name:
         print(f"kvscope: {signal_name}; stopping", flush=True)

@@ -48,7 +48,8 @@ class Deployment:
         """(cookie sent, port nginx connected to) for every proxied request so far; the last port if it tried
         more than one."""
         log = (self.run_dir / "access.log").read_text()
-        return [(cookie, int(port)) for cookie, port in re.findall(r"cookie=(\S+) upstream=.*:(\d+)$", log, re.M)]
+        found = re.findall(r"cookie=(\S+) upstream=.*:(\d+)$", log, re.MULTILINE)
+        return [(cookie, int(port)) for cookie, port in found]
 
 
 def alive(pid: int) -> bool:
@@ -79,7 +80,7 @@ def descendants(pid: int) -> set[int]:
 def wait_for_url(script: subprocess.Popen, output: Path) -> str:
     deadline = time.time() + START_SECONDS
     while time.time() < deadline:
-        found = re.search(r"^kvscope: (http://\S+)", output.read_text(), re.M)
+        found = re.search(r"^kvscope: (http://\S+)", output.read_text(), re.MULTILINE)
         if found:
             return found.group(1)
         if script.poll() is not None:

@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         host = "127.0.0.1" if args.address in ("0.0.0.0", "::") else args.address
         url = f"http://{host}:{args.port}"
         wait_for("nginx", lambda: answers(url + "/_stcore/health"), children)
-        print(f"kvscope: {url}  ({args.servers} servers; logs in {run_dir}; Ctrl-C stops)", flush=True)
+        print(f"kvscope: {url}  (app servers: {args.servers}; logs in {run_dir}; Ctrl-C stops)", flush=True)
         if host != args.address:
             print(f"kvscope: students open this machine's address, port {args.port}", flush=True)
         supervise(apps, [redis, nginx])

@@ -1,0 +1,209 @@
+"""More than one server: scripts/serve_class.py's nginx keeps each browser on one app process by its
+`kvscope_server` cookie, every app serves, and stopping the script stops every process it started.
+
+One deployment (redis, two app processes, nginx) for the module, on free loopback ports chosen here, so the
+test knows independently which port is which app. nginx's access log (deploy/nginx.conf) records, per request,
+the cookie it carried and the address nginx actually connected to. Needs Debian's chromium, nginx and
+redis-server (`.ci/run` installs them).
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from tests.server import ROOT, chromium, free_port, settled_text
+from tests.test_browser import expected
+from tests.test_controls import link, press, until_link
+from ui import strings
+
+pytestmark = pytest.mark.browser
+
+COOKIE = "kvscope_server"
+PROMPT = "Name three colours."
+START_SECONDS = 240  # two app processes import torch at once on a small machine
+
+
+@dataclass
+class Deployment:
+    url: str
+    ports: dict[str, int]  # app name → its loopback port, as passed to the script
+    run_dir: Path
+    script: subprocess.Popen
+    output: Path
+
+    def started_pids(self) -> list[int]:
+        """The pids the script says it started ("started <name> (pid N)")."""
+        return [int(pid) for pid in re.findall(r"started \S+ \(pid (\d+)\)", self.output.read_text())]
+
+    def served(self) -> list[tuple[str, int]]:
+        """(cookie sent, port nginx connected to) for every proxied request so far; the last port if it tried
+        more than one."""
+        log = (self.run_dir / "access.log").read_text()
+        found = re.findall(r"cookie=(\S+) upstream=.*:(\d+)$", log, re.MULTILINE)
+        return [(cookie, int(port)) for cookie, port in found]
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie has already exited)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below `pid` (children, their children…), from /proc."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def wait_for_url(script: subprocess.Popen, output: Path) -> str:
+    deadline = time.time() + START_SECONDS
+    while time.time() < deadline:
+        found = re.search(r"^kvscope: (http://\S+)", output.read_text(), re.MULTILINE)
+        if found:
+            return found.group(1)
+        if script.poll() is not None:
+            break
+        time.sleep(1)
+    raise RuntimeError("serve_class.py printed no URL:\n" + output.read_text())
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("servers")
+    ports = {"app1": free_port(), "app2": free_port()}
+    output = folder / "script.txt"
+    command = [sys.executable, str(ROOT / "scripts" / "serve_class.py"), "--port", str(free_port()),
+               "--servers", "2", "--app-ports", *map(str, ports.values()), "--run-dir", str(folder / "run")]
+    with open(output, "w") as out:
+        script = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=out,
+                                  stderr=subprocess.STDOUT)
+    started = set()
+    try:
+        url = wait_for_url(script, output)
+        started = descendants(script.pid)  # now, while they are still the script's children
+        yield Deployment(url, ports, folder / "run", script, output)
+    finally:
+        leftovers = started | descendants(script.pid)
+        if script.poll() is None:
+            script.send_signal(signal.SIGTERM)
+            try:
+                script.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                script.kill()
+                script.wait()
+        for pid in leftovers:  # only if the script failed to stop them (the last test then fails too)
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with chromium() as browser:
+        yield browser
+
+
+def cookie_of(context) -> str:
+    return next(c["value"] for c in context.cookies() if c["name"] == COOKIE)
+
+
+def counter(page) -> str:
+    return page.locator(".kv-counter").inner_text()
+
+
+def assert_each_request_reached_its_cookie(deployment: Deployment) -> None:
+    for cookie, port in deployment.served():
+        if cookie in deployment.ports:  # "-": the first request of a browser, before it had a cookie
+            assert port == deployment.ports[cookie], (cookie, port)
+
+
+def test_a_page_keeps_its_server_across_steps(deployment, browser, embedded_model):
+    context = browser.new_context(viewport={"width": 1280, "height": 720})
+    try:
+        page = context.new_page()
+        page.goto(f"{deployment.url}/?prompt={quote(PROMPT)}")
+        settled_text(page)
+        first = cookie_of(context)
+        assert first in deployment.ports
+        press(page, "b_next")
+        until_link(page, step="1")
+        press(page, "b_next")
+        until_link(page, step="2")
+        page.locator("h1").first.click()  # focus the page, not a field: → is the Next key
+        page.keyboard.press("ArrowRight")
+        text = until_link(page, step="3")
+        assert text == expected(embedded_model, PROMPT, 3)
+        assert counter(page).startswith(strings.t("counter_decode", step=3, position=0).rsplit(" ", 1)[0])
+        assert link(page)["step"] == "3"
+        assert cookie_of(context) == first
+        assert_each_request_reached_its_cookie(deployment)
+        ports = {port for cookie, port in deployment.served() if cookie == first}
+        assert ports == {deployment.ports[first]}
+    finally:
+        context.close()
+
+
+def test_two_browsers_on_different_servers_both_work(deployment, browser, embedded_model):
+    contexts, before = [], len(deployment.served())
+    try:
+        pages = {}
+        for name in deployment.ports:  # force each browser's server by its cookie
+            context = browser.new_context(viewport={"width": 1280, "height": 720})
+            contexts.append(context)
+            context.add_cookies([{"name": COOKIE, "value": name, "url": deployment.url}])
+            pages[name] = context.new_page()
+            pages[name].goto(f"{deployment.url}/?prompt={quote(PROMPT)}&step=1")
+        for name, page in pages.items():
+            assert settled_text(page) == expected(embedded_model, PROMPT, 1), name
+            press(page, "b_next")
+        for (name, page), context in zip(pages.items(), contexts):
+            assert until_link(page, step="2") == expected(embedded_model, PROMPT, 2), name
+            assert cookie_of(context) == name
+        assert_each_request_reached_its_cookie(deployment)
+        reached = {port for cookie, port in deployment.served()[before:] if cookie != "-"}
+        assert reached == set(deployment.ports.values())  # each app served its own browser
+    finally:
+        for context in contexts:
+            context.close()
+
+
+def test_an_unknown_cookie_is_drawn_again(deployment):
+    """A cookie from a larger deployment (app9) names no server here: nginx draws one and says so."""
+    request = urllib.request.Request(deployment.url + "/_stcore/health", headers={"Cookie": f"{COOKIE}=app9"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        given = re.search(rf"{COOKIE}=(\w+)", " ".join(response.headers.get_all("Set-Cookie") or []))
+        assert response.status == 200
+    assert given and given.group(1) in deployment.ports
+
+
+def test_stopping_the_script_stops_everything_it_started(deployment):
+    """Last in the module: TERM, as Ctrl-C or a service manager sends."""
+    started = set(deployment.started_pids())
+    below = descendants(deployment.script.pid)
+    assert len(started) == 4 and started <= below  # redis, two apps, nginx; nginx's worker is below its master
+    deployment.script.send_signal(signal.SIGTERM)
+    assert deployment.script.wait(timeout=90) == 0
+    assert [pid for pid in below if alive(pid)] == []
+    with pytest.raises(OSError):
+        urllib.request.urlopen(deployment.url + "/_stcore/health", timeout=5)

@@ -4,8 +4,9 @@
 
 Starts its own server and loads the model (a first page, not timed). Then, in the same run: one page alone
 opens a `step=48` link; then N pages (each its own browser context, so its own session) open another link at
-the same moment (another seed, so nothing computed for the single page is reused). A page is ready when its
-script run has finished, the link says the step and its live Next button is drawn. Prints each time and the ratio.
+the same moment (another seed, so nothing computed for the single page is reused; greedy, so both answers are
+the same 87 tokens and the work is the same). A page is ready when its
+script run has finished, the link says its step and its live Back button is drawn. Prints each time and the ratio.
 Run by hand, not in CI.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -20,6 +22,7 @@ from urllib.parse import quote
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import psutil  # noqa: E402
 from playwright.async_api import async_playwright  # noqa: E402
 
 from tests.server import CHROMIUM, CHROMIUM_ARGS, running_server  # noqa: E402
@@ -28,35 +31,65 @@ PROMPT = "Explain what a KV cache is, in one paragraph."
 
 
 def link(url: str, step: int, seed: int) -> str:
-    return f"{url}/?prompt={quote(PROMPT)}&chat=1&step={step}&seed={seed}&temperature=0.8&view=flow"
+    return f"{url}/?prompt={quote(PROMPT)}&chat=1&step={step}&seed={seed}&temperature=0&view=flow"
 
 
-async def open_until_ready(browser, address: str, step: int) -> float:
-    """Seconds from opening `address` in a fresh context until the page shows `step` with its buttons live."""
+async def open_until_ready(browser, address: str) -> float:
+    """Seconds from opening `address` in a fresh context until the page shows its step with its buttons live."""
     context = await browser.new_context(viewport={"width": 1280, "height": 720})
     page = await context.new_page()
     started = time.perf_counter()
     await page.goto(address, wait_until="domcontentloaded")
+    # The Back button is live once the step is drawn (greyed while a run computes and draws; Next stays greyed
+    # at the end of an answer shorter than `step`).
     await page.wait_for_function(
-        """(step) => document.querySelector('[data-testid=stApp]')?.getAttribute('data-test-script-state')
+        """() => document.querySelector('[data-testid=stApp]')?.getAttribute('data-test-script-state')
                === 'notRunning'
-           && Number(new URL(location.href).searchParams.get('step')) === step
-           && document.querySelector('.st-key-b_next button:not([disabled])') !== null""",
-        arg=step, timeout=900_000, polling=50)
+           && new URL(location.href).searchParams.has('step')
+           && document.querySelector('.st-key-b_back button:not([disabled])') !== null""",
+        timeout=900_000, polling=50)
     seconds = time.perf_counter() - started
     await context.close()
     return seconds
 
 
-async def measure(url: str, pages: int, step: int) -> tuple[float, list[float]]:
+def cpu_seconds(process: psutil.Process) -> float:
+    """User + system CPU seconds of `process` and its children so far."""
+    total = 0.0
+    for p in [process, *process.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            times = p.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+class CpuSplit:
+    """CPU seconds the server and the browsers used during a `with` block: on this machine both share its
+    cores, while in a class each student's browser runs on the student's own device."""
+
+    def __init__(self, server: psutil.Process):
+        self.server, self.browsers = server, psutil.Process()  # Chromium runs as this script's children
+
+    def __enter__(self):
+        self.start = cpu_seconds(self.server), cpu_seconds(self.browsers)
+        return self
+
+    def __exit__(self, *exc):
+        self.used = (cpu_seconds(self.server) - self.start[0], cpu_seconds(self.browsers) - self.start[1])
+
+
+async def measure(url: str, server: psutil.Process, pages: int, step: int) -> dict:
     async with async_playwright() as p:
         browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            await open_until_ready(browser, link(url, 1, seed=0), 1)  # loads and warms the model: not timed
-            alone = await open_until_ready(browser, link(url, step, seed=1), step)
-            together = await asyncio.gather(*(open_until_ready(browser, link(url, step, seed=2), step)
-                                              for _ in range(pages)))
-            return alone, sorted(together)
+            await open_until_ready(browser, link(url, 1, seed=0))  # loads and warms the model: not timed
+            with CpuSplit(server) as alone_cpu:
+                alone = await open_until_ready(browser, link(url, step, seed=1))
+            with CpuSplit(server) as together_cpu:
+                together = await asyncio.gather(*(open_until_ready(browser, link(url, step, seed=2))
+                                                  for _ in range(pages)))
+            return {"alone": alone, "together": sorted(together), "alone_cpu": alone_cpu.used,
+                    "together_cpu": together_cpu.used}
         finally:
             await browser.close()
 
@@ -66,11 +99,14 @@ def main() -> None:
     parser.add_argument("--pages", type=int, default=10)
     parser.add_argument("--step", type=int, default=48)
     args = parser.parse_args()
-    with running_server(Path("/tmp/kvscope-class-open.log")) as (url, _):
-        alone, together = asyncio.run(measure(url, args.pages, args.step))
-    print(f"one page alone, step={args.step}: ready in {alone:.1f} s")
+    with running_server(Path("/tmp/kvscope-class-open.log")) as (url, process):
+        result = asyncio.run(measure(url, psutil.Process(process.pid), args.pages, args.step))
+    alone, together = result["alone"], result["together"]
+    print(f"one page alone, step={args.step}: ready in {alone:.1f} s "
+          f"(CPU: server {result['alone_cpu'][0]:.1f} s, browser {result['alone_cpu'][1]:.1f} s)")
     print(f"{args.pages} pages at once: first ready in {together[0]:.1f} s, median {together[len(together) // 2]:.1f} s, "
-          f"last {together[-1]:.1f} s")
+          f"last {together[-1]:.1f} s (CPU: server {result['together_cpu'][0]:.1f} s, "
+          f"browsers {result['together_cpu'][1]:.1f} s)")
     print(f"last of {args.pages} ÷ alone: {together[-1] / alone:.1f}×")
 
 

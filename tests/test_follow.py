@@ -72,7 +72,7 @@ def test_lead_1_shows_a_students_link_with_a_code_and_never_the_secret(leader):
     room = follow.the_rooms().read(code)  # what a student's page will read: the leader's link, no secret
     assert room is not None and room.query == to_query(state_of(leader))
     assert secret not in str(room)
-    assert any("<svg" in h.proto.body for h in leader.html)  # the QR code beside the link
+    assert any("data:image/svg+xml" in h.proto.body for h in leader.html)  # the QR code beside the link
 
 
 def test_a_reload_of_the_leaders_link_resumes_its_code_and_lead_1_opens_another(leader):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import html
 import os
 from collections.abc import Callable
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import segno
 import streamlit as st
@@ -32,7 +32,7 @@ ss = st.session_state
 # The QR code's box: as tall as most of a projected 720-pixel screen allows, on a white quiet zone so that a
 # dark theme does not hide it; on a phone, the width of the screen.
 QR_CSS = """<style>
-.kv-follow-qr svg { width: min(62vh, 100%); height: auto; display: block; background: #fff; }
+.kv-follow-qr img { width: min(62vh, 100%); height: auto; display: block; background: #fff; image-rendering: pixelated; }
 .kv-follow-link { font-size: 1.1rem; word-break: break-all; }
 </style>"""
 
@@ -56,6 +56,8 @@ def take_over(apply: Callable[[dict[str, str]], None]) -> None:
     the leader's language still matters to it, as the default prompt follows the language)."""
     if "follow_role" not in ss:
         begin(st.query_params.to_dict())
+    if ss.follow_role == "lead":
+        heartbeat()  # a draw holds back the timed heartbeat: its room's TTL starts afresh before it
     pending = ss.pop("follow_pending", None)
     if pending is not None and ss.get("follow_role") == "follow":
         apply(pending)
@@ -130,16 +132,18 @@ def student_url() -> str:
     params = {"follow": ss.follow_code}
     if ss.get("w_lang", "en") != "en":
         params["lang"] = ss.w_lang  # students open in the class's language, then choose their own
-    return f"{st.context.url or ''}?{urlencode(params)}"
+    base = urlsplit(st.context.url or "")  # scheme, host and path; "" when the browser has not said
+    return urlunsplit((base.scheme, base.netloc, base.path or ("/" if base.netloc else ""), urlencode(params), ""))
 
 
 def leader_panel(t: Callable[..., str]) -> None:
     url = student_url()
-    qr = segno.make(url, error="m").svg_inline(scale=1, border=3, omitsize=True, light="#fff")
+    # A data URI: the page's HTML sanitizer keeps an <img> but strips an inline <svg> element.
+    qr = segno.make(url, error="m").svg_data_uri(scale=1, border=3, omitsize=True, light="#fff")
     with st.expander(t("follow_share"), icon="📡", key="follow-share"):
         qr_column, text_column = st.columns([3, 2])
-        qr_column.html(f"{QR_CSS}<div class='kv-follow-qr' role='img' aria-label='{html.escape(t('follow_qr'))}'>"
-                       f"{qr}</div>")
+        qr_column.html(f"{QR_CSS}<div class='kv-follow-qr'><img src='{html.escape(qr)}' "
+                       f"alt='{html.escape(t('follow_qr'))}'></div>")
         with text_column:
             with st.container(key="follow-link"):
                 st.html(f"<div class='kv-follow-link'><a href='{html.escape(url)}' target='_blank'>"

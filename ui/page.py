@@ -37,7 +37,9 @@ def read_model(spec: str) -> engine.Model:
 @st.cache_resource(show_spinner=False, max_entries=3)
 def load_model(spec: str) -> engine.Model:
     """One copy per model for the whole server, shared read-only by every session."""
-    return timing.warm_up(read_model(spec))  # timed steps are then steady-state, not cold
+    model = timing.warm_up(read_model(spec))  # timed steps are then steady-state, not cold
+    memory.freeze_long_lived()  # the collector after each script run then skips the model's objects
+    return model
 
 
 LOADED: set[str] = set()  # models this process has loaded: the page shows the loading stages only before

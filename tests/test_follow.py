@@ -5,6 +5,7 @@ AppTest pages in one process share the process's room store, as browser sessions
 browser tests drive a leader and two followers on a real server (three browser contexts).
 """
 
+import html
 import re
 from dataclasses import replace
 from urllib.parse import parse_qs, urlparse
@@ -14,7 +15,7 @@ import redis
 
 from tests.app_helpers import assert_clean, keeps_working, shown_text, start, step_of
 from ui import follow, rooms, strings
-from ui.state import AppState, parse_query, to_query
+from ui.state import AppState, parse_query
 
 
 def follow_link(at) -> str:
@@ -27,7 +28,7 @@ def follow_link(at) -> str:
     found = [b for b in blocks(at._tree) if str(getattr(getattr(b, "proto", None), "id", "")).endswith("-follow-link")]
     assert len(found) == 1, "no follow-link container"
     bodies = [e.proto.body for e in blocks(found[0]) if getattr(e, "type", "") == "html"]
-    hrefs = [m for body in bodies for m in re.findall(r"href='([^']*)'", body)]
+    hrefs = [html.unescape(m) for body in bodies for m in re.findall(r"href='([^']*)'", body)]
     assert len(hrefs) == 1, bodies
     return hrefs[0]
 
@@ -70,7 +71,8 @@ def test_lead_1_shows_a_students_link_with_a_code_and_never_the_secret(leader):
     assert rooms.is_code(code) and code not in secret and secret not in link
     assert secret not in everything_shown(leader)
     room = follow.the_rooms().read(code)  # what a student's page will read: the leader's link, no secret
-    assert room is not None and room.query == to_query(state_of(leader))
+    assert room is not None and parse_query(room.query) == (state_of(leader), [])
+    assert not {"lang", "large"} & set(room.query)  # a follower's own settings are not the leader's to set
     assert secret not in str(room)
     assert any("data:image/svg+xml" in h.proto.body for h in leader.html)  # the QR code beside the link
 
@@ -175,3 +177,15 @@ def test_an_unusable_store_is_a_message_not_a_traceback(monkeypatch, embedded_mo
     finally:
         monkeypatch.delenv("KVSCOPE_STORE")
         follow.room_store.clear()
+
+
+def test_a_follower_in_english_follows_a_chinese_leaders_default_prompt(embedded_model):
+    """The leader's link names no prompt (the Chinese default): the follower still runs the leader's prompt."""
+    leader = start(lead=1, lang="zh", step=2)
+    assert "prompt" not in leader.query_params
+    link = follow_link(leader)
+    assert parse_qs(urlparse(link).query)["lang"] == ["zh"]  # students open in the class's language …
+    follower = start(follow=code_in(link), lang="en")  # … and may choose their own
+    assert_clean(follower)
+    assert shown_text(follower) == shown_text(leader) and "什么是" in shown_text(follower)
+    assert "lang" not in follower.query_params  # English: the default, not in the link

@@ -22,6 +22,7 @@ import segno
 import streamlit as st
 
 from ui import rooms
+from ui.state import AppState, to_query
 from ui.store import Store, StoreError, store_from_env
 
 OWN = frozenset({"lang", "large"})  # a follower's own settings, never taken from the leader
@@ -35,6 +36,8 @@ QR_CSS = """<style>
 .kv-follow-qr img { width: min(62vh, 100%); height: auto; display: block; background: #fff; image-rendering: pixelated; }
 .kv-follow-link { font-size: 1.1rem; word-break: break-all; }
 </style>"""
+# Clear of the title's descenders above (the page's one-line title sits tight on what follows it).
+SPACING_CSS = "<style>.st-key-follow-share, .st-key-follow-banner { margin-top: 0.4rem; }</style>"
 
 
 @st.cache_resource(show_spinner=False)
@@ -52,8 +55,7 @@ def the_rooms() -> rooms.Rooms:
 
 def take_over(apply: Callable[[dict[str, str]], None]) -> None:
     """Called at the top of every page draw, before any widget: the session's role from its link (first draw
-    only), then the leader's pending state through `apply` (the leader's link parameters: `apply` keeps `OWN`;
-    the leader's language still matters to it, as the default prompt follows the language)."""
+    only), then the leader's pending state through `apply` (the leader's link parameters, `OWN` left out)."""
     if "follow_role" not in ss:
         begin(st.query_params.to_dict())
     if ss.follow_role == "lead":
@@ -100,11 +102,18 @@ def link_params() -> dict[str, str]:
     return {}
 
 
-def publish(query: dict[str, str]) -> None:
-    """A leader's draw publishes the state its link describes (others: nothing)."""
+def publish(state: AppState) -> None:
+    """A leader's draw publishes its state as a link's parameters (others: nothing): without the leader's own
+    language and text size, and with the prompt always named (its default depends on the language)."""
     if ss.get("follow_role") != "lead":
         return
+    query = {name: value for name, value in to_query(state).items() if name not in OWN} | {"prompt": state.prompt}
     ss.follow_published = query
+    send(query)
+
+
+def send(query: dict[str, str]) -> None:
+    """Publish `query` to the leader's room (a new version if it changed); a store failure is shown, not raised."""
     try:
         the_rooms().publish(ss.follow_secret, query)
         ss.pop("follow_error", None)
@@ -118,6 +127,8 @@ def publish(query: dict[str, str]) -> None:
 def show(t: Callable[..., str]) -> None:
     """Below the title: the leader's panel, or the follower's banner (`t`: the page's string function)."""
     role = ss.get("follow_role")
+    if role:
+        st.html(SPACING_CSS)
     if role == "lead":
         leader_panel(t)
         st.fragment(run_every=HEARTBEAT_SECONDS)(heartbeat)()
@@ -140,7 +151,7 @@ def leader_panel(t: Callable[..., str]) -> None:
     url = student_url()
     # A data URI: the page's HTML sanitizer keeps an <img> but strips an inline <svg> element.
     qr = segno.make(url, error="m").svg_data_uri(scale=1, border=3, omitsize=True, light="#fff")
-    with st.expander(t("follow_share"), icon="📡", key="follow-share"):
+    with st.expander(t("follow_share"), icon=":material/qr_code_2:", key="follow-share"):
         qr_column, text_column = st.columns([3, 2])
         qr_column.html(f"{QR_CSS}<div class='kv-follow-qr'><img src='{html.escape(qr)}' "
                        f"alt='{html.escape(t('follow_qr'))}'></div>")
@@ -158,11 +169,11 @@ def follower_banner(t: Callable[..., str]) -> None:
     with st.container(key="follow-banner"):
         message, button = st.columns([4, 1], vertical_alignment="center")
         if ss.follow_mode == "following":
-            message.info(t("follow_following"), icon="👀")
+            message.info(t("follow_following"), icon=":material/school:")
             button.button(t("follow_leave"), key="b_follow_leave", on_click=leave, width="stretch")
             return
         if ss.follow_mode == "alone":
-            message.info(t("follow_alone"), icon="🧭")
+            message.info(t("follow_alone"), icon=":material/explore:")
         elif ss.get("follow_error"):
             message.warning(t("follow_down", error=ss.follow_error))
         else:
@@ -176,7 +187,7 @@ def follower_banner(t: Callable[..., str]) -> None:
 def heartbeat() -> None:
     """The leader's room stays alive while its page is open (its state is republished as it is)."""
     if "follow_published" in ss:
-        publish(ss.follow_published)
+        send(ss.follow_published)
 
 
 def poll() -> None:

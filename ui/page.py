@@ -199,9 +199,8 @@ def current_state() -> AppState:
 
 
 def write_link(state: AppState) -> None:
-    query = to_query(state)
-    follow.publish(query)  # a leader's every draw (a play tick too) reaches its followers
-    query |= follow.link_params()
+    follow.publish(state)  # a leader's every draw (a play tick too) reaches its followers
+    query = to_query(state) | follow.link_params()
     if st.query_params.to_dict() != query:
         st.query_params.from_dict(query)
 

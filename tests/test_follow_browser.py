@@ -46,8 +46,9 @@ def shows(page, expected: dict[str, str], timeout_ms: int = FOLLOW_MS) -> None:
                                arg=expected, timeout=timeout_ms)
     except PlaywrightTimeout:
         state = page.locator('[data-testid="stApp"]').get_attribute("data-test-script-state")
-        raise AssertionError(f"after {timeout_ms} ms the page ({state}) shows {page.evaluate(SHOWN)}, not {expected}"
-                             ) from None
+        alerts = page.locator('[data-testid="stAlert"], [data-testid="stException"]').all_inner_texts()
+        raise AssertionError(f"after {timeout_ms} ms the page ({state}, alerts {alerts}) shows {page.evaluate(SHOWN)},"
+                             f" not {expected}") from None
 
 
 def press(page, key: str) -> None:

@@ -80,16 +80,25 @@ def begin(params: dict[str, str]) -> None:
 def join() -> None:
     """Follow the leader from its current state on; if there is no room (or no store): say so, stay free."""
     ss.pop("follow_error", None)
+    read_room(take_any=True)
+
+
+def read_room(take_any: bool) -> bool:
+    """Read the followed room: gone (or no store) ends following; a version not applied yet (any version, with
+    `take_any`) becomes pending state. True when the page must be redrawn."""
     try:
         room = the_rooms().read(ss.follow_code)
     except StoreError as error:
         room, ss.follow_error = None, str(error)
     if room is None:
         ss.follow_mode = "ended"
-        return
-    ss.follow_mode = "following"
-    ss.follow_seen = room.version
-    ss.follow_pending = room.query
+        return True
+    if take_any or room.version != ss.follow_seen:
+        ss.follow_mode = "following"
+        ss.follow_seen = room.version
+        ss.follow_pending = room.query
+        return True
+    return False
 
 
 def link_params() -> dict[str, str]:
@@ -131,11 +140,19 @@ def show(t: Callable[..., str]) -> None:
         st.html(SPACING_CSS)
     if role == "lead":
         leader_panel(t)
-        st.fragment(run_every=HEARTBEAT_SECONDS)(heartbeat)()
+        timed(heartbeat, HEARTBEAT_SECONDS)
     elif role == "follow":
         follower_banner(t)
         if ss.follow_mode == "following":
-            st.fragment(run_every=POLL_SECONDS)(poll)()
+            timed(poll, POLL_SECONDS)
+
+
+def timed(check: Callable[[], None], seconds: float) -> None:
+    """Run `check` now and every `seconds` as a fragment, inside a container of its own: a fragment that draws
+    nothing takes no place in the page, and when its timed run ended Streamlit removed the element drawn next
+    (the step counter) as if it were the fragment's."""
+    with st.container():
+        st.fragment(run_every=seconds)(check)()
 
 
 def student_url() -> str:
@@ -191,17 +208,8 @@ def heartbeat() -> None:
 
 
 def poll() -> None:
-    """A follower's check of the room: a changed version becomes pending state; a gone room ends following."""
-    try:
-        room = the_rooms().read(ss.follow_code)
-    except StoreError as error:
-        room, ss.follow_error = None, str(error)
-    if room is None:
-        ss.follow_mode = "ended"
-        st.rerun(scope="app")
-    elif room.version != ss.follow_seen:
-        ss.follow_seen = room.version
-        ss.follow_pending = room.query
+    """A follower's timed check of the room: the page is redrawn when the leader moved or the room is gone."""
+    if read_room(take_any=False):
         st.rerun(scope="app")
 
 

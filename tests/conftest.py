@@ -128,3 +128,12 @@ QWEN3_SHAPED_DTYPE = torch.float32  # the engine's dtype for it in the tests (bf
 @pytest.fixture(scope="session")
 def qwen3_shaped(qwen3_shaped_dir) -> engine.Model:
     return engine.load_model(qwen3_shaped_dir, device="cpu", dtype=QWEN3_SHAPED_DTYPE)
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory):
+    """A real redis-server on a free loopback port, nothing saved to disk; its URL. Stopped after the session."""
+    from tests.redis_server import running_redis
+
+    with running_redis(tmp_path_factory.mktemp("redis")) as url:
+        yield url

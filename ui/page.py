@@ -12,7 +12,7 @@ import torch
 
 import engine
 from engine import timing
-from ui import memory, model_card, safe, strings
+from ui import follow, memory, model_card, safe, strings
 from ui.context import ViewContext
 from ui.lesson import CHAPTERS
 from ui.runner import ClassroomCache, Runner, RunConfig, RunStore
@@ -37,7 +37,9 @@ def read_model(spec: str) -> engine.Model:
 @st.cache_resource(show_spinner=False, max_entries=3)
 def load_model(spec: str) -> engine.Model:
     """One copy per model for the whole server, shared read-only by every session."""
-    return timing.warm_up(read_model(spec))  # timed steps are then steady-state, not cold
+    model = timing.warm_up(read_model(spec))  # timed steps are then steady-state, not cold
+    memory.freeze_long_lived()  # the collector after each script run then skips the model's objects
+    return model
 
 
 LOADED: set[str] = set()  # models this process has loaded: the page shows the loading stages only before
@@ -93,6 +95,7 @@ def draw_page() -> None:
     limits = load_limits()
     if "initialized" not in ss:
         start_from_link(limits)
+    follow.take_over(lambda query: follow_leader(query, limits))  # before any widget, as the link is
     if ss.pop("stop_playing", False):
         ss.w_playing = False
     model, failure = model_for(ss.w_model)
@@ -103,6 +106,7 @@ def draw_page() -> None:
     lesson_place = sidebar(limits, can_think=runner is not None and runner.can_think)
     st.html(LAYOUT_CSS + (LARGE_CSS if ss.w_large else "") + (LESSON_CSS if ss.get("w_chapter") else ""))
     st.title(t("title"))
+    follow.show(t)
     if ss.get("w_chapter"):
         phone_lesson_hint()
     for problem in ss.pop("problems", []):
@@ -138,18 +142,31 @@ def draw_page() -> None:
 
 
 def start_from_link(limits: Limits) -> None:
-    state, problems = parse_query(st.query_params.to_dict())
+    apply_link(st.query_params.to_dict(), limits)
+    ss.initialized = True
+
+
+def follow_leader(query: dict[str, str], limits: Limits) -> None:
+    """A follower takes the leader's state (`query`: the leader's link), keeping its own language and text size."""
+    apply_link(query, limits, mine=follow.OWN)
+    ss.stop_playing = True  # the leader's steps drive this page now
+
+
+def apply_link(params: dict[str, str], limits: Limits, mine: frozenset[str] = frozenset()) -> None:
+    """Put the page in the state a link's `params` describe, except the settings named in `mine`, which stay.
+    A chapter is entered only when it changes (its case runs once)."""
+    state, problems = parse_query(params)
     if not limits.model_allowed(state.model):
         problems.append(Problem("model", state.model[:80], "embedded", "model_not_allowed"))
         state = replace(state, model="embedded")
+    chapter_before = ss.get("w_chapter")
     for f in fields(AppState):
-        if f.name != "step":
+        if f.name != "step" and f.name not in mine:
             ss["w_" + f.name] = getattr(state, f.name)
     ss.step = state.step
-    ss.problems = problems
-    ss.initialized = True
-    if state.chapter:
-        enter_chapter(state.chapter, keep=frozenset(st.query_params.to_dict()))  # the link's own values stay
+    ss.problems = ss.get("problems", []) + problems
+    if state.chapter and state.chapter != chapter_before:
+        enter_chapter(state.chapter, keep=frozenset(params))  # the link's own values stay
 
 
 def go_to_chapter(number: int) -> None:
@@ -182,7 +199,8 @@ def current_state() -> AppState:
 
 
 def write_link(state: AppState) -> None:
-    query = to_query(state)
+    follow.publish(state)  # a leader's every draw (a play tick too) reaches its followers
+    query = to_query(state) | follow.link_params()
     if st.query_params.to_dict() != query:
         st.query_params.from_dict(query)
 

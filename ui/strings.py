@@ -260,6 +260,17 @@ EN = {
     "truncate_keep": "Truncate the prompt: keep its last N tokens",
     "truncate_result": "Dropping the first {dropped} tokens keeps {keep}: K/V {kib:.1f} KiB, prefill attention work {work:.0f}% of the full prompt's. The model no longer sees what was dropped:",
     "limit_text": "The model was trained on positions up to {limit}; beyond that it breaks, so a longer prompt must be truncated (this server allows {app_limit} prompt tokens). Your prompt: {n} tokens, {kib:.1f} KiB of K/V per token.",
+    "follow_share": "Students: follow this page",
+    "follow_qr": "QR code of the students' link",
+    "follow_share_help": "Students who open this link or scan the code see this page's step, view, settings and prompt within a second, while this page stays open; each keeps their own language and text size, and can explore on their own.",
+    "follow_end": "Stop sharing",
+    "follow_lead_down": "Students cannot follow this page right now: {error}",
+    "follow_following": "You are following the teacher's page: it moves when theirs does.",
+    "follow_leave": "Explore on my own",
+    "follow_alone": "You are exploring on your own: the teacher's moves do not change this page.",
+    "follow_return": "Follow the teacher again",
+    "follow_gone": "No class is being led with this follow link now: it does not exist, or the teacher's page has closed. This page works on its own.",
+    "follow_down": "Following the teacher is not possible right now ({error}). This page works on its own.",
 }
 
 ZH = {
@@ -512,6 +523,17 @@ ZH = {
     "truncate_keep": "截断提示词：只保留最后 N 个 token",
     "truncate_result": "丢掉前 {dropped} 个 token，保留 {keep} 个：K/V {kib:.1f} KiB，prefill 注意力计算量为完整提示词的 {work:.0f}%。模型再也看不到被丢掉的内容：",
     "limit_text": "模型训练时只见过 {limit} 以内的位置；超出就会失效，所以更长的提示词必须截断（本服务器允许 {app_limit} 个提示词 token）。你的提示词：{n} 个 token，每个 token 的 K/V 占 {kib:.1f} KiB。",
+    "follow_share": "学生：跟随此页面",
+    "follow_qr": "学生链接的二维码",
+    "follow_share_help": "学生打开这个链接或扫描二维码后，一秒之内就会看到本页的步骤、视图、设置和提示词（只要本页保持打开）；每位学生保留自己的语言和字号，也可以自己探索。",
+    "follow_end": "停止共享",
+    "follow_lead_down": "学生现在无法跟随本页：{error}",
+    "follow_following": "你正在跟随老师的页面：老师翻到哪里，这里就到哪里。",
+    "follow_leave": "自己探索",
+    "follow_alone": "你正在自己探索：老师的操作不会改变本页。",
+    "follow_return": "重新跟随老师",
+    "follow_gone": "现在没有老师在用这个跟随链接上课：链接不存在，或者老师的页面已经关闭。本页可以独立使用。",
+    "follow_down": "现在无法跟随老师（{error}）。本页可以独立使用。",
 }
 
 STRINGS = {"en": EN, "zh": ZH}

@@ -1,0 +1,191 @@
+"""Follow the teacher (ui/follow.py): a page opened with lead=1 shares a students' link; pages opened with it
+follow the leader's state until they choose to explore on their own.
+
+AppTest pages in one process share the process's room store, as browser sessions on one server do; the
+browser tests drive a leader and two followers on a real server (three browser contexts).
+"""
+
+import html
+import re
+from dataclasses import replace
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+import redis
+
+from tests.app_helpers import assert_clean, keeps_working, shown_text, start, step_of
+from ui import follow, rooms, strings
+from ui.state import AppState, parse_query
+
+
+def follow_link(at) -> str:
+    """The href inside the container keyed `follow-link`."""
+    def blocks(node):
+        yield node
+        for child in getattr(node, "children", {}).values():
+            yield from blocks(child)
+
+    found = [b for b in blocks(at._tree) if str(getattr(getattr(b, "proto", None), "id", "")).endswith("-follow-link")]
+    assert len(found) == 1, "no follow-link container"
+    bodies = [e.proto.body for e in blocks(found[0]) if getattr(e, "type", "") == "html"]
+    hrefs = [html.unescape(m) for body in bodies for m in re.findall(r"href='([^']*)'", body)]
+    assert len(hrefs) == 1, bodies
+    return hrefs[0]
+
+
+def code_in(link: str) -> str:
+    params = parse_qs(urlparse(link).query)
+    assert set(params) <= {"follow", "lang"}, params
+    return params["follow"][0]
+
+
+def everything_shown(at) -> str:
+    kinds = ("markdown", "caption", "info", "warning", "code", "html", "text")
+    return " ".join(str(getattr(e, "value", "")) + getattr(getattr(e, "proto", None), "body", "")
+                    for kind in kinds for e in at.get(kind))
+
+
+def link_of(at) -> dict[str, str]:
+    return dict(at.query_params)
+
+
+def state_of(at) -> AppState:
+    """The state a page's link describes, but for its own language and text size."""
+    state, problems = parse_query(link_of(at))
+    assert not problems
+    return replace(state, lang="en", large=False)
+
+
+@pytest.fixture
+def leader(embedded_model):
+    at = start(lead=1, step=2, view="attention")
+    assert_clean(at)
+    return at
+
+
+def test_lead_1_shows_a_students_link_with_a_code_and_never_the_secret(leader):
+    secret = leader.query_params["lead"]
+    assert secret != "1" and rooms.is_secret(secret)  # the leader's own link now names its room
+    link = follow_link(leader)
+    code = code_in(link)
+    assert rooms.is_code(code) and code not in secret and secret not in link
+    assert secret not in everything_shown(leader)
+    room = follow.the_rooms().read(code)  # what a student's page will read: the leader's link, no secret
+    assert room is not None and parse_query(room.query) == (state_of(leader), [])
+    assert not {"lang", "large"} & set(room.query)  # a follower's own settings are not the leader's to set
+    assert secret not in str(room)
+    assert any("data:image/svg+xml" in h.proto.body for h in leader.html)  # the QR code beside the link
+
+
+def test_a_reload_of_the_leaders_link_resumes_its_code_and_lead_1_opens_another(leader):
+    secret, code = leader.query_params["lead"], code_in(follow_link(leader))
+    reloaded = start(lead=secret, step=2)
+    assert reloaded.query_params["lead"] == secret and code_in(follow_link(reloaded)) == code
+    other = start(lead=1)
+    assert code_in(follow_link(other)) != code and other.query_params["lead"] != secret
+
+
+def test_a_follower_takes_the_leaders_state_and_keeps_its_own_language(leader):
+    follower = start(follow=code_in(follow_link(leader)), lang="zh", large=1, step=7)
+    assert_clean(follower)
+    assert state_of(follower) == state_of(leader)
+    assert link_of(follower)["lang"] == "zh" and link_of(follower)["large"] == "1"
+    assert shown_text(follower) == shown_text(leader)
+    assert [i.value for i in follower.info if i.value == strings.t("follow_following", "zh")]
+    for move in ("b_next", "b_next", "b_back"):
+        leader.button(key=move).click().run()
+        follower.run()  # a full run draws the poll too, as the timed fragment would
+        assert step_of(follower) == step_of(leader) and shown_text(follower) == shown_text(leader)
+    leader.radio(key="w_view").set_value("kv").run()
+    follower.run()
+    assert follower.query_params["view"] == "kv"
+    assert "follow" in follower.query_params and "lead" not in follower.query_params
+
+
+def test_a_follower_that_leaves_keeps_its_state_and_can_catch_up(leader):
+    follower = start(follow=code_in(follow_link(leader)))
+    follower.button(key="b_follow_leave").click().run()
+    assert_clean(follower)
+    stayed = (step_of(follower), shown_text(follower))
+    leader.button(key="b_next").click().run()
+    leader.button(key="b_next").click().run()
+    follower.run()
+    assert (step_of(follower), shown_text(follower)) == stayed and step_of(leader) == stayed[0] + 2
+    follower.button(key="b_back").click().run()  # its presses are its own
+    assert step_of(follower) == stayed[0] - 1
+    follower.button(key="b_follow_return").click().run()
+    assert state_of(follower) == state_of(leader) and shown_text(follower) == shown_text(leader)
+    assert follower.button(key="b_follow_leave")  # following again
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_an_unknown_follow_code_says_so_and_the_page_works_alone(lang, embedded_model):
+    for code in ("A" * rooms.CODE_CHARS, "not a code <b>", ""):
+        at = start(follow=code, lang=lang, step=1)
+        assert_clean(at)
+        assert [w.value for w in at.warning] == [strings.t("follow_gone", lang)]
+        keeps_working(at)
+
+
+def test_followers_see_the_end_of_the_class_and_keep_their_state(leader):
+    follower = start(follow=code_in(follow_link(leader)))
+    leader.button(key="b_follow_end").click().run()
+    assert "lead" not in leader.query_params  # the leader's page goes on as a plain page
+    kept = step_of(follower)
+    follower.run()
+    assert_clean(follower)
+    assert [w.value for w in follower.warning] == [strings.t("follow_gone")]
+    assert step_of(follower) == kept
+    keeps_working(follower)
+
+
+def test_a_follower_on_another_server_follows_through_redis(redis_url, monkeypatch, embedded_model):
+    """KVSCOPE_STORE names Redis: the leader's state goes through it (read here with a client of our own), and
+    a follower whose process holds a new store (another server) follows."""
+    monkeypatch.setenv("KVSCOPE_STORE", redis_url)
+    follow.room_store.clear()
+    try:
+        leader = start(lead=1, step=3)
+        code = code_in(follow_link(leader))
+        raw = redis.Redis.from_url(redis_url, decode_responses=True).get(rooms.KEY_PREFIX + code)
+        assert raw is not None and leader.query_params["lead"] not in raw
+        follow.room_store.clear()  # the other server's own connection
+        follower = start(follow=code)
+        assert state_of(follower) == state_of(leader) and shown_text(follower) == shown_text(leader)
+    finally:
+        monkeypatch.delenv("KVSCOPE_STORE")
+        follow.room_store.clear()
+
+
+def test_an_unusable_store_is_a_message_not_a_traceback(monkeypatch, embedded_model):
+    from tests.server import free_port
+
+    monkeypatch.setenv("KVSCOPE_STORE", f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
+    follow.room_store.clear()
+    try:
+        leader = start(lead=1, step=1)
+        assert not leader.exception
+        leader.run()  # the warning shows from the draw after a failed publish
+        assert any("Redis" in w.value for w in leader.warning)
+        follower = start(follow="A" * rooms.CODE_CHARS, step=1)
+        assert not follower.exception and any("Redis" in w.value for w in follower.warning)
+        keeps_working(follower)
+        monkeypatch.setenv("KVSCOPE_STORE", "http://nowhere")
+        follow.room_store.clear()
+        bad = start(follow="A" * rooms.CODE_CHARS, step=1)
+        assert not bad.exception and any("KVSCOPE" in w.value for w in bad.warning)
+    finally:
+        monkeypatch.delenv("KVSCOPE_STORE")
+        follow.room_store.clear()
+
+
+def test_a_follower_in_english_follows_a_chinese_leaders_default_prompt(embedded_model):
+    """The leader's link names no prompt (the Chinese default): the follower still runs the leader's prompt."""
+    leader = start(lead=1, lang="zh", step=2)
+    assert "prompt" not in leader.query_params
+    link = follow_link(leader)
+    assert parse_qs(urlparse(link).query)["lang"] == ["zh"]  # students open in the class's language …
+    follower = start(follow=code_in(link), lang="en")  # … and may choose their own
+    assert_clean(follower)
+    assert shown_text(follower) == shown_text(leader) and "什么是" in shown_text(follower)
+    assert "lang" not in follower.query_params  # English: the default, not in the link

@@ -1,0 +1,129 @@
+"""Follow the teacher in headless Chromium: a leader and two followers (three browser contexts, three sessions on
+one server). Each follower must show the leader's step and answer text within 5 s of each of the leader's moves.
+Needs Debian's chromium and the `playwright` package, as tests/test_browser.py."""
+
+import time
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
+from playwright.sync_api import expect
+
+from tests.server import settled_text
+from ui import rooms, strings
+
+pytestmark = pytest.mark.browser
+
+FOLLOW_MS = 5_000  # the brief's bound from the leader's screen to each follower's
+WAIT_MS = 120_000
+IDLE = '[data-testid="stApp"][data-test-script-state="notRunning"]'
+
+
+def link(page) -> dict[str, str]:
+    return {name: values[0] for name, values in parse_qs(urlparse(page.url).query).items()}
+
+
+# What a student compares: the step counter, the view chosen and the answer text. (The link is written last in
+# a draw, after the view's figures; it is compared once the run has finished.)
+SHOWN = """() => {
+    const counter = document.querySelector('.kv-counter'), code = document.querySelector('.st-key-generated code');
+    const view = document.querySelector('.st-key-w_view label:has(input:checked)');
+    return {counter: counter ? counter.innerText : null, view: view ? view.innerText.trim() : null,
+            text: code ? code.textContent : null}; }"""
+
+
+def shown(page) -> dict[str, str]:
+    """What `page` shows once its run has finished (its link then says the same step)."""
+    settled_text(page)
+    return page.evaluate(SHOWN)
+
+
+def shows(page, expected: dict[str, str], timeout_ms: int = FOLLOW_MS) -> None:
+    """Wait until `page` shows `expected` (from `shown`); else fail saying what it shows."""
+    try:
+        page.wait_for_function(f"e => {{ const now = ({SHOWN})(); "
+                               "return now.counter === e.counter && now.view === e.view && now.text === e.text; }",
+                               arg=expected, timeout=timeout_ms)
+    except PlaywrightTimeout:
+        state = page.locator('[data-testid="stApp"]').get_attribute("data-test-script-state")
+        alerts = page.locator('[data-testid="stAlert"], [data-testid="stException"]').all_inner_texts()
+        raise AssertionError(f"after {timeout_ms} ms the page ({state}, alerts {alerts}) shows {page.evaluate(SHOWN)},"
+                             f" not {expected}") from None
+
+
+def press(page, key: str) -> None:
+    page.wait_for_selector(IDLE, timeout=WAIT_MS)
+    page.locator(f".st-key-{key} button").click()
+
+
+def leader_moves(leader, key: str, **expected_link) -> dict[str, str]:
+    """Press a step button on the leader's page; what it shows once its run has finished."""
+    press(leader, key)
+    condition = " && ".join(f"p.get({name!r}) === {value!r}" for name, value in expected_link.items())
+    leader.wait_for_function(f"() => {{ const p = new URL(location.href).searchParams; return {condition}; }}",
+                             timeout=WAIT_MS)
+    return shown(leader)
+
+
+@pytest.fixture
+def pages(browser):
+    contexts = [browser.new_context(viewport={"width": 1280, "height": 720}) for _ in range(3)]
+    yield [context.new_page() for context in contexts]
+    for context in contexts:
+        context.close()
+
+
+def test_two_followers_follow_the_leader_until_one_explores_on_its_own(server, pages):
+    leader, first, second = pages
+    leader.goto(f"{server}/?lead=1")
+    settled_text(leader)
+    leader.wait_for_function("() => (new URL(location.href).searchParams.get('lead') || '1') !== '1'",
+                             timeout=WAIT_MS)
+    secret = link(leader)["lead"]
+    href = leader.locator(".st-key-follow-link a").get_attribute("href")
+    assert href.startswith(server + "/?follow=") and secret not in href  # absolute: the browser's address
+    assert rooms.is_code(parse_qs(urlparse(href).query)["follow"][0])
+    assert leader.locator(".st-key-follow-share .kv-follow-qr img").count() == 1  # the QR code
+    for follower in (first, second):
+        follower.goto(href)
+        settled_text(follower)
+        expect(follower.get_by_text(strings.t("follow_following"))).to_be_visible()
+        shows(follower, shown(leader))
+        assert "lead" not in link(follower) and secret not in follower.content()
+
+    for step in ("1", "2", "3", "4"):
+        now = leader_moves(leader, "b_next", step=step)
+        for follower in (first, second):
+            shows(follower, now)
+    leader.wait_for_selector(IDLE, timeout=WAIT_MS)
+    leader.locator(".st-key-w_view label", has_text=strings.t("view_attention")).click()
+    leader.wait_for_function("() => new URL(location.href).searchParams.get('view') === 'attention'", timeout=WAIT_MS)
+    now = shown(leader)
+    for follower in (first, second):
+        shows(follower, now)
+    for follower in (first, second):  # and once its draw has finished, its link says so too
+        settled_text(follower)
+        assert {k: link(follower).get(k) for k in ("step", "view")} == {"step": "4", "view": "attention"}
+
+    press(first, "b_follow_leave")
+    expect(first.get_by_text(strings.t("follow_alone"))).to_be_visible(timeout=FOLLOW_MS)
+    own, own_step = shown(first), link(first)["step"]
+    for step in ("5", "6"):
+        now = leader_moves(leader, "b_next", step=step)
+        shows(second, now)
+    time.sleep(2)  # four of a follower's polls: had the first kept following, it would have moved by now
+    assert shown(first) == own and link(first)["step"] == own_step == "4"
+    press(first, "b_back")  # its presses are its own
+    first.wait_for_function("s => new URL(location.href).searchParams.get('step') === s", arg="3",
+                            timeout=WAIT_MS)
+    press(first, "b_follow_return")
+    shows(first, now)
+    expect(first.get_by_text(strings.t("follow_following"))).to_be_visible()
+
+
+def test_an_unknown_follow_code_says_so_in_the_browser(server, pages):
+    page = pages[0]
+    page.goto(f"{server}/?follow={'A' * rooms.CODE_CHARS}&step=1&lang=zh")
+    settled_text(page)
+    expect(page.get_by_text(strings.t("follow_gone", "zh"))).to_be_visible()
+    assert page.locator('[data-testid="stException"]').count() == 0

@@ -10,6 +10,7 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import expect
 
 from tests.server import settled_text
+from tests.test_controls import link
 from ui import rooms, strings
 
 pytestmark = pytest.mark.browser
@@ -17,10 +18,6 @@ pytestmark = pytest.mark.browser
 FOLLOW_MS = 5_000  # the brief's bound from the leader's screen to each follower's
 WAIT_MS = 120_000
 IDLE = '[data-testid="stApp"][data-test-script-state="notRunning"]'
-
-
-def link(page) -> dict[str, str]:
-    return {name: values[0] for name, values in parse_qs(urlparse(page.url).query).items()}
 
 
 # What a student compares: the step counter, the view chosen and the answer text. (The link is written last in

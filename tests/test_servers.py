@@ -19,10 +19,12 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
+from playwright.sync_api import expect
 
 from tests.server import ROOT, chromium, free_port, settled_text
 from tests.test_browser import expected
 from tests.test_controls import link, press, until_link
+from tests.test_follow_browser import leader_moves, shows
 from ui import strings
 
 pytestmark = pytest.mark.browser
@@ -183,6 +185,34 @@ def test_two_browsers_on_different_servers_both_work(deployment, browser, embedd
         assert_each_request_reached_its_cookie(deployment)
         reached = {port for cookie, port in deployment.served()[before:] if cookie != "-"}
         assert reached == set(deployment.ports.values())  # each app served its own browser
+    finally:
+        for context in contexts:
+            context.close()
+
+
+def test_a_follower_on_the_other_server_follows_its_leader_through_the_shared_store(deployment, browser):
+    """The leader's room lives in Redis: a student whose browser lands on the other app process still follows."""
+    leader_server, follower_server = list(deployment.ports)[:2]
+    contexts = []
+    try:
+        pages = []
+        for name in (leader_server, follower_server):
+            context = browser.new_context(viewport={"width": 1280, "height": 720})
+            context.add_cookies([{"name": COOKIE, "value": name, "url": deployment.url}])
+            contexts.append(context)
+            pages.append(context.new_page())
+        leader, follower = pages
+        leader.goto(f"{deployment.url}/?lead=1&prompt={quote(PROMPT)}")
+        settled_text(leader)
+        href = leader.locator(".st-key-follow-link a").get_attribute("href")
+        follower.goto(deployment.url + "/?" + href.split("?", 1)[1])  # the students' link, through the proxy
+        settled_text(follower)
+        expect(follower.get_by_text(strings.t("follow_following"))).to_be_visible()
+        for step in ("1", "2"):
+            now = leader_moves(leader, "b_next", step=step)
+            shows(follower, now)
+        assert (cookie_of(contexts[0]), cookie_of(contexts[1])) == (leader_server, follower_server)
+        assert_each_request_reached_its_cookie(deployment)
     finally:
         for context in contexts:
             context.close()

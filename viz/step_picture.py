@@ -161,8 +161,11 @@ def step_figure(trace: StepTrace, info: ModelInfo, stage: str | None = None, tit
     parts = input_band(trace, info, rows, words, y) + layer_band(rows, words, y) + \
         output_band(trace, info, rows, words, y)
     deck = STACK_SHADOWS if len(trace.input_ids) > 1 else 0
+    drawing = Drawing([], [])
     for part in parts:
-        draw(fig, part, stage, text, size, deck)
+        draw(drawing, part, stage, text, size, deck)
+    # Set at once: plotly re-checks the whole list on each add_shape/add_annotation (quadratic, ~0.4 s here).
+    fig.update_layout(shapes=drawing.shapes, annotations=drawing.annotations)
     title_height = round(LINE_SPACING * (size + 3)) + 10 if title else 4  # finish() titles at size + 3
     fig.update_layout(height=round(y.height) + title_height + 4, margin=dict(l=6, r=6, t=title_height, b=4),
                       title=dict(y=1, yref="container", yanchor="top", pad=dict(t=6)))
@@ -289,7 +292,15 @@ def _style(part_stage: str, stage: str | None) -> tuple[str, float, float, str]:
     return DIMMED_LINE, 1.0, DIMMED_OPACITY, DIMMED_TEXT
 
 
-def draw(fig: go.Figure, part, stage: str | None, text: int, size: int, deck: int) -> None:
+@dataclass
+class Drawing:
+    """The figure's shapes and annotations (plotly layout dicts), collected before they are set."""
+
+    shapes: list[dict]
+    annotations: list[dict]
+
+
+def draw(fig: Drawing, part, stage: str | None, text: int, size: int, deck: int) -> None:
     """Add one Box, Arrow or Label to `fig`, styled for the highlighted `stage`, its words `text` px (a ⊕ sign
     `size`); a per-token box gets `deck` copies behind it."""
     color, width, opacity, text_color = _style(part.stage, stage)
@@ -300,12 +311,13 @@ def draw(fig: go.Figure, part, stage: str | None, text: int, size: int, deck: in
         draw_arrow(fig, part, color, width, opacity)
     else:
         anchor = {"left": "left", "right": "right"}.get(part.align, "center")
-        fig.add_annotation(x=part.x, y=part.y, text=part.text, showarrow=False, xanchor=anchor, align=part.align,
-                           font=dict(size=text, color=text_color), bgcolor="rgba(255,255,255,0.85)",
-                           name=f"{part.stage}:shape:{part.key}" if part.key else part.stage)
+        fig.annotations.append(dict(x=part.x, y=part.y, text=part.text, showarrow=False, xanchor=anchor,
+                                    align=part.align, font=dict(size=text, color=text_color),
+                                    bgcolor="rgba(255,255,255,0.85)",
+                                    name=f"{part.stage}:shape:{part.key}" if part.key else part.stage))
 
 
-def draw_box(fig: go.Figure, box: Box, color: str, width: float, opacity: float, text_color: str, text: int,
+def draw_box(fig: Drawing, box: Box, color: str, width: float, opacity: float, text_color: str, text: int,
              lit: bool, deck: int) -> None:
     """A box (or ⊕ circle) with its words (`text` px); `deck` copies behind it stand for the other rows of a
     prefill."""
@@ -313,24 +325,25 @@ def draw_box(fig: go.Figure, box: Box, color: str, width: float, opacity: float,
     kind = "circle" if box.round else "rect"
     if box.per_token:
         for k in range(deck, 0, -1):  # the rows behind the front one
-            fig.add_shape(type=kind, x0=box.x0 + SHADOW_X * k, x1=box.x1 + SHADOW_X * k, y0=box.y0 + SHADOW_Y * k,
-                          y1=box.y1 + SHADOW_Y * k, line=dict(color=color, width=1), fillcolor=fill, opacity=opacity,
-                          name=box.stage, layer="below")
-    fig.add_shape(type=kind, x0=box.x0, x1=box.x1, y0=box.y0, y1=box.y1, line=dict(color=color, width=width),
-                  fillcolor=fill if box.text else "rgba(0,0,0,0)", opacity=opacity, name=box.stage, layer="below")
+            fig.shapes.append(dict(type=kind, x0=box.x0 + SHADOW_X * k, x1=box.x1 + SHADOW_X * k,
+                                   y0=box.y0 + SHADOW_Y * k, y1=box.y1 + SHADOW_Y * k, line=dict(color=color, width=1),
+                                   fillcolor=fill, opacity=opacity, name=box.stage, layer="below"))
+    fig.shapes.append(dict(type=kind, x0=box.x0, x1=box.x1, y0=box.y0, y1=box.y1, line=dict(color=color, width=width),
+                           fillcolor=fill if box.text else "rgba(0,0,0,0)", opacity=opacity, name=box.stage,
+                           layer="below"))
     if box.text:
         y, anchor = (box.y1 - PAD, "top") if box.text_on_top else ((box.y0 + box.y1) / 2, "middle")
-        fig.add_annotation(x=(box.x0 + box.x1) / 2, y=y, yanchor=anchor, text=box.text, showarrow=False,
-                           font=dict(size=text, color=text_color), name=box.stage)
+        fig.annotations.append(dict(x=(box.x0 + box.x1) / 2, y=y, yanchor=anchor, text=box.text, showarrow=False,
+                                    font=dict(size=text, color=text_color), name=box.stage))
 
 
-def draw_arrow(fig: go.Figure, arrow: Arrow, color: str, width: float, opacity: float) -> None:
+def draw_arrow(fig: Drawing, arrow: Arrow, color: str, width: float, opacity: float) -> None:
     """The polyline as one path shape, and the last segment as an annotation arrow (for its head)."""
     points = arrow.points
     path = "M " + " L ".join(f"{x},{y}" for x, y in points)
-    fig.add_shape(type="path", path=path, line=dict(color=color, width=max(width - 1, 1.5)),
-                  opacity=opacity, name=arrow.stage)
+    fig.shapes.append(dict(type="path", path=path, line=dict(color=color, width=max(width - 1, 1.5)),
+                           opacity=opacity, name=arrow.stage))
     (tail_x, tail_y), (head_x, head_y) = points[-2], points[-1]
-    fig.add_annotation(x=head_x, y=head_y, ax=tail_x, ay=tail_y, xref="x", yref="y", axref="x", ayref="y", text="",
-                       showarrow=True, arrowhead=2, arrowsize=1.2, arrowwidth=max(width - 1, 1.5), arrowcolor=color,
-                       opacity=opacity, name=arrow.stage)
+    fig.annotations.append(dict(x=head_x, y=head_y, ax=tail_x, ay=tail_y, xref="x", yref="y", axref="x", ayref="y",
+                                text="", showarrow=True, arrowhead=2, arrowsize=1.2, arrowwidth=max(width - 1, 1.5),
+                                arrowcolor=color, opacity=opacity, name=arrow.stage))

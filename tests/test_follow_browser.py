@@ -124,3 +124,19 @@ def test_an_unknown_follow_code_says_so_in_the_browser(server, pages):
     settled_text(page)
     expect(page.get_by_text(strings.t("follow_gone", "zh"))).to_be_visible()
     assert page.locator('[data-testid="stException"]').count() == 0
+
+
+def test_the_leader_stops_sharing_and_its_followers_are_told(server, pages):
+    leader, follower = pages[:2]
+    leader.goto(f"{server}/?lead=1&step=1")
+    settled_text(leader)
+    href = leader.locator(".st-key-follow-link a").get_attribute("href")
+    follower.goto(href)
+    settled_text(follower)
+    expect(follower.get_by_text(strings.t("follow_following"))).to_be_visible()
+    leader.locator(".st-key-follow-share summary").click()  # the panel with the link and the QR code
+    press(leader, "b_follow_end")
+    leader.wait_for_function("() => !new URL(location.href).searchParams.has('lead')", timeout=WAIT_MS)
+    expect(leader.locator(".st-key-follow-link")).to_have_count(0)
+    expect(follower.get_by_text(strings.t("follow_gone"))).to_be_visible(timeout=FOLLOW_MS)
+    assert follower.locator('[data-testid="stException"]').count() == 0

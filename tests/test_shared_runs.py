@@ -33,6 +33,14 @@ def pages(model, store, count=2):
     return [Runner(model, cache_tokens=256, keep_full_traces=4, runs=store) for _ in range(count)]
 
 
+def on_one_link(model, count=2):
+    """`count` pages of one store, each configured with the same link's settings."""
+    runners = pages(model, RunStore(10**9), count)
+    for page in runners:
+        page.configure(config())
+    return runners
+
+
 def test_pages_with_the_same_settings_read_one_run(tiny_model, monkeypatch):
     model, store = tiny_model("llama"), RunStore(10**9)
     calls = EngineCalls(monkeypatch)
@@ -50,11 +58,8 @@ def test_pages_with_the_same_settings_read_one_run(tiny_model, monkeypatch):
 
 
 def test_stepping_past_the_end_extends_the_run_for_every_page(tiny_model, monkeypatch):
-    model, store = tiny_model("llama"), RunStore(10**9)
     calls = EngineCalls(monkeypatch)
-    leader, student = pages(model, store)
-    for page in (leader, student):
-        page.configure(config())
+    leader, student = on_one_link(tiny_model("llama"))
     student.advance_to(3)
     leader.advance_to(9)
     assert student.generated == 9  # the student's run is the same one, now nine tokens long
@@ -98,10 +103,7 @@ def test_a_page_prompt_history_is_part_of_what_it_shares(tiny_model):
 
 
 def test_a_page_that_did_not_see_the_prefill_publishes_nothing(tiny_model):
-    model, store = tiny_model("llama"), RunStore(10**9)
-    stepping, looking = pages(model, store)
-    for page in (stepping, looking):
-        page.configure(config())
+    stepping, looking = on_one_link(tiny_model("llama"))
     stepping.advance_to(2)  # the shared run is prefilled, but `looking` stayed at step 0
     looking.configure(config(prompt="Something else entirely"))
     assert looking.history.prompts == [] and looking.run.seeds == ()
@@ -131,10 +133,7 @@ def test_the_store_drops_the_least_recently_used_runs_beyond_its_bytes(tiny_mode
 
 
 def test_a_step_drawn_while_another_page_extends_the_run_keeps_its_tensors(tiny_model):
-    model, store = tiny_model("llama"), RunStore(10**9)
-    reader, stepper = pages(model, store)
-    for page in (reader, stepper):
-        page.configure(config())
+    reader, stepper = on_one_link(tiny_model("llama"))
     reader.advance_to(3)
     drawn = reader.trace(3)
     stepper.advance_to(12)  # keep_full_traces=4: step 3 is slimmed in the run

@@ -236,10 +236,6 @@ class Run:
         return sum(t.nbytes for t in self.session.traces) + kv + memo
 
     @property
-    def prefilled(self) -> bool:
-        return bool(self.session.traces)
-
-    @property
     def closed(self) -> bool:
         return self.session.closed
 

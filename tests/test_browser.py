@@ -74,8 +74,10 @@ def shown_as(payload: str) -> str:
 
 
 def settled(page) -> None:
+    """The first run has drawn the step (its text container) and finished. (Waiting for "notRunning" first could
+    match the page before its first run started; the link's warnings come early in a run.)"""
+    page.wait_for_selector(".st-key-generated code", timeout=120_000)
     page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=120_000)
-    page.wait_for_selector(MAIN + ' [data-testid="stMarkdown"]', timeout=120_000)
 
 
 @pytest.mark.parametrize("payload", MARKUP_PAYLOADS, ids=["link-and-image", "heading-colour-formula"])

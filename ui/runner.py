@@ -163,8 +163,8 @@ class Run:
             raise engine.PromptTooLongError(f"the prompt is {len(session.prompt_ids)} tokens; this app allows "
                                             f"at most {config.max_prompt_tokens}")
         self.session = session
-        self._rebuilt: OrderedDict[int, StepTrace] = OrderedDict()
-        self._attention: OrderedDict[tuple[int, int], tuple] = OrderedDict()
+        self._rebuilt = Memo()  # step → its rebuilt trace
+        self._attention = Memo()  # (layer, head) → (probs, scores)
 
     def advance_to(self, step: int) -> int:
         """Run prefill/decode until `step` tokens exist (or the run ends); return the step reached."""
@@ -185,10 +185,10 @@ class Run:
         if not trace.is_slim:
             return trace
         with self.lock:
-            if step not in self._rebuilt:
-                _remember(self._rebuilt, step, self.session.rebuild(step - 1))
-            self._rebuilt.move_to_end(step)
-            return self._rebuilt[step]
+            rebuilt = self._rebuilt.get(step)
+            if rebuilt is None:
+                rebuilt = self._rebuilt.put(step, self.session.rebuild(step - 1))
+            return rebuilt
 
     def full_attention(self, step: int, layer: int, head: int):
         """Probabilities and scores (n, n) of one head of `layer` over the sequence step `step` attended.
@@ -204,12 +204,11 @@ class Run:
                 probs, scores = kept
                 while probs.shape[0] < n and (row := self._decode_row(probs.shape[0] + 1, layer, head)) is not None:
                     probs, scores = _grow(probs, row[0], 0.0), _grow(scores, row[1], float("-inf"))
-                _remember(self._attention, (layer, head), (probs, scores))
+                self._attention.put((layer, head), (probs, scores))
                 if probs.shape[0] >= n:
                     return probs[:n, :n], scores[:n, :n]
             probs, scores = self.model.full_attention(session.ids[:n], layer, self.config.block_size)
-            _remember(self._attention, (layer, head), (probs[head].clone(), scores[head].clone()))
-            return self._attention[(layer, head)]
+            return self._attention.put((layer, head), (probs[head].clone(), scores[head].clone()))
 
     def _decode_row(self, length: int, layer: int, head: int):
         """The row a decode step recorded when the sequence reached `length` positions, if still kept."""
@@ -232,7 +231,7 @@ class Run:
         pool = self.cache.pool
         kv = (pool.used_blocks + self.cache.cached_free_blocks()) * pool.block_size * pool.bytes_per_token
         memo = sum(t.nbytes for t in self._rebuilt.values())
-        memo += sum(p.nbytes + s.nbytes for p, s in self._attention.values())
+        memo += sum(p.nbytes + s.nbytes for p, s in self._attention.values())  # a copy: other pages add to it
         return sum(t.nbytes for t in self.session.traces) + kv + memo
 
     @property
@@ -515,12 +514,31 @@ class PoolState:
     cached_free: int  # free blocks a prefix-cache lookup can still hit
 
 
-def _remember(memo: OrderedDict, key, value) -> None:
-    """Keep `value` as the newest of at most MEMO entries."""
-    memo[key] = value
-    memo.move_to_end(key)
-    while len(memo) > MEMO:
-        memo.popitem(last=False)
+class Memo:
+    """At most MEMO values, the least recently used dropped first; safe to read while other pages add to it
+    (the store sizes runs without their locks)."""
+
+    def __init__(self):
+        self._values: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        with self._lock:
+            if key in self._values:
+                self._values.move_to_end(key)
+            return self._values.get(key)
+
+    def put(self, key, value):
+        with self._lock:
+            self._values[key] = value
+            self._values.move_to_end(key)
+            while len(self._values) > MEMO:
+                self._values.popitem(last=False)
+        return value
+
+    def values(self) -> list:
+        with self._lock:
+            return list(self._values.values())
 
 
 def _grow(matrix, row, future: float):

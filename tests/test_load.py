@@ -55,8 +55,12 @@ class PeakMemory:
 
 
 async def settled(page) -> str:
-    await page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=300_000)
-    await page.wait_for_selector(".st-key-generated code", timeout=300_000)
+    """The step's text once the run has finished; a page that never shows it fails with what it shows."""
+    try:
+        await page.wait_for_selector(".st-key-generated code", timeout=300_000)
+        await page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=300_000)
+    except PlaywrightTimeout:
+        raise AssertionError(f"the page did not settle on a step: {await page_state(page)}") from None
     return await page.eval_on_selector(".st-key-generated code", "el => el.textContent")
 
 

@@ -261,3 +261,17 @@ def test_the_next_input_is_labelled_as_the_model_builds_it(family, learned, monk
     assert_clean(at)
     names = [trace.get("name") for chart in at.get("plotly_chart") for trace in json.loads(chart.proto.spec)["data"]]
     assert any("+ position row" in str(name) for name in names) == learned, names
+
+
+def test_a_setting_whose_widget_state_was_dropped_comes_back(monkeypatch):
+    """A page whose prompt widget lost its state keeps its prompt (it would read as empty and refuse to run);
+    settings still held are left as they are."""
+    from ui import page
+
+    at = start(prompt="Keep this prompt, please", chat=0, step=2)
+    drawn = at.session_state["drawn_state"]
+    assert drawn["prompt"] == "Keep this prompt, please" and drawn["chat"] is False
+    state = {"drawn_state": drawn, "w_chat": True}  # the prompt's widget state is gone; chat was changed since
+    monkeypatch.setattr(page, "ss", state)
+    page.restore_lost_settings()
+    assert state["w_prompt"] == "Keep this prompt, please" and state["w_chat"] is True

@@ -95,6 +95,7 @@ def draw_page() -> None:
     limits = load_limits()
     if "initialized" not in ss:
         start_from_link(limits)
+    restore_lost_settings()
     follow.take_over(lambda query: follow_leader(query, limits))  # before any widget, as the link is
     if ss.pop("stop_playing", False):
         ss.w_playing = False
@@ -198,7 +199,18 @@ def current_state() -> AppState:
     return AppState(step=ss.step, **values)
 
 
+def restore_lost_settings() -> None:
+    """Put back any setting whose widget state Streamlit dropped (the last state drawn is kept under a key no
+    widget owns): a text area that lost its state would come back empty, and the page would refuse to run. Seen
+    once under a class's load, as a page whose link turned to `prompt=` with nobody typing."""
+    for name, value in ss.get("drawn_state", {}).items():
+        if "w_" + name not in ss:
+            log.warning("setting %s was lost by its widget and restored", name)  # the name only, never the value
+            ss["w_" + name] = value
+
+
 def write_link(state: AppState) -> None:
+    ss.drawn_state = {f.name: getattr(state, f.name) for f in fields(AppState) if f.name != "step"}
     follow.publish(state)  # a leader's every draw (a play tick too) reaches its followers
     query = to_query(state) | follow.link_params()
     if st.query_params.to_dict() != query:

@@ -19,8 +19,10 @@ from ui.lesson import CHAPTERS
 from ui.state import default_prompt, parse_query
 from ui.views.prefix import CASE_BLOCK_SIZE, CASE_CACHED, CASES
 
-def sidebar_text(at) -> str:
-    return "\n".join([m.value for m in at.sidebar.markdown] + [c.value for c in at.sidebar.caption])
+def lesson_text(at) -> str:
+    """The lesson's header (the chapter's title) and its panel, where the chapter's text and numbers are."""
+    panel = at.container("chapter")
+    return "\n".join([t.value for t in at.title] + [m.value for m in panel.markdown] + [c.value for c in panel.caption])
 
 
 @cache
@@ -87,7 +89,7 @@ def test_every_chapter_opens_from_its_link_in_its_state_with_the_models_numbers(
     if chapter.case:
         assert state.prompt == CASES[chapter.case] and not state.chat
     assert strings.t(VIEW_TITLES[chapter.view], lang) in [s.value for s in at.subheader]
-    text = sidebar_text(at)
+    text = lesson_text(at)
     assert chapter.part("title", lang) in text
     assert "{" not in text and "–" not in text  # every placeholder was filled with a number of this step
     missing = [number for number in expected_numbers(chapter, embedded_model, lang) if number not in text]
@@ -174,13 +176,15 @@ def test_keys_buttons_and_the_list_move_through_the_chapters(server):
         expect(page.locator(".st-key-b_lesson_start")).to_be_visible()
 
 
-def test_play_keeps_the_chapter_and_the_list_still_moves(embedded_model):
+def test_play_keeps_the_chapter_current_and_the_list_still_moves(embedded_model):
     at = start(chapter=3)
     at.toggle(key="w_playing").set_value(True).run()
-    at.run()  # Play's ticks do not draw the sidebar: the chapter must survive them
+    at.run()  # Play's ticks redraw the step with its chapter: the panel quotes the step on screen
     assert_clean(at)
     assert at.query_params["chapter"] == "3" and at.query_params["step"] == "5"
-    assert strings.t("lesson_playing") in [i.value for i in at.sidebar.info]
+    _, trace = own_trace(embedded_model, default_prompt("en"), 5, 16, 1)
+    text = lesson_text(at)
+    assert f"{trace.token_id}," in text and f"position {trace.positions[-1]}." in text, text
     at.toggle(key="w_playing").set_value(False).run()
     at.radio(key="chapter_list").set_value(7).run()
     assert_clean(at)
@@ -193,6 +197,6 @@ def test_the_tokens_chapter_explains_byte_level_bpe_when_a_character_spans_sever
     split = any(len(tokenizer.encode(ch)) > 1 for ch in "解释什么是")  # the tokenizer's own verdict
     assert split  # SmolLM2 splits these characters: the chapter must say why
     at = start(chapter=1, prompt="解释什么是Transformer", chat=0)
-    assert strings.t("bpe_explained") in [c.value for c in at.sidebar.caption]
+    assert strings.t("bpe_explained") in [c.value for c in at.container("chapter").caption]
     plain = start(chapter=1, prompt="Hello there", chat=0)
-    assert strings.t("bpe_explained") not in [c.value for c in plain.sidebar.caption]
+    assert strings.t("bpe_explained") not in [c.value for c in plain.container("chapter").caption]

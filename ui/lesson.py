@@ -19,6 +19,7 @@ DEFAULT_SETTINGS = {"block_size": 16, "kv_splits": 1}  # what a chapter that nam
 class Chapter:
     number: int  # 1-based, as the link's `chapter`
     key: str
+    figure: str  # the part of its view it talks about (a `ui.views.common.Part` name): first on the screen
     points: tuple[str, ...]  # teaching points, e.g. ("T4", "T11")
     view: str
     step: int
@@ -35,7 +36,7 @@ def read_chapters(path: Path = Path(__file__).with_name("lesson.toml")) -> tuple
     with open(path, "rb") as f:
         raw = tomllib.load(f)["chapter"]
     return tuple(
-        Chapter(number=i, key=c["key"], points=tuple(c["points"]), view=c["view"], step=c["step"],
+        Chapter(number=i, key=c["key"], figure=c["figure"], points=tuple(c["points"]), view=c["view"], step=c["step"],
                 stage=c.get("stage"), settings={name: c.get(name, DEFAULT_SETTINGS[name]) for name in SETTINGS},
                 case=c.get("case"), text={lang: c[lang] for lang in ("en", "zh")})
         for i, c in enumerate(raw, start=1))

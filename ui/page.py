@@ -20,6 +20,7 @@ from ui.settings import DTYPES, Limits, StepLimits, fit_state, load_limits, step
 from ui.state import (LANGS, POLICIES, VIEWS, AppState, Problem, bounds, clamp, clean_prompt, default_prompt,
                       parse_query, to_query)
 from ui.views import attention, costs, flow, kv_cache, lesson, prefix, split_kv, stepper
+from ui.views.common import CHAPTER_FIGURE, ChapterFigure
 
 VIEW_MODULES = {"flow": flow, "attention": attention, "kv": kv_cache, "split": split_kv, "prefix": prefix,
                 "costs": costs}
@@ -59,10 +60,12 @@ LAYOUT_CSS = """<style>
 [data-testid="stMain"] h3 { font-size: 1.15rem; padding-top: 0.25rem; }
 </style>"""
 LARGE_CSS = "<style>html { font-size: 125%; }</style>"  # every rem-sized text and control, a quarter larger
-# In the lesson the sidebar holds the chapter's text beside the figure: wider, on a screen wide enough for both.
-LESSON_CSS = """<style>@media (min-width: 900px) {
-  [data-testid="stSidebar"] { width: 21rem !important; min-width: 21rem !important; }
-}</style>"""
+# In the lesson the chapter sets the view (its selector is hidden) and its title is the page's: a compact header.
+LESSON_CSS = """<style>
+.st-key-w_view { display: none; }
+[data-testid="stMainBlockContainer"] { padding-top: 3.9rem; }  /* the title clears Streamlit's header bar (3.75rem) */
+</style>"""
+CHAPTER_FIGURE_HEIGHT = {False: 480, True: 440}  # px: what the first screen has below the lesson's header
 
 
 def t(key: str, **values) -> str:
@@ -89,27 +92,32 @@ def run_lock() -> threading.RLock:
 
 
 def draw_page() -> None:
-    st.set_page_config(page_title="kvscope", page_icon="🔎", layout="wide")
-    st.html(CHROME_CSS)
-    memory.tune_allocator()
+    """The whole page: settings, banners, then the step and its view in a fragment (`stepper_and_view`), which a
+    step press, a view or layer change, and Play's ticks redraw alone."""
     limits = load_limits()
     if "initialized" not in ss:
         start_from_link(limits)
+    # The lesson needs the whole projector's width: its chapters are in the sidebar, closed until asked for.
+    st.set_page_config(page_title="kvscope", page_icon="🔎", layout="wide",
+                       initial_sidebar_state="collapsed" if ss.get("w_chapter") else "auto")
+    st.html(CHROME_CSS)
+    memory.tune_allocator()
     restore_lost_settings()
     follow.take_over(lambda query: follow_leader(query, limits))  # before any widget, as the link is
     if ss.pop("stop_playing", False):
         ss.w_playing = False
+    ss.pop("full_rerun", None)  # this run is one
     model, failure = model_for(ss.w_model)
     runner = runner_for(model, limits) if model is not None else None
     if runner is not None:
         apply_pending_case(runner, limits)  # before the widgets: it sets the prompt and chat switch
         fit_to_budget(step_limits(limits, model.info))
-    lesson_place = sidebar(limits, can_think=runner is not None and runner.can_think)
-    st.html(LAYOUT_CSS + (LARGE_CSS if ss.w_large else "") + (LESSON_CSS if ss.get("w_chapter") else ""))
-    st.title(t("title"))
+    sidebar(limits, can_think=runner is not None and runner.can_think)
+    in_lesson = bool(ss.get("w_chapter"))
+    st.html(LAYOUT_CSS + (LARGE_CSS if ss.w_large else "") + (LESSON_CSS if in_lesson else ""))
+    if not in_lesson:  # a lesson's header is its chapter's title
+        st.title(t("title"))
     follow.show(t)
-    if ss.get("w_chapter"):
-        phone_lesson_hint()
     for problem in ss.pop("problems", []):
         show_problem(problem)
     if limits.bad_dtype:
@@ -129,14 +137,16 @@ def draw_page() -> None:
         write_link(state)
         return
     play_controls(limits)
-    if ss.get("w_playing"):  # redrawn alone on each tick
-        if ss.get("w_chapter"):  # a fragment cannot redraw the sidebar: the chapter's numbers would be stale
-            lesson_place.info(t("lesson_playing"))
-        st.fragment(run_every=ss.w_pace)(stepper_and_view)(model, runner, in_fragment=True)
-    else:  # not a fragment: a press must work in a session a restarted server has just rebuilt from the link
-        stepper_and_view(model, runner, lesson_place)
+    pace = ss.w_pace if ss.get("w_playing") else None
+    st.fragment(run_every=pace)(stepper_and_view)(model, runner)
     model_card.render(model.info, t)  # at the foot, collapsed: the first screen is the step's
     st.caption(t("tagline"))  # at the foot: the first screen is for the step and its figure
+
+
+def request_full_run() -> None:
+    """A control inside the step's fragment changed what the rest of the page shows (the chapter and its
+    settings, Play, an article's case): the fragment's next run hands over to a run of the whole page."""
+    ss.full_rerun = True
 
 
 # -- state ------------------------------------------------------------------------------------
@@ -171,9 +181,11 @@ def apply_link(params: dict[str, str], limits: Limits, mine: frozenset[str] = fr
 
 
 def go_to_chapter(number: int) -> None:
-    """A lesson control's press: chapter `number` (0 leaves the lesson, keeping the page as it is)."""
+    """A lesson control's press: chapter `number` (0 leaves the lesson, keeping the page as it is). The chapter
+    sets the sidebar's settings too, so the whole page is drawn again."""
     with run_lock():
         enter_chapter(number)
+        request_full_run()
 
 
 def enter_chapter(number: int, keep: frozenset[str] = frozenset()) -> None:
@@ -299,11 +311,11 @@ def apply_pending_case(runner: Runner, limits: Limits) -> None:
 # -- widgets ----------------------------------------------------------------------------------
 
 
-def sidebar(limits: Limits, can_think: bool = False):
-    """The settings; returns the place at their top where the lesson's panel goes once the step is drawn.
-    can_think: the model's chat template has a thinking switch (Qwen3), so the Thinking toggle shows."""
+def sidebar(limits: Limits, can_think: bool = False) -> None:
+    """The lesson's chapters (or the way into it), then the settings. can_think: the model's chat template has a
+    thinking switch (Qwen3), so the Thinking toggle shows."""
     with st.sidebar:
-        lesson_place = st.container()
+        lesson.sidebar(ss.get("w_chapter", 0), ss.w_lang, go_to_chapter)
         st.selectbox(t("language"), LANGS, key="w_lang", format_func=lambda code: strings.LANGUAGE_NAMES[code])
         st.toggle(t("large_text"), key="w_large")
         if limits.allow_any_model:
@@ -326,7 +338,6 @@ def sidebar(limits: Limits, can_think: bool = False):
         st.number_input(t("block_size"), *bounds("block_size"), key="w_block_size", step=1, help=t("block_size_help"))
         st.number_input(t("kv_splits"), *bounds("kv_splits"), key="w_kv_splits", step=1, help=t("kv_splits_help"))
         st.selectbox(t("policy"), POLICIES, key="w_policy", format_func=labels("policy_"))
-    return lesson_place
 
 
 def play_controls(limits: Limits) -> None:
@@ -335,12 +346,15 @@ def play_controls(limits: Limits) -> None:
     st.sidebar.slider(t("pace"), limits.min_pace, 3.0, key="w_pace", step=0.1)
 
 
-def stepper_and_view(model: engine.Model, runner: Runner, lesson_place=None, in_fragment: bool = False) -> None:
-    """The step buttons and the views (a fragment while playing). A fault stays in this session: it is shown,
-    and the session can start again; the shared model and other sessions are untouched."""
+def stepper_and_view(model: engine.Model, runner: Runner) -> None:
+    """The step, its view and (in the lesson) its chapter: a fragment, redrawn alone by a press of a step button,
+    a change of view, layer or head, and Play's ticks. A fault stays in this session: it is shown, and the
+    session can start again; the shared model and other sessions are untouched."""
+    if ss.pop("full_rerun", False) or "pending_case" in ss:  # an article's case is loaded before any widget
+        st.rerun(scope="app")  # a control in here changed what the rest of the page shows
     try:
         with run_lock():  # a fragment's rerun does not pass through main
-            draw_step(model, runner, lesson_place, in_fragment)
+            draw_step(model, runner)
         return
     except engine.KvscopeError as error:
         message = t("bad_input", error=str(error))
@@ -362,16 +376,30 @@ def reset_session() -> None:
     ss.step = 0
 
 
-def draw_step(model: engine.Model, runner: Runner, lesson_place=None, in_fragment: bool = False) -> None:
+def draw_step(model: engine.Model, runner: Runner) -> None:
     """The step counter, the step buttons and Play in one row, the token stream, then the chosen view (its main
-    figure first) and the step's text and candidates: at 1280×720 the main figure starts on the first screen."""
-    if in_fragment and not ss.get("w_playing"):
-        st.rerun(scope="app")  # Play, drawn inside the fragment, was switched off: stop the timed reruns
-    counter = st.empty()
-    buttons_column, play_column = st.columns([4, 1], vertical_alignment="center")
-    buttons = buttons_column.empty()
-    step_buttons(buttons, runner, busy=True)
-    play_column.toggle(t("play"), key="w_playing")
+    figure first) and the step's text and candidates: at 1280×720 the main figure starts on the first screen.
+    In the lesson: the chapter's header, then its figure beside the step's controls and the chapter's text."""
+    chapter = CHAPTERS[ss.w_chapter - 1] if ss.get("w_chapter") else None
+    if chapter is not None:
+        lesson.header(chapter, ss.w_lang)
+    controls = st.container()
+    with controls:
+        if chapter is None:
+            counter = st.empty()
+        else:  # the lesson's header line: the step, and the way to the other chapters
+            counter_column, back, forward = st.columns([2, 1, 1], vertical_alignment="center")
+            counter = counter_column.empty()
+            lesson.chapter_buttons(chapter, ss.w_lang, go_to_chapter, back, forward)
+        buttons_column, play_column = st.columns([4, 1], vertical_alignment="center")
+        buttons = buttons_column.empty()
+        step_buttons(buttons, runner, busy=True)
+        play_column.toggle(t("play"), key="w_playing", on_change=request_full_run)  # Play sets the fragment's timer
+    if chapter is not None:  # the chapter's figure, and beside it the token stream and the chapter's text
+        figure_column, beside = st.columns([0.65, 0.35])  # the step picture needs 760 px
+        chapter_place = figure_column.container(key="chapter-figure")
+    else:
+        beside, chapter_place = controls, None
     if ss.get("w_playing"):
         if runner.finished and ss.step >= runner.generated:
             ss.stop_playing = True
@@ -379,34 +407,32 @@ def draw_step(model: engine.Model, runner: Runner, lesson_place=None, in_fragmen
         ss.step += 1
     requested = ss.step
     ss.step = runner.advance_to(requested)
-    if ss.step < requested:
-        st.warning(t("step_unreachable", step=requested, reached=ss.step, reason=runner.stop_reason))
     state, problems = clamp(current_state(), model.info.layers, model.info.q_heads)
     for problem in problems:
-        show_problem(problem)
         ss["w_" + problem.param] = getattr(state, problem.param)
-    chapter = CHAPTERS[state.chapter - 1] if state.chapter else None
     ctx = ViewContext(runner=runner, state=state, step=ss.step, trace=runner.trace(ss.step),
                       stage=chapter.stage if chapter else None)
-    if lesson_place is not None:  # not while playing: a fragment cannot draw into the sidebar
-        with lesson_place:
-            lesson.render(ctx, go_to_chapter)
-    counter.html(stepper.counter_html(ctx))
-    stepper.render(ctx)
+    with controls:
+        if ss.step < requested:
+            st.warning(t("step_unreachable", step=requested, reached=ss.step, reason=runner.stop_reason))
+        for problem in problems:
+            show_problem(problem)
+        counter.html(stepper.counter_html(ctx))
+    with beside:
+        stepper.render(ctx, lines=1 if chapter else None)
+        if chapter is not None:
+            lesson.panel(ctx)
     st.radio(t("view"), VIEWS, key="w_view", horizontal=True, format_func=labels("view_"),
-             label_visibility="collapsed")
-    VIEW_MODULES[ss.w_view].render(ctx)
+             label_visibility="collapsed")  # hidden in the lesson: the chapter sets the view
+    placed = CHAPTER_FIGURE.set(None if chapter is None else
+                                ChapterFigure(chapter.figure, chapter_place, CHAPTER_FIGURE_HEIGHT[ctx.large]))
+    try:
+        VIEW_MODULES[ss.w_view].render(ctx)
+    finally:
+        CHAPTER_FIGURE.reset(placed)
     stepper.details(ctx)
     step_buttons(buttons, runner)  # live again only once the screen shows this step, as the link does
     write_link(current_state())
-
-
-def phone_lesson_hint() -> None:
-    """On a phone the sidebar, where the chapter is explained, starts closed: say the chapter and where it is."""
-    title = html.escape(CHAPTERS[ss.w_chapter - 1].part("title", ss.w_lang))
-    note = html.escape(t("lesson_phone", n=ss.w_chapter, total=len(CHAPTERS)))
-    st.html(f"<style>.kv-lesson-phone{{display:none}}@media (max-width:640px){{.kv-lesson-phone{{display:block}}}}"
-            f"</style><div class='kv-lesson-phone'><b>{title}</b> · {note}</div>")
 
 
 def fit_to_budget(step: StepLimits) -> None:

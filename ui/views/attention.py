@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from ui.context import ViewContext
-from ui.views.common import figure, layer_head_pickers, titled, words
+from ui.views.common import Part, figure, layer_head_pickers, titled, words
 from viz.attention import gqa_figure, head_grid_figure, heatmap_figure, newest_row_figure
 
 
@@ -13,7 +13,7 @@ def render(ctx: ViewContext) -> None:
     info = ctx.info
     if not titled(ctx, "attention_title"):
         return
-    main = st.container(key="main-figure")  # the heatmap first; its pickers under it
+    main = Part("heatmap", key="main-figure")  # the heatmap first; its pickers under it
     layer, head = layer_head_pickers(ctx)
     show_scores = st.toggle(ctx.t("show_scores"), key="w_scores")
     probs, scores = ctx.runner.full_attention(ctx.step, layer, head)
@@ -30,7 +30,9 @@ def render(ctx: ViewContext) -> None:
     newest = (trace.scores if show_scores else trace.attention)[layer, :, -1].numpy()  # (q_heads, L) as computed
     figure(newest_row_figure(newest[head], labels[: newest.shape[1]], ctx.t("newest_title", head=head), ctx.large,
                              value), f"newest-row-L{layer}-H{head}")
-    figure(head_grid_figure(trace.attention[layer, :, -1].numpy(), labels[: newest.shape[1]], info.gqa_group,
-                            ctx.t("heads_title", layer=layer), ctx.large), f"heads-L{layer}")
-    figure(gqa_figure(info.q_heads, info.kv_heads, ctx.t("gqa_title", q=info.q_heads, kv=info.kv_heads,
-                                                         group=info.gqa_group), ctx.large), "gqa")
+    with Part("heads"):
+        figure(head_grid_figure(trace.attention[layer, :, -1].numpy(), labels[: newest.shape[1]], info.gqa_group,
+                                ctx.t("heads_title", layer=layer), ctx.large), f"heads-L{layer}")
+    with Part("gqa"):
+        figure(gqa_figure(info.q_heads, info.kv_heads, ctx.t("gqa_title", q=info.q_heads, kv=info.kv_heads,
+                                                             group=info.gqa_group), ctx.large), "gqa")

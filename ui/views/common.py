@@ -1,6 +1,10 @@
-"""Small helpers the views share: figures with a PNG download, tables, and layer/head pickers."""
+"""Small helpers the views share: figures with a PNG download, tables, layer/head pickers, and the parts of a
+view a lesson chapter can name as its figure."""
 
 from __future__ import annotations
+
+from contextvars import ContextVar
+from dataclasses import dataclass
 
 import plotly.graph_objects as go
 import streamlit as st
@@ -15,14 +19,56 @@ def words(ctx: ViewContext) -> dict[str, str]:
     return strings.figure_words(ctx.state.lang)
 
 
+@dataclass(frozen=True)
+class ChapterFigure:
+    """The part of a view a lesson chapter talks about, and where the page wants it: on the projector's first
+    screen, no taller than `height` px."""
+
+    part: str
+    place: object  # a Streamlit container (key `chapter-figure`)
+    height: int
+
+
+CHAPTER_FIGURE: ContextVar[ChapterFigure | None] = ContextVar("chapter_figure", default=None)  # set by the page
+_MAX_HEIGHT: ContextVar[int | None] = ContextVar("max_height", default=None)  # inside the chapter's part
+
+
+class Part:
+    """A place for one part of a view (a figure and what belongs to it), made where the view wants it and
+    entered with `with` when filled: the chapter's own place when the lesson names this part as its figure,
+    else a container here (keyed `key`, e.g. the view's "main-figure")."""
+
+    def __init__(self, name: str, key: str | None = None):
+        chosen = CHAPTER_FIGURE.get()
+        self.height = chosen.height if chosen is not None and chosen.part == name else None
+        self.place = chosen.place if self.height else st.container(key=key)
+        self._token = None
+
+    def __enter__(self) -> Part:
+        self._token = _MAX_HEIGHT.set(self.height)
+        self.place.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.place.__exit__(*exc)
+        _MAX_HEIGHT.reset(self._token)
+
+
 def figure(fig: go.Figure, name: str) -> None:
-    """Draw a figure (viz drew it in the page's language); Plotly's toolbar saves it as a PNG named `name`."""
+    """Draw a figure (viz drew it in the page's language); Plotly's toolbar saves it as a PNG named `name`.
+    In a chapter's figure place it is at most that place's height (its width follows the column)."""
+    limit = _MAX_HEIGHT.get()
+    if limit is not None and (fig.layout.height or 450) > limit:
+        fig.update_layout(height=limit)
     st.plotly_chart(fig, width="stretch", config={"toImageButtonOptions": {"format": "png", "filename": name},
                                                    "displaylogo": False})
 
 
 def table(frame, key: str | None = None) -> None:
-    st.dataframe(frame, hide_index=True, width="stretch", key=key)
+    """A table; in a chapter's figure place, at most that place's height (it scrolls inside)."""
+    limit = _MAX_HEIGHT.get()
+    height = "auto" if limit is None else min(limit, 35 * (len(frame) + 1) + 3)  # Streamlit's row height: 35 px
+    st.dataframe(frame, hide_index=True, width="stretch", key=key, height=height)
 
 
 def layer_head_pickers(ctx: ViewContext, heads: bool = True) -> tuple[int, int]:

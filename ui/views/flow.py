@@ -8,13 +8,13 @@ import streamlit as st
 
 from ui import safe
 from ui.context import ViewContext
-from ui.views.common import figure, titled, words
+from ui.views.common import Part, figure, titled, words
 from viz.flow import flow_rows, residual_figure, vector_figure
 from viz.step_picture import MIN_WIDTH, step_figure
 
 # Narrower than MIN_WIDTH (a phone) the picture keeps its size and scrolls sideways rather than squeezing its words
 # together; the page itself does not widen.
-PICTURE_CSS = f"<style>.st-key-main-figure [data-testid='stFullScreenFrame'] {{ min-width: {MIN_WIDTH}px; }}</style>"
+PICTURE_CSS = f"<style>.st-key-step-picture [data-testid='stFullScreenFrame'] {{ min-width: {MIN_WIDTH}px; }}</style>"
 
 
 def render(ctx: ViewContext) -> None:
@@ -22,12 +22,13 @@ def render(ctx: ViewContext) -> None:
     if not titled(ctx, "flow_title"):
         return
     trace = ctx.trace
-    with st.container(key="main-figure"):  # the picture of the step first (a lesson highlights its stage)
+    with Part("picture", key="main-figure"), st.container(key="step-picture"):  # the picture of the step first
         st.html(PICTURE_CSS)
         figure(step_figure(trace, info, ctx.stage, picture_title(ctx), ctx.large, words(ctx)), "one-step")
-    figure(residual_figure(trace.residual.numpy(), ctx.t("residual_title", adds=2 * info.layers), ctx.large,
-                           words(ctx)),
-           "residual-stream")
+    with Part("residuals"):
+        figure(residual_figure(trace.residual.numpy(), ctx.t("residual_title", adds=2 * info.layers), ctx.large,
+                               words(ctx)),
+               "residual-stream")
     rows = []
     for r in flow_rows(trace, info):
         facts = {k: ctx.t("yes" if v else "no") if isinstance(v, bool) else v for k, v in r.facts.items()}
@@ -46,9 +47,10 @@ def render(ctx: ViewContext) -> None:
     next_label = ctx.t("vec_next_learned" if info.positions == "learned" else "vec_next", id=trace.token_id,
                        position=trace.positions[-1] + 1)
     vectors = {ctx.t("vec_final"): trace.final_hidden.numpy(), next_label: trace.next_input_embedding.numpy()}
-    figure(vector_figure(vectors, ctx.t("vectors_title"), ctx.large, words(ctx)), "final-vs-next-input")
-    different = float(np.abs(vectors[ctx.t("vec_final")] - vectors[next_label]).max())
-    st.caption(ctx.t("vectors_note", diff=different))
+    with Part("vectors"):
+        figure(vector_figure(vectors, ctx.t("vectors_title"), ctx.large, words(ctx)), "final-vs-next-input")
+        different = float(np.abs(vectors[ctx.t("vec_final")] - vectors[next_label]).max())
+        st.caption(ctx.t("vectors_note", diff=different))
 
 
 def picture_title(ctx: ViewContext) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from engine.kv_cache import kv_bytes_per_token
-from ui import safe
+from ui import safe, strings
 from ui.context import ViewContext
 from ui.lesson import CHAPTERS, Chapter
 
@@ -65,37 +65,54 @@ def current(ctx: ViewContext) -> Chapter | None:
     return CHAPTERS[number - 1] if number else None
 
 
-def render(ctx: ViewContext, go_to) -> None:
-    """The panel for the chapter in the link (`go_to(n)` is the navigation callback; 0 leaves the lesson)."""
-    chapter = current(ctx)
-    if chapter is None:
-        st.button(ctx.t("lesson_start"), key="b_lesson_start", on_click=go_to, args=(1,), width="stretch",
-                  help=ctx.t("lesson_start_help"))
-        return
-    lang = ctx.state.lang
-    with st.container(key="chapter"):
-        st.caption(ctx.t("lesson_of", n=chapter.number, total=len(CHAPTERS)))
-        st.markdown(f"#### {chapter.part('title', lang)}")
+# The chapter's explanation scrolls in its own box beside the figure: the figure never scrolls away under it.
+PANEL_HEIGHT = {False: 440, True: 390}
+
+
+def header(chapter: Chapter, lang: str) -> None:
+    """The lesson's one-line header: the chapter's number and title (the page's title while in the lesson)."""
+    st.title(f"{chapter.number}/{len(CHAPTERS)} · {chapter.part('title', lang)}")
+
+
+def chapter_buttons(chapter: Chapter, lang: str, go_to, back, forward) -> None:
+    """The way to the chapters before and after (PageUp / PageDown), drawn in the places `back` and `forward`.
+    `go_to(n)` is the navigation callback."""
+    back.button(strings.t("lesson_back", lang), key="b_chapter_back", on_click=go_to, args=(chapter.number - 1,),
+                disabled=chapter.number == 1, shortcut="PageUp", width="stretch")
+    forward.button(strings.t("lesson_next", lang), key="b_chapter_next", on_click=go_to, args=(chapter.number + 1,),
+                   disabled=chapter.number == len(CHAPTERS), shortcut="PageDown", width="stretch")
+
+
+def panel(ctx: ViewContext) -> None:
+    """The chapter's explanation with this model's and this step's numbers, the article's claim beside them, and
+    a question for the class, in a box of its own height that scrolls."""
+    chapter, lang = current(ctx), ctx.state.lang
+    with st.container(key="chapter", height=PANEL_HEIGHT[ctx.large], border=True):
         if ctx.trace is None:
             st.info(ctx.t("need_prefill"))
-        else:
-            numbers = facts(ctx)
-            st.markdown(fill(chapter.part("body", lang), numbers))
-            if chapter.key == "tokens" and any(cell.group.size > 1 for cell in ctx.cells):
-                st.caption(ctx.t("bpe_explained"))  # a character over several tokens is on screen: say why
-            st.markdown(f"**{ctx.t('lesson_look')}** {fill(chapter.part('look', lang), numbers)}")
-            st.markdown(f"**{ctx.t('lesson_claim')}** {fill(chapter.part('claim', lang), numbers)}")
-            st.markdown(f"**{ctx.t('lesson_question')}** {fill(chapter.part('question', lang), numbers)}")
-            with st.expander(ctx.t("lesson_answer")):
-                st.markdown(fill(chapter.part("answer", lang), numbers))
-    back, forward = st.columns(2)
-    back.button(ctx.t("lesson_back"), key="b_chapter_back", on_click=go_to, args=(chapter.number - 1,),
-                disabled=chapter.number == 1, shortcut="PageUp", width="stretch")
-    forward.button(ctx.t("lesson_next"), key="b_chapter_next", on_click=go_to, args=(chapter.number + 1,),
-                   disabled=chapter.number == len(CHAPTERS), shortcut="PageDown", width="stretch")
+            return
+        numbers = facts(ctx)
+        st.markdown(fill(chapter.part("body", lang), numbers))
+        if chapter.key == "tokens" and any(cell.group.size > 1 for cell in ctx.cells):
+            st.caption(ctx.t("bpe_explained"))  # a character over several tokens is on screen: say why
+        st.markdown(f"**{ctx.t('lesson_look')}** {fill(chapter.part('look', lang), numbers)}")
+        st.markdown(f"**{ctx.t('lesson_claim')}** {fill(chapter.part('claim', lang), numbers)}")
+        st.markdown(f"**{ctx.t('lesson_question')}** {fill(chapter.part('question', lang), numbers)}")
+        with st.expander(ctx.t("lesson_answer")):
+            st.markdown(fill(chapter.part("answer", lang), numbers))
+
+
+def sidebar(number: int, lang: str, go_to) -> None:
+    """In the sidebar: the way into the lesson, or the list of chapters and the way out (`number`: the chapter
+    in the link, 0 for none)."""
+    t = lambda key, **values: strings.t(key, lang, **values)  # noqa: E731
+    if not number:
+        st.button(t("lesson_start"), key="b_lesson_start", on_click=go_to, args=(1,), width="stretch",
+                  help=t("lesson_start_help"))
+        return
     titles = {c.number: f"{c.number}. {c.part('title', lang)}" for c in CHAPTERS}
-    # Its own key, set from the chapter each run: `w_chapter` must outlive runs that do not draw the list (Play).
-    st.session_state.chapter_list = chapter.number
-    st.radio(ctx.t("lesson_chapters"), list(titles), key="chapter_list", format_func=titles.get,
+    # Its own key, set from the chapter each run: `w_chapter` must outlive runs that do not draw the list.
+    st.session_state.chapter_list = number
+    st.radio(t("lesson_chapters"), list(titles), key="chapter_list", format_func=titles.get,
              on_change=lambda: go_to(st.session_state.chapter_list))
-    st.button(ctx.t("lesson_leave"), key="b_lesson_leave", on_click=go_to, args=(0,), width="stretch")
+    st.button(t("lesson_leave"), key="b_lesson_leave", on_click=go_to, args=(0,), width="stretch")

@@ -62,19 +62,22 @@ def counter_html(ctx: ViewContext) -> str:
             f'<div class="kv-header" style="font-size:{size};line-height:1.8">{line}</div>')
 
 
-def render(ctx: ViewContext) -> None:
-    """Under the step buttons: what the step did, and the token stream (a few lines, scrolling)."""
-    st.markdown(f"**{phase_line(ctx)}**")
+def render(ctx: ViewContext, lines: int | None = None) -> None:
+    """Under the step buttons: what the step did, and the token stream (a few lines, or `lines`, scrolling)."""
+    if lines is None:  # the lesson's header line already names the step and its phase
+        st.markdown(f"**{phase_line(ctx)}**")
     if ctx.runner.finished and ctx.step == ctx.runner.generated:
         st.info(ctx.t("stopped_" + ctx.runner.stop_reason))
     labels = {kind: ctx.t("legend_" + kind) for kind in ("prompt", "generated", "input")} | {
         "newest": ctx.t("legend_output")}
-    if splits_characters(ctx.cells):  # byte-level BPE explained where a character made of several tokens shows
+    if lines is not None:  # a strip of the newest tokens (the lesson's): no room for the legend
+        legend = ""
+    elif splits_characters(ctx.cells):  # byte-level BPE explained where a character made of several tokens shows
         legend = token_legend_html(labels, ctx.t("legend_hover_bpe"), ctx.t("bpe_explained"))
     else:
         legend = token_legend_html(labels, ctx.t("legend_hover"))
     with st.container(key="token-stream"):
-        st.markdown(token_stream_html(ctx.cells, ctx.large, input_positions(ctx), legend), unsafe_allow_html=True)
+        st.markdown(token_stream_html(ctx.cells, ctx.large, input_positions(ctx), legend, lines), unsafe_allow_html=True)
 
 
 def details(ctx: ViewContext) -> None:

@@ -1,11 +1,22 @@
-"""Time from the Right arrow to the next token's text on screen, in headless Chromium, on the embedded model.
+"""What a class waits for, in headless Chromium on the embedded model: per view, a press of → until the next
+token's text is on screen and until the step is drawn; chapter changes (PageDown) and going back (PageUp);
+followers' lag behind a leader's press.
 
-    python bench/browser_latency.py [--presses 20]
+    python bench/browser_latency.py [--presses 6] [--warm 2] [--followers 3] [--before /path/to/old/checkout]
 
-Starts its own server (limits raised so a ~2,000-token prompt fits), opens a link with about 200 and
-then about 2,000 cached tokens, presses Right repeatedly and reports the median and 90th percentile
-from key press to the new text in the `generated` container; also the server's resident memory
-before and after, and over 500 steps of one session. Run by hand, not in CI.
+With --before, the same measurements run first on the app of another checkout (e.g. a `git worktree` of the
+previous release), then on this one, in the same run: before/after figures from the same machine and minute.
+
+Per view, at about 200 cached tokens (median and p90 over the presses, after warm-up presses):
+- text: → until the new token's text is in the `generated` container;
+- drawn: → until the script run has finished (Streamlit idle) and the browser has painted two frames;
+- server: → until the run's last message arrived over the websocket (loopback: the server's own time, from
+  the press's arrival to its last message, plus the browser's sending of the press);
+- bytes: what the websocket carried from the server for one press.
+Chapters: PageDown from chapter 1 to 14 (each a new chapter), then PageUp back to 1 (each visited), until the
+link names the chapter and the page is idle. Followers: one leader page and N follower pages; the leader presses →
+and each follower's counter must show the leader's step: the median and p90 over presses of the last
+follower's lag. Run by hand, not in CI.
 """
 
 from __future__ import annotations
@@ -19,69 +30,158 @@ from urllib.parse import quote
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import psutil  # noqa: E402
 from playwright.sync_api import sync_playwright  # noqa: E402
 
-from tests.server import CHROMIUM, CHROMIUM_ARGS, running_server, settled_text  # noqa: E402
+from tests.server import CHROMIUM, CHROMIUM_ARGS, ROOT, running_server, settled_text  # noqa: E402
 
+VIEWS = ("flow", "attention", "kv", "split", "prefix", "costs")
 TEXT = '() => document.querySelector(".st-key-generated code")?.textContent ?? ""'
+IDLE = '() => document.querySelector(\'[data-testid="stApp"]\')?.dataset.testScriptState === "notRunning"'
+PAINTED = "() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(() => done(true))))"
+WAIT_MS = 120_000
 
 
-def rss_mib(pid: int) -> float:
-    process = psutil.Process(pid)
-    return (process.memory_info().rss + sum(c.memory_info().rss for c in process.children(True))) / 2**20
+class Wire:
+    """Counts what the server sends a page over its websocket, and when the last message came."""
+
+    def __init__(self, page):
+        self.bytes, self.last = 0, 0.0
+        page.on("websocket", self._watch)
+
+    def _watch(self, socket) -> None:
+        socket.on("framereceived", self._frame)
+
+    def _frame(self, payload) -> None:
+        self.bytes += len(payload)
+        self.last = time.perf_counter()
 
 
-def press_and_time(page, presses: int) -> list[float]:
-    times = []
+def spread(values: list[float]) -> str:
+    ordered = sorted(values)
+    p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+    return f"{statistics.median(ordered):6.0f} ms (p90 {p90:6.0f})"
+
+
+def press_step(page, wire: Wire) -> dict[str, float]:
+    """One → press on a settled page: times to text, to drawn, to the last message, and the bytes received."""
+    before = page.evaluate(TEXT)
+    sent_before = wire.bytes
+    page.wait_for_timeout(50)
+    start = time.perf_counter()
+    page.keyboard.press("ArrowRight")
+    page.wait_for_function(f"(before) => ({TEXT})() !== before", arg=before, timeout=WAIT_MS, polling="raf")
+    text = time.perf_counter()
+    page.wait_for_function(IDLE, timeout=WAIT_MS, polling="raf")
+    page.evaluate(PAINTED)
+    drawn = time.perf_counter()
+    page.wait_for_timeout(300)  # late messages of this run still count as this press's
+    return {"text": 1000 * (text - start), "drawn": 1000 * (drawn - start), "server": 1000 * (wire.last - start),
+            "bytes": wire.bytes - sent_before}
+
+
+def views(browser, url: str, presses: int, warm: int) -> None:
+    prompt = " ".join(["token"] * 190)  # about 200 cached tokens
+    for view in VIEWS:
+        page = browser.new_page(viewport={"width": 1280, "height": 720})
+        wire = Wire(page)
+        page.goto(f"{url}/?prompt={quote(prompt)}&chat=0&step=1&view={view}&temperature=1&seed=3")
+        settled_text(page)
+        page.locator("h1").first.click()
+        runs = [press_step(page, wire) for _ in range(warm + presses)][warm:]
+        kib = statistics.median(r["bytes"] for r in runs) / 1024
+        print(f"  {view:9s} text {spread([r['text'] for r in runs])}  drawn {spread([r['drawn'] for r in runs])}  "
+              f"server {spread([r['server'] for r in runs])}  {kib:7.0f} KiB/press", flush=True)
+        page.close()
+
+
+def chapter_in_link(page, number: int) -> None:
+    page.wait_for_function(f"() => new URL(location.href).searchParams.get('chapter') === '{number}'",
+                           timeout=WAIT_MS, polling="raf")
+    page.wait_for_function(IDLE, timeout=WAIT_MS, polling="raf")
+    page.evaluate(PAINTED)
+
+
+def chapters(browser, url: str) -> None:
+    page = browser.new_page(viewport={"width": 1280, "height": 720})
+    page.goto(f"{url}/?chapter=1&large=1")
+    settled_text(page)
     page.locator("h1").first.click()
+    times: dict[str, list[float]] = {"PageDown": [], "PageUp": []}
+    for key, numbers in (("PageDown", range(2, 15)), ("PageUp", range(13, 0, -1))):
+        for number in numbers:
+            start = time.perf_counter()
+            page.keyboard.press(key)
+            chapter_in_link(page, number)
+            times[key].append(1000 * (time.perf_counter() - start))
+            page.wait_for_timeout(200)
+    for key, label in (("PageDown", "new chapter (PageDown 1→14)"), ("PageUp", "visited chapter (PageUp 14→1)")):
+        print(f"  {label:32s} {spread(times[key])}, worst {max(times[key]):6.0f} ms", flush=True)
+    page.close()
+
+
+def counter(page) -> str:
+    return page.evaluate('() => document.querySelector(".kv-counter")?.textContent ?? ""')
+
+
+def followers(browser, url: str, count: int, presses: int) -> None:
+    leader = browser.new_page(viewport={"width": 1280, "height": 720})
+    leader.goto(f"{url}/?lead=1&step=1")
+    settled_text(leader)
+    link = leader.locator(".st-key-follow-link a").get_attribute("href")
+    assert link and "follow=" in link, link
+    pages = []
+    for _ in range(count):
+        page = browser.new_page(viewport={"width": 1280, "height": 720})
+        page.goto(link)
+        pages.append(page)
+    for page in pages:
+        settled_text(page)
+    leader.locator("h1").first.click()
+    lags, own = [], []
     for _ in range(presses):
-        before = page.evaluate(TEXT)
+        before = counter(leader)
         start = time.perf_counter()
-        page.keyboard.press("ArrowRight")
-        page.wait_for_function(f"(before) => ({TEXT})() !== before", arg=before, timeout=120_000, polling=5)
-        times.append(1000 * (time.perf_counter() - start))
-        settled_text(page)  # let the rest of the step (the view) finish before the next press
-    return times
+        leader.keyboard.press("ArrowRight")
+        leader.wait_for_function(f"() => document.querySelector('.kv-counter')?.textContent !== {before!r}",
+                                 timeout=WAIT_MS, polling="raf")
+        own.append(1000 * (time.perf_counter() - start))
+        target = counter(leader)
+        for page in pages:
+            page.wait_for_function(f"() => document.querySelector('.kv-counter')?.textContent === {target!r}",
+                                   timeout=WAIT_MS, polling=50)
+        lags.append(1000 * (time.perf_counter() - start))
+        leader.wait_for_function(IDLE, timeout=WAIT_MS)
+        time.sleep(1.0)
+    print(f"  {count} followers: leader's own → {spread(own)}; last follower shows the step {spread(lags)}",
+          flush=True)
+    for page in pages + [leader]:
+        page.close()
+
+
+def measure(root: Path, args) -> None:
+    print(f"app of {root}", flush=True)
+    with running_server(Path("/tmp/kvscope-latency-server.log"), root=root) as (url, _):
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            if "views" in args.parts:
+                views(browser, url, args.presses, args.warm)
+            if "chapters" in args.parts:
+                chapters(browser, url)
+            if "follow" in args.parts and args.followers:
+                followers(browser, url, args.followers, args.presses)
+            browser.close()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--presses", type=int, default=20)
-    parser.add_argument("--view", default="flow")
+    parser.add_argument("--presses", type=int, default=6)
+    parser.add_argument("--warm", type=int, default=2)
+    parser.add_argument("--followers", type=int, default=3)
+    parser.add_argument("--parts", default="views,chapters,follow")
+    parser.add_argument("--before", type=Path, help="another checkout to measure first, in the same run")
     args = parser.parse_args()
-    env = {"KVSCOPE_MAX_PROMPT_TOKENS": "2100", "KVSCOPE_MAX_NEW_TOKENS": "600", "KVSCOPE_CACHE_TOKENS": "2800"}
-    with running_server(Path("/tmp/kvscope-latency-server.log"), env) as (url, process):
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": 1600, "height": 1000})
-            for words in (190, 1990):  # about one token per word, plus the chat template
-                prompt = " ".join(["token"] * words)
-                page.goto(f"{url}/?prompt={quote(prompt)}&chat=0&step=1&view={args.view}&temperature=1&seed=3")
-                settled_text(page)
-                times = press_and_time(page, args.presses)
-                times.sort()
-                print(f"~{words} cached tokens, view={args.view}: median {statistics.median(times):.0f} ms, "
-                      f"p90 {times[int(0.9 * len(times)) - 1]:.0f} ms over {len(times)} presses; "
-                      f"server RSS {rss_mib(process.pid):.0f} MiB")
-            page.goto(f"{url}/?prompt={quote('Once upon a time')}&chat=0&step=1&view={args.view}"
-                      "&temperature=1.2&seed=5")
-            settled_text(page)
-            page.locator("h1").first.click()
-            readings = [f"step 1: {rss_mib(process.pid):.0f} MiB"]
-            for step in range(2, 501):
-                page.keyboard.press("ArrowRight")
-                try:
-                    page.wait_for_function(f"() => new URL(location.href).searchParams.get('step') === '{step}'",
-                                           timeout=60_000)
-                except Exception:  # noqa: BLE001 — the run ended (end-of-sequence): report how far it got
-                    readings.append(f"ended before step {step}")
-                    break
-                if step % 100 == 0:
-                    settled_text(page)
-                    readings.append(f"step {step}: {rss_mib(process.pid):.0f} MiB")
-            print("server RSS over one long run: " + ", ".join(readings))
-            browser.close()
+    for root in ([args.before] if args.before else []) + [ROOT]:
+        measure(root.resolve(), args)
 
 
 if __name__ == "__main__":

@@ -42,10 +42,11 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_server(log_path: Path, env: dict | None = None):
-    """Start `streamlit run app.py` on a free loopback port; yield (url, process); stop it after."""
+def running_server(log_path: Path, env: dict | None = None, root: Path = ROOT):
+    """Start `streamlit run app.py` (of the checkout at `root`) on a free loopback port; yield (url, process);
+    stop it after."""
     port = free_port()
-    process = launch(port, log_path, env)
+    process = launch(port, log_path, env, root)
     try:
         yield wait_until_healthy(port, process, log_path), process
     finally:
@@ -66,13 +67,13 @@ def restarted_server(url: str, process: subprocess.Popen, log_path: Path, env: d
         stop(new)
 
 
-def launch(port: int, log_path: Path, env: dict | None = None) -> subprocess.Popen:
+def launch(port: int, log_path: Path, env: dict | None = None, root: Path = ROOT) -> subprocess.Popen:
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
     with open(log_path, "w") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
+            [sys.executable, "-m", "streamlit", "run", str(root / "app.py"), "--server.port", str(port),
              "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"],
-            cwd=ROOT, env=environment, stdout=log, stderr=subprocess.STDOUT)
+            cwd=root, env=environment, stdout=log, stderr=subprocess.STDOUT)
 
 
 def wait_until_healthy(port: int, process: subprocess.Popen, log_path: Path) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from contextvars import ContextVar
 from dataclasses import dataclass
 
+import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
@@ -60,8 +61,19 @@ def figure(fig: go.Figure, name: str) -> None:
     limit = _MAX_HEIGHT.get()
     if limit is not None and (fig.layout.height or 450) > limit:
         fig.update_layout(height=limit)
+    compact(fig)
     st.plotly_chart(fig, width="stretch", config={"toImageButtonOptions": {"format": "png", "filename": name},
                                                    "displaylogo": False})
+
+
+def compact(fig: go.Figure) -> None:
+    """Send a figure's numbers as float32 (Plotly encodes numpy arrays as typed binary arrays): half the bytes of
+    float64 over the wire to every student's browser, and still 7 significant digits, more than any hover shows."""
+    for trace in fig.data:
+        for name in ("x", "y", "z", "customdata"):
+            values = trace[name] if name in trace else None
+            if isinstance(values, np.ndarray) and values.dtype == np.float64:
+                trace[name] = values.astype(np.float32)
 
 
 def table(frame, key: str | None = None) -> None:

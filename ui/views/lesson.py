@@ -115,4 +115,5 @@ def sidebar(number: int, lang: str, go_to) -> None:
     st.session_state.chapter_list = number
     st.radio(t("lesson_chapters"), list(titles), key="chapter_list", format_func=titles.get,
              on_change=lambda: go_to(st.session_state.chapter_list))
-    st.button(t("lesson_leave"), key="b_lesson_leave", on_click=go_to, args=(0,), width="stretch")
+    st.button(t("lesson_leave"), key="b_lesson_leave", on_click=go_to, args=(0,), width="stretch",
+              help=t("lesson_leave_help"))

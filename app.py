@@ -1,4 +1,5 @@
-"""kvscope: step through a language model's decoding, one token at a time. Run: streamlit run app.py"""
+"""kvscope: step through a language model's decoding, one token at a time. Run: streamlit run serve.py (it serves
+this page; `streamlit run app.py` works too, without `ui.restart`'s help for pages open across a server restart)."""
 
 import sys
 

@@ -4,7 +4,7 @@
     HF_HUB_OFFLINE=1 python scripts/serve_class.py --port 80 --servers 4 --address 0.0.0.0
 
 Starts, as the caller's own processes on loopback: a `redis-server` (no persistence) that the app processes
-share for the teacher's follow rooms (`KVSCOPE_STORE`), N `streamlit run app.py`, and nginx from
+share for the teacher's follow rooms (`KVSCOPE_STORE`), N `streamlit run serve.py`, and nginx from
 deploy/nginx.conf (cookie-sticky; its files in a run folder). Prints `kvscope: <url>` once every app answers
 its health check and nginx answers; an app process that exits is started again on its port (its pages
 reconnect and rebuild from their link); Ctrl-C or TERM stops everything. Needs Debian's `nginx` and
@@ -98,7 +98,7 @@ def nginx_config(run_dir: Path, listen: str, app_ports: list[int]) -> str:
 
 
 def app_child(name: str, port: int, store: str, run_dir: Path) -> Child:
-    command = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
+    command = [sys.executable, "-m", "streamlit", "run", str(ROOT / "serve.py"), "--server.port", str(port),
                "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"]
     return Child(name, command, run_dir / f"{name}.log", {**os.environ, "KVSCOPE_STORE": store})
 

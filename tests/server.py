@@ -69,9 +69,10 @@ def restarted_server(url: str, process: subprocess.Popen, log_path: Path, env: d
 
 def launch(port: int, log_path: Path, env: dict | None = None, root: Path = ROOT) -> subprocess.Popen:
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+    entry = root / "serve.py" if (root / "serve.py").exists() else root / "app.py"  # an older checkout: app.py
     with open(log_path, "w") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", str(root / "app.py"), "--server.port", str(port),
+            [sys.executable, "-m", "streamlit", "run", str(entry), "--server.port", str(port),
              "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"],
             cwd=root, env=environment, stdout=log, stderr=subprocess.STDOUT)
 

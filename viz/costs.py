@@ -38,21 +38,21 @@ def steps_table(frame: pd.DataFrame, words: Words = ENGLISH) -> pd.DataFrame:
 
 
 def per_token_figure(timing: DecodeTiming, title: str = "", large: bool = False, words: Words = ENGLISH) -> go.Figure:
-    """Milliseconds per token, measured just now: prefill (median prefill ÷ its tokens), decode (median step,
-    p10–p90 as a bar) and, when it is below every timed step, decode's floor (its bytes ÷ peak bandwidth)."""
+    """Milliseconds per token, measured just now: prefill (median prefill ÷ its tokens), decode (median step, with
+    p10–p90 as an error bar) and, when it is below every timed step, decode's floor (its bytes ÷ peak bandwidth).
+    One bar trace each, in that order."""
     low, high = timing.decode_spread
     median = timing.decode_median
-    bars = [(words["prefill_per_token"].format(n=timing.prompt), timing.prefill_ms_per_token, PROMPT_COLOR, 0, 0),
-            (words["decode_per_token"].format(n=len(timing.decode_ms)), median, GENERATED_COLOR,
-             high - median, median - low)]
+    spread = dict(type="data", symmetric=False, array=[high - median], arrayminus=[median - low],
+                  color=OKABE_ITO["black"], thickness=2)
+    bars = [(words["prefill_per_token"].format(n=timing.prompt), timing.prefill_ms_per_token, PROMPT_COLOR, None),
+            (words["decode_per_token"].format(n=len(timing.decode_ms)), median, GENERATED_COLOR, spread)]
     if timing.floor_holds:
-        bars.append((words["memory_floor"], timing.floor_ms, OKABE_ITO["grey"], 0, 0))
-    fig = go.Figure(go.Bar(y=[b[0] for b in bars], x=[b[1] for b in bars], orientation="h",
-                           marker_color=[b[2] for b in bars], text=[fmt_ms(b[1]) for b in bars],
-                           textposition="inside", insidetextanchor="start",
-                           error_x=dict(type="data", symmetric=False, array=[b[3] for b in bars],
-                                        arrayminus=[b[4] for b in bars], color=OKABE_ITO["black"]),
-                           hovertemplate="%{y}: %{x:.2f} " + words["ms"] + "<extra></extra>"))
+        bars.append((words["memory_floor"], timing.floor_ms, OKABE_ITO["grey"], None))
+    fig = go.Figure()
+    for label, ms, color, error in bars:
+        fig.add_bar(y=[label], x=[ms], orientation="h", marker_color=color, text=[fmt_ms(ms)], textposition="auto",
+                    error_x=error, showlegend=False, hovertemplate="%{y}: %{x:.2f} " + words["ms"] + "<extra></extra>")
     fig.update_layout(xaxis=dict(title=words["ms_per_token"], rangemode="tozero"), yaxis=dict(autorange="reversed"))
     return finish(fig, title, large, height=140 + 50 * len(bars))
 
@@ -83,7 +83,7 @@ def step_bytes_figure(models: list[tuple[str, ModelInfo]], batch: int, context: 
             fig.add_vline(x=cross, line_dash="dot", row=1, col=col)
             fig.add_annotation(x=cross, y=weights, row=1, col=col, text=words["bytes_cross"].format(n=f"{cross:,}"),
                                showarrow=False, yshift=14, bgcolor="rgba(255,255,255,0.85)")
-        fig.update_xaxes(title_text=f"{label}: {words['context_positions']}", rangemode="tozero", row=1, col=col)
+        fig.update_xaxes(title_text=f"{label} · {words['context_positions']}", rangemode="tozero", row=1, col=col)
         fig.update_yaxes(title_text=words["mib_per_step"] if first else None, rangemode="tozero", row=1, col=col)
     return legend_above(finish(fig, title, large, height=first_screen_height(large)), bool(title), large)
 
@@ -137,7 +137,8 @@ def context_growth_figure(frame: pd.DataFrame, limit: int, title: str = "", larg
     fig.add_scatter(x=frame["tokens"], y=frame["attention scores (millions)"], name=words["growth_scores"],
                     mode="lines", yaxis="y2", line=dict(color=OKABE_ITO["orange"]),
                     hovertemplate="%{x:,}: %{y:,.1f} " + words["millions"])
-    fig.add_vline(x=limit, line_dash="dash", annotation_text=words["context_limit"].format(limit=f"{limit:,}"))
+    fig.add_vline(x=limit, line_dash="dash", annotation_text=words["context_limit"].format(limit=f"{limit:,}"),
+                  annotation_position="bottom left")  # where the lines are low: they end at the top right
     fig.update_layout(xaxis=dict(title=words["tokens"]), yaxis=dict(title="MiB", rangemode="tozero"),
                       yaxis2=dict(title=words["millions"], overlaying="y", side="right", rangemode="tozero"))
     return legend_above(finish(fig, title, large, height=380), bool(title), large)

@@ -153,7 +153,7 @@ def busy_pool_figure(block_table: list[int], length: int, block_size: int, other
         fig.add_annotation(x=physical, y=-0.5, yanchor="bottom", text=f"L{logical}", showarrow=False,
                            font=dict(size=SLOT_TEXT_SIZE + (2 if large else 0)))
     fig.update_layout(xaxis=dict(title=words["physical_block"], dtick=1 if shown <= 24 else 2, range=[-0.5, shown - 0.5]),
-                      yaxis=dict(title=words["slot_axis"], autorange="reversed", dtick=1))
+                      yaxis=dict(title=words["slot_axis"], range=[block_size - 0.5, -0.5], dtick=1))
     fig = finish(fig, title, large, height=(150 if large else 130) + (40 if large else 34) * block_size)
     fig.update_layout(margin=dict(t=(80 if large else 70) if title else 40))  # the L labels sit above the blocks
     return fig

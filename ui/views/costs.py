@@ -53,10 +53,11 @@ def render(ctx: ViewContext) -> None:
 def step_bytes(ctx: ViewContext, context: int) -> None:
     """What one decode step reads for a batch of B requests (the slider), this model beside Qwen3-0.6B."""
     info, qwen = ctx.info, reference_info(REFERENCE)
+    chart = st.container(key="main-figure")  # the figure first; its slider under it (the first screen is the figure's)
     batch = st.slider(ctx.t("batch_slider"), 1, MAX_BATCH, key="w_batch", value=1, persist_state="session",
                       help=ctx.t("batch_help"))
     models = [(ctx.t("bytes_this_model"), info), (f"{REFERENCE} ({qwen.dtype})", qwen)]
-    with st.container(key="main-figure"):
+    with chart:
         figure(step_bytes_figure(models, batch, context, ctx.t("bytes_title", batch=batch, context=context),
                                  ctx.large, words(ctx)), "step-bytes")
     lines = [ctx.t("bytes_line", model=label, weights=fmt_size(weight_bytes_read(m)),

@@ -20,9 +20,11 @@ def render(ctx: ViewContext) -> None:
     pool = ctx.runner.pool_state()
     length = trace.context_length
     size = pool.block_size
+    picture = st.container()  # the figure first; the choice of pool under it (the first screen is the figure's)
     busy = st.radio(ctx.t("pool_choice"), POOLS, key="w_pool", horizontal=True, format_func=lambda p: ctx.t("pool_" + p),
                     help=ctx.t("pool_choice_help")) == "busy"
-    block_table = busy_pool(ctx) if busy else own_pool(ctx, pool)
+    with picture:
+        block_table = busy_pool(ctx) if busy else own_pool(ctx, pool)
     c1, c2, c3 = st.columns(3)
     c1.metric(ctx.t("cached_positions"), length)
     c2.metric(ctx.t("blocks_used"), f"{len(block_table)} × {size}")

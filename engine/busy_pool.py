@@ -35,6 +35,11 @@ class BusyPoolPicture:
     freed: list[int]  # blocks freed by the requests that finished, in the order they were freed
     kv_max_diff: float  # largest |difference| of the K/V read through the table from the run's own K/V
 
+    @property
+    def requests_before(self) -> int:
+        """The short requests that used the pool before this one: those still holding a block, those that finished."""
+        return len(self.others) + len(self.freed)
+
 
 class BusyPoolReplay:
     """passes: (ids, positions) of each of the request's passes in order, the first being the whole prompt."""

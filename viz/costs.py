@@ -45,14 +45,16 @@ def per_token_figure(timing: DecodeTiming, title: str = "", large: bool = False,
     median = timing.decode_median
     spread = dict(type="data", symmetric=False, array=[high - median], arrayminus=[median - low],
                   color=OKABE_ITO["black"], thickness=2)
-    bars = [(words["prefill_per_token"].format(n=timing.prompt), timing.prefill_ms_per_token, PROMPT_COLOR, None),
+    prefill = words["prefill_per_token"].format(n=timing.prompt, tries=len(timing.prefill_ms))
+    bars = [(prefill, timing.prefill_ms_per_token, PROMPT_COLOR, None),
             (words["decode_per_token"].format(n=len(timing.decode_ms)), median, GENERATED_COLOR, spread)]
     if timing.floor_holds:
         bars.append((words["memory_floor"], timing.floor_ms, OKABE_ITO["grey"], None))
     fig = go.Figure()
-    for label, ms, color, error in bars:
-        fig.add_bar(y=[label], x=[ms], orientation="h", marker_color=color, text=[fmt_ms(ms)], textposition="auto",
-                    error_x=error, showlegend=False, hovertemplate="%{y}: %{x:.2f} " + words["ms"] + "<extra></extra>")
+    for label, ms, color, error in bars:  # a bar with a spread has its number at its start, clear of the spread
+        fig.add_bar(y=[label], x=[ms], orientation="h", marker_color=color, text=[fmt_ms(ms)],
+                    textposition="inside" if error else "auto", insidetextanchor="start", error_x=error,
+                    showlegend=False, hovertemplate="%{y}: %{x:.2f} " + words["ms"] + "<extra></extra>")
     fig.update_layout(xaxis=dict(title=words["ms_per_token"], rangemode="tozero"), yaxis=dict(autorange="reversed"))
     return finish(fig, title, large, height=140 + 50 * len(bars))
 

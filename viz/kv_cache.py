@@ -148,12 +148,19 @@ def busy_pool_figure(block_table: list[int], length: int, block_size: int, other
     backgrounds = sample_colorscale(SEQUENTIAL, [mine[o, b] / top for o, b in cells])
     fig.add_scatter(x=[b for _, b in cells], y=[o for o, _ in cells], mode="text", text=[text[o][b] for o, b in cells],
                     hoverinfo="skip", showlegend=False,
-                    textfont=dict(size=SLOT_TEXT_SIZE + (2 if large else 0), color=[text_color_on(c) for c in backgrounds]))
+                    textfont=dict(size=SLOT_TEXT_SIZE + (2 if large else 0),
+                                  color=[text_color_on(c) for c in backgrounds]))
     for logical, physical in enumerate(block_table):
         fig.add_annotation(x=physical, y=-0.5, yanchor="bottom", text=f"L{logical}", showarrow=False,
                            font=dict(size=SLOT_TEXT_SIZE + (2 if large else 0)))
-    fig.update_layout(xaxis=dict(title=words["physical_block"], dtick=1 if shown <= 24 else 2, range=[-0.5, shown - 0.5]),
+    fig.update_layout(xaxis=dict(title=words["physical_block"], dtick=1 if shown <= 24 else 2,
+                                 range=[-0.5, shown - 0.5]),
                       yaxis=dict(title=words["slot_axis"], range=[block_size - 0.5, -0.5], dtick=1))
     fig = finish(fig, title, large, height=(150 if large else 130) + (40 if large else 34) * block_size)
     fig.update_layout(margin=dict(t=(80 if large else 70) if title else 40))  # the L labels sit above the blocks
     return fig
+
+
+def difference_text(diff: float) -> str:
+    """A largest difference for people: "0" when exact, else "2.4e-07"."""
+    return f"{diff:.1e}" if diff else "0"

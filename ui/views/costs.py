@@ -61,7 +61,8 @@ def step_bytes(ctx: ViewContext, context: int) -> None:
         figure(step_bytes_figure(models, batch, context, ctx.t("bytes_title", batch=batch, context=context),
                                  ctx.large, words(ctx)), "step-bytes")
     lines = [ctx.t("bytes_line", model=label, weights=fmt_size(weight_bytes_read(m)),
-                   kv=fmt_size(batch * context * m.kv_bytes_per_token), total=fmt_size(decode_step_bytes(m, context, batch)),
+                   kv=fmt_size(batch * context * m.kv_bytes_per_token),
+                   total=fmt_size(decode_step_bytes(m, context, batch)),
                    batch=batch, context=f"{context:,}", cross_batch=f"{crossover_batch(m, context):,}",
                    cross_context=f"{crossover_context(m, batch):,}", limit=f"{m.context_limit:,}")
              for label, m in models]
@@ -91,6 +92,7 @@ def per_token(ctx: ViewContext, context: int) -> None:
     if not timing.floor_holds:
         st.warning(ctx.t("floor_not_below", floor=fmt_ms(timing.floor_ms), fastest=fmt_ms(min(timing.decode_ms))))
     st.markdown(ctx.t("bound_text", prefill=fmt_ms(timing.prefill_ms_per_token), n=timing.prompt,
+                      tries=len(timing.prefill_ms),
                       decode=fmt_ms(timing.decode_median), low=fmt_ms(low), high=fmt_ms(high),
                       steps=len(timing.decode_ms), bytes=fmt_size(timing.step_bytes),
                       floor=fmt_ms(timing.floor_ms) if timing.floor_holds else "–"))

@@ -7,8 +7,8 @@ import streamlit as st
 from ui.context import ViewContext
 from ui.views.common import figure, layer_head_pickers, table, titled, words
 from ui.state import POOLS
-from viz.kv_cache import (block_table_frame, busy_pool_figure, kv_bytes_table, kv_values_figure, occupancy_bar,
-                          pool_figure)
+from viz.kv_cache import (block_table_frame, busy_pool_figure, difference_text, kv_bytes_table, kv_values_figure,
+                          occupancy_bar, pool_figure)
 from viz.style import fmt_int, fmt_size
 
 
@@ -21,8 +21,8 @@ def render(ctx: ViewContext) -> None:
     length = trace.context_length
     size = pool.block_size
     picture = st.container()  # the figure first; the choice of pool under it (the first screen is the figure's)
-    busy = st.radio(ctx.t("pool_choice"), POOLS, key="w_pool", horizontal=True, format_func=lambda p: ctx.t("pool_" + p),
-                    help=ctx.t("pool_choice_help")) == "busy"
+    busy = st.radio(ctx.t("pool_choice"), POOLS, key="w_pool", horizontal=True, help=ctx.t("pool_choice_help"),
+                    format_func=lambda p: ctx.t("pool_" + p)) == "busy"
     with picture:
         block_table = busy_pool(ctx) if busy else own_pool(ctx, pool)
     c1, c2, c3 = st.columns(3)
@@ -67,7 +67,7 @@ def busy_pool(ctx: ViewContext) -> list[int]:
         figure(busy_pool_figure(picture.block_table, picture.length, ctx.runner.pool_state().block_size,
                                 picture.others, picture.num_blocks, ctx.t("busy_title"), ctx.large, words(ctx)),
                "kv-busy-pool")
-    others = len(picture.others) + len(picture.freed)
+    others = picture.requests_before
     st.caption(ctx.t("busy_note", others=others, last=others - 1, freed=", ".join(map(str, picture.freed)),
-                     layers=ctx.info.layers, diff=f"{picture.kv_max_diff:.1e}" if picture.kv_max_diff else "0"))
+                     layers=ctx.info.layers, diff=difference_text(picture.kv_max_diff)))
     return picture.block_table

@@ -11,6 +11,7 @@ from engine.timing import crossover_batch, crossover_context, decode_step_bytes,
 from ui import safe
 from ui.context import ViewContext
 from ui.lesson import CHAPTERS, Chapter
+from viz.kv_cache import difference_text
 
 
 class _Missing:
@@ -83,8 +84,8 @@ def busy_facts(picture) -> dict:
     """This run replayed in a pool other requests used first (chapter 9): where its first blocks landed."""
     table = picture.block_table
     shown = ", ".join(f"{logical} → {physical}" for logical, physical in enumerate(table[:4]))
-    return dict(busy_map=shown + (", …" if len(table) > 4 else ""), busy_diff=f"{picture.kv_max_diff:.1e}"
-                if picture.kv_max_diff else "0", busy_others=len(picture.others) + len(picture.freed))
+    return dict(busy_map=shown + (", …" if len(table) > 4 else ""), busy_diff=difference_text(picture.kv_max_diff),
+                busy_others=picture.requests_before)
 
 
 def current(ctx: ViewContext) -> Chapter | None:

@@ -51,10 +51,12 @@ def per_token_figure(timing: DecodeTiming, title: str = "", large: bool = False,
     if timing.floor_holds:
         bars.append((words["memory_floor"], timing.floor_ms, OKABE_ITO["grey"], None))
     fig = go.Figure()
-    for label, ms, color, error in bars:  # a bar with a spread has its number at its start, clear of the spread
-        fig.add_bar(y=[label], x=[ms], orientation="h", marker_color=color, text=[fmt_ms(ms)],
-                    textposition="inside" if error else "auto", insidetextanchor="start", error_x=error,
-                    showlegend=False, hovertemplate="%{y}: %{x:.2f} " + words["ms"] + "<extra></extra>")
+    for label, ms, color, error in bars:
+        fig.add_bar(y=[label], x=[ms], orientation="h", marker_color=color, text=None if error else [fmt_ms(ms)],
+                    textposition="auto", error_x=error, showlegend=False,
+                    hovertemplate="%{y}: %{x:.2f} " + words["ms"] + "<extra></extra>")
+        if error:  # its number past the end of the spread, where nothing crosses it
+            fig.add_annotation(x=max(ms, high), y=label, text=fmt_ms(ms), xanchor="left", xshift=8, showarrow=False)
     fig.update_layout(xaxis=dict(title=words["ms_per_token"], rangemode="tozero"), yaxis=dict(autorange="reversed"))
     return finish(fig, title, large, height=140 + 50 * len(bars))
 
@@ -83,8 +85,11 @@ def step_bytes_figure(models: list[tuple[str, ModelInfo]], batch: int, context: 
         cross = crossover_context(info, batch)
         if cross <= info.context_limit:
             fig.add_vline(x=cross, line_dash="dot", row=1, col=col)
-            fig.add_annotation(x=cross, y=weights, row=1, col=col, text=words["bytes_cross"].format(n=f"{cross:,}"),
-                               showarrow=False, yshift=14, bgcolor="rgba(255,255,255,0.85)")
+            # The label at the top, on the wider side of the line: the lines are low there, and the ticks far.
+            left = cross < info.context_limit / 2
+            fig.add_annotation(x=cross, y=1, yref="y domain", yanchor="top", row=1, col=col,
+                               xanchor="left" if left else "right", xshift=4 if left else -4, showarrow=False,
+                               text=words["bytes_cross"].format(n=f"{cross:,}"), bgcolor="rgba(255,255,255,0.85)")
         fig.update_xaxes(title_text=f"{label} · {words['context_positions']}", rangemode="tozero", row=1, col=col)
         fig.update_yaxes(title_text=words["mib_per_step"] if first else None, rangemode="tozero", row=1, col=col)
     return legend_above(finish(fig, title, large, height=first_screen_height(large)), bool(title), large)

@@ -54,11 +54,6 @@ def decode_step_bytes(info: ModelInfo, context: int, batch: int = 1) -> int:
     return weight_bytes_read(info) + batch * context * info.kv_bytes_per_token
 
 
-def kv_passes_weights(info: ModelInfo, context: int, batch: int) -> bool:
-    """Whether the K/V such a step reads is more than its weights."""
-    return batch * context * info.kv_bytes_per_token > weight_bytes_read(info)
-
-
 def crossover_batch(info: ModelInfo, context: int) -> int:
     """The smallest batch whose K/V at `context` positions each is more than the weights (context ≥ 1)."""
     return weight_bytes_read(info) // (context * info.kv_bytes_per_token) + 1

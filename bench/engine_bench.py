@@ -6,7 +6,7 @@ Models: the embedded SmolLM2-135M and a random-weight model with Qwen3-0.6B's re
 1024, 16 Q / 8 KV heads of 128, intermediate 3072, 28 layers, vocab 151936). For each: prefill
 tokens per second; per-step medians of (a) the engine with full traces, (b) the engine recording
 only ids, text and candidates, (c) transformers with `past_key_values`; their ratio; peak memory;
-and the memory-bandwidth bound (bytes read per token ÷ measured bandwidth). Run by hand, not in CI.
+and the memory-bandwidth bound (engine.timing: bytes a decode step reads ÷ peak read bandwidth). Run by hand, not in CI.
 
 --dtype float32, bfloat16 or both: each (model, dtype) runs in a fresh subprocess, so its peak memory is
 its own. The Qwen3-shaped weights are saved once in bfloat16, so float32 runs the same numbers, upcast.
@@ -33,18 +33,13 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen3Con
 
 import engine  # noqa: E402
 from engine import embedded  # noqa: E402
+from engine.reference_models import QWEN3_0_6B  # noqa: E402
+from engine.timing import decode_step_bytes, peak_read_bandwidth  # noqa: E402
 
 
 def bandwidth_gb_s(device: torch.device) -> float:
-    """Read bandwidth: best of a few sums over a 512 MB tensor."""
-    x = torch.ones(128 * 2**20, dtype=torch.float32, device=device)
-    best = float("inf")
-    for _ in range(5):
-        sync(device)
-        start = time.perf_counter()
-        x.sum().item()
-        best = min(best, time.perf_counter() - start)
-    return x.numel() * 4 / best / 1e9
+    """Peak read bandwidth, measured as the app measures it (engine.timing)."""
+    return peak_read_bandwidth(device) / 1e9
 
 
 def sync(device: torch.device) -> None:
@@ -52,9 +47,9 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-QWEN3_06B_SHAPE = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-                       tie_word_embeddings=True, eos_token_id=0, bos_token_id=0)
+# Qwen3-0.6B's published sizes (engine.reference_models), with token ids the word-level tokenizer has.
+QWEN3_06B_SHAPE = {k: v for k, v in QWEN3_0_6B.items() if k not in ("model_type", "torch_dtype")} | dict(
+    eos_token_id=0, bos_token_id=0)
 
 
 def qwen3_shaped_folder(dtype: torch.dtype = torch.float32, tokenizer_folder: str | None = None,
@@ -83,17 +78,6 @@ def word_level_tokenizer(vocab: int) -> PreTrainedTokenizerFast:
     words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab)}, unk_token="w0"))
     words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=words, unk_token="w0", eos_token="w0")
-
-
-def bytes_per_token(model: engine.Model, context: int) -> int:
-    """Weights a decode step reads (every layer, the final norm, lm_head) plus the cached K/V."""
-    w = model.weights
-    per_layer = 0
-    for layer in w.layers:
-        per_layer += sum(t.numel() for t in (layer.qkv.weight, layer.o_proj.weight, layer.down_proj.weight))
-        per_layer += (layer.gate_up or layer.up_proj).weight.numel()
-    element = w.embed_tokens.element_size()
-    return (per_layer + w.lm_head.numel()) * element + context * model.info.kv_bytes_per_token
 
 
 def run(spec: str, steps: int, context: int, device: str, dtype: torch.dtype = torch.float32) -> dict:
@@ -138,7 +122,7 @@ def run(spec: str, steps: int, context: int, device: str, dtype: torch.dtype = t
             times["transformers"].append(time.perf_counter() - start)
         cache, token = out.past_key_values, int(out.logits[0, -1].argmax())
     medians = {name: 1000 * statistics.median(values) for name, values in times.items()}
-    bound_ms = 1000 * bytes_per_token(model, context + steps // 2) / (bandwidth_gb_s(model.device) * 1e9)
+    bound_ms = 1000 * decode_step_bytes(model.info, context + steps // 2) / (bandwidth_gb_s(model.device) * 1e9)
     return {
         "model": model.info.name, "dtype": model.info.dtype, "threads": torch.get_num_threads(), "parameters": model.info.parameters,
         "device": str(model.device),

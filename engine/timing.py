@@ -1,22 +1,202 @@
-"""Steady-state timing: warm a model up before anyone times it, and measure this machine's memory bandwidth.
+"""What a decode step costs: the bytes it must read, this machine's peak read bandwidth, and steady timings.
+
+The one owner of "bytes a decode step reads" (the app's costs view and bench/engine_bench.py both use
+`decode_step_bytes`) and of the bandwidth measurement (`peak_read_bandwidth`).
+
+A decode step of a batch of B requests reads every weight once (the batch shares them) and each request's
+whole cached K/V: bytes = weights + B × context × K/V bytes per token. Reading them at the peak bandwidth
+is the fastest a step can be, its floor; a floor is only shown beside steps it is below.
 
 The first forward passes of a process are slow (kernels chosen, buffers allocated, pages faulted in):
-without a warm-up, a class's first decode steps time the machine's start-up rather than decoding.
+`warm_up` runs them at load, and `measure_decode` times steps only after a few untimed ones.
 """
 
 from __future__ import annotations
 
-import functools
 import statistics
+import threading
 import time
+from dataclasses import dataclass
 
 import torch
 
-from engine.model import Model
+from engine.kv_cache import BlockTable
+from engine.model import Model, ModelInfo
 from engine.session import DecodeSession
+from engine.trace import Capture
 
 WARM_UP_PROMPT_TOKENS = 24
 WARM_UP_DECODE_STEPS = 4
+BANDWIDTH_MIB = 256  # the tensor the bandwidth is read from: far larger than any CPU cache
+BANDWIDTH_TRIES = 3  # per measurement; the best counts
+TIMED_STEPS = 8
+UNTIMED_STEPS = 2  # before the timed ones, at the same context
+PREFILL_TRIES = 3
+MEASURE_BLOCK = 16
+_measuring = threading.Lock()  # one measurement at a time per process: they would slow each other down
+
+
+# -- bytes ----------------------------------------------------------------------------------------------------
+
+
+def weight_bytes_read(info: ModelInfo) -> int:
+    """Bytes of weights one forward pass reads: every parameter, except lookup tables of which it reads one
+    row: an untied embedding table (a tied one is read whole, as lm_head) and GPT-2's learned positions."""
+    unread = 0 if info.tied_embeddings else info.vocab * info.hidden
+    if info.positions == "learned":
+        unread += info.context_limit * info.hidden
+    return (info.parameters - unread) * info.element_bytes
+
+
+def decode_step_bytes(info: ModelInfo, context: int, batch: int = 1) -> int:
+    """Bytes one decode step reads for `batch` requests of `context` cached positions each: the weights once,
+    plus every request's K/V."""
+    return weight_bytes_read(info) + batch * context * info.kv_bytes_per_token
+
+
+def crossover_batch(info: ModelInfo, context: int) -> int:
+    """The smallest batch whose K/V at `context` positions each is more than the weights (context ≥ 1)."""
+    return weight_bytes_read(info) // (context * info.kv_bytes_per_token) + 1
+
+
+def crossover_context(info: ModelInfo, batch: int) -> int:
+    """The smallest context at which `batch` requests' K/V is more than the weights (may exceed the model's limit)."""
+    return weight_bytes_read(info) // (batch * info.kv_bytes_per_token) + 1
+
+
+# -- bandwidth ------------------------------------------------------------------------------------------------
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_read_bandwidth(device: torch.device | str = "cpu", megabytes: int = BANDWIDTH_MIB,
+                        tries: int = BANDWIDTH_TRIES) -> float:
+    """Bytes per second: the best of `tries` sums over a `megabytes` float32 tensor on `device`.
+
+    torch splits such a sum over all its threads (on a GPU, all its cores), each reading its part: a read at
+    the machine's multithreaded peak, with the same threads a forward pass uses. The best try is the one
+    least disturbed by other work, so bytes ÷ this is a floor no step that reads those bytes can beat.
+    """
+    device = torch.device(device)
+    x = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32, device=device)
+    x.sum()  # fault the pages in before timing
+    best = float("inf")
+    for _ in range(tries):
+        _sync(device)
+        start = time.perf_counter()
+        x.sum()
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    return x.numel() * x.element_size() / best
+
+
+# -- timings --------------------------------------------------------------------------------------------------
+
+
+def percentile(values: list[float] | tuple[float, ...], p: float) -> float:
+    """The p-th percentile (0–100), linear between the sorted values."""
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * p / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+@dataclass(frozen=True)
+class DecodeTiming:
+    """Steady timings of one request's steps, and the peak read bandwidth measured between them.
+    Milliseconds; bandwidth in bytes per second."""
+
+    prompt: int  # tokens of each timed prefill
+    prefill_ms: tuple[float, ...]  # each timed prefill
+    decode_ms: tuple[float, ...]  # each timed decode step
+    decode_context: int  # positions the first timed decode step reads (the fewest of them)
+    step_bytes: int  # what that step reads: decode_step_bytes(info, decode_context)
+    bandwidth: float
+
+    @property
+    def prefill_ms_per_token(self) -> float:
+        return statistics.median(self.prefill_ms) / self.prompt
+
+    @property
+    def decode_median(self) -> float:
+        return statistics.median(self.decode_ms)
+
+    @property
+    def decode_spread(self) -> tuple[float, float]:
+        """(p10, p90) of the timed steps."""
+        return percentile(self.decode_ms, 10), percentile(self.decode_ms, 90)
+
+    @property
+    def floor_ms(self) -> float:
+        """The fastest a decode step can be: its bytes read once at the peak bandwidth."""
+        return 1000 * self.step_bytes / self.bandwidth
+
+    @property
+    def floor_holds(self) -> bool:
+        """Whether the floor is below every timed step. If not, the bandwidth was under-measured (or a step
+        read less than its bytes, e.g. from a cache), and the floor must not be shown as one."""
+        return self.floor_ms <= min(self.decode_ms)
+
+
+def _filler_ids(info: ModelInfo, count: int) -> list[int]:
+    """Token ids 1, 2, 3 … (repeating below the vocabulary size): what they say does not change the time."""
+    return [1 + i % (info.vocab - 1) for i in range(count)]
+
+
+def measure_decode(model: Model, prompt: int, context: int, steps: int = TIMED_STEPS, untimed: int = UNTIMED_STEPS,
+                   prefills: int = PREFILL_TRIES) -> DecodeTiming:
+    """Steady timings in a scratch pool (nothing is kept): a prefill of `prompt` tokens, timed `prefills` times;
+    then, with `context` positions cached (≥ prompt), `steps` decode steps after `untimed` ones. The peak read
+    bandwidth is measured before, between and after them, so it sees the machine the steps saw.
+
+    A pass records nothing beyond its logits (no attention, no residuals): the time is the model's own. Lengths
+    are cut to fit the model's context limit.
+    """
+    info, device = model.info, model.device
+    capture = Capture(attention=False, residuals=False)
+    context = max(1, min(context, info.context_limit - untimed - steps))
+    prompt = max(1, min(prompt, context))
+    total = context + untimed + steps
+    pool = model.new_pool(-(-total // MEASURE_BLOCK), MEASURE_BLOCK)
+    ids = _filler_ids(info, total)
+
+    def run(table: BlockTable, count: int) -> float:
+        """One pass over the next `count` positions of `table`; its milliseconds."""
+        start = table.length
+        placed = table.append(count)
+        _sync(device)
+        clock = time.perf_counter()
+        model.forward(ids[start:start + count], list(range(start, start + count)), pool, table.device_blocks(),
+                      table.slots(placed), capture, 1, table.first_of_run())
+        _sync(device)
+        return 1000 * (time.perf_counter() - clock)
+
+    with _measuring:
+        bandwidths = [peak_read_bandwidth(device)]
+        prefill_ms = []
+        for _ in range(prefills):
+            table = BlockTable(pool)
+            prefill_ms.append(run(table, prompt))
+            if len(prefill_ms) < prefills:
+                table.free()
+        if context > prompt:
+            run(table, context - prompt)  # the answer so far, untimed
+        for _ in range(untimed):
+            run(table, 1)
+        decode_context = table.length + 1
+        decode_ms = []
+        for i in range(steps):
+            decode_ms.append(run(table, 1))
+            if i == steps // 2:
+                bandwidths.append(peak_read_bandwidth(device))
+        bandwidths.append(peak_read_bandwidth(device))
+    return DecodeTiming(prompt=prompt, prefill_ms=tuple(prefill_ms), decode_ms=tuple(decode_ms),
+                        decode_context=decode_context, step_bytes=decode_step_bytes(info, decode_context),
+                        bandwidth=max(bandwidths))
 
 
 def warm_up(model: Model) -> Model:
@@ -33,17 +213,3 @@ def warm_up(model: Model) -> Model:
                 break
             session.step()
     return model
-
-
-@functools.cache
-def memory_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
-    """Bytes per second this process reads from memory: the median time to sum a `megabytes` float32
-    tensor (far larger than any CPU cache), measured once per process."""
-    x = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32)
-    x.sum()  # fault the pages in before timing
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        x.sum()
-        times.append(time.perf_counter() - start)
-    return x.numel() * x.element_size() / statistics.median(times)

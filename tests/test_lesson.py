@@ -68,12 +68,25 @@ def expected_numbers(chapter, model: engine.Model, lang: str) -> list[str]:
         "gqa": lambda: [f"{info.q_heads} × {info.head_dim} = {info.q_heads * info.head_dim}",
                         f"{2 * info.layers * info.q_heads * info.head_dim * element:,}", info.kv_heads],
         "kv_cache": lambda: [f"2 × {info.layers} × {info.kv_heads} × {info.head_dim} × {element} = {kv:,}", context],
-        "paging": lambda: [len(trace.block_table), context],
-        "long_context": lambda: [f"{context * kv / 2**20:,.2f}", context, info.layers],
+        "paging": lambda: [len(trace.block_table), context, "0 → "],
+        "long_context": lambda: [f"{context * kv / 2**20:,.2f}", context, info.layers, *crossovers(info, context, kv)],
         "split_kv": lambda: [len(trace.split.ranges), f"{trace.split.max_abs_diff.max().item():.1e}"],
         "context_window": lambda: [f"{info.context_limit:,}", f"{kv:,}"],
     }[chapter.key]()
     return [str(x) for x in numbers]
+
+
+def crossovers(info, context: int, kv: int) -> list[str]:
+    """Chapter 10: where one step's K/V passes its weights (the embedded model's are tied: all are read), by brute
+    force: the batch at this context and at the limit, the context of one request; Qwen3-0.6B's from its card
+    (596,049,920 parameters in bfloat16, 114,688 B of K/V per position)."""
+    def first(passes):
+        return f"{next(x for x in range(1, 10**6) if passes(x)):,}"
+
+    weights, qwen, qwen_kv = info.parameters * info.element_bytes, 596_049_920 * 2, 114_688
+    return [first(lambda b: b * context * kv > weights), first(lambda b: b * info.context_limit * kv > weights),
+            first(lambda n: n * kv > weights), first(lambda n: n * qwen_kv > qwen),
+            first(lambda b: b * context * qwen_kv > qwen), f"{weights / 2**20:,.0f}"]
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])

@@ -1,9 +1,7 @@
-"""Steady-state timing helpers: the warm-up leaves no trace, the bandwidth is measured once."""
-
-import time
+"""The warm-up leaves no trace (the costs themselves: tests/test_costs.py)."""
 
 import engine
-from engine.timing import memory_bandwidth, warm_up
+from engine.timing import warm_up
 
 
 def greedy_tokens(model) -> list[int]:
@@ -29,11 +27,3 @@ def test_warm_up_stops_early_when_the_model_ends_its_answer(tiny_model):
         assert warm_up(model) is model
     finally:
         model.eos_ids = saved
-
-
-def test_memory_bandwidth_is_measured_once_per_process():
-    first = memory_bandwidth(16, 3)
-    start = time.perf_counter()
-    again = memory_bandwidth(16, 3)
-    assert again == first and time.perf_counter() - start < 0.01  # cached, not measured again
-    assert 1e8 < first < 1e13  # bytes per second: between 0.1 GB/s and 10 TB/s

@@ -1,7 +1,6 @@
 """viz contracts: pure functions from traces to figures and tables, on a real (tiny) run."""
 
 import re
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,7 +12,7 @@ from engine.model import ModelInfo
 from ui.strings import figure_words
 from viz.attention import focused_head, gqa_figure, head_grid_figure, heatmap_figure
 from viz.candidates import candidates_frame, candidates_table
-from viz.costs import context_growth_frame, per_token_figure, steady_costs, steps_frame, steps_table
+from viz.costs import context_growth_frame, steps_frame, steps_table
 from viz.flow import flow_rows, residual_figure, vector_figure
 from viz.kv_cache import block_table_frame, kv_bytes_frame, kv_bytes_table, pool_figure
 from viz.prefix import alignment_frame, policies_figure, policy_frame, policy_table
@@ -237,33 +236,6 @@ def test_tables_format_numbers_for_people(run):
     assert all(re.fullmatch(r"-?[\d,]+\.\d{3}|–", m) for m in split["m_i (max score)"])
     policies = policy_table(policy_frame({"block": 1024, "radix": 1030}, 1100))
     assert list(policies["reused tokens"]) == ["1,024", "1,030"]
-
-
-# -- costs that teach (issue 10) -------------------------------------------------------------------
-
-
-def test_steady_costs_use_the_median_decode_step_and_bytes_from_the_model(run, tiny_model_dir):
-    from transformers import AutoModelForCausalLM
-
-    model, _, traces = run
-    decode_ms = [657.0, 826.0, 49.0, 50.0, 48.0]  # cold first steps, as the issue saw them
-    timed = [replace(traces[0], timings_ms={"total": 370.0})]
-    timed += [replace(t, timings_ms={"total": ms}) for t, ms in zip(traces[1:], decode_ms)]
-    costs = steady_costs(timed, model.info, bandwidth=2e9)
-    assert costs.decode_ms_median == 50.0 and costs.decode_steps == 5
-    assert costs.prefill_ms_per_token == pytest.approx(370.0 / len(traces[0].input_ids))
-    hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir("llama"))
-    params = sum(p.numel() for p in hf.parameters())
-    cfg = hf.config
-    context = traces[-1].context_length
-    head_dim = cfg.hidden_size // cfg.num_attention_heads
-    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * 4 * context
-    assert costs.decode_bytes == params * 4 + kv
-    assert costs.floor_ms == pytest.approx(1000 * (params * 4 + kv) / 2e9)
-    fig = per_token_figure(costs)
-    assert list(fig.data[0].x) == pytest.approx([costs.prefill_ms_per_token, 50.0, costs.floor_ms])
-    zh = per_token_figure(costs, words=figure_words("zh"))
-    assert all("decode" not in label or "下限" in label or "中位数" in label for label in zh.data[0].y)
 
 
 def test_policies_side_by_side_show_each_block_or_token_as_hit_or_miss():

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TEXT_PARTS = ("title", "body", "look", "claim", "question", "answer")
-SETTINGS = ("block_size", "kv_splits")  # settings a chapter may set besides the view and step; others keep theirs
-DEFAULT_SETTINGS = {"block_size": 16, "kv_splits": 1}  # what a chapter that names none of them uses
+SETTINGS = ("block_size", "kv_splits", "pool")  # settings a chapter may set besides the view and step; others keep theirs
+DEFAULT_SETTINGS = {"block_size": 16, "kv_splits": 1, "pool": "own"}  # what a chapter that names none of them uses
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class Chapter:
     view: str
     step: int
     stage: str | None  # the part of one step's picture it highlights (viz.step_picture.STAGES)
-    settings: dict[str, int]  # block_size and kv_splits this chapter runs with
+    settings: dict[str, int | str]  # block_size, kv_splits and the KV view's pool this chapter runs with
     case: str | None  # the article's prefix-cache case it loads ("case1", "case2")
     text: dict[str, dict[str, str]]  # language → part (TEXT_PARTS) → template
 

@@ -16,9 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import engine
+from engine.busy_pool import BusyPoolPicture, BusyPoolReplay
 from engine.prefix_cache import PolicyReuse, PromptHistory
 from engine.prompt import PromptSegment, prompt_segments, template_can_think
 from engine.split_kv import split_demo
+from engine.timing import DecodeTiming, measure_decode
 from engine.tokens import TokenCell, candidate_cells, token_cells
 from engine.trace import PrefixHit, SplitKVTrace, StepTrace
 from ui.settings import Limits, load_limits, step_limits
@@ -165,6 +167,7 @@ class Run:
         self.session = session
         self._rebuilt = Memo()  # step → its rebuilt trace
         self._attention = Memo()  # (layer, head) → (probs, scores)
+        self._busy = Memo()  # step → its replay in a busy pool (small: plain data)
 
     def advance_to(self, step: int) -> int:
         """Run prefill/decode until `step` tokens exist (or the run ends); return the step reached."""
@@ -224,6 +227,19 @@ class Run:
         """The K and V this run's cache holds for `layer`: (length, kv_heads, head_dim) each."""
         with self.lock:
             return self.session.pool.read(layer, self.session.table.device_blocks(), length)
+
+    def busy_pool(self, step: int) -> BusyPoolPicture:
+        """The first `step` steps of this run replayed in a pool other requests used first (engine.busy_pool),
+        compared with this run's own K/V; kept for the next pages that draw it."""
+        with self.lock:
+            picture = self._busy.get(step)
+            if picture is None:
+                session = self.session
+                passes = [(session.prompt_ids, list(range(len(session.prompt_ids))))]
+                passes += [(t.input_ids, t.positions) for t in session.traces[1:step]]
+                replay = BusyPoolReplay(self.model, passes, self.config.block_size)
+                picture = self._busy.put(step, replay.picture(lambda layer: self.cached_kv(layer, replay.table.length)))
+            return picture
 
     @property
     def nbytes(self) -> int:
@@ -484,6 +500,15 @@ class Runner:
     def step_traces(self, step: int) -> list[StepTrace]:
         """The traces of the first `step` steps (older ones slimmed: ids, timings, candidates)."""
         return self.session.traces[:step]
+
+    def busy_pool(self, step: int) -> BusyPoolPicture:
+        """This run's first `step` steps replayed in a pool other requests used first: where its blocks land."""
+        return self.run.busy_pool(step)
+
+    def decode_timing(self, prompt: int, context: int) -> DecodeTiming:
+        """Steady timings of this model's prefill of `prompt` tokens and decode steps at `context` positions,
+        measured now beside the peak read bandwidth (a scratch pool: the run is untouched)."""
+        return measure_decode(self.model, prompt, context)
 
     def pool_state(self) -> PoolState:
         """The KV pool this run's blocks come from (read under the pool's lock: it may be shared)."""

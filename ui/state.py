@@ -34,6 +34,7 @@ class AppState:
     seed: int = 0
     block_size: int = 16
     kv_splits: int = 1
+    pool: str = "own"  # the KV view's pool: the run's own, or the run replayed in a pool other requests used first
     policy: str = "block"
     step: int = 0  # tokens generated; the prefill produces the first
     view: str = "flow"
@@ -77,7 +78,8 @@ def bounds(name: str) -> tuple:
 
 # Values above 0 but below these are raised to them; 0 itself stays (a temperature of 0 is greedy).
 FLOORS = {"temperature": TEMPERATURE_FLOOR}
-CHOICES = {"view": VIEWS, "lang": LANGS, "policy": POLICIES}
+POOLS = ("own", "busy")
+CHOICES = {"view": VIEWS, "lang": LANGS, "policy": POLICIES, "pool": POOLS}
 FLAGS = ("chat", "think", "large")
 
 

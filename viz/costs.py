@@ -1,17 +1,18 @@
-"""Costs: time per step, prefill versus decode per token, the bytes a decode step must read and the
-memory-bound floor they set, K/V read per decode step, and how memory and work grow with context."""
+"""Costs: the bytes a decode step reads (weights + a batch's K/V) and where the K/V passes the weights; prefill
+versus decode per token, measured steadily, beside the floor the bytes set; time per step as the run went, K/V
+read per decode step, and how memory and work grow with context."""
 
 from __future__ import annotations
 
-import statistics
-from dataclasses import dataclass
-
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from engine.model import ModelInfo
+from engine.timing import DecodeTiming, crossover_context, weight_bytes_read
 from engine.trace import StepTrace
-from viz.style import GENERATED_COLOR, OKABE_ITO, PROMPT_COLOR, finish, fmt_bytes, fmt_int, fmt_ms, readable
+from viz.style import (GENERATED_COLOR, OKABE_ITO, PROMPT_COLOR, finish, first_screen_height, fmt_bytes, fmt_int,
+                        fmt_ms, readable)
 from viz.words import ENGLISH, Words
 
 STEP_HEADERS = {"step": "step", "phase": "phase", "tokens in": "tokens_in", "cached positions": "cached_positions",
@@ -36,59 +37,72 @@ def steps_table(frame: pd.DataFrame, words: Words = ENGLISH) -> pd.DataFrame:
     return readable(frame, {c: words[key] for c, key in STEP_HEADERS.items()}, formats)
 
 
-@dataclass(frozen=True)
-class SteadyCosts:
-    """Per-token times of one run and what a decode step must read from memory.
-
-    Times exclude nothing but are robust to a cold step: decode is the median over the run's decode steps.
-    """
-
-    prefill_tokens: int
-    prefill_ms_per_token: float
-    decode_steps: int
-    decode_ms_median: float | None  # None before the first decode step
-    context: int  # positions the latest shown decode step read
-    weight_bytes: int  # every weight is read once per forward pass
-    kv_bytes: int  # the cached K/V of `context` positions, all layers
-    bandwidth: float  # bytes per second, measured on this machine
-
-    @property
-    def decode_bytes(self) -> int:
-        return self.weight_bytes + self.kv_bytes
-
-    @property
-    def floor_ms(self) -> float:
-        """The fastest a decode step can be when all it does is read its bytes once at `bandwidth`."""
-        return 1000 * self.decode_bytes / self.bandwidth
-
-
-def steady_costs(traces: list[StepTrace], info: ModelInfo, bandwidth: float) -> SteadyCosts:
-    """traces: the run's steps shown so far (the prefill first); bandwidth in bytes per second."""
-    prefill, decodes = traces[0], [t for t in traces[1:] if t.phase == "decode"]
-    context = decodes[-1].context_length if decodes else prefill.context_length
-    return SteadyCosts(
-        prefill_tokens=len(prefill.input_ids),
-        prefill_ms_per_token=prefill.timings_ms.get("total", 0.0) / max(1, len(prefill.input_ids)),
-        decode_steps=len(decodes),
-        decode_ms_median=statistics.median(t.timings_ms.get("total", 0.0) for t in decodes) if decodes else None,
-        context=context,
-        weight_bytes=info.parameters * info.element_bytes,
-        kv_bytes=context * info.kv_bytes_per_token,
-        bandwidth=bandwidth,
-    )
-
-
-def per_token_figure(costs: SteadyCosts, title: str = "", large: bool = False, words: Words = ENGLISH) -> go.Figure:
-    """Milliseconds per token: prefill (its time / its tokens), decode (median step) and decode's memory floor."""
-    bars = [(words["prefill_per_token"].format(n=costs.prefill_tokens), costs.prefill_ms_per_token, PROMPT_COLOR)]
-    if costs.decode_ms_median is not None:
-        bars.append((words["decode_per_token"].format(n=costs.decode_steps), costs.decode_ms_median, GENERATED_COLOR))
-    bars.append((words["memory_floor"], costs.floor_ms, OKABE_ITO["grey"]))
-    fig = go.Figure(go.Bar(y=[b[0] for b in bars], x=[b[1] for b in bars], orientation="h",
-                           marker_color=[b[2] for b in bars], text=[fmt_ms(b[1]) for b in bars],
-                           textposition="auto", hovertemplate="%{y}: %{x:.2f} " + words["ms"] + "<extra></extra>"))
+def per_token_figure(timing: DecodeTiming, title: str = "", large: bool = False, words: Words = ENGLISH) -> go.Figure:
+    """Milliseconds per token, measured just now: prefill (median prefill ÷ its tokens), decode (median step, with
+    p10–p90 as an error bar) and, when it is below every timed step, decode's floor (its bytes ÷ peak bandwidth).
+    One bar trace each, in that order."""
+    low, high = timing.decode_spread
+    median = timing.decode_median
+    spread = dict(type="data", symmetric=False, array=[high - median], arrayminus=[median - low],
+                  color=OKABE_ITO["black"], thickness=2)
+    prefill = words["prefill_per_token"].format(n=timing.prompt, tries=len(timing.prefill_ms))
+    bars = [(prefill, timing.prefill_ms_per_token, PROMPT_COLOR, None),
+            (words["decode_per_token"].format(n=len(timing.decode_ms)), median, GENERATED_COLOR, spread)]
+    if timing.floor_holds:
+        bars.append((words["memory_floor"], timing.floor_ms, OKABE_ITO["grey"], None))
+    fig = go.Figure()
+    for label, ms, color, error in bars:
+        fig.add_bar(y=[label], x=[ms], orientation="h", marker_color=color, text=None if error else [fmt_ms(ms)],
+                    textposition="auto", error_x=error, showlegend=False,
+                    hovertemplate="%{y}: %{x:.2f} " + words["ms"] + "<extra></extra>")
+        if error:  # its number past the end of the spread, where nothing crosses it
+            fig.add_annotation(x=max(ms, high), y=label, text=fmt_ms(ms), xanchor="left", xshift=8, showarrow=False)
     fig.update_layout(xaxis=dict(title=words["ms_per_token"], rangemode="tozero"), yaxis=dict(autorange="reversed"))
-    return finish(fig, title, large, height=120 + 50 * len(bars))
+    return finish(fig, title, large, height=140 + 50 * len(bars))
+
+
+def step_bytes_figure(models: list[tuple[str, ModelInfo]], batch: int, context: int, title: str = "",
+                      large: bool = False, words: Words = ENGLISH, points: int = 65) -> go.Figure:
+    """Per model (one panel each, named on its x axis): MiB one decode step reads for `batch` requests against
+    their context, up to the model's limit: the weights (read once for the whole batch) and the batch's K/V,
+    where the K/V passes the weights, and the run's `context` marked on the K/V line."""
+    fig = make_subplots(rows=1, cols=len(models), horizontal_spacing=0.1)
+    for col, (label, info) in enumerate(models, start=1):
+        lengths = [info.context_limit * i // (points - 1) for i in range(points)]
+        weights = weight_bytes_read(info) / 2**20
+        first = col == 1
+        fig.add_scatter(x=lengths, y=[weights] * points, mode="lines", name=words["bytes_weights"], row=1, col=col,
+                        line=dict(color=OKABE_ITO["grey"], width=3), legendgroup="w", showlegend=first,
+                        hovertemplate=words["bytes_weights"] + ": %{y:,.0f} MiB<extra></extra>")
+        fig.add_scatter(x=lengths, y=[batch * n * info.kv_bytes_per_token / 2**20 for n in lengths], mode="lines",
+                        name=words["bytes_kv"].format(batch=batch), row=1, col=col, legendgroup="kv",
+                        line=dict(color=OKABE_ITO["vermillion"], width=3), showlegend=first,
+                        hovertemplate="%{x:,}: %{y:,.1f} MiB<extra></extra>")
+        fig.add_scatter(x=[context], y=[batch * context * info.kv_bytes_per_token / 2**20], mode="markers",
+                        name=words["bytes_this_context"], row=1, col=col, legendgroup="here", showlegend=first,
+                        marker=dict(color=OKABE_ITO["black"], size=10),
+                        hovertemplate=words["bytes_this_context"] + " %{x:,}: %{y:,.2f} MiB<extra></extra>")
+        cross = crossover_context(info, batch)
+        if cross <= info.context_limit:
+            fig.add_vline(x=cross, line_dash="dot", row=1, col=col)
+            # The label at the top, on the wider side of the line: the lines are low there, and the ticks far.
+            left = cross < info.context_limit / 2
+            fig.add_annotation(x=cross, y=1, yref="y domain", yanchor="top", row=1, col=col,
+                               xanchor="left" if left else "right", xshift=4 if left else -4, showarrow=False,
+                               text=words["bytes_cross"].format(n=f"{cross:,}"), bgcolor="rgba(255,255,255,0.85)")
+        fig.update_xaxes(title_text=f"{label} · {words['context_positions']}", rangemode="tozero", row=1, col=col)
+        fig.update_yaxes(title_text=words["mib_per_step"] if first else None, rangemode="tozero", row=1, col=col)
+    return legend_above(finish(fig, title, large, height=first_screen_height(large)), bool(title), large)
+
+
+def legend_above(fig: go.Figure, titled: bool, large: bool) -> go.Figure:
+    """One row of legend between the title and the plot, in a top margin made for both: a legend below the
+    plot would cover the x axis's title."""
+    row = 34 if large else 26
+    fig.update_layout(legend=dict(orientation="h", x=0, xanchor="left", y=1, yanchor="bottom"),
+                      title=dict(y=1, yref="container", yanchor="top", pad=dict(t=8)),
+                      margin=dict(t=(row + 12 if titled else 0) + row + 8))
+    return fig
 
 
 def step_times_figure(frame: pd.DataFrame, title: str = "", large: bool = False, words: Words = ENGLISH) -> go.Figure:
@@ -130,8 +144,8 @@ def context_growth_figure(frame: pd.DataFrame, limit: int, title: str = "", larg
     fig.add_scatter(x=frame["tokens"], y=frame["attention scores (millions)"], name=words["growth_scores"],
                     mode="lines", yaxis="y2", line=dict(color=OKABE_ITO["orange"]),
                     hovertemplate="%{x:,}: %{y:,.1f} " + words["millions"])
-    fig.add_vline(x=limit, line_dash="dash", annotation_text=words["context_limit"].format(limit=f"{limit:,}"))
+    fig.add_vline(x=limit, line_dash="dash", annotation_text=words["context_limit"].format(limit=f"{limit:,}"),
+                  annotation_position="bottom left")  # where the lines are low: they end at the top right
     fig.update_layout(xaxis=dict(title=words["tokens"]), yaxis=dict(title="MiB", rangemode="tozero"),
-                      yaxis2=dict(title=words["millions"], overlaying="y", side="right", rangemode="tozero"),
-                      legend=dict(orientation="h", y=-0.2))
-    return finish(fig, title, large, height=360)
+                      yaxis2=dict(title=words["millions"], overlaying="y", side="right", rangemode="tozero"))
+    return legend_above(finish(fig, title, large, height=380), bool(title), large)

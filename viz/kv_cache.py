@@ -114,3 +114,53 @@ def occupancy_bar(used: int, cached: int, total: int, title: str = "", large: bo
                     hovertemplate=f"{name}: %{{x}}<extra></extra>")
     fig.update_layout(barmode="stack", xaxis=dict(range=[0, total]), legend=dict(orientation="h"))
     return finish(fig, title, large, height=160)
+
+
+def busy_pool_figure(block_table: list[int], length: int, block_size: int, others: dict[int, int], num_blocks: int,
+                     title: str = "", large: bool = False, words: Words = ENGLISH) -> go.Figure:
+    """A pool other requests share, one column per physical block (slots top to bottom): this request's blocks
+    coloured by their logical number, marked L0, L1 … above, each slot showing its position; the blocks other
+    requests hold in grey; free blocks empty."""
+    used = set(block_table) | set(others)
+    shown = min(num_blocks, max(used, default=-1) + 2)
+    mine = np.full((block_size, shown), np.nan)
+    theirs = np.full((block_size, shown), np.nan)
+    text = [[""] * shown for _ in range(block_size)]
+    hover = [[words["block_free"]] * shown for _ in range(block_size)]
+    for logical, physical in enumerate(block_table):
+        for offset in range(block_size):
+            position = logical * block_size + offset
+            if position < length:
+                mine[offset, physical] = logical
+                text[offset][physical] = str(position)
+                hover[offset][physical] = words["busy_mine_hover"].format(logical=logical, position=position)
+    for physical, request in others.items():
+        theirs[:, physical] = 0
+        for offset in range(block_size):
+            hover[offset][physical] = words["busy_other_hover"].format(request=request)
+    top = max(1, len(block_table) - 1)
+    fig = go.Figure()
+    fig.add_heatmap(z=theirs, colorscale=[[0, OKABE_ITO["grey"]], [1, OKABE_ITO["grey"]]], showscale=False,
+                    xgap=2, ygap=2, hoverinfo="skip")
+    fig.add_heatmap(z=mine, text=text, customdata=hover, colorscale=SEQUENTIAL, zmin=0, zmax=top, showscale=False,
+                    xgap=2, ygap=2, hovertemplate=words["physical_block"] + " %{x}: %{customdata}<extra></extra>")
+    cells = [(o, b) for o in range(block_size) for b in range(shown) if text[o][b]]
+    backgrounds = sample_colorscale(SEQUENTIAL, [mine[o, b] / top for o, b in cells])
+    fig.add_scatter(x=[b for _, b in cells], y=[o for o, _ in cells], mode="text", text=[text[o][b] for o, b in cells],
+                    hoverinfo="skip", showlegend=False,
+                    textfont=dict(size=SLOT_TEXT_SIZE + (2 if large else 0),
+                                  color=[text_color_on(c) for c in backgrounds]))
+    for logical, physical in enumerate(block_table):
+        fig.add_annotation(x=physical, y=-0.5, yanchor="bottom", text=f"L{logical}", showarrow=False,
+                           font=dict(size=SLOT_TEXT_SIZE + (2 if large else 0)))
+    fig.update_layout(xaxis=dict(title=words["physical_block"], dtick=1 if shown <= 24 else 2,
+                                 range=[-0.5, shown - 0.5]),
+                      yaxis=dict(title=words["slot_axis"], range=[block_size - 0.5, -0.5], dtick=1))
+    fig = finish(fig, title, large, height=(150 if large else 130) + (40 if large else 34) * block_size)
+    fig.update_layout(margin=dict(t=(80 if large else 70) if title else 40))  # the L labels sit above the blocks
+    return fig
+
+
+def difference_text(diff: float) -> str:
+    """A largest difference for people: "0" when exact, else "2.4e-07"."""
+    return f"{diff:.1e}" if diff else "0"

@@ -1,16 +1,21 @@
-"""Costs: time per step, prefill versus decode, K/V read per decode step, and the context limit."""
+"""Costs: the bytes a decode step reads for a batch, steady timings beside their floor, time and K/V per step
+as the run went, and the context limit."""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from engine.timing import memory_bandwidth
-from engine.trace import StepTrace
+from engine.reference_models import reference_info
+from engine.timing import DecodeTiming, crossover_batch, crossover_context, decode_step_bytes, weight_bytes_read
 from ui.context import ViewContext
 from ui.views.common import figure, table, words
-from viz.costs import (context_growth_figure, context_growth_frame, kv_read_figure, per_token_figure, steady_costs,
-                       step_times_figure, steps_frame, steps_table)
-from viz.style import fmt_bytes, fmt_ms, fmt_size
+from viz.costs import (context_growth_figure, context_growth_frame, kv_read_figure, per_token_figure,
+                       step_bytes_figure, step_times_figure, steps_frame, steps_table)
+from viz.style import fmt_ms, fmt_size
+
+REFERENCE = "Qwen3-0.6B"  # the articles' model, beside the loaded one
+MAX_BATCH = 64
+MEASURE_TTL_S = 120  # pages opening the chapter together share one measurement for this long
 
 
 def render(ctx: ViewContext) -> None:
@@ -18,8 +23,11 @@ def render(ctx: ViewContext) -> None:
     st.subheader(ctx.t("costs_title"))
     traces = ctx.runner.step_traces(ctx.step)
     w = words(ctx)
-    if traces:
-        per_token(ctx, traces, w)
+    if not traces:
+        st.info(ctx.t("need_prefill"))
+    else:
+        step_bytes(ctx, traces[-1].context_length)
+        per_token(ctx, traces[-1].context_length)
         frame = steps_frame(traces, info)
         figure(step_times_figure(frame, ctx.t("times_title"), ctx.large, w), "step-times")
         if (frame["phase"] == "decode").any():
@@ -27,8 +35,6 @@ def render(ctx: ViewContext) -> None:
                    "kv-read-per-step")
         table(steps_table(frame, w))
         st.caption(ctx.t("costs_note", layers=info.layers))
-    else:
-        st.info(ctx.t("need_prefill"))
     limit = info.context_limit
     lengths = sorted({max(1, limit * i // 16) for i in range(17)})
     figure(context_growth_figure(context_growth_frame(info, lengths), limit, ctx.t("growth_title"), ctx.large, w),
@@ -44,19 +50,51 @@ def render(ctx: ViewContext) -> None:
         st.code("…" + ctx.runner.prompt_tail_text(keep), language=None, wrap_lines=True)
 
 
-def per_token(ctx: ViewContext, traces: list[StepTrace], w: dict[str, str]) -> None:
-    """Prefill vs decode per token, and decode against the floor its bytes set at this machine's bandwidth."""
-    costs = steady_costs(traces, ctx.info, memory_bandwidth())
-    with st.container(key="main-figure"):
-        figure(per_token_figure(costs, ctx.t("per_token_title"), ctx.large, w), "per-token")
+def step_bytes(ctx: ViewContext, context: int) -> None:
+    """What one decode step reads for a batch of B requests (the slider), this model beside Qwen3-0.6B."""
+    info, qwen = ctx.info, reference_info(REFERENCE)
+    chart = st.container(key="main-figure")  # the figure first; its slider under it (the first screen is the figure's)
+    batch = st.slider(ctx.t("batch_slider"), 1, MAX_BATCH, key="w_batch", value=1, persist_state="session",
+                      help=ctx.t("batch_help"))
+    models = [(ctx.t("bytes_this_model"), info), (f"{REFERENCE} ({qwen.dtype})", qwen)]
+    with chart:
+        figure(step_bytes_figure(models, batch, context, ctx.t("bytes_title", batch=batch, context=context),
+                                 ctx.large, words(ctx)), "step-bytes")
+    lines = [ctx.t("bytes_line", model=label, weights=fmt_size(weight_bytes_read(m)),
+                   kv=fmt_size(batch * context * m.kv_bytes_per_token),
+                   total=fmt_size(decode_step_bytes(m, context, batch)),
+                   batch=batch, context=f"{context:,}", cross_batch=f"{crossover_batch(m, context):,}",
+                   cross_context=f"{crossover_context(m, batch):,}", limit=f"{m.context_limit:,}")
+             for label, m in models]
+    st.markdown("\n".join(f"- {line}" for line in lines))
+
+
+@st.cache_data(ttl=MEASURE_TTL_S, max_entries=16, show_spinner=False)
+def _timing(_ctx: ViewContext, model: str, prompt: int, context: int, again: int) -> DecodeTiming:
+    """One measurement per (model, lengths) for MEASURE_TTL_S, shared by the pages asking; `again` counts a
+    page's "measure again" presses, so a press measures anew."""
+    return _ctx.runner.decode_timing(prompt, context)
+
+
+def per_token(ctx: ViewContext, context: int) -> None:
+    """Prefill vs decode per token, measured now (steady, with their spread), beside decode's floor."""
+    again = st.session_state.get("measure_again", 0)
+    with st.spinner(ctx.t("measuring")):
+        timing = _timing(ctx, ctx.info.name, len(ctx.runner.prompt_ids), context, again)
+    figure(per_token_figure(timing, ctx.t("per_token_title"), ctx.large, words(ctx)), "per-token")
+    low, high = timing.decode_spread
     c1, c2, c3 = st.columns(3)
-    c1.metric(ctx.t("decode_bytes"), fmt_size(costs.decode_bytes),
-              help=ctx.t("decode_bytes_help", weights=fmt_bytes(costs.weight_bytes), kv=fmt_bytes(costs.kv_bytes),
-                         context=costs.context))
-    c2.metric(ctx.t("bandwidth"), f"{costs.bandwidth / 1e9:,.1f} GB/s", help=ctx.t("bandwidth_help"))
-    c3.metric(ctx.t("memory_floor"), fmt_ms(costs.floor_ms),
-              delta=None if costs.decode_ms_median is None else ctx.t("measured", ms=fmt_ms(costs.decode_ms_median)),
-              delta_color="off", delta_arrow="off")
-    st.markdown(ctx.t("bound_text", prefill=fmt_ms(costs.prefill_ms_per_token), n=costs.prefill_tokens,
-                      decode="–" if costs.decode_ms_median is None else fmt_ms(costs.decode_ms_median),
-                      floor=fmt_ms(costs.floor_ms)))
+    c1.metric(ctx.t("decode_step"), fmt_ms(timing.decode_median),
+              help=ctx.t("decode_step_help", n=len(timing.decode_ms), low=fmt_ms(low), high=fmt_ms(high)))
+    c2.metric(ctx.t("bandwidth"), f"{timing.bandwidth / 1e9:,.1f} GB/s", help=ctx.t("bandwidth_help"))
+    c3.metric(ctx.t("memory_floor"), fmt_ms(timing.floor_ms) if timing.floor_holds else "–",
+              help=ctx.t("floor_help", bytes=fmt_size(timing.step_bytes), context=timing.decode_context))
+    if not timing.floor_holds:
+        st.warning(ctx.t("floor_not_below", floor=fmt_ms(timing.floor_ms), fastest=fmt_ms(min(timing.decode_ms))))
+    st.markdown(ctx.t("bound_text", prefill=fmt_ms(timing.prefill_ms_per_token), n=timing.prompt,
+                      tries=len(timing.prefill_ms),
+                      decode=fmt_ms(timing.decode_median), low=fmt_ms(low), high=fmt_ms(high),
+                      steps=len(timing.decode_ms), bytes=fmt_size(timing.step_bytes),
+                      floor=fmt_ms(timing.floor_ms) if timing.floor_holds else "–"))
+    st.button(ctx.t("measure_again"), key="b_measure_again",
+              on_click=lambda: st.session_state.update(measure_again=again + 1))

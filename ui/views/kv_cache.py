@@ -6,7 +6,9 @@ import streamlit as st
 
 from ui.context import ViewContext
 from ui.views.common import figure, layer_head_pickers, table, titled, words
-from viz.kv_cache import block_table_frame, kv_bytes_table, kv_values_figure, occupancy_bar, pool_figure
+from ui.state import POOLS
+from viz.kv_cache import (block_table_frame, busy_pool_figure, difference_text, kv_bytes_table, kv_values_figure,
+                          occupancy_bar, pool_figure)
 from viz.style import fmt_int, fmt_size
 
 
@@ -18,18 +20,20 @@ def render(ctx: ViewContext) -> None:
     pool = ctx.runner.pool_state()
     length = trace.context_length
     size = pool.block_size
-    with st.container(key="main-figure"):  # blocks and slots first, then the numbers about them
-        figure(pool_figure(trace.block_table, length, size, pool.blocks, ctx.labels, ctx.t("blocks_title"),
-                           ctx.large, words=words(ctx)), "kv-blocks")
+    picture = st.container()  # the figure first; the choice of pool under it (the first screen is the figure's)
+    busy = st.radio(ctx.t("pool_choice"), POOLS, key="w_pool", horizontal=True, help=ctx.t("pool_choice_help"),
+                    format_func=lambda p: ctx.t("pool_" + p)) == "busy"
+    with picture:
+        block_table = busy_pool(ctx) if busy else own_pool(ctx, pool)
     c1, c2, c3 = st.columns(3)
     c1.metric(ctx.t("cached_positions"), length)
-    c2.metric(ctx.t("blocks_used"), f"{len(trace.block_table)} × {size}")
+    c2.metric(ctx.t("blocks_used"), f"{len(block_table)} × {size}")
     c3.metric(ctx.t("bytes_total", dtype=info.dtype), fmt_size(length * info.kv_bytes_per_token),
               help=ctx.t("bytes_help", per=fmt_int(info.kv_bytes_per_token), element=info.element_bytes))
-    in_use = len(trace.block_table)
-    figure(occupancy_bar(in_use, pool.cached_free, pool.blocks, ctx.t("pool_title", total=pool.blocks), ctx.large,
-                         words=words(ctx)), "pool-occupancy")
-    table(block_table_frame(trace.block_table, length, size, ctx.labels, words(ctx)))
+    if not busy:
+        figure(occupancy_bar(len(block_table), pool.cached_free, pool.blocks, ctx.t("pool_title", total=pool.blocks),
+                             ctx.large, words=words(ctx)), "pool-occupancy")
+    table(block_table_frame(block_table, length, size, ctx.labels, words(ctx)))
     st.markdown(ctx.t("stored", layers=info.layers, kv=info.kv_heads, d=info.head_dim))
     st.markdown(ctx.t("not_stored"))
     layer, head = layer_head_pickers(ctx)
@@ -43,3 +47,27 @@ def render(ctx: ViewContext) -> None:
     st.markdown(ctx.t("bytes_title"))
     table(kv_bytes_table(info, length, words(ctx)))
     st.caption(ctx.t("private_cache"))
+
+
+def own_pool(ctx: ViewContext, pool) -> list[int]:
+    """The run's own pool: its blocks and slots. Returns the run's block table."""
+    trace = ctx.trace
+    with st.container(key="main-figure"):  # blocks and slots first, then the numbers about them
+        figure(pool_figure(trace.block_table, trace.context_length, pool.block_size, pool.blocks, ctx.labels,
+                           ctx.t("blocks_title"), ctx.large, words=words(ctx)), "kv-blocks")
+    return trace.block_table
+
+
+def busy_pool(ctx: ViewContext) -> list[int]:
+    """The run replayed by the engine in a pool other requests used first, and how exactly its K/V read through the
+    scattered table match the run's own. Returns the replay's block table."""
+    with st.spinner(ctx.t("busy_computing")):
+        picture = ctx.runner.busy_pool(ctx.step)
+    with st.container(key="main-figure"):
+        figure(busy_pool_figure(picture.block_table, picture.length, ctx.runner.pool_state().block_size,
+                                picture.others, picture.num_blocks, ctx.t("busy_title"), ctx.large, words(ctx)),
+               "kv-busy-pool")
+    others = picture.requests_before
+    st.caption(ctx.t("busy_note", others=others, last=others - 1, freed=", ".join(map(str, picture.freed)),
+                     layers=ctx.info.layers, diff=difference_text(picture.kv_max_diff)))
+    return picture.block_table

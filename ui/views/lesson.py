@@ -6,9 +6,12 @@ from __future__ import annotations
 import streamlit as st
 
 from engine.kv_cache import kv_bytes_per_token
+from engine.reference_models import reference_info
+from engine.timing import crossover_batch, crossover_context, decode_step_bytes, weight_bytes_read
 from ui import safe, strings
 from ui.context import ViewContext
 from ui.lesson import CHAPTERS, Chapter
+from viz.kv_cache import difference_text
 
 
 class _Missing:
@@ -46,6 +49,9 @@ def facts(ctx: ViewContext) -> dict:
         out.update(id=trace.token_id, token=safe.text(ctx.cells[-1].text), inputs=len(trace.input_ids),
                    context=context, position=trace.positions[-1], blocks=len(trace.block_table),
                    kv_kib=context * info.kv_bytes_per_token / 1024, read_mib=context * info.kv_bytes_per_token / 2**20)
+        out.update(cost_facts(info, context))
+        if ctx.state.pool == "busy":
+            out.update(busy_facts(runner.busy_pool(ctx.step)))
         if trace.split is not None:
             out.update(splits=len(trace.split.ranges), diff=trace.split.max_abs_diff.max().item())
     hit = runner.prefix_hit()
@@ -58,6 +64,28 @@ def facts(ctx: ViewContext) -> dict:
         out.update(cached_n=len(closest[0]), first=closest[1])
         out.update({policy: reuse.reused_tokens for policy, reuse in runner.policy_reuse().items()})
     return out
+
+
+def cost_facts(info, context: int) -> dict:
+    """What one decode step reads at `context` positions, for this model and Qwen3-0.6B (chapter 10): the weights,
+    and the batch (or context) from which the K/V passes them."""
+    qwen = reference_info("Qwen3-0.6B")
+    batch = crossover_batch(info, context)
+    return dict(
+        weights_mib=weight_bytes_read(info) / 2**20, cross_batch=batch,
+        cross_batch_mib=decode_step_bytes(info, context, batch) / 2**20,
+        cross_batch_double=crossover_batch(info, 2 * context), cross_context=crossover_context(info, 1),
+        limit_batch=crossover_batch(info, info.context_limit),
+        qwen_weights_mib=weight_bytes_read(qwen) / 2**20, qwen_kv_kib=qwen.kv_bytes_per_token / 1024,
+        qwen_cross_context=crossover_context(qwen, 1), qwen_cross_batch=crossover_batch(qwen, context))
+
+
+def busy_facts(picture) -> dict:
+    """This run replayed in a pool other requests used first (chapter 9): where its first blocks landed."""
+    table = picture.block_table
+    shown = ", ".join(f"{logical} → {physical}" for logical, physical in enumerate(table[:4]))
+    return dict(busy_map=shown + (", …" if len(table) > 4 else ""), busy_diff=difference_text(picture.kv_max_diff),
+                busy_others=picture.requests_before)
 
 
 def current(ctx: ViewContext) -> Chapter | None:

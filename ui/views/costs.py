@@ -8,7 +8,7 @@ import streamlit as st
 from engine.reference_models import reference_info
 from engine.timing import DecodeTiming, crossover_batch, crossover_context, decode_step_bytes, weight_bytes_read
 from ui.context import ViewContext
-from ui.views.common import figure, table, words
+from ui.views.common import Part, figure, table, words
 from viz.costs import (context_growth_figure, context_growth_frame, kv_read_figure, per_token_figure,
                        step_bytes_figure, step_times_figure, steps_frame, steps_table)
 from viz.style import fmt_ms, fmt_size
@@ -16,6 +16,7 @@ from viz.style import fmt_ms, fmt_size
 REFERENCE = "Qwen3-0.6B"  # the articles' model, beside the loaded one
 MAX_BATCH = 64
 MEASURE_TTL_S = 120  # pages opening the chapter together share one measurement for this long
+TIMING_EVERY = 64  # positions: the steady timings are measured at the context rounded down to a multiple of this
 
 
 def render(ctx: ViewContext) -> None:
@@ -37,13 +38,15 @@ def render(ctx: ViewContext) -> None:
         st.caption(ctx.t("costs_note", layers=info.layers))
     limit = info.context_limit
     lengths = sorted({max(1, limit * i // 16) for i in range(17)})
-    figure(context_growth_figure(context_growth_frame(info, lengths), limit, ctx.t("growth_title"), ctx.large, w),
-           "context-growth")
     n = len(ctx.runner.prompt_ids)
+    with Part("growth"):  # the chart and the slider that cuts the prompt
+        figure(context_growth_figure(context_growth_frame(info, lengths), limit, ctx.t("growth_title"), ctx.large,
+                                     w), "context-growth")
+        keep = (st.slider(ctx.t("truncate_keep"), 1, n, key="w_keep", value=max(1, n // 2), persist_state="session")
+                if n > 2 else None)
     st.markdown(ctx.t("limit_text", limit=limit, n=n, app_limit=ctx.runner.config.max_prompt_tokens,
                       kib=info.kv_bytes_per_token / 1024))
-    if n > 2:
-        keep = st.slider(ctx.t("truncate_keep"), 1, n, key="w_keep", value=max(1, n // 2), persist_state="session")
+    if keep is not None:
         st.markdown(ctx.t("truncate_result", dropped=n - keep, keep=keep,
                           kib=keep * info.kv_bytes_per_token / 1024,
                           work=100 * keep * (keep + 1) / (n * (n + 1))))
@@ -53,12 +56,12 @@ def render(ctx: ViewContext) -> None:
 def step_bytes(ctx: ViewContext, context: int) -> None:
     """What one decode step reads for a batch of B requests (the slider), this model beside Qwen3-0.6B."""
     info, qwen = ctx.info, reference_info(REFERENCE)
-    chart = st.container(key="main-figure")  # the figure first; its slider under it (the first screen is the figure's)
+    chart = Part("step_bytes", key="main-figure")  # the figure first; its slider under it
     batch = st.slider(ctx.t("batch_slider"), 1, MAX_BATCH, key="w_batch", value=1, persist_state="session",
                       help=ctx.t("batch_help"))
     models = [(ctx.t("bytes_this_model"), info), (f"{REFERENCE} ({qwen.dtype})", qwen)]
     with chart:
-        figure(step_bytes_figure(models, batch, context, ctx.t("bytes_title", batch=batch, context=context),
+        figure(step_bytes_figure(models, batch, context, ctx.t("step_bytes_title", batch=batch, context=context),
                                  ctx.large, words(ctx)), "step-bytes")
     lines = [ctx.t("bytes_line", model=label, weights=fmt_size(weight_bytes_read(m)),
                    kv=fmt_size(batch * context * m.kv_bytes_per_token),
@@ -79,8 +82,10 @@ def _timing(_ctx: ViewContext, model: str, prompt: int, context: int, again: int
 def per_token(ctx: ViewContext, context: int) -> None:
     """Prefill vs decode per token, measured now (steady, with their spread), beside decode's floor."""
     again = st.session_state.get("measure_again", 0)
+    prompt = len(ctx.runner.prompt_ids)
+    at = max(prompt, context - context % TIMING_EVERY)  # a step press does not start a new measurement
     with st.spinner(ctx.t("measuring")):
-        timing = _timing(ctx, ctx.info.name, len(ctx.runner.prompt_ids), context, again)
+        timing = _timing(ctx, ctx.info.name, prompt, at, again)
     figure(per_token_figure(timing, ctx.t("per_token_title"), ctx.large, words(ctx)), "per-token")
     low, high = timing.decode_spread
     c1, c2, c3 = st.columns(3)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from ui.context import ViewContext
-from ui.views.common import figure, layer_head_pickers, table, titled, words
+from ui.views.common import Part, figure, layer_head_pickers, table, titled, words
 from ui.state import POOLS
 from viz.kv_cache import (block_table_frame, busy_pool_figure, difference_text, kv_bytes_table, kv_values_figure,
                           occupancy_bar, pool_figure)
@@ -20,7 +20,7 @@ def render(ctx: ViewContext) -> None:
     pool = ctx.runner.pool_state()
     length = trace.context_length
     size = pool.block_size
-    picture = st.container()  # the figure first; the choice of pool under it (the first screen is the figure's)
+    picture = Part("pool")  # the figure first; the choice of pool under it (the first screen is the figure's)
     busy = st.radio(ctx.t("pool_choice"), POOLS, key="w_pool", horizontal=True, help=ctx.t("pool_choice_help"),
                     format_func=lambda p: ctx.t("pool_" + p)) == "busy"
     with picture:

@@ -16,7 +16,7 @@ from tests.app_helpers import VIEW_TITLES
 from tests.server import browser_page, running_server, settled_text
 from ui import strings
 from ui.state import VIEWS
-from ui.views.prefix import CASE_BLOCK_SIZE, CASE_CACHED, CASES
+from ui.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
 
 pytestmark = pytest.mark.browser
 

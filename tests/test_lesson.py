@@ -17,7 +17,7 @@ from tests.server import browser_page, settled_text
 from ui import strings
 from ui.lesson import CHAPTERS
 from ui.state import default_prompt, parse_query
-from ui.views.prefix import CASE_BLOCK_SIZE, CASE_CACHED, CASES
+from ui.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
 
 def lesson_text(at) -> str:
     """The lesson's header (the chapter's title) and its panel, where the chapter's text and numbers are."""

@@ -4,10 +4,12 @@ import gc
 import threading
 import weakref
 
+import pytest
 import torch
 
 import engine
-from ui.runner import ClassroomCache, Runner, RunConfig
+from ui.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
+from ui.runner import ClassroomCache, Runner, RunConfig, RunStore
 
 
 def config(prompt="Rows grow one step at a time", **changes):
@@ -214,3 +216,65 @@ def test_split_demo_replays_a_recorded_step_in_splits(tiny_model):
     ran = in_splits.trace(3).split
     torch.testing.assert_close(demo.weight[0, 0].float(), ran.weight[layer, head], atol=1e-5, rtol=0)
     torch.testing.assert_close(demo.merged[0, 0].float(), ran.merged[layer, head], atol=1e-5, rtol=0)
+
+
+# -- the article's prefix-cache cases: the same result however often they are opened ----------------------
+
+
+def case_expectation(tokenizer, case: str) -> dict[str, int]:
+    """The article's rules on the case's token ids, written out here: the shared prefix of the cached prompt and
+    the edit; the whole-prompt rule reuses all of the cached prompt or nothing, the block policy whole blocks of
+    4, the radix tree every shared token (each at most n − 1: the last token is computed for its logits)."""
+    cached, new = tokenizer.encode(CASE_CACHED), tokenizer.encode(CASES[case])
+    first = 0
+    while first < min(len(cached), len(new)) and cached[first] == new[first]:
+        first += 1
+    shared = min(first, len(new) - 1)
+    return {"first": first, "whole": len(cached) if first == len(cached) else 0,
+            "block": shared - shared % CASE_BLOCK_SIZE, "radix": shared}
+
+
+def open_case(runner: Runner, case: str, policy: str) -> None:
+    """What the page does for a case button, chapter or link: the cached prompt alone, then the edit's prefill."""
+    runner.publish_alone(config(CASE_CACHED, block_size=CASE_BLOCK_SIZE, policy=policy))
+    runner.configure(config(CASES[case], block_size=CASE_BLOCK_SIZE, policy=policy))
+    assert runner.advance_to(1) == 1
+
+
+@pytest.mark.parametrize("policy", engine.POLICIES)
+def test_each_case_gives_the_articles_reuse_however_often_it_is_opened(tiny_model, policy):
+    model = tiny_model("llama")
+    runner = Runner(model, cache_tokens=256, runs=RunStore(10**9))
+    expected = {case: case_expectation(model.tokenizer, case) for case in CASES}
+    assert expected["case1"]["whole"] > 0 and expected["case2"]["whole"] == 0  # a hit and a miss, as the article
+    others = [CASES["case2"], CASES["case1"] + "，再举一个", "Rows grow one step at a time", CASE_CACHED]
+    for round_ in range(3):
+        for turn, case in enumerate(("case2", "case1")):
+            # the page's own prompts first: the edit itself, a longer copy of it, an unrelated one, the cached one
+            runner.configure(config(others[(2 * round_ + turn) % len(others)], block_size=CASE_BLOCK_SIZE))
+            runner.advance_to(2)
+            open_case(runner, case, policy)
+            want = expected[case]
+            reuse = runner.policy_reuse()
+            assert {p: reuse[p].reused_tokens for p in ("whole", "block", "radix")} == {
+                p: want[p] for p in ("whole", "block", "radix")}, (round_, case)
+            cached, first = runner.closest_cached()
+            assert cached == model.tokenizer.encode(CASE_CACHED) and first == want["first"]
+            assert runner.prefix_hit().reused_tokens == want[policy]  # the run's own cache did the same
+            assert runner.history.prompts == [cached]
+
+
+def test_a_case_opened_after_other_prompts_shares_the_run_of_a_fresh_page(tiny_model):
+    model = tiny_model("llama")
+    runs = RunStore(10**9)
+    busy, fresh = Runner(model, cache_tokens=256, runs=runs), Runner(model, cache_tokens=256, runs=runs)
+    for prompt in (CASES["case2"], "Rows grow one step at a time"):
+        busy.configure(config(prompt, block_size=CASE_BLOCK_SIZE))
+        busy.advance_to(1)
+    open_case(busy, "case2", "radix")
+    open_case(fresh, "case2", "radix")
+    assert busy.run is fresh.run  # the same seeds (the cached prompt alone): one run for both pages
+    assert busy.run.seeds == (tuple(model.tokenizer.encode(CASE_CACHED)),)
+    busy.configure(config("Rows grow one step at a time", block_size=CASE_BLOCK_SIZE))
+    fresh.configure(config("Rows grow one step at a time", block_size=CASE_BLOCK_SIZE))
+    assert busy.run is fresh.run  # both published the case's edit after the cached prompt

@@ -11,7 +11,7 @@ import torch
 
 import engine
 from engine import timing
-from ui import follow, memory, model_card, safe, strings
+from ui import cases, follow, memory, model_card, safe, strings
 from ui.context import ViewContext
 from ui.lesson import CHAPTERS
 from ui.runner import ClassroomCache, Runner, RunConfig, RunStore
@@ -199,7 +199,7 @@ def enter_chapter(number: int, keep: frozenset[str] = frozenset()) -> None:
             ss[name if name == "step" else "w_" + name] = value
     if chapter.case:
         ss.pending_case = chapter.case
-    elif ss.w_prompt in prefix.CASE_PROMPTS and "prompt" not in keep:  # back from a case: the usual prompt
+    elif ss.w_prompt in cases.CASE_PROMPTS and "prompt" not in keep:  # back from a case: the usual prompt
         ss.w_prompt, ss.w_chat = default_prompt(ss.w_lang), True
     if chapter.view == "attention":
         ss.focused_head_chosen = False  # open on a head with a pattern worth talking about
@@ -293,17 +293,15 @@ def runner_for(model: engine.Model, limits: Limits) -> Runner:
 
 
 def apply_pending_case(runner: Runner, limits: Limits) -> None:
-    """The article's cases: prefill and publish the cached prompt, then switch to the edited one."""
+    """The article's cases: the cached prompt alone published (prefilled at the case's settings), then the edit."""
     which = ss.pop("pending_case", None)
     if which is None:
         return
     ss.w_chat = False
-    ss.w_block_size = prefix.CASE_BLOCK_SIZE  # small enough for the block policy's reuse to show
+    ss.w_block_size = cases.CASE_BLOCK_SIZE  # small enough for the block policy's reuse to show
     ss.w_view = "prefix"
-    ss.w_prompt = prefix.CASE_CACHED
-    runner.configure(run_config(current_state(), limits))
-    runner.advance_to(1)
-    ss.w_prompt = prefix.CASES[which]
+    runner.publish_alone(run_config(replace(current_state(), prompt=cases.CASE_CACHED), limits))
+    ss.w_prompt = cases.CASES[which]
     ss.step = 1
 
 

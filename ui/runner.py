@@ -355,6 +355,17 @@ class Runner:
             self.config = config
             self._open()
 
+    def publish_alone(self, config: RunConfig) -> None:
+        """Make `config`'s prompt, prefilled at its settings, the only prompt this page has published: the page's
+        earlier prompts are forgotten, so the next run's cache and the policy comparison start from that prompt
+        alone (the article's cases: their cached prompt, never the page's own earlier copy of the edit)."""
+        with self.lock:
+            self.close()
+            self.history = PromptHistory(HISTORY)
+            self.configure(config)  # no seeds now: a run any page opening a case shares
+            self.advance_to(1)
+            self.close()  # publishes it
+
     def _open(self) -> None:
         config = self.config
         if self.classroom is not None:

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import streamlit as st
 
+from ui.cases import CASE_BLOCK_SIZE
 from ui.context import ViewContext
 from ui.views.common import figure, table, words
 from viz.prefix import alignment_frame, alignment_table, policies_figure, policy_frame, policy_table
 from viz.tokens import position_label
 
-CASE_CACHED = "解释什么是Transformer"
-CASES = {"case1": "解释什么是Transformer，举个例子", "case2": "解释什么是大语言模型"}
-CASE_PROMPTS = {CASE_CACHED, *CASES.values()}
-CASE_BLOCK_SIZE = 4  # the cached prompt is 11 tokens: blocks of 16 would hide what the block policy reuses
 HEADLINE_ORDER = ("whole", "block", "radix")  # the article's rule first
 
 

@@ -15,8 +15,8 @@ from playwright.sync_api import expect
 from tests.app_helpers import VIEW_TITLES
 from tests.server import browser_page, running_server, settled_text
 from ui import strings
-from ui.state import VIEWS
 from ui.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
+from ui.state import VIEWS
 
 pytestmark = pytest.mark.browser
 

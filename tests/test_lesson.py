@@ -15,9 +15,9 @@ from tests.test_app import english_left
 from tests.runs import decode
 from tests.server import browser_page, settled_text
 from ui import strings
+from ui.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
 from ui.lesson import CHAPTERS
 from ui.state import default_prompt, parse_query
-from ui.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
 
 def lesson_text(at) -> str:
     """The lesson's header (the chapter's title) and its panel, where the chapter's text and numbers are."""

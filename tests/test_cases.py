@@ -1,0 +1,138 @@
+"""The article's prefix-cache cases give the article's result however often and from wherever they are opened:
+the Case 1 / Case 2 buttons, a chapter's link, the chapter buttons (PageDown / PageUp), the chapter list. Each
+route opens each case 3 times, between other prompts, steps and the other case; every time the three policies'
+verdicts and counts and the first difference must be the rules' results on the tokenizer's own ids
+(`tests.test_runner.case_expectation`), never those of the page's earlier copy of the case's edit.
+"""
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.app_helpers import assert_clean, start
+from tests.server import browser_page, settled_text
+from tests.test_controls import metric_value, press, until_link, widget
+from tests.test_runner import case_expectation
+from ui import strings
+from ui.cases import CASE_BLOCK_SIZE, CASES
+
+POLICIES = ("whole", "block", "radix")
+CASE_OF_CHAPTER = {12: "case1", 13: "case2"}
+ROUNDS = 3
+
+
+def expected_texts(tokenizer, case: str, lang: str = "en") -> dict[str, str]:
+    """What the page must show for `case`: per policy its verdict and counts caption, and the first difference."""
+    want = case_expectation(tokenizer, case)
+    n = len(tokenizer.encode(CASES[case]))
+    shown = {"first": str(want["first"])}
+    for policy in POLICIES:
+        reused = want[policy]
+        shown[policy] = strings.t("verdict_hit" if reused else "verdict_miss", lang)
+        shown[policy + "_counts"] = strings.t("policy_counts", lang, reused=reused, computed=n - reused, first=reused)
+    return shown
+
+
+def assert_shows_case(at, tokenizer, case: str) -> None:
+    assert_clean(at)
+    link = dict(at.query_params.items())
+    assert (link["prompt"], link["chat"], link["block_size"], link["step"], link["view"]) == (
+        CASES[case], "0", str(CASE_BLOCK_SIZE), "1", "prefix")
+    expected = expected_texts(tokenizer, case)
+    metrics = {m.label: m.value for m in at.metric}
+    shown = {policy: metrics[strings.t("policy_" + policy)] for policy in POLICIES}
+    assert shown == {policy: expected[policy] for policy in POLICIES}, case
+    assert metrics[strings.t("first_difference")] == expected["first"], case
+    captions = [c.value for c in at.caption]
+    assert all(expected[policy + "_counts"] in captions for policy in POLICIES), (case, captions)
+
+
+# -- every route, headless (AppTest) ------------------------------------------------------------------
+
+
+def test_the_case_buttons_give_the_articles_result_every_time(embedded_model):
+    at = start(view="prefix", step=1)
+    tokenizer = embedded_model.tokenizer
+    for _ in range(ROUNDS):
+        for case in ("case2", "case2", "case1", "case1"):  # each twice in a row, as the issue's repro
+            at.button(key=case).click().run()
+            assert_shows_case(at, tokenizer, case)
+        at.button(key="b_next").click().run()  # the page moves on with the edit …
+        at.text_area(key="w_prompt").set_value(CASES["case2"]).run()  # … and a student types the edit itself
+        at.button(key="b_next").click().run()
+        assert_clean(at)
+
+
+@pytest.mark.parametrize("chapter", sorted(CASE_OF_CHAPTER))
+def test_a_chapters_link_gives_the_articles_result_every_time(chapter, embedded_model):
+    for _ in range(ROUNDS):
+        assert_shows_case(start(chapter=chapter), embedded_model.tokenizer, CASE_OF_CHAPTER[chapter])
+
+
+def test_the_chapter_buttons_give_the_articles_result_every_time(embedded_model):
+    """PageDown / PageUp are the buttons' shortcuts: 11 → 12 → 13 → 14 and back, three times."""
+    at = start(chapter=11)
+    for _ in range(ROUNDS):
+        for key, arrives in (("b_chapter_next", 12), ("b_chapter_next", 13), ("b_chapter_next", 14),
+                             ("b_chapter_back", 13), ("b_chapter_back", 12), ("b_chapter_back", 11)):
+            at.button(key=key).click().run()
+            assert_clean(at)
+            assert at.query_params["chapter"] == str(arrives)
+            if arrives in CASE_OF_CHAPTER:
+                assert_shows_case(at, embedded_model.tokenizer, CASE_OF_CHAPTER[arrives])
+
+
+def test_the_chapter_list_gives_the_articles_result_every_time(embedded_model):
+    at = start(chapter=3)
+    for _ in range(ROUNDS):
+        for number in (13, 12, 3):  # the other case, then another chapter, between two openings of each
+            at.radio(key="chapter_list").set_value(number).run()
+            assert_clean(at)
+            assert at.query_params["chapter"] == str(number)
+            if number in CASE_OF_CHAPTER:
+                assert_shows_case(at, embedded_model.tokenizer, CASE_OF_CHAPTER[number])
+
+
+# -- the button and PageUp routes in a real browser ----------------------------------------------------
+
+
+def page_shows_case(page, tokenizer, case: str) -> None:
+    """Once the link says the case at step 1 and the run has finished: the verdicts, counts and first difference."""
+    until_link(page, prompt=CASES[case], chat="0", block_size=str(CASE_BLOCK_SIZE), step="1", view="prefix")
+    expected = expected_texts(tokenizer, case)
+    for policy in POLICIES:
+        assert metric_value(page, f"verdict_{policy}") == expected[policy], (case, policy)
+        expect(widget(page, f"verdict_{policy}")).to_contain_text(expected[policy + "_counts"])
+    first = page.locator('[data-testid="stMetric"]', has_text=strings.t("first_difference"))
+    expect(first.locator('[data-testid="stMetricValue"]')).to_have_text(expected["first"])
+
+
+@pytest.mark.browser
+def test_the_case_buttons_in_a_browser(server, embedded_model):
+    with browser_page() as page:
+        page.goto(f"{server}/?view=prefix&step=1")
+        settled_text(page)
+        for _ in range(ROUNDS):
+            for case in ("case2", "case1"):
+                press(page, case)
+                page_shows_case(page, embedded_model.tokenizer, case)
+                press(page, "b_next")  # the link changes before the next press, so its arrival can be awaited
+                until_link(page, step="2")
+                press(page, case)  # the same case again: its edit is now the page's own earlier prompt
+                page_shows_case(page, embedded_model.tokenizer, case)
+                press(page, "b_next")
+                until_link(page, step="2")
+
+
+@pytest.mark.browser
+def test_page_down_and_page_up_in_a_browser(server, embedded_model):
+    """A presenter's clicker: 12, PageDown to 13 and 14, PageUp back to 13 and 12, three times."""
+    with browser_page() as page:
+        page.goto(f"{server}/?chapter=12")
+        page_shows_case(page, embedded_model.tokenizer, "case1")
+        for _ in range(ROUNDS):
+            for key, arrives in (("PageDown", 13), ("PageDown", 14), ("PageUp", 13), ("PageUp", 12)):
+                page.locator("h1").first.click()  # the page has the focus, not a field
+                page.keyboard.press(key)
+                until_link(page, chapter=str(arrives))
+                if arrives in CASE_OF_CHAPTER:
+                    page_shows_case(page, embedded_model.tokenizer, CASE_OF_CHAPTER[arrives])

@@ -32,11 +32,11 @@ def expected_texts(tokenizer, case: str, lang: str = "en") -> dict[str, str]:
     return shown
 
 
-def assert_shows_case(at, tokenizer, case: str) -> None:
+def assert_shows_case(at, tokenizer, case: str, step: int = 1) -> None:
     assert_clean(at)
     link = dict(at.query_params.items())
     assert (link["prompt"], link["chat"], link["block_size"], link["step"], link["view"]) == (
-        CASES[case], "0", str(CASE_BLOCK_SIZE), "1", "prefix")
+        CASES[case], "0", str(CASE_BLOCK_SIZE), str(step), "prefix")
     expected = expected_texts(tokenizer, case)
     metrics = {m.label: m.value for m in at.metric}
     shown = {policy: metrics[strings.t("policy_" + policy)] for policy in POLICIES}
@@ -66,6 +66,8 @@ def test_the_case_buttons_give_the_articles_result_every_time(embedded_model):
 def test_a_chapters_link_gives_the_articles_result_every_time(chapter, embedded_model):
     for _ in range(ROUNDS):
         assert_shows_case(start(chapter=chapter), embedded_model.tokenizer, CASE_OF_CHAPTER[chapter])
+    # a link naming its step (a teacher's, a follower's) keeps it: the case is the prompt, not a step
+    assert_shows_case(start(chapter=chapter, step=3), embedded_model.tokenizer, CASE_OF_CHAPTER[chapter], step=3)
 
 
 def test_the_chapter_buttons_give_the_articles_result_every_time(embedded_model):

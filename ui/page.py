@@ -302,7 +302,6 @@ def apply_pending_case(runner: Runner, limits: Limits) -> None:
     ss.w_view = "prefix"
     runner.publish_alone(run_config(replace(current_state(), prompt=cases.CASE_CACHED), limits))
     ss.w_prompt = cases.CASES[which]
-    ss.step = 1
 
 
 # -- widgets ----------------------------------------------------------------------------------

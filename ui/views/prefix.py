@@ -64,5 +64,5 @@ def policies_side_by_side(ctx: ViewContext, n: int) -> None:
 
 
 def load_case(which: str) -> None:
-    """Publish the article's cached prompt, then load the edited one: the next prefill looks it up."""
-    st.session_state["pending_case"] = which
+    """Publish the article's cached prompt, then load the edited one, at its prefill: the prefill looks it up."""
+    st.session_state.update(pending_case=which, step=1)  # a chapter's case takes the chapter's (or link's) step

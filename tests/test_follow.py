@@ -189,3 +189,67 @@ def test_a_follower_in_english_follows_a_chinese_leaders_default_prompt(embedded
     assert_clean(follower)
     assert shown_text(follower) == shown_text(leader) and "什么是" in shown_text(follower)
     assert "lang" not in follower.query_params  # English: the default, not in the link
+
+
+def banner(at) -> str:
+    """The follower's banner: following, exploring on its own, or the class gone."""
+    shown = [i.value for i in at.info] + [w.value for w in at.warning]
+    states = {key: strings.t(key) for key in ("follow_following", "follow_alone", "follow_gone")}
+    found = [key for key, text in states.items() if text in shown]
+    assert len(found) == 1, shown
+    return found[0]
+
+
+MOVES = {  # a student's own moves: a step button, Play, a view, a setting, a chapter
+    "next": lambda at: at.button(key="b_next").click(),
+    "back": lambda at: at.button(key="b_back").click(),
+    "play": lambda at: at.toggle(key="w_playing").set_value(True),
+    "view": lambda at: at.radio(key="w_view").set_value("kv"),
+    "temperature": lambda at: at.slider(key="w_temperature").set_value(0.5),
+    "block size": lambda at: at.number_input(key="w_block_size").set_value(8),
+    "lesson": lambda at: at.button(key="b_lesson_start").click(),
+}
+
+
+@pytest.mark.parametrize("move", MOVES)
+def test_a_follower_who_moves_on_its_own_is_told_it_left_and_stays_where_it_went(leader, move):
+    follower = start(follow=code_in(follow_link(leader)))
+    assert banner(follower) == "follow_following"
+    taken = state_of(follower)
+    MOVES[move](follower).run()
+    assert_clean(follower)
+    assert banner(follower) == "follow_alone" and follower.button(key="b_follow_return")
+    follower.toggle(key="w_playing").set_value(False).run()  # (a student who pressed Play stops it)
+    own = state_of(follower)
+    assert own != taken
+    for _ in range(2):  # the teacher moves on: the student's page stays its own
+        leader.button(key="b_next").click().run()
+        follower.run()
+        assert state_of(follower) == own and banner(follower) == "follow_alone"
+    follower.button(key="b_follow_return").click().run()
+    assert state_of(follower) == state_of(leader) and banner(follower) == "follow_following"
+    follower.run()
+    assert banner(follower) == "follow_following"  # taking the teacher's state is not a move of its own
+
+
+def test_a_follower_keeps_following_through_its_own_language_and_the_teachers_case_chapter(leader):
+    follower = start(follow=code_in(follow_link(leader)))
+    follower.selectbox(key="w_lang").set_value("zh").run()
+    follower.toggle(key="w_large").set_value(True).run()
+    assert [i.value for i in follower.info if i.value == strings.t("follow_following", "zh")]
+    leader.button(key="b_lesson_start").click().run()  # chapter 1
+    for moves in (("b_chapter_next",) * 11, ("b_next", "b_next"), ("b_chapter_next", "b_chapter_back")):
+        for key in moves:  # the teacher reaches chapter 12 (a case: the page fits its state), steps, leaves and comes back
+            leader.button(key=key).click().run()
+        follower.run()
+        assert_clean(follower)
+        assert state_of(follower) == state_of(leader)
+        assert [i.value for i in follower.info if i.value == strings.t("follow_following", "zh")]
+
+
+def test_followed_part_leaves_out_the_followers_own_settings_only():
+    state = AppState(step=3, view="kv")
+    assert follow.followed_part(replace(state, lang="zh", large=True)) == follow.followed_part(state)
+    for change in ({"step": 4}, {"view": "flow"}, {"temperature": 0.5}, {"chapter": 2}, {"prompt": "x"},
+                   {"layer": 1}, {"policy": "radix"}):
+        assert follow.followed_part(replace(state, **change)) != follow.followed_part(state), change

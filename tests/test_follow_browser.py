@@ -140,3 +140,33 @@ def test_the_leader_stops_sharing_and_its_followers_are_told(server, pages):
     expect(leader.locator(".st-key-follow-link")).to_have_count(0)
     expect(follower.get_by_text(strings.t("follow_gone"))).to_be_visible(timeout=FOLLOW_MS)
     assert follower.locator('[data-testid="stException"]').count() == 0
+
+
+LEFT_MS = 1_000  # the brief's bound from a follower's own press to its banner saying it left following
+
+
+def test_a_follower_who_presses_next_is_told_at_once_and_stays_at_its_own_step(server, pages):
+    leader, moved, stays = pages
+    leader.goto(f"{server}/?lead=1&step=2")
+    settled_text(leader)
+    href = leader.locator(".st-key-follow-link a").get_attribute("href")
+    for follower in (moved, stays):
+        follower.goto(href)
+        settled_text(follower)
+        shows(follower, shown(leader))
+        expect(follower.get_by_text(strings.t("follow_following"))).to_be_visible()
+
+    press(moved, "b_next")
+    expect(moved.get_by_text(strings.t("follow_alone"))).to_be_visible(timeout=LEFT_MS)
+    expect(moved.locator(".st-key-b_follow_return button")).to_be_visible(timeout=LEFT_MS)
+    moved.wait_for_function("() => new URL(location.href).searchParams.get('step') === '3'", timeout=WAIT_MS)
+    own = shown(moved)
+    for step in ("3", "4"):  # the teacher moves on; the other follower follows
+        now = leader_moves(leader, "b_next", step=step)
+        shows(stays, now)
+    time.sleep(2)  # four of a follower's polls: had the one who moved still followed, it would have moved by now
+    assert shown(moved) == own and link(moved)["step"] == "3"
+    expect(moved.get_by_text(strings.t("follow_alone"))).to_be_visible()
+    expect(stays.get_by_text(strings.t("follow_following"))).to_be_visible()
+    press(moved, "b_follow_return")
+    shows(moved, now)

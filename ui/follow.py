@@ -6,9 +6,16 @@ draw (`publish`, from the page's link writer) and refreshes its room with a hear
 stores the leader's link as pending and reruns the page, which applies it before any widget exists
 (`take_over`). Everything in the link is followed except the follower's own language and text size (`OWN`).
 
+A follower who moves on their own (a step button, Play, any setting but `OWN`) leaves following, as "Explore on
+my own" does: the page's state is compared with the one it last took from the leader (as that state was drawn,
+after the page fitted it) at the top of each draw, so the banner already says so in the draw the press starts,
+and after each draw, for moves made while drawing (Play's ticks).
+
 Session keys: follow_role ("lead" | "follow"), follow_secret (leader), follow_code, follow_mode (follower:
 "following" | "alone" | "ended"), follow_seen (the version applied), follow_pending (a link to apply),
-follow_error (why the store could not be used), follow_published (the leader's last published link).
+follow_error (why the store could not be used), follow_published (the leader's last published link),
+follow_taken (the follower's state as taken from the leader, `followed_part`), follow_fresh (this draw took the
+leader's state: what it draws becomes follow_taken).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import html
 import os
 from collections.abc import Callable
+from dataclasses import asdict
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import segno
@@ -53,16 +61,46 @@ def the_rooms() -> rooms.Rooms:
 # -- before the widgets -------------------------------------------------------------------------
 
 
-def take_over(apply: Callable[[dict[str, str]], None]) -> None:
+def take_over(apply: Callable[[dict[str, str]], None], state_now: Callable[[], AppState]) -> None:
     """Called at the top of every page draw, before any widget: the session's role from its link (first draw
-    only), then the leader's pending state through `apply` (the leader's link parameters, `OWN` left out)."""
+    only), then the leader's pending state through `apply` (the leader's link parameters, `OWN` left out);
+    with none pending, a follower whose state (`state_now`) is no longer the one taken has left following."""
     if "follow_role" not in ss:
         begin(st.query_params.to_dict())
     if ss.follow_role == "lead":
         heartbeat()  # a draw holds back the timed heartbeat: its room's TTL starts afresh before it
     pending = ss.pop("follow_pending", None)
-    if pending is not None and ss.get("follow_role") == "follow":
+    if ss.get("follow_role") != "follow":
+        return
+    if pending is not None:
         apply(pending)
+        ss.follow_taken, ss.follow_fresh = followed_part(state_now()), True
+    elif strayed(state_now()):
+        leave()
+
+
+def followed_part(state: AppState) -> dict:
+    """What following decides: the state but for the follower's own settings (`OWN`)."""
+    return {name: value for name, value in asdict(state).items() if name not in OWN}
+
+
+def strayed(state: AppState) -> bool:
+    """A following page whose state is not the one it took from the leader: its student moved it."""
+    part = followed_part(state)
+    return ss.get("follow_mode") == "following" and ss.get("follow_taken", part) != part
+
+
+def drawn(state: AppState) -> None:
+    """After a follower's draw: the state drawn right after taking the leader's is what following looks like
+    (the page may have fitted it, e.g. a case's first step); a later draw that moved away from it (Play's ticks)
+    leaves following, and the page is drawn again to say so."""
+    if ss.get("follow_role") != "follow":
+        return
+    if ss.pop("follow_fresh", False):
+        ss.follow_taken = followed_part(state)
+    elif strayed(state):
+        leave()
+        st.rerun(scope="app")
 
 
 def begin(params: dict[str, str]) -> None:
@@ -209,7 +247,7 @@ def heartbeat() -> None:
 
 def poll() -> None:
     """A follower's timed check of the room: the page is redrawn when the leader moved or the room is gone."""
-    if read_room(take_any=False):
+    if ss.get("follow_mode") == "following" and read_room(take_any=False):  # a move of its own may have just left
         st.rerun(scope="app")
 
 

@@ -102,7 +102,7 @@ def draw_page() -> None:
     st.html(CHROME_CSS)
     memory.tune_allocator()
     restore_lost_settings()
-    follow.take_over(lambda query: follow_leader(query, limits))  # before any widget, as the link is
+    follow.take_over(lambda query: follow_leader(query, limits), current_state)  # before any widget, as the link is
     if ss.pop("stop_playing", False):
         ss.w_playing = False
     ss.pop("full_rerun", None)  # this run is one
@@ -223,6 +223,7 @@ def restore_lost_settings() -> None:
 def write_link(state: AppState) -> None:
     ss.drawn_state = {f.name: getattr(state, f.name) for f in fields(AppState) if f.name != "step"}
     follow.publish(state)  # a leader's every draw (a play tick too) reaches its followers
+    follow.drawn(state)  # a follower's own move leaves following
     query = to_query(state) | follow.link_params()
     if st.query_params.to_dict() != query:
         st.query_params.from_dict(query)

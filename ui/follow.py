@@ -7,15 +7,15 @@ stores the leader's link as pending and reruns the page, which applies it before
 (`take_over`). Everything in the link is followed except the follower's own language and text size (`OWN`).
 
 A follower who moves on their own (a step button, Play, any setting but `OWN`) leaves following, as "Explore on
-my own" does: the page's state is compared with the one it last took from the leader (as that state was drawn,
-after the page fitted it) at the top of each draw, so the banner already says so in the draw the press starts,
-and after each draw, for moves made while drawing (Play's ticks).
+my own" does: before the step is drawn (a run of the whole page or of the step's fragment alone) and once it is
+drawn, the page's state is compared with the one it took from the leader (`check`); one that differs reruns the
+whole page at once, whose banner then says so.
 
 Session keys: follow_role ("lead" | "follow"), follow_secret (leader), follow_code, follow_mode (follower:
 "following" | "alone" | "ended"), follow_seen (the version applied), follow_pending (a link to apply),
 follow_error (why the store could not be used), follow_published (the leader's last published link),
-follow_taken (the follower's state as taken from the leader, `followed_part`), follow_fresh (this draw took the
-leader's state: what it draws becomes follow_taken).
+follow_taken (the follower's state as taken from the leader, `followed_part`), follow_fresh (the leader's state
+was just taken: the next check keeps the page's state as follow_taken).
 """
 
 from __future__ import annotations
@@ -61,22 +61,17 @@ def the_rooms() -> rooms.Rooms:
 # -- before the widgets -------------------------------------------------------------------------
 
 
-def take_over(apply: Callable[[dict[str, str]], None], state_now: Callable[[], AppState]) -> None:
+def take_over(apply: Callable[[dict[str, str]], None]) -> None:
     """Called at the top of every page draw, before any widget: the session's role from its link (first draw
-    only), then the leader's pending state through `apply` (the leader's link parameters, `OWN` left out);
-    with none pending, a follower whose state (`state_now`) is no longer the one taken has left following."""
+    only), then the leader's pending state through `apply` (the leader's link parameters, `OWN` left out)."""
     if "follow_role" not in ss:
         begin(st.query_params.to_dict())
     if ss.follow_role == "lead":
         heartbeat()  # a draw holds back the timed heartbeat: its room's TTL starts afresh before it
     pending = ss.pop("follow_pending", None)
-    if ss.get("follow_role") != "follow":
-        return
-    if pending is not None:
+    if pending is not None and ss.get("follow_role") == "follow":
         apply(pending)
-        ss.follow_taken, ss.follow_fresh = followed_part(state_now()), True
-    elif strayed(state_now()):
-        leave()
+        ss.follow_fresh = True  # the next `check` sees the leader's state as this page fitted it
 
 
 def followed_part(state: AppState) -> dict:
@@ -84,21 +79,17 @@ def followed_part(state: AppState) -> dict:
     return {name: value for name, value in asdict(state).items() if name not in OWN}
 
 
-def strayed(state: AppState) -> bool:
-    """A following page whose state is not the one it took from the leader: its student moved it."""
-    part = followed_part(state)
-    return ss.get("follow_mode") == "following" and ss.get("follow_taken", part) != part
-
-
-def drawn(state: AppState) -> None:
-    """After a follower's draw: the state drawn right after taking the leader's is what following looks like
-    (the page may have fitted it, e.g. a case's first step); a later draw that moved away from it (Play's ticks)
-    leaves following, and the page is drawn again to say so."""
-    if ss.get("follow_role") != "follow":
+def check(state: AppState) -> None:
+    """A following page about to draw the step (and again once drawn, for Play's ticks): the first check after
+    taking the leader's state keeps `state` as what following looks like (the page may have fitted it: a case,
+    the host's limits); a later `state` that differs was moved by its student, who has left following. The page
+    is then drawn again from the top, where the banner says so."""
+    if ss.get("follow_role") != "follow" or ss.get("follow_mode") != "following":
         return
-    if ss.pop("follow_fresh", False):
-        ss.follow_taken = followed_part(state)
-    elif strayed(state):
+    part = followed_part(state)
+    if ss.pop("follow_fresh", False) or "follow_taken" not in ss:
+        ss.follow_taken = part
+    elif part != ss.follow_taken:
         leave()
         st.rerun(scope="app")
 

@@ -102,7 +102,7 @@ def draw_page() -> None:
     st.html(CHROME_CSS)
     memory.tune_allocator()
     restore_lost_settings()
-    follow.take_over(lambda query: follow_leader(query, limits), current_state)  # before any widget, as the link is
+    follow.take_over(lambda query: follow_leader(query, limits))  # before any widget, as the link is
     if ss.pop("stop_playing", False):
         ss.w_playing = False
     ss.pop("full_rerun", None)  # this run is one
@@ -223,7 +223,7 @@ def restore_lost_settings() -> None:
 def write_link(state: AppState) -> None:
     ss.drawn_state = {f.name: getattr(state, f.name) for f in fields(AppState) if f.name != "step"}
     follow.publish(state)  # a leader's every draw (a play tick too) reaches its followers
-    follow.drawn(state)  # a follower's own move leaves following
+    follow.check(state)  # a follower's own move (Play's tick too) leaves following
     query = to_query(state) | follow.link_params()
     if st.query_params.to_dict() != query:
         st.query_params.from_dict(query)
@@ -347,6 +347,7 @@ def stepper_and_view(model: engine.Model, runner: Runner) -> None:
     """The step, its view and (in the lesson) its chapter: a fragment, redrawn alone by a press of a step button,
     a change of view, layer or head, and Play's ticks. A fault stays in this session: it is shown, and the
     session can start again; the shared model and other sessions are untouched."""
+    follow.check(current_state())  # a follower who moved on their own is told at once, above the fragment
     if ss.pop("full_rerun", False) or "pending_case" in ss:  # an article's case is loaded before any widget
         st.rerun(scope="app")  # a control in here changed what the rest of the page shows
     try:

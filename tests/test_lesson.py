@@ -154,9 +154,16 @@ def press(page, key: str) -> None:
     page.locator(f".st-key-{key}").get_by_role("button").first.click()  # (a help icon is a button too)
 
 
+def open_sidebar(page) -> None:
+    """The lesson's sidebar (the chapter list, the way out) starts closed: open it as a teacher would (»)."""
+    if page.locator('[data-testid="stSidebar"][aria-expanded="true"]').count() == 0:
+        page.locator('[data-testid="stExpandSidebarButton"]').click()
+    expect(page.locator('[data-testid="stSidebar"][aria-expanded="true"]')).to_have_count(1)
+
+
 def shows_chapter(page, number: int) -> None:
     title = CHAPTERS[number - 1].part("title", "en")
-    expect(page.locator(".st-key-chapter").get_by_text(title)).to_be_visible(timeout=WAIT_MS)
+    expect(page.locator("h1").get_by_text(title)).to_be_visible(timeout=WAIT_MS)
 
 
 @pytest.mark.browser
@@ -175,6 +182,7 @@ def test_keys_buttons_and_the_list_move_through_the_chapters(server):
         chapter_in_link(page, 1)
         press(page, "b_chapter_next")
         chapter_in_link(page, 2)
+        open_sidebar(page)
         page.locator(".st-key-chapter_list label").filter(has_text=CHAPTERS[11].part("title", "en")).click()
         chapter_in_link(page, 12)  # the article's Case 1, loaded on entering
         shows_chapter(page, 12)
@@ -183,6 +191,7 @@ def test_keys_buttons_and_the_list_move_through_the_chapters(server):
         press(page, "b_chapter_back")
         chapter_in_link(page, 11)
         assert "view=split" in page.url and "kv_splits=4" in page.url
+        open_sidebar(page)
         press(page, "b_lesson_leave")
         chapter_in_link(page, None)
         assert "view=split" in page.url and "kv_splits=4" in page.url  # leaving keeps the state

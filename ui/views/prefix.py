@@ -6,7 +6,7 @@ import streamlit as st
 
 from ui.cases import CASE_BLOCK_SIZE
 from ui.context import ViewContext
-from ui.views.common import figure, table, words
+from ui.views.common import Part, figure, table, words
 from viz.prefix import alignment_frame, alignment_table, policies_figure, policy_frame, policy_table
 from viz.tokens import position_label
 
@@ -18,7 +18,7 @@ def render(ctx: ViewContext) -> None:
     c1, c2 = st.columns(2)
     c1.button(ctx.t("case1"), key="case1", on_click=load_case, args=("case1",))
     c2.button(ctx.t("case2"), key="case2", on_click=load_case, args=("case2",))
-    main = st.container(key="main-figure")  # the headline first, the introduction under it
+    main = Part("policies", key="main-figure")  # the headline first, the introduction under it
     st.markdown(ctx.t("prefix_intro"))
     if ctx.step == 0:
         st.info(ctx.t("need_prefill"))
@@ -26,6 +26,14 @@ def render(ctx: ViewContext) -> None:
     n = len(ctx.runner.prompt_ids)
     with main:  # the headline: the three policies side by side
         policies_side_by_side(ctx, n)
+    with Part("alignment"):  # this run's hit, and the new prompt aligned with the closest published one
+        if not this_run(ctx, n):
+            return
+    st.caption(ctx.t("evictions", count=ctx.runner.evictions(), kept=ctx.runner.history.limit))
+
+
+def this_run(ctx: ViewContext, n: int) -> bool:
+    """What this run's prefill reused, and the alignment with the closest published prompt (False: none)."""
     hit = ctx.runner.prefix_hit()
     closest = ctx.runner.closest_cached()  # the same history the policy comparison replays
     st.markdown(ctx.t("this_run", policy=ctx.t("policy_" + hit.policy)))
@@ -35,13 +43,12 @@ def render(ctx: ViewContext) -> None:
     m3.metric(ctx.t("first_difference"), "–" if closest is None else closest[1])
     if closest is None:
         st.caption(ctx.t("nothing_cached"))
-        return
+        return False
     cached = closest[0]
     cached_labels = [position_label(c) for c in ctx.runner.prompt_cells(cached)]
-    new_labels = ctx.labels[:n]
-    table(alignment_table(alignment_frame(cached, ctx.runner.prompt_ids, cached_labels, new_labels, hit.reused_tokens),
-                          words(ctx)))
-    st.caption(ctx.t("evictions", count=ctx.runner.evictions(), kept=ctx.runner.history.limit))
+    table(alignment_table(alignment_frame(cached, ctx.runner.prompt_ids, cached_labels, ctx.labels[:n],
+                                          hit.reused_tokens), words(ctx)))
+    return True
 
 
 def policies_side_by_side(ctx: ViewContext, n: int) -> None:

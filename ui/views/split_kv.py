@@ -6,13 +6,13 @@ import streamlit as st
 
 from engine.split_kv import worked_example
 from ui.context import ViewContext
-from ui.views.common import figure, layer_head_pickers, table, words
+from ui.views.common import Part, figure, layer_head_pickers, table, words
 from viz.split_kv import merge_table, split_figure, split_table, worked_example_frame
 
 
 def render(ctx: ViewContext) -> None:
     st.subheader(ctx.t("split_title"))
-    main = st.container(key="main-figure")  # the split figure first, filled once the pickers are drawn
+    main = Part("split", key="main-figure")  # the split figure first, filled once the pickers are drawn
     st.markdown(ctx.t("split_intro"))
     with st.expander(ctx.t("example_title"), expanded=ctx.trace is None):
         example = worked_example()

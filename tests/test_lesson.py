@@ -156,9 +156,9 @@ def press(page, key: str) -> None:
 
 def open_sidebar(page) -> None:
     """The lesson's sidebar (the chapter list, the way out) starts closed: open it as a teacher would (»)."""
-    if page.locator('[data-testid="stSidebar"][aria-expanded="true"]').count() == 0:
+    if page.locator('[data-testid="stSidebar"][data-collapsed="true"]').count():
         page.locator('[data-testid="stExpandSidebarButton"]').click()
-    expect(page.locator('[data-testid="stSidebar"][aria-expanded="true"]')).to_have_count(1)
+    expect(page.locator('[data-testid="stSidebar"][data-collapsed="false"]')).to_have_count(1)
 
 
 def shows_chapter(page, number: int) -> None:
@@ -222,3 +222,23 @@ def test_the_tokens_chapter_explains_byte_level_bpe_when_a_character_spans_sever
     assert strings.t("bpe_explained") in [c.value for c in at.container("chapter").caption]
     plain = start(chapter=1, prompt="Hello there", chat=0)
     assert strings.t("bpe_explained") not in [c.value for c in plain.container("chapter").caption]
+
+
+def test_a_revisited_chapter_reads_the_run_its_first_visit_computed(embedded_model):
+    """PageDown through the lesson, a case included, then PageUp back: every chapter's run is built on its first
+    visit only (the store's count of builds does not move on the way back), and shows the same step's token."""
+    at = start(chapter=9)
+    store = at.session_state["runner"].runs
+    seen = {}
+    for number in range(9, 14):  # 9 … 13: paging, costs, split-KV and both cases
+        if number > 9:
+            at.button(key="b_chapter_next").click().run()
+        assert_clean(at)
+        seen[number] = at.query_params["step"], at.session_state["runner"].session.generated[:]
+    built = store.built
+    for number in range(12, 8, -1):  # back to 9: all visited
+        at.button(key="b_chapter_back").click().run()
+        assert_clean(at)
+        assert at.query_params["chapter"] == str(number)
+        assert (at.query_params["step"], at.session_state["runner"].session.generated[:]) == seen[number]
+    assert store.built == built

@@ -109,6 +109,8 @@ def draw_page() -> None:
     model, failure = model_for(ss.w_model)
     runner = runner_for(model, limits) if model is not None else None
     if runner is not None:
+        if ss.pop("forget_published", False):
+            runner.forget_published()
         apply_pending_case(runner, limits)  # before the widgets: it sets the prompt and chat switch
         fit_to_budget(step_limits(limits, model.info))
     sidebar(limits, can_think=runner is not None and runner.can_think)
@@ -199,8 +201,10 @@ def enter_chapter(number: int, keep: frozenset[str] = frozenset()) -> None:
             ss[name if name == "step" else "w_" + name] = value
     if chapter.case:
         ss.pending_case = chapter.case
-    elif ss.w_prompt in cases.CASE_PROMPTS and "prompt" not in keep:  # back from a case: the usual prompt
-        ss.w_prompt, ss.w_chat = default_prompt(ss.w_lang), True
+    else:  # a chapter's run starts from an empty prefix cache: the same run on every visit, for every page
+        ss.forget_published = True
+        if ss.w_prompt in cases.CASE_PROMPTS and "prompt" not in keep:  # back from a case: the usual prompt
+            ss.w_prompt, ss.w_chat = default_prompt(ss.w_lang), True
     if chapter.view == "attention":
         ss.focused_head_chosen = False  # open on a head with a pattern worth talking about
 

@@ -355,13 +355,20 @@ class Runner:
             self.config = config
             self._open()
 
+    def forget_published(self) -> None:
+        """Leave the run and forget the prompts this page published: the next run's prefix cache starts empty. A
+        lesson chapter starts so, so each visit to it (and every page following the class) reads the same run,
+        computed once and kept in the store."""
+        with self.lock:
+            self.close()
+            self.history = PromptHistory(HISTORY)
+
     def publish_alone(self, config: RunConfig) -> None:
         """Make `config`'s prompt, prefilled at its settings, the only prompt this page has published: the page's
         earlier prompts are forgotten, so the next run's cache and the policy comparison start from that prompt
         alone (the article's cases: their cached prompt, never the page's own earlier copy of the edit)."""
         with self.lock:
-            self.close()
-            self.history = PromptHistory(HISTORY)
+            self.forget_published()
             self.configure(config)  # no seeds now: a run any page opening a case shares
             self.advance_to(1)
             self.close()  # publishes it

@@ -390,7 +390,7 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
         if chapter is None:
             counter = st.empty()
         else:  # the lesson's header line: the step, and the way to the other chapters
-            counter_column, back, forward = st.columns([2, 1, 1], vertical_alignment="center")
+            counter_column, back, forward = st.columns([2.6, 1, 1], vertical_alignment="center")
             counter = counter_column.empty()
             lesson.chapter_buttons(chapter, ss.w_lang, go_to_chapter, back, forward)
         buttons_column, play_column = st.columns([4, 1], vertical_alignment="center")

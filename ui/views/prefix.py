@@ -25,15 +25,17 @@ def render(ctx: ViewContext) -> None:
         return
     n = len(ctx.runner.prompt_ids)
     with main:  # the headline: the three policies side by side
-        policies_side_by_side(ctx, n)
-    with Part("alignment"):  # this run's hit, and the new prompt aligned with the closest published one
-        if not this_run(ctx, n):
-            return
+        ordered = policies_side_by_side(ctx)
+    st.caption(ctx.t("case_block_note", size=ctx.state.block_size, case_size=CASE_BLOCK_SIZE) + " "
+               + ctx.t("policies_note"))
+    with st.expander(ctx.t("policies_title")):
+        table(policy_table(policy_frame({p: r.reused_tokens for p, r in ordered.items()}, n), words(ctx)))
+    this_run(ctx, n)
     st.caption(ctx.t("evictions", count=ctx.runner.evictions(), kept=ctx.runner.history.limit))
 
 
-def this_run(ctx: ViewContext, n: int) -> bool:
-    """What this run's prefill reused, and the alignment with the closest published prompt (False: none)."""
+def this_run(ctx: ViewContext, n: int) -> None:
+    """What this run's prefill reused, and the alignment with the closest published prompt."""
     hit = ctx.runner.prefix_hit()
     closest = ctx.runner.closest_cached()  # the same history the policy comparison replays
     st.markdown(ctx.t("this_run", policy=ctx.t("policy_" + hit.policy)))
@@ -43,16 +45,17 @@ def this_run(ctx: ViewContext, n: int) -> bool:
     m3.metric(ctx.t("first_difference"), "–" if closest is None else closest[1])
     if closest is None:
         st.caption(ctx.t("nothing_cached"))
-        return False
+        return
     cached = closest[0]
     cached_labels = [position_label(c) for c in ctx.runner.prompt_cells(cached)]
-    table(alignment_table(alignment_frame(cached, ctx.runner.prompt_ids, cached_labels, ctx.labels[:n],
-                                          hit.reused_tokens), words(ctx)))
-    return True
+    with Part("alignment"):  # the new prompt aligned with the closest published one
+        table(alignment_table(alignment_frame(cached, ctx.runner.prompt_ids, cached_labels, ctx.labels[:n],
+                                              hit.reused_tokens), words(ctx)))
 
 
-def policies_side_by_side(ctx: ViewContext, n: int) -> None:
-    """The headline: what each policy reuses of this prompt, hit or miss, and per block or token."""
+def policies_side_by_side(ctx: ViewContext) -> dict:
+    """The headline: what each policy reuses of this prompt, hit or miss, and per block or token. Returns the
+    policies' results in the headline's order."""
     reuse = ctx.runner.policy_reuse()
     ordered = {policy: reuse[policy] for policy in HEADLINE_ORDER}
     st.markdown(ctx.t("policies_headline", size=ctx.state.block_size))
@@ -64,10 +67,7 @@ def policies_side_by_side(ctx: ViewContext, n: int) -> None:
                              first=result.reused_tokens))
     figure(policies_figure(ordered, ctx.state.block_size, ctx.t("policies_fig"), ctx.large, words(ctx)),
            "prefix-policies")
-    st.caption(ctx.t("case_block_note", size=ctx.state.block_size, case_size=CASE_BLOCK_SIZE) + " "
-               + ctx.t("policies_note"))
-    with st.expander(ctx.t("policies_title")):
-        table(policy_table(policy_frame({p: r.reused_tokens for p, r in ordered.items()}, n), words(ctx)))
+    return ordered
 
 
 def load_case(which: str) -> None:

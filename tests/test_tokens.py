@@ -179,3 +179,36 @@ def test_the_apps_candidates_show_characters_and_bytes_never_u_fffd(embedded_mod
         else:
             assert REPLACEMENT in together and label.startswith("⟨") == (REPLACEMENT in tokenizer.decode([token_id]))
     assert finishing
+
+
+def hovers(body: str) -> list[str]:
+    """The hover texts (title attributes) of a token stream's HTML, unescaped."""
+    import html
+
+    return [html.unescape(t) for t in re.findall(r'title="([^"]*)"', body)]
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_hover_text_shows_the_character_its_ids_and_bytes_in_the_pages_language(tokenizer, lang):
+    """Issue 18: the hover showed the tokenizer's byte-level pieces ('æĺ¯' for 是) and English labels on a
+    Chinese page. Each expectation here comes from the tokenizer and UTF-8, not from the hover code."""
+    from ui import strings
+
+    text = "解释什么是Transformer"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    cells = token_cells(tokenizer, ids, [])
+    body = token_stream_html(cells, words=strings.figure_words(lang)).split("</style>")[1]
+    tips = hovers(body)
+    pieces = {tokenizer.convert_ids_to_tokens(i) for i in ids} - {"Trans", "former"}  # byte-level, not text
+    assert pieces and not [tip for tip in tips if any(piece in tip for piece in pieces)]
+    shi = tokenizer.encode("是", add_special_tokens=False)
+    assert len(shi) == 1  # 是 is one token of its own here: its chip's hover names it, its id and its bytes
+    tip = next(tip for tip in tips if f" {shi[0]} " in tip)
+    assert "“是”" in tip and "e6 98 af" in tip  # 是 is U+662F: UTF-8 e6 98 af
+    jie = "解".encode()  # 解 is two tokens (e8 a7, then a3): the group's hover lists both, each with its bytes
+    group_tip = next(tip for tip in tips if tip.startswith("“解”"))
+    assert "e8 a7" in group_tip and "a3" in group_tip and jie.hex(" ") == "e8 a7 a3"
+    assert all(f" {i} " in group_tip for i in ids[:2])
+    english = {"position", "bytes", "tokens"}
+    found = {word for tip in tips for word in english if re.search(rf"\b{word}\b", tip)}
+    assert found == (english if lang == "en" else set()), found

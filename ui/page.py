@@ -257,7 +257,8 @@ def model_for(spec: str) -> tuple[engine.Model | None, str]:
 def load_with_stages(spec: str) -> engine.Model:
     """Load a model this process has not loaded yet, saying what it is doing (17–49 s on a first start)."""
     place = st.empty()
-    with place.container(), st.status(t("loading", model=spec), expanded=True):
+    title = t("loading_embedded") if spec == "embedded" else t("loading", model=spec)  # no bare id in Chinese
+    with place.container(), st.status(title, expanded=True):
         bar = st.progress(0.05, text=t("loading_read"))
         read_model(spec)
         bar.progress(0.8, text=t("loading_warm"))

@@ -87,8 +87,9 @@ def kv_bytes_table(info: ModelInfo, length: int, words: Words = ENGLISH) -> pd.D
     frame = kv_bytes_frame(info, length)
     total = f"bytes for {length} tokens"
     layouts = {"GQA (as loaded)": words["layout_gqa"], "MHA (one K/V per Q head)": words["layout_mha"]}
-    headers = {"dtype": words["dtype"], "layout": words["layout"], "kv_heads": "kv_heads", "formula": words["formula"],
-               "bytes per token": words["bytes_per_token"], total: words["bytes_for"].format(n=f"{length:,}")}
+    total_header = words["bytes_for_one"] if length == 1 else words["bytes_for"].format(n=f"{length:,}")
+    headers = {"dtype": words["dtype"], "layout": words["layout"], "kv_heads": words["kv_heads"],
+               "formula": words["formula"], "bytes per token": words["bytes_per_token"], total: total_header}
     return readable(frame, headers, {"layout": layouts.get, "bytes per token": fmt_bytes, total: fmt_bytes})
 
 
@@ -99,7 +100,7 @@ def kv_values_figure(values: np.ndarray, labels: list[str], title: str = "", lar
     ticks = position_ticks(labels, shown)
     fig = go.Figure(go.Heatmap(z=values[shown], y=ticks, colorscale="RdBu", zmid=0,
                                hovertemplate="%{y}<br>" + words["dim"] + " %{x}: %{z:.3f}<extra></extra>"))
-    fig.update_layout(xaxis=dict(title="head_dim"), yaxis=dict(autorange="reversed"))
+    fig.update_layout(xaxis=dict(title=words["head_dim"]), yaxis=dict(autorange="reversed"))
     return finish(fig, title, large, height=min(700, 120 + 14 * len(ticks)))
 
 

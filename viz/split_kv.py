@@ -14,7 +14,9 @@ from viz.words import ENGLISH, Words
 PREVIEW_DIMS = 4
 
 
-def _vector(values, digits: int = 4) -> str:
+def vector_text(values, digits: int = 4) -> str:
+    """A vector as text to `digits` decimals, e.g. "[1.1254, -0.1440]"; a longer one shows its first
+    PREVIEW_DIMS numbers, then "…"."""
     shown = ", ".join(f"{v:.{digits}f}" for v in values[:PREVIEW_DIMS])
     return f"[{shown}{', …' if len(values) > PREVIEW_DIMS else ''}]"
 
@@ -27,7 +29,7 @@ def split_frame(split: SplitKVTrace, layer: int, head: int) -> pd.DataFrame:
                      "m_i (max score)": m if np.isfinite(m) else None,
                      "l_i (Σ e^(s−m_i))": split.exp_sum[layer, head, i].item(),
                      "weight w_i/Σw": split.weight[layer, head, i].item(),
-                     "O_i (partial output)": _vector(split.partial[layer, head, i].tolist())})
+                     "O_i (partial output)": vector_text(split.partial[layer, head, i].tolist())})
     return pd.DataFrame(rows)
 
 
@@ -75,7 +77,7 @@ def split_figure(split: SplitKVTrace, layer: int, head: int, title: str = "", la
                     line=dict(width=6, color=OKABE_ITO["grey"]))
     fig.add_scatter(x=dims, y=split.merged[layer, head].tolist(), mode="lines", name=words["merged_name"],
                     line=dict(width=2, color=OKABE_ITO["vermillion"], dash="dash"))
-    fig.update_layout(xaxis=dict(title="head_dim"), legend=dict(orientation="h", y=-0.2))
+    fig.update_layout(xaxis=dict(title=words["head_dim"]), legend=dict(orientation="h", y=-0.2))
     return finish(fig, title, large, height=first_screen_height(large))  # the view's main figure
 
 
@@ -83,7 +85,7 @@ def worked_example_frame(example: WorkedExample, words: Words = ENGLISH) -> pd.D
     rows = []
     for i, (start, end) in enumerate(example.ranges):
         rows.append({words["split"]: i, words["keys"]: f"k{start}–k{end - 1}",
-                     words["scores"]: _vector(example.scores[start:end], 3),
+                     words["scores"]: vector_text(example.scores[start:end], 3),
                      "m_i": round(example.max_score[i], 3), "l_i": round(example.exp_sum[i], 3),
-                     "O_i": _vector(example.partial[i], 3), "w_i/Σw": round(example.weight[i], 3)})
+                     "O_i": vector_text(example.partial[i], 3), "w_i/Σw": round(example.weight[i], 3)})
     return pd.DataFrame(rows)

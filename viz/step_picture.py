@@ -232,7 +232,7 @@ def layer_band(rows: dict[str, FlowRow], words: Words, y: Rows) -> list:
         Box("kv_write", 36, y.cache_bottom, 52, y.cache_top, words["sp_cache_write"], text_on_top=True),
         shape_label(rows["write_kv"], 44, y.cache_bottom + PAD + y.line / 2),
         Box("kv_read", 52, y.cache_bottom, 68, y.cache_top,
-            words["sp_cache_read"].format(length=rows["read_kv"].facts["length"]), text_on_top=True),
+            cache_read_text(rows["read_kv"].facts["n"], words), text_on_top=True),
         shape_label(rows["read_kv"], 60, y.cache_bottom + PAD + y.line / 2),
         Arrow("kv_read", ((63, y.cache_bottom), (63, high))),
         Arrow("attention", ((69, mid), (72, mid))),
@@ -248,6 +248,11 @@ def layer_band(rows: dict[str, FlowRow], words: Words, y: Rows) -> list:
         Arrow("residual", ((75.8, mid), (75.8, y.skip), (92.8, y.skip), (92.8, mid - plus))),
         Label("residual", 84.3, y.skip - 3 - y.line / 2, words["sp_add_ffn"]),
     ]
+
+
+def cache_read_text(length: int, words: Words) -> str:
+    """The read box's words: "read K, V of all 44 positions" (of the one position, in a one-token prefill)."""
+    return words["sp_cache_read_one"] if length == 1 else words["sp_cache_read"].format(length=length)
 
 
 def output_band(trace: StepTrace, info: ModelInfo, rows: dict[str, FlowRow], words: Words, y: Rows) -> list:

@@ -9,6 +9,7 @@ import pandas as pd
 
 from engine.tokens import TokenCell
 from viz.style import GENERATED_COLOR, NEWEST_COLOR, PROMPT_COLOR
+from viz.words import ENGLISH, Words
 
 
 def visible(text: str) -> str:
@@ -91,19 +92,22 @@ def token_legend_html(labels: dict[str, str], note: str = "", explained: str = "
     return f'<div class="kv-legend" style="line-height:1.9">{chips}{grey}</div>'
 
 
-def token_tip(cell: TokenCell) -> str:
-    """A token's hover text: position, id, piece and bytes."""
-    return f"#{cell.position} · id {cell.token_id} · {cell.token!r} · bytes {cell.bytes_hex}"
+def token_tip(cell: TokenCell, words: Words = ENGLISH) -> str:
+    """A token's hover text in `words`' language: its position, what it reads as (the character and which part
+    of it, for a token that is part of a character), its id and its bytes in hex. Never the tokenizer's
+    byte-level piece ('æĺ¯' for 是): that is an encoding of the bytes, not text anyone reads."""
+    return words["tip_token"].format(position=cell.position, text=position_label(cell), id=cell.token_id,
+                                     bytes=cell.bytes_hex)
 
 
-def token_chip_html(cell: TokenCell, inputs: range) -> str:
+def token_chip_html(cell: TokenCell, inputs: range, words: Words = ENGLISH) -> str:
     """One token that is whole characters on its own (or a stray byte): one chip, one position."""
     kind = f"kv-{cell.kind} kv-input" if cell.position in inputs else f"kv-{cell.kind}"
-    return (f'<span class="kv-token kv-chip {kind}" title="{html.escape(token_tip(cell), quote=True)}">'
+    return (f'<span class="kv-token kv-chip {kind}" title="{html.escape(token_tip(cell, words), quote=True)}">'
             f"{html.escape(visible(cell.text))}</span>")
 
 
-def group_chip_html(cells: list[TokenCell], inputs: range) -> str:
+def group_chip_html(cells: list[TokenCell], inputs: range, words: Words = ENGLISH) -> str:
     """Several tokens that make up one character: one chip holding the character (its bytes, while it is not
     finished), coloured as its last token, with one small bar per token underneath, each bar its token's
     colour, outline and hover. The chip's own hover lists every token."""
@@ -111,9 +115,10 @@ def group_chip_html(cells: list[TokenCell], inputs: range) -> str:
     last = cells[-1]
     kind = f"kv-{last.kind}" + (" kv-input" if any(c.position in inputs for c in cells) else "")
     unfinished = "" if group.whole else " kv-unfinished"
-    tip = f"{group.text} = {len(cells)} tokens\n" + "\n".join(token_tip(c) for c in cells)
+    tip = "\n".join([words["tip_group"].format(text=visible(group.text), n=len(cells))] +
+                    [token_tip(c, words) for c in cells])
     parts = "".join(f'<span class="kv-token kv-part kv-{c.kind}{" kv-input" if c.position in inputs else ""}" '
-                    f'title="{html.escape(token_tip(c), quote=True)}"></span>' for c in cells)
+                    f'title="{html.escape(token_tip(c, words), quote=True)}"></span>' for c in cells)
     tip = html.escape(tip, quote=True).replace("\n", "&#10;")  # a raw newline would end Markdown's HTML block
     return (f'<span class="kv-chip kv-group {kind}{unfinished}" title="{tip}">'
             f'<span class="kv-char">{html.escape(visible(group.text))}</span>'
@@ -121,8 +126,9 @@ def group_chip_html(cells: list[TokenCell], inputs: range) -> str:
 
 
 def token_stream_html(cells: list[TokenCell], large: bool = False, inputs: range = range(0), legend: str = "",
-                      lines: int | None = None) -> str:
-    """Chips in reading order; hovering one shows its position, id, piece and bytes. All text escaped.
+                      lines: int | None = None, words: Words = ENGLISH) -> str:
+    """Chips in reading order; hovering one shows its position, what it reads as, its id and bytes (`token_tip`,
+    in `words`' language). All text escaped.
     Tokens that together make one character share one chip (`group_chip_html`). The positions in `inputs`
     (what went into this step) are outlined. The box shows `lines` (else `STREAM_LINES`) lines and scrolls; column-reverse
     opens it scrolled to the end, where the newest tokens are. `legend` (HTML, from `token_legend_html`) goes
@@ -135,7 +141,7 @@ def token_stream_html(cells: list[TokenCell], large: bool = False, inputs: range
     for _, grouped in groupby(cells, key=lambda c: c.group.start):
         grouped = list(grouped)
         single = len(grouped) == 1 and grouped[0].group.size == 1
-        chips.append(token_chip_html(grouped[0], inputs) if single else group_chip_html(grouped, inputs))
+        chips.append(token_chip_html(grouped[0], inputs, words) if single else group_chip_html(grouped, inputs, words))
     return f'{style}{legend}<div class="kv-stream-box"><div class="kv-stream">{"".join(chips)}</div></div>'
 
 

@@ -98,6 +98,13 @@ def layer_head_pickers(ctx: ViewContext, heads: bool = True) -> tuple[int, int]:
     return int(layer), int(head)
 
 
+def shown_layer_head(ctx: ViewContext) -> tuple[int, int]:
+    """The layer and head the view's pickers show (opening on a focused head as they do): what a text drawn
+    beside the view, such as the lesson's, quotes, whichever of the two is drawn first."""
+    open_on_focused_head(ctx)
+    return int(st.session_state.get("w_layer", ctx.state.layer)), int(st.session_state.get("w_head", ctx.state.head))
+
+
 def open_on_focused_head(ctx: ViewContext) -> None:
     """Once per browser session, when the link chose no layer or head and nobody has picked one, start the
     pickers on a head whose attention shows a pattern (layer 0, head 0 is usually diffuse)."""

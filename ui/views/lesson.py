@@ -7,11 +7,14 @@ import streamlit as st
 
 from engine.kv_cache import kv_bytes_per_token
 from engine.reference_models import reference_info
+from engine.split_kv import worked_example
 from engine.timing import crossover_batch, crossover_context, decode_step_bytes, weight_bytes_read
 from ui import safe, strings
 from ui.context import ViewContext
 from ui.lesson import CHAPTERS, Chapter
+from ui.views.common import shown_layer_head
 from viz.kv_cache import difference_text
+from viz.split_kv import vector_text
 
 
 class _Missing:
@@ -40,8 +43,8 @@ def facts(ctx: ViewContext) -> dict:
         q_heads=info.q_heads, kv_heads=info.kv_heads, group=info.gqa_group, head_dim=info.head_dim,
         concat=info.q_heads * info.head_dim, kv_bytes=info.kv_bytes_per_token, dtype=info.dtype,
         mha_bytes=kv_bytes_per_token(info.layers, info.q_heads, info.head_dim, info.element_bytes),
-        element=info.element_bytes, limit=info.context_limit, n=n, n_but_one=n - 1, step=ctx.step,
-        block_size=ctx.state.block_size,
+        element=info.element_bytes, limit=info.context_limit, n=n, n_tokens=ctx.t("count_tokens", n=n),
+        n_but_one=n - 1, step=ctx.step, block_size=ctx.state.block_size,
         positions_note=ctx.t("lesson_positions_learned" if info.positions == "learned" else "lesson_positions_rope"),
     )
     if trace is not None:
@@ -53,7 +56,8 @@ def facts(ctx: ViewContext) -> dict:
         if ctx.state.pool == "busy":
             out.update(busy_facts(runner.busy_pool(ctx.step)))
         if trace.split is not None:
-            out.update(splits=len(trace.split.ranges), diff=trace.split.max_abs_diff.max().item())
+            out.update(split_facts(ctx))
+        out.update(inputs_tokens=ctx.t("count_tokens", n=len(trace.input_ids)))
     hit = runner.prefix_hit()
     if hit is not None:
         out.update(reused=hit.reused_tokens, computed=hit.computed_tokens,
@@ -86,6 +90,19 @@ def busy_facts(picture) -> dict:
     shown = ", ".join(f"{logical} → {physical}" for logical, physical in enumerate(table[:4]))
     return dict(busy_map=shown + (", …" if len(table) > 4 else ""), busy_diff=difference_text(picture.kv_max_diff),
                 busy_others=picture.requests_before)
+
+
+def split_facts(ctx: ViewContext) -> dict:
+    """Split-KV as the split view beside the chapter shows it (its layer and head, its difference), the largest
+    difference over all layers and heads with where it is, and the view's worked example (our own inputs)."""
+    split = ctx.trace.split
+    layer, head = shown_layer_head(ctx)
+    diffs = split.max_abs_diff
+    where = divmod(int(diffs.argmax()), diffs.shape[1])
+    example = worked_example()
+    return dict(splits=len(split.ranges), layer=layer, head=head, diff=diffs[layer, head].item(),
+                diff_all=diffs.max().item(), diff_all_layer=where[0], diff_all_head=where[1],
+                example_merged=vector_text(example.merged, 3), example_unsplit=vector_text(example.unsplit, 3))
 
 
 def current(ctx: ViewContext) -> Chapter | None:

@@ -7,7 +7,7 @@ import streamlit as st
 from engine.split_kv import worked_example
 from ui.context import ViewContext
 from ui.views.common import Part, figure, layer_head_pickers, table, words
-from viz.split_kv import merge_table, split_figure, split_table, worked_example_frame
+from viz.split_kv import merge_table, split_figure, split_table, vector_text, worked_example_frame
 
 
 def render(ctx: ViewContext) -> None:
@@ -18,8 +18,8 @@ def render(ctx: ViewContext) -> None:
         example = worked_example()
         st.markdown(ctx.t("example_setup", q=example.query, keys=example.keys, values=example.values))
         table(worked_example_frame(example, words(ctx)))
-        st.markdown(ctx.t("example_result", merged=[round(x, 3) for x in example.merged],
-                          unsplit=[round(x, 3) for x in example.unsplit],
+        st.markdown(ctx.t("example_result", merged=vector_text(example.merged, 3),
+                          unsplit=vector_text(example.unsplit, 3),
                           diff=max(abs(a - b) for a, b in zip(example.merged, example.unsplit))))
     if ctx.trace is None:
         st.info(ctx.t("need_prefill"))

@@ -77,7 +77,8 @@ def render(ctx: ViewContext, lines: int | None = None) -> None:
     else:
         legend = token_legend_html(labels, ctx.t("legend_hover"))
     with st.container(key="token-stream"):
-        st.markdown(token_stream_html(ctx.cells, ctx.large, input_positions(ctx), legend, lines), unsafe_allow_html=True)
+        st.markdown(token_stream_html(ctx.cells, ctx.large, input_positions(ctx), legend, lines, words(ctx)),
+                    unsafe_allow_html=True)
 
 
 def details(ctx: ViewContext) -> None:

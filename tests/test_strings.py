@@ -1,0 +1,85 @@
+"""The page's strings (ui/strings.py, viz/figure_words.csv, ui/lesson.toml): every one in both languages, so a
+Chinese page never falls back to English, and English counts that can be 1 read "1 token", never "1 tokens"."""
+
+import re
+import string
+
+import pytest
+
+from ui import strings
+from ui.lesson import CHAPTERS, TEXT_PARTS
+from viz.words import TRANSLATIONS
+
+SINGULAR = "_one"  # an English-only variant of a string, for a count of 1
+# "1 tokens", "1 positions": a count of one before a plural noun
+ONE_PLURAL = re.compile(r"(?<![\d.,])1 (tokens|positions|ids|steps|blocks|splits|layers|heads|prompt tokens|prompt ids)\b")
+
+
+def placeholders(text: str) -> set[str]:
+    return {name for _, name, _, _ in string.Formatter().parse(text) if name}
+
+
+def test_every_string_has_chinese_with_the_same_placeholders():
+    """A key without Chinese would show English on a Chinese page (`t` falls back to English)."""
+    singular = {key for key in strings.EN if key.endswith(SINGULAR) and not key.startswith("fig_")}  # English only
+    assert set(strings.ZH) == set(strings.EN) - singular, set(strings.EN) ^ set(strings.ZH)
+    for key, text in strings.ZH.items():
+        assert text.strip(), key
+        assert placeholders(text) == placeholders(strings.EN[key]), key
+
+
+def test_english_singular_variants_belong_to_a_counted_string():
+    for key in (k for k in strings.EN if k.endswith(SINGULAR) and not k.startswith("fig_")):  # viz picks its own
+        base = key.removesuffix(SINGULAR)
+        assert "n" in placeholders(strings.EN[base]), key  # the count is `n`: `t` picks the variant by it
+        assert placeholders(strings.EN[key]) <= placeholders(strings.EN[base]), key
+
+
+def test_t_says_one_token_in_english_and_leaves_chinese_as_it_is():
+    assert strings.t("count_tokens", "en", n=1) == "1 token"
+    assert strings.t("count_tokens", "en", n=2) == "2 tokens"
+    assert strings.t("count_tokens", "en", n=1234) == "1,234 tokens"
+    assert strings.t("count_tokens", "zh", n=1) == "1 个 token"
+
+
+def filled(text: str, count: int) -> str:
+    """`text` with every placeholder given `count`."""
+    return text.format(**dict.fromkeys(placeholders(text), count))
+
+
+def test_no_english_string_says_one_tokens():
+    """Every English string that counts with `n`, given n = 1 (its other numbers 2), as the page formats it."""
+    bad = [key for key, text in strings.EN.items() if "n" in placeholders(text) and not key.endswith(SINGULAR)
+           and not key.startswith("fig_")  # figure words: below
+           and ONE_PLURAL.search(strings.t(key, "en", **{name: 2 for name in placeholders(text)} | {"n": 1}))]
+    assert not bad, bad
+
+
+# words whose count is never 1: a character drawn as a group is made of two tokens or more
+ALWAYS_SEVERAL = {"tip_group"}
+
+
+@pytest.mark.parametrize("key", [k for k, text in TRANSLATIONS["en"].items() if "{n}" in text and k not in ALWAYS_SEVERAL])
+def test_no_figure_word_says_one_tokens(key):
+    """A viz function picks a `_one` word where there is one; the others must read right with 1."""
+    words = TRANSLATIONS["en"]
+    text = words.get(key + SINGULAR, words[key])
+    assert not ONE_PLURAL.search(filled(text, 1)), (key, text)
+
+
+# counts a chapter quotes that can be 1 (a one-token prompt, a prefill that found all but one token cached)
+COUNTS_THAT_CAN_BE_ONE = ("n", "inputs", "computed", "reused", "n_but_one")
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.key)
+def test_chapters_never_put_a_count_that_can_be_one_before_a_plural_noun(chapter):
+    for part in TEXT_PARTS:
+        text = chapter.part(part, "en")
+        found = re.findall(r"{(" + "|".join(COUNTS_THAT_CAN_BE_ONE) + r")(?:[:!][^}]*)?} (tokens|positions|ids)\b", text)
+        assert not found, (part, found)  # such a count goes through {n_tokens} and the like ("1 token")
+
+
+def test_every_chapter_has_chinese_text():
+    for chapter in CHAPTERS:
+        for part in TEXT_PARTS:
+            assert chapter.text["zh"][part].strip() and chapter.text["zh"][part] != chapter.text["en"][part]

@@ -242,3 +242,34 @@ def test_a_revisited_chapter_reads_the_run_its_first_visit_computed(embedded_mod
         assert at.query_params["chapter"] == str(number)
         assert (at.query_params["step"], at.session_state["runner"].session.generated[:]) == seen[number]
     assert store.built == built
+
+
+@pytest.mark.parametrize("link", [{}, {"layer": 3, "head": 2}], ids=["focused head", "head from the link"])
+def test_the_split_chapter_quotes_the_head_its_figure_shows(link, embedded_model):
+    """Issue 18: the panel quoted the maximum over all layers and heads beside a figure of one head. Now it quotes
+    the shown head (the view's own pickers and metric say which, and its number), and the maximum, labelled."""
+    import math
+
+    chapter = next(c for c in CHAPTERS if c.key == "split_kv")
+    at = start(chapter=chapter.number, **link)
+    assert_clean(at)
+    layer, head = at.number_input(key="w_layer").value, at.number_input(key="w_head").value
+    if link:
+        assert (layer, head) == (link["layer"], link["head"])
+    _, trace = own_trace(embedded_model, default_prompt("en"), chapter.step, chapter.settings["block_size"],
+                         chapter.settings["kv_splits"])
+    diffs = (trace.split.merged - trace.split.unsplit).abs().amax(dim=-1)  # (layers, heads)
+    shown = f"{diffs[layer, head].item():.1e}"
+    assert [m.value for m in at.metric if m.label == strings.t("max_diff")] == [shown]  # the view beside it
+    text = lesson_text(at)
+    assert f"(layer {layer}, Q head {head}) merged and unsplit differ by at most {shown}" in text, text
+    top = int(diffs.argmax())
+    where = (top // diffs.shape[1], top % diffs.shape[1])
+    assert f"{diffs.max().item():.1e} (layer {where[0]}, Q head {where[1]})" in text, text
+    # the view's worked example, computed here by hand: softmax(K q / √2) V over its four keys
+    from engine.split_kv import EXAMPLE_KEYS, EXAMPLE_QUERY, EXAMPLE_VALUES
+
+    scores = [sum(k * q for k, q in zip(key, EXAMPLE_QUERY)) / math.sqrt(2) for key in EXAMPLE_KEYS]
+    weights = [math.exp(s) / sum(math.exp(x) for x in scores) for s in scores]
+    out = [sum(w * v[d] for w, v in zip(weights, EXAMPLE_VALUES)) for d in range(2)]
+    assert f"unsplit [{out[0]:.3f}, {out[1]:.3f}]" in text and "our own, with other inputs" in text, text

@@ -209,7 +209,13 @@ def test_candidates_table_shows_the_drawn_mark_first_and_percentages(run):
     for candidate, cell in zip(trace.candidates, table["softmax"]):
         assert re.fullmatch(r"\d{1,3}\.\d{1,2}%", cell) and float(cell[:-1]) == pytest.approx(100 * candidate.p_raw,
                                                                                              abs=0.01)
-    zh = candidates_table(trace, figure_words("zh"))
+    # a stage column only where that stage changed a probability: a filter that is off repeats the one before
+    same = [all(getattr(c, a) == getattr(c, b) for c in trace.candidates)
+            for a, b in (("p_raw", "p_temperature"), ("p_temperature", "p_top_k"), ("p_top_k", "p_top_p"))]
+    shown = [n for n, repeated in zip(("÷ temperature", "after top-k", "after top-p"), same) if not repeated]
+    assert list(table.columns) == ["drawn", "token", "id", "softmax", *shown]
+    filtered = replace(trace, candidates=[replace(c, p_top_k=c.p_top_k / 2) for c in trace.candidates])
+    zh = candidates_table(filtered, figure_words("zh"))
     assert "p_top_k" not in zh.columns and "top-k 后" in zh.columns
 
 
@@ -254,3 +260,20 @@ def test_policies_side_by_side_show_each_block_or_token_as_hit_or_miss():
     assert list(block.marker.color) == [HIT_COLOR, HIT_COLOR, MISS_COLOR]
     assert list(radix.text) == ["命中"] * 9 + ["未命中"] * 3
     assert set(whole.text) == {"未命中"}
+
+
+def test_a_figure_without_its_title_keeps_its_plot_size(run):
+    """The page writes a figure's title as text (it wraps) and draws the figure without it: the title's room goes
+    from the top margin and the height, and the plot area keeps its size."""
+    from viz.flow import residual_figure
+    from viz.step_picture import step_figure
+    from viz.style import untitled
+
+    model, _, traces = run
+    for large in (False, True):
+        for fig in (residual_figure(traces[1].residual.numpy(), "A title", large),
+                    step_figure(traces[1], model.info, title="A title", large=large)):
+            bare = untitled(fig)
+            assert fig.layout.title.text == "A title" and not bare.layout.title.text
+            plot = lambda f: f.layout.height - f.layout.margin.t - f.layout.margin.b  # noqa: E731
+            assert plot(bare) == plot(fig) and bare.layout.margin.t < fig.layout.margin.t

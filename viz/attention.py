@@ -47,7 +47,9 @@ def head_grid_figure(rows: np.ndarray, labels: list[str], group: int, title: str
                              showlegend=False), row=h // cols + 1, col=h % cols + 1)
     fig.update_xaxes(showticklabels=False)
     top = float(np.nanmax(rows[:, shown])) if length else 1.0
-    fig.update_yaxes(range=[0, 1.05 * top if top > 0 else 1.0])
+    fig.update_yaxes(range=[0, 1.05 * top if top > 0 else 1.0], showticklabels=False)
+    fig.update_yaxes(showticklabels=True, col=1)  # one range for all: the first column's numbers read for its row,
+    # and on a phone the others' would lie on the plot beside them
     return finish(fig, title, large, height=180 * grid_rows + 60)
 
 

@@ -6,7 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from engine.trace import StepTrace
-from viz.style import OKABE_ITO, check_mark, finish, fmt_percent, plotly_text, readable
+from viz.style import OKABE_ITO, TOP_LEGEND, check_mark, finish, fmt_percent, plotly_text, readable
 from viz.tokens import visible
 from viz.words import ENGLISH, Words
 
@@ -27,9 +27,13 @@ def candidates_frame(trace: StepTrace, labels: list[str] | None = None) -> pd.Da
 
 def candidates_table(trace: StepTrace, words: Words = ENGLISH, labels: list[str] | None = None) -> pd.DataFrame:
     """The candidates for people: the drawn mark first (so a narrow column never hides it), the token,
-    its id and its probability at each stage as a percentage."""
-    frame = candidates_frame(trace, labels)[["drawn", "token", "id", *STAGES]]
-    formats = {"drawn": check_mark, **{stage: fmt_percent for stage in STAGES}}  # ids are names: no separators
+    its id and its probability as a percentage after each stage that changed it. A filter that is off (or
+    changed none of these numbers) would repeat the column before it; its column is left out, so the table
+    fits the page's side column at large text (the candidates chart shows every stage)."""
+    frame = candidates_frame(trace, labels)
+    stages = [STAGES[0]] + [stage for before, stage in zip(STAGES, STAGES[1:]) if not frame[stage].equals(frame[before])]
+    frame = frame[["drawn", "token", "id", *stages]]
+    formats = {"drawn": check_mark, **{stage: fmt_percent for stage in stages}}  # ids are names: no separators
     return readable(frame, {c: words["cand_" + c] for c in frame.columns}, formats)
 
 
@@ -46,5 +50,5 @@ def candidates_figure(trace: StepTrace, title: str = "", large: bool = False, wo
                     hovertemplate="%{y}: %{x:.2%}<extra>" + name + "</extra>")
     fig.update_layout(barmode="group", yaxis=dict(autorange="reversed"),
                       xaxis=dict(range=[0, 1], title=words["probability"], tickformat=".0%"),
-                      legend=dict(orientation="h", y=-0.15))
+                      legend=TOP_LEGEND)
     return finish(fig, title, large, height=120 + 34 * len(bars))

@@ -12,7 +12,7 @@ from engine.model import ModelInfo
 from engine.trace import StepTrace
 from plotly.subplots import make_subplots
 
-from viz.style import DIVERGING, OKABE_ITO, finish
+from viz.style import DIVERGING, OKABE_ITO, TOP_LEGEND, finish
 from viz.words import ENGLISH, Words
 
 
@@ -64,6 +64,12 @@ def position_span(trace: StepTrace) -> str:
     return str(first) if first == last else f"{first}–{last}"
 
 
+def layer_tick(layers: int) -> int | None:
+    """Layers between labels on a layer axis: every one while they are few; every other one up to 32, so 30
+    labels do not crowd a phone's width; Plotly's own spacing beyond that."""
+    return 1 if layers <= 12 else 2 if layers <= 32 else None
+
+
 def residual_figure(residual: np.ndarray, title: str = "", large: bool = False, words: Words = ENGLISH) -> go.Figure:
     """|x0|, |x1|, |x2| (vector lengths) per layer at the predicting position: two adds per layer, the
     second onto x1. Labels use plain "|x|": "‖" is missing from many fonts and draws as a box."""
@@ -74,8 +80,8 @@ def residual_figure(residual: np.ndarray, title: str = "", large: bool = False, 
     for i, (key, color) in enumerate(colors.items()):
         fig.add_scatter(x=layers, y=norms[:, i], mode="lines+markers", name=words["residual_" + key],
                         line=dict(color=color), hovertemplate=words["layer"] + " %{x}: |" + key + "| = %{y:,.1f}")
-    fig.update_layout(xaxis=dict(title=words["layer"], dtick=1 if len(layers) <= 32 else None),
-                      yaxis=dict(title=words["norm_axis"]), legend=dict(orientation="h", y=-0.2))
+    fig.update_layout(xaxis=dict(title=words["layer"], dtick=layer_tick(len(layers))),
+                      yaxis=dict(title=words["norm_axis"]), legend=TOP_LEGEND)
     return finish(fig, title, large, height=340)
 
 

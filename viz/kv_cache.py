@@ -9,8 +9,8 @@ from plotly.colors import sample_colorscale
 
 from engine.kv_cache import kv_bytes_per_token
 from engine.model import ModelInfo
-from viz.style import (OKABE_ITO, SEQUENTIAL, finish, fmt_bytes, plotly_text, position_ticks, readable, text_color_on,
-                        window)
+from viz.style import (OKABE_ITO, SEQUENTIAL, TOP_LEGEND, finish, fmt_bytes, plotly_text, position_ticks, readable,
+                        text_color_on, window)
 from viz.words import ENGLISH, Words
 
 SLOT_TEXT_SIZE = 12  # px; 15 on a projector
@@ -113,7 +113,7 @@ def occupancy_bar(used: int, cached: int, total: int, title: str = "", large: bo
         name = words[key]
         fig.add_bar(x=[value], y=[words["blocks"]], orientation="h", name=name, marker_color=color,
                     hovertemplate=f"{name}: %{{x}}<extra></extra>")
-    fig.update_layout(barmode="stack", xaxis=dict(range=[0, total]), legend=dict(orientation="h"))
+    fig.update_layout(barmode="stack", xaxis=dict(range=[0, total]), legend=TOP_LEGEND)
     return finish(fig, title, large, height=160)
 
 

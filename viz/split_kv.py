@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 
 from engine.split_kv import WorkedExample
 from engine.trace import SplitKVTrace
-from viz.style import OKABE_ITO, finish, first_screen_height, fmt_float, fmt_int, fmt_percent, readable
+from viz.style import OKABE_ITO, TOP_LEGEND, finish, first_screen_height, fmt_float, fmt_int, fmt_percent, readable
 from viz.words import ENGLISH, Words
 
 PREVIEW_DIMS = 4
@@ -77,7 +77,7 @@ def split_figure(split: SplitKVTrace, layer: int, head: int, title: str = "", la
                     line=dict(width=6, color=OKABE_ITO["grey"]))
     fig.add_scatter(x=dims, y=split.merged[layer, head].tolist(), mode="lines", name=words["merged_name"],
                     line=dict(width=2, color=OKABE_ITO["vermillion"], dash="dash"))
-    fig.update_layout(xaxis=dict(title=words["head_dim"]), legend=dict(orientation="h", y=-0.2))
+    fig.update_layout(xaxis=dict(title=words["head_dim"]), legend=TOP_LEGEND)
     return finish(fig, title, large, height=first_screen_height(large))  # the view's main figure
 
 

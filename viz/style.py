@@ -47,13 +47,35 @@ def first_screen_height(large: bool = False) -> int:
     return 380 if large else 440
 
 
+# A legend in one row above the plot: under it, a horizontal legend sat on the x axis's title and ticks (the
+# residual chart's "layer", the block pool's numbers). Plotly widens the top margin to fit it.
+TOP_LEGEND = dict(orientation="h", x=0, xanchor="left", y=1.02, yanchor="bottom")
+TOP_MARGIN = 20  # px above the plot: room for what sits there (subplot titles, the top row of a heatmap's labels)
+TITLE_ROOM = 30  # px more for a title drawn by Plotly
+
+
+def untitled(fig: go.Figure) -> go.Figure:
+    """A copy of `fig` without its title, for a page that shows the title as text above it (text wraps; a
+    Plotly title does not, and was cut at a projector's large text and on a phone). The top margin loses the
+    title's room, and the height with it, so the plot keeps its size."""
+    out = go.Figure(fig)
+    top = out.layout.margin.t
+    if top is None:
+        return out.update_layout(title=dict(text=""))
+    new_top = max(4, top - TITLE_ROOM)
+    out.update_layout(title=dict(text=""), margin=dict(t=new_top))
+    if out.layout.height:
+        out.update_layout(height=out.layout.height - (top - new_top))
+    return out
+
+
 def finish(fig: go.Figure, title: str = "", large: bool = False, height: int | None = None) -> go.Figure:
     """Common layout; `large` scales text for a projector."""
     size = 18 if large else 13
     fig.update_layout(
         title=dict(text=title, font=dict(size=size + 3)),
         font=dict(size=size),
-        margin=dict(l=10, r=10, t=50 if title else 20, b=10),
+        margin=dict(l=10, r=10, t=TOP_MARGIN + (TITLE_ROOM if title else 0), b=10),
         template="plotly_white",
     )
     if height:

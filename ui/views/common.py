@@ -3,6 +3,7 @@ view a lesson chapter can name as its figure."""
 
 from __future__ import annotations
 
+import html
 from contextvars import ContextVar
 from dataclasses import dataclass
 
@@ -13,6 +14,7 @@ import streamlit as st
 from ui import strings
 from ui.context import ViewContext
 from viz.attention import focused_head
+from viz.style import untitled
 
 
 def words(ctx: ViewContext) -> dict[str, str]:
@@ -32,6 +34,7 @@ class ChapterFigure:
 
 CHAPTER_FIGURE: ContextVar[ChapterFigure | None] = ContextVar("chapter_figure", default=None)  # set by the page
 _MAX_HEIGHT: ContextVar[int | None] = ContextVar("max_height", default=None)  # inside the chapter's part
+TITLE_TEXT_HEIGHT = 72  # px a figure's title takes above it as text: two lines at large text, with its margins
 
 
 class Part:
@@ -56,11 +59,20 @@ class Part:
 
 
 def figure(fig: go.Figure, name: str) -> None:
-    """Draw a figure (viz drew it in the page's language); Plotly's toolbar saves it as a PNG named `name`.
-    In a chapter's figure place it is at most that place's height (its width follows the column)."""
+    """Draw a figure (viz drew it in the page's language) under its title, which the page sets as text: text wraps
+    at any width and text size, a Plotly title is cut. Plotly's toolbar saves the figure as a PNG named `name`.
+    In a chapter's figure place, title and figure together are at most that place's height (the width follows
+    the column)."""
+    title = fig.layout.title.text
+    if title:
+        st.markdown(f'<p class="kv-figure-title" style="font-weight:600;margin:0.4rem 0 1rem 0;line-height:1.35">'
+                    f"{html.escape(title)}</p>", unsafe_allow_html=True)
+        fig = untitled(fig)
     limit = _MAX_HEIGHT.get()
-    if limit is not None and (fig.layout.height or 450) > limit:
-        fig.update_layout(height=limit)
+    if limit is not None:
+        limit -= TITLE_TEXT_HEIGHT if title else 0
+        if (fig.layout.height or 450) > limit:
+            fig.update_layout(height=limit)
     compact(fig)
     st.plotly_chart(fig, width="stretch", config={"toImageButtonOptions": {"format": "png", "filename": name},
                                                    "displaylogo": False})

@@ -98,10 +98,12 @@ def split_facts(ctx: ViewContext) -> dict:
     split = ctx.trace.split
     layer, head = shown_layer_head(ctx)
     diffs = split.max_abs_diff
-    where = divmod(int(diffs.argmax()), diffs.shape[1])
+    top_layer, top_head = divmod(int(diffs.argmax()), diffs.shape[1])
+    sizes = dict(layers=diffs.shape[0], heads=diffs.shape[1])
+    note = (ctx.t("lesson_split_max_here", **sizes) if (top_layer, top_head) == (layer, head) else
+            ctx.t("lesson_split_max_elsewhere", **sizes, diff=diffs.max().item(), layer=top_layer, head=top_head))
     example = worked_example()
-    return dict(splits=len(split.ranges), layer=layer, head=head, diff=diffs[layer, head].item(),
-                diff_all=diffs.max().item(), diff_all_layer=where[0], diff_all_head=where[1],
+    return dict(splits=len(split.ranges), layer=layer, head=head, diff=diffs[layer, head].item(), diff_all_note=note,
                 example_merged=vector_text(example.merged, 3), example_unsplit=vector_text(example.unsplit, 3))
 
 

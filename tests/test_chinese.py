@@ -24,6 +24,7 @@ def page():
 
 def test_a_chinese_prompt_shows_characters_not_bytes(server, page, tokenizer):
     page.goto(f"{server}/?" + urlencode({"prompt": PROMPT, "chat": "0", "step": "3", "lang": "zh"}))
+    page.get_by_text(strings.t("loading_embedded", "zh")).wait_for(timeout=60_000)  # the module's fresh server loads
     settled_text(page)
     chips = [t.strip() for t in page.locator(STREAM_CHIPS).all_inner_texts()]
     ids = tokenizer.encode(PROMPT, add_special_tokens=False)
@@ -40,4 +41,8 @@ def test_a_chinese_prompt_shows_characters_not_bytes(server, page, tokenizer):
     everything = page.evaluate("() => document.body.textContent + [...document.querySelectorAll('[title]')]"
                                ".map(e => e.title).join(' ')")  # figure text (SVG) and hovers too
     assert REPLACEMENT not in shown and REPLACEMENT not in everything
+    tips = page.evaluate("() => [...document.querySelectorAll('.st-key-token-stream .kv-token')].map(e => e.title)")
+    assert len(tips) == len(ids) + 3 and all("字节" in tip and "bytes" not in tip for tip in tips), tips
+    shi = tokenizer.convert_ids_to_tokens(tokenizer.encode("是", add_special_tokens=False))  # 'æĺ¯': bytes, not text
+    assert not [tip for tip in tips if any(piece in tip for piece in shi)], tips
     assert "解" in shown and "Transformer" in shown

@@ -116,7 +116,7 @@ def test_a_loading_message_shows_before_the_first_page_and_no_streamlit_chrome(s
     """First in this module: the server is fresh, so its first page view loads the model."""
     page.goto(server)
     page.get_by_text(strings.t("starting")).wait_for(timeout=60_000)  # while the server imports the engine
-    loading = page.get_by_text(strings.t("loading", model="embedded"))
+    loading = page.get_by_text(strings.t("loading_embedded"))
     loading.wait_for(timeout=60_000)
     assert page.locator(".st-key-generated").count() == 0  # the messages come before the page they wait for
     settled_text(page)

@@ -273,7 +273,8 @@ def test_a_figure_without_its_title_keeps_its_plot_size(run):
     for large in (False, True):
         for fig in (residual_figure(traces[1].residual.numpy(), "A title", large),
                     step_figure(traces[1], model.info, title="A title", large=large)):
-            bare = untitled(fig)
-            assert fig.layout.title.text == "A title" and not bare.layout.title.text
             plot = lambda f: f.layout.height - f.layout.margin.t - f.layout.margin.b  # noqa: E731
-            assert plot(bare) == plot(fig) and bare.layout.margin.t < fig.layout.margin.t
+            titled_plot, titled_top = plot(fig), fig.layout.margin.t
+            assert fig.layout.title.text == "A title"
+            bare = untitled(fig)
+            assert not bare.layout.title.text and plot(bare) == titled_plot and bare.layout.margin.t < titled_top

@@ -1,6 +1,7 @@
 """viz contracts: pure functions from traces to figures and tables, on a real (tiny) run."""
 
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest

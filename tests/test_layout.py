@@ -103,3 +103,33 @@ def test_every_chapters_figure_is_whole_on_the_first_screen_with_large_text(serv
         assert next_button["y"] + next_button["height"] <= PROJECTOR["height"], (chapter.key, next_button)
         assert projector.evaluate(NOT_CUT) == [], chapter.key
         assert projector.evaluate(CHIPS_OUTSIDE) == 0, chapter.key
+
+
+def test_a_tapped_token_shows_its_position_id_and_bytes_on_a_touch_screen(server, browser, embedded_model):
+    """Touch screens have no hover: a tap on a chip shows its hover text in a bar at the foot of the screen."""
+    page = browser.new_page(viewport=PHONE, has_touch=True, is_mobile=True)
+    try:
+        page.goto(f"{server}/?step=2&view=flow")
+        settled_text(page)
+        chip = page.locator(".kv-stream-box .kv-tip").last
+        chip.tap()
+        shown = chip.evaluate("""c => { const after = getComputedStyle(c, '::after');
+            return {content: after.content, position: after.position, focused: document.activeElement === c,
+                    title: c.getAttribute('title')}; }""")
+        assert shown["focused"] and shown["position"] == "fixed", shown
+        assert shown["content"] == '"' + shown["title"] + '"', shown  # the tip itself, whole
+        assert shown["title"].startswith("position ") and " · id " in shown["title"] and " · bytes " in shown["title"]
+    finally:
+        page.close()
+
+
+def test_the_phone_keeps_the_step_buttons_in_one_row(server, browser):
+    page = browser.new_page(viewport=PHONE)
+    try:
+        page.goto(f"{server}/?step=8&view=attention")
+        settled_text(page)
+        tops = {round(box(page, f".st-key-{key} button")["y"]) for key in ("b_prefill", "b_back", "b_next", "b_reset")}
+        assert len(tops) == 1, tops
+        assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    finally:
+        page.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 
 import streamlit as st
 import torch
@@ -53,6 +53,13 @@ LAYOUT_CSS = """<style>
 [data-testid="stMainBlockContainer"] { padding: 2.5rem 2rem 3rem 2rem; }
 @media (max-width: 640px) {  /* a phone: the header holds the sidebar's button, the title goes below it */
   [data-testid="stMainBlockContainer"] { padding: 4rem 1rem 3rem 1rem; }
+  /* the four step buttons stay one row (Streamlit stacks columns on a phone): the step's figure reaches the screen */
+  [data-testid="stHorizontalBlock"]:has(> [data-testid="stColumn"] > [data-testid="stVerticalBlock"] > [class*="st-key-b_next"]) {
+    flex-wrap: nowrap; gap: 0.25rem; }
+  [data-testid="stHorizontalBlock"]:has(> [data-testid="stColumn"] > [data-testid="stVerticalBlock"] > [class*="st-key-b_next"]) > [data-testid="stColumn"] {
+    min-width: 0 !important; width: auto !important; flex: 1 1 0 !important; }
+  [data-testid="stMain"] button kbd { display: none; }  /* a phone has no arrow keys: the label gets the room */
+  [data-testid="stMain"] button { padding-left: 0.35rem; padding-right: 0.35rem; }
 }
 [data-testid="stMain"] [data-testid="stVerticalBlock"] { gap: 0.5rem; }
 [data-testid="stMain"] h1 { font-size: 1.3rem; padding: 0; line-height: 1.3; }
@@ -377,6 +384,7 @@ def reset_session() -> None:
         except Exception:  # noqa: BLE001 — the run is being discarded anyway
             log.warning("closing a failed run raised", exc_info=True)
     ss.step = 0
+    request_full_run()  # the page builds the session's new run
 
 
 def draw_step(model: engine.Model, runner: Runner) -> None:
@@ -384,25 +392,9 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
     figure first) and the step's text and candidates: at 1280×720 the main figure starts on the first screen.
     In the lesson: the chapter's header, then its figure beside the step's controls and the chapter's text."""
     chapter = CHAPTERS[ss.w_chapter - 1] if ss.get("w_chapter") else None
-    if chapter is not None:
-        lesson.header(chapter, ss.w_lang)
-    controls = st.container()
-    with controls:
-        if chapter is None:
-            counter = st.empty()
-        else:  # the lesson's header line: the step, and the way to the other chapters
-            counter_column, back, forward = st.columns([2.6, 1, 1], vertical_alignment="center")
-            counter = counter_column.empty()
-            lesson.chapter_buttons(chapter, ss.w_lang, go_to_chapter, back, forward)
-        buttons_column, play_column = st.columns([4, 1], vertical_alignment="center")
-        buttons = buttons_column.empty()
-        step_buttons(buttons, runner, busy=True)
-        play_column.toggle(t("play"), key="w_playing", on_change=request_full_run)  # Play sets the fragment's timer
-    if chapter is not None:  # the chapter's figure, and beside it the token stream and the chapter's text
-        figure_column, beside = st.columns([0.65, 0.35])  # the step picture needs 760 px
-        chapter_place = figure_column.container(key="chapter-figure")
-    else:
-        beside, chapter_place = controls, None
+    places = step_places(chapter)
+    step_buttons(places.buttons, runner, busy=True)
+    places.play.toggle(t("play"), key="w_playing", on_change=request_full_run)  # Play sets the fragment's timer
     if ss.get("w_playing"):
         if runner.finished and ss.step >= runner.generated:
             ss.stop_playing = True
@@ -415,27 +407,59 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
         ss["w_" + problem.param] = getattr(state, problem.param)
     ctx = ViewContext(runner=runner, state=state, step=ss.step, trace=runner.trace(ss.step),
                       stage=chapter.stage if chapter else None)
-    with controls:
+    with places.controls:
         if ss.step < requested:
             st.warning(t("step_unreachable", step=requested, reached=ss.step, reason=runner.stop_reason))
         for problem in problems:
             show_problem(problem)
-        counter.html(stepper.counter_html(ctx))
-    with beside:
+        places.counter.html(stepper.counter_html(ctx))
+    with places.beside:
         stepper.render(ctx, lines=1 if chapter else None)
         if chapter is not None:
             lesson.panel(ctx)
     st.radio(t("view"), VIEWS, key="w_view", horizontal=True, format_func=labels("view_"),
              label_visibility="collapsed")  # hidden in the lesson: the chapter sets the view
     placed = CHAPTER_FIGURE.set(None if chapter is None else
-                                ChapterFigure(chapter.figure, chapter_place, CHAPTER_FIGURE_HEIGHT[ctx.large]))
+                                ChapterFigure(chapter.figure, places.chapter_figure, CHAPTER_FIGURE_HEIGHT[ctx.large]))
     try:
         VIEW_MODULES[ss.w_view].render(ctx)
     finally:
         CHAPTER_FIGURE.reset(placed)
     stepper.details(ctx)
-    step_buttons(buttons, runner)  # live again only once the screen shows this step, as the link does
+    step_buttons(places.buttons, runner)  # live again only once the screen shows this step, as the link does
     write_link(current_state())
+
+
+@dataclass
+class StepPlaces:
+    controls: object  # the counter's line, the step buttons and Play, and the step's warnings
+    counter: object
+    buttons: object  # where `step_buttons` draws (busy first, live once the step is drawn)
+    play: object
+    beside: object  # the token stream (and the chapter's text in the lesson)
+    chapter_figure: object | None  # the lesson's place for the chapter's figure (key `chapter-figure`)
+
+
+def step_places(chapter) -> StepPlaces:
+    """Where the step's parts go. Free exploration: the counter, the step buttons with Play, the token stream, one
+    under the other. The lesson: the chapter's title; the counter beside the chapter buttons; the step buttons;
+    then the chapter's figure, and beside it the token stream and the chapter's text."""
+    if chapter is not None:
+        lesson.header(chapter, ss.w_lang)
+    controls = st.container()
+    with controls:
+        if chapter is None:
+            counter = st.empty()
+        else:
+            counter_column, back, forward = st.columns([2.6, 1, 1], vertical_alignment="center")
+            counter = counter_column.empty()
+            lesson.chapter_buttons(chapter, ss.w_lang, go_to_chapter, back, forward)
+        buttons_column, play_column = st.columns([4, 1], vertical_alignment="center")
+    buttons = buttons_column.empty()
+    if chapter is None:
+        return StepPlaces(controls, counter, buttons, play_column, controls, None)
+    figure_column, beside = st.columns([0.65, 0.35])  # the step picture needs 760 px
+    return StepPlaces(controls, counter, buttons, play_column, beside, figure_column.container(key="chapter-figure"))
 
 
 def fit_to_budget(step: StepLimits) -> None:

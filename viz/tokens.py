@@ -71,6 +71,12 @@ def token_chip_styles(size: str) -> str:
         f".kv-part.kv-newest{{background:{NEWEST_COLOR}}}"
         ".kv-part.kv-input{outline:2px solid " + INPUT_OUTLINE + "}"
         ".kv-unfinished{border-style:dashed}"
+        # a tap (touch screens have no hover) focuses a chip: its hover text then shows in a bar at the foot of
+        # the screen (fixed: the stream's scrolling box does not clip it)
+        ".kv-tip:focus{outline:2px dashed #555;outline-offset:1px}"
+        ".kv-tip:focus::after{content:attr(title);position:fixed;left:0.5rem;right:0.5rem;bottom:0.5rem;z-index:1000;"
+        "background:#222;color:#fff;padding:0.5rem 0.75rem;border-radius:6px;white-space:pre-line;font-size:1rem;"
+        "font-family:sans-serif;text-align:left;line-height:1.4}"
     )
 
 
@@ -103,7 +109,8 @@ def token_tip(cell: TokenCell, words: Words = ENGLISH) -> str:
 def token_chip_html(cell: TokenCell, inputs: range, words: Words = ENGLISH) -> str:
     """One token that is whole characters on its own (or a stray byte): one chip, one position."""
     kind = f"kv-{cell.kind} kv-input" if cell.position in inputs else f"kv-{cell.kind}"
-    return (f'<span class="kv-token kv-chip {kind}" title="{html.escape(token_tip(cell, words), quote=True)}">'
+    return (f'<span class="kv-token kv-chip kv-tip {kind}" tabindex="0" '
+            f'title="{html.escape(token_tip(cell, words), quote=True)}">'
             f"{html.escape(visible(cell.text))}</span>")
 
 
@@ -120,7 +127,7 @@ def group_chip_html(cells: list[TokenCell], inputs: range, words: Words = ENGLIS
     parts = "".join(f'<span class="kv-token kv-part kv-{c.kind}{" kv-input" if c.position in inputs else ""}" '
                     f'title="{html.escape(token_tip(c, words), quote=True)}"></span>' for c in cells)
     tip = html.escape(tip, quote=True).replace("\n", "&#10;")  # a raw newline would end Markdown's HTML block
-    return (f'<span class="kv-chip kv-group {kind}{unfinished}" title="{tip}">'
+    return (f'<span class="kv-chip kv-group kv-tip {kind}{unfinished}" tabindex="0" title="{tip}">'
             f'<span class="kv-char">{html.escape(visible(group.text))}</span>'
             f'<span class="kv-parts">{parts}</span></span>')
 

@@ -8,7 +8,8 @@ With --before, the same measurements run first on the app of another checkout (e
 previous release), then on this one, in the same run: before/after figures from the same machine and minute.
 
 Per view, at about 200 cached tokens (median and p90 over the presses, after warm-up presses):
-- text: → until the new token's text is in the `generated` container;
+- token: → until the header names the new step and the token it output (the first sign of the step on screen);
+- text: → until the new token's text is in the `generated` container (under the view);
 - drawn: → until the script run has finished (Streamlit idle) and the browser has painted two frames;
 - server: → until the run's last message arrived over the websocket (loopback: the server's own time, from
   the press's arrival to its last message, plus the browser's sending of the press);
@@ -36,6 +37,7 @@ from tests.server import CHROMIUM, CHROMIUM_ARGS, ROOT, running_server, settled_
 
 VIEWS = ("flow", "attention", "kv", "split", "prefix", "costs")
 TEXT = '() => document.querySelector(".st-key-generated code")?.textContent ?? ""'
+HEADER = '() => document.querySelector(".kv-header")?.textContent ?? ""'  # "step 9 · … output ·cache"
 IDLE = '() => document.querySelector(\'[data-testid="stApp"]\')?.dataset.testScriptState === "notRunning"'
 PAINTED = "() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(() => done(true))))"
 WAIT_MS = 120_000
@@ -64,18 +66,21 @@ def spread(values: list[float]) -> str:
 
 def press_step(page, wire: Wire) -> dict[str, float]:
     """One → press on a settled page: times to text, to drawn, to the last message, and the bytes received."""
-    before = page.evaluate(TEXT)
+    before, header_before = page.evaluate(TEXT), page.evaluate(HEADER)
     sent_before = wire.bytes
     page.wait_for_timeout(50)
     start = time.perf_counter()
     page.keyboard.press("ArrowRight")
+    page.wait_for_function(f"(before) => ({HEADER})() !== before", arg=header_before, timeout=WAIT_MS,
+                           polling="raf")
+    token = time.perf_counter()
     page.wait_for_function(f"(before) => ({TEXT})() !== before", arg=before, timeout=WAIT_MS, polling="raf")
     text = time.perf_counter()
     page.wait_for_function(IDLE, timeout=WAIT_MS, polling="raf")
     page.evaluate(PAINTED)
     drawn = time.perf_counter()
     page.wait_for_timeout(300)  # late messages of this run still count as this press's
-    return {"text": 1000 * (text - start), "drawn": 1000 * (drawn - start), "server": 1000 * (wire.last - start),
+    return {"token": 1000 * (token - start), "text": 1000 * (text - start), "drawn": 1000 * (drawn - start), "server": 1000 * (wire.last - start),
             "bytes": wire.bytes - sent_before}
 
 
@@ -89,7 +94,7 @@ def views(browser, url: str, presses: int, warm: int) -> None:
         page.locator("h1").first.click()
         runs = [press_step(page, wire) for _ in range(warm + presses)][warm:]
         kib = statistics.median(r["bytes"] for r in runs) / 1024
-        print(f"  {view:9s} text {spread([r['text'] for r in runs])}  drawn {spread([r['drawn'] for r in runs])}  "
+        print(f"  {view:9s} token {spread([r['token'] for r in runs])}  text {spread([r['text'] for r in runs])}  drawn {spread([r['drawn'] for r in runs])}  "
               f"server {spread([r['server'] for r in runs])}  {kib:7.0f} KiB/press", flush=True)
         page.close()
 

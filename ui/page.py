@@ -419,13 +419,16 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
             lesson.panel(ctx)
     st.radio(t("view"), VIEWS, key="w_view", horizontal=True, format_func=labels("view_"),
              label_visibility="collapsed")  # hidden in the lesson: the chapter sets the view
+    view_place, details_place = st.container(), st.container()
+    with details_place:  # sent before the view's figures: the step's text is on screen first
+        stepper.details(ctx)
     placed = CHAPTER_FIGURE.set(None if chapter is None else
                                 ChapterFigure(chapter.figure, places.chapter_figure, CHAPTER_FIGURE_HEIGHT[ctx.large]))
     try:
-        VIEW_MODULES[ss.w_view].render(ctx)
+        with view_place:
+            VIEW_MODULES[ss.w_view].render(ctx)
     finally:
         CHAPTER_FIGURE.reset(placed)
-    stepper.details(ctx)
     step_buttons(places.buttons, runner)  # live again only once the screen shows this step, as the link does
     write_link(current_state())
 

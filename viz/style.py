@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 
 import pandas as pd
 import plotly.graph_objects as go
+import plotly.io as pio
 
 OKABE_ITO = {
     "orange": "#E69F00", "sky": "#56B4E9", "green": "#009E73", "yellow": "#F0E442",
@@ -69,6 +70,13 @@ def untitled(fig: go.Figure) -> go.Figure:
     return out
 
 
+# Every figure is drawn on plotly_white's layout. Its per-trace defaults are left out (each trace here sets its own
+# colours) and it is the default template, so a figure starts with it instead of validating a whole template each
+# time (10 ms a figure, several a step), and sends a third of the bytes to each browser.
+pio.templates["kvscope"] = go.layout.Template(layout=pio.templates["plotly_white"].layout)
+pio.templates.default = "kvscope"
+
+
 def finish(fig: go.Figure, title: str = "", large: bool = False, height: int | None = None) -> go.Figure:
     """Common layout; `large` scales text for a projector."""
     size = 18 if large else 13
@@ -76,7 +84,6 @@ def finish(fig: go.Figure, title: str = "", large: bool = False, height: int | N
         title=dict(text=title, font=dict(size=size + 3)),
         font=dict(size=size),
         margin=dict(l=10, r=10, t=TOP_MARGIN + (TITLE_ROOM if title else 0), b=10),
-        template="plotly_white",
     )
     if height:
         fig.update_layout(height=height)

@@ -224,9 +224,11 @@ def test_the_tokens_chapter_explains_byte_level_bpe_when_a_character_spans_sever
     assert strings.t("bpe_explained") not in [c.value for c in plain.container("chapter").caption]
 
 
-def test_a_revisited_chapter_reads_the_run_its_first_visit_computed(embedded_model):
+def test_a_revisited_chapter_reads_the_run_its_first_visit_computed(embedded_model, monkeypatch):
     """PageDown through the lesson, a case included, then PageUp back: every chapter's run is built on its first
-    visit only (the store's count of builds does not move on the way back), and shows the same step's token."""
+    visit only (the store's count of builds does not move on the way back), and shows the same step's token.
+    The store of its own (its size is part of its key) has room for them all: this is not about eviction."""
+    monkeypatch.setenv("KVSCOPE_SHARED_RUNS_MB", "4321")
     at = start(chapter=9)
     store = at.session_state["runner"].runs
     seen = {}

@@ -120,7 +120,6 @@ def draw_page() -> None:
             runner.forget_published()
         apply_pending_case(runner, limits)  # before the widgets: it sets the prompt and chat switch
         fit_to_budget(step_limits(limits, model.info))
-    sidebar(limits, can_think=runner is not None and runner.can_think)
     in_lesson = bool(ss.get("w_chapter"))
     st.html(LAYOUT_CSS + (LARGE_CSS if ss.w_large else "") + (LESSON_CSS if in_lesson else ""))
     if not in_lesson:  # a lesson's header is its chapter's title
@@ -130,6 +129,7 @@ def draw_page() -> None:
         show_problem(problem)
     if limits.bad_dtype:
         st.warning(t("dtype_bad", value=limits.bad_dtype, allowed=" / ".join(DTYPES)))
+    sidebar(limits, can_think=runner is not None and runner.can_think)  # after the banner: it reaches the screen first
     if model is None:
         st.error(failure)
         st.button(t("use_default"), key="use_default", on_click=use_default_model)

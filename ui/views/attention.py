@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from ui.context import ViewContext
-from ui.views.common import Part, figure, layer_head_pickers, titled, words
+from ui.views.common import Part, figure, layer_head_pickers, memo_key, titled, words
 from viz.attention import gqa_figure, head_grid_figure, heatmap_figure, newest_row_figure
 
 
@@ -21,18 +21,21 @@ def render(ctx: ViewContext) -> None:
     value = "s = q·k/√d" if show_scores else "a = softmax(s)"
     labels = ctx.labels
     with main:
-        figure(heatmap_figure(matrix, labels, ctx.t("heatmap_title", layer=layer, head=head,
-                                                    kv=head // info.gqa_group),
-                              ctx.large, value_name=value, zmin=None if show_scores else 0.0, words=words(ctx)),
-               f"attention-L{layer}-H{head}")
+        figure(lambda: heatmap_figure(matrix, labels, ctx.t("heatmap_title", layer=layer, head=head,
+                                                            kv=head // info.gqa_group),
+                                      ctx.large, value_name=value, zmin=None if show_scores else 0.0, words=words(ctx)),
+               f"attention-L{layer}-H{head}", memo_key(ctx, "heatmap", layer, head, show_scores))
         st.caption(ctx.t("heatmap_note", n=matrix.shape[0]))
     trace = ctx.trace
     newest = (trace.scores if show_scores else trace.attention)[layer, :, -1].numpy()  # (q_heads, L) as computed
-    figure(newest_row_figure(newest[head], labels[: newest.shape[1]], ctx.t("newest_title", head=head), ctx.large,
-                             value), f"newest-row-L{layer}-H{head}")
+    figure(lambda: newest_row_figure(newest[head], labels[: newest.shape[1]], ctx.t("newest_title", head=head),
+                                     ctx.large, value),
+           f"newest-row-L{layer}-H{head}", memo_key(ctx, "newest", layer, head, show_scores))
     with Part("heads"):
-        figure(head_grid_figure(trace.attention[layer, :, -1].numpy(), labels[: newest.shape[1]], info.gqa_group,
-                                ctx.t("heads_title", layer=layer), ctx.large), f"heads-L{layer}")
+        figure(lambda: head_grid_figure(trace.attention[layer, :, -1].numpy(), labels[: newest.shape[1]],
+                                        info.gqa_group, ctx.t("heads_title", layer=layer), ctx.large),
+               f"heads-L{layer}", memo_key(ctx, "heads", layer))
     with Part("gqa"):
-        figure(gqa_figure(info.q_heads, info.kv_heads, ctx.t("gqa_title", q=info.q_heads, kv=info.kv_heads,
-                                                             group=info.gqa_group), ctx.large), "gqa")
+        figure(lambda: gqa_figure(info.q_heads, info.kv_heads, ctx.t("gqa_title", q=info.q_heads, kv=info.kv_heads,
+                                                                     group=info.gqa_group), ctx.large),
+               "gqa", memo_key(ctx, "gqa"))

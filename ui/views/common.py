@@ -4,9 +4,13 @@ view a lesson chapter can name as its figure."""
 from __future__ import annotations
 
 import html
+import threading
+import weakref
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 
+import cachetools
 import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
@@ -58,24 +62,52 @@ class Part:
         _MAX_HEIGHT.reset(self._token)
 
 
-def figure(fig: go.Figure, name: str) -> None:
+FIGURES_KEPT = 64  # built figures the server keeps: every page of a class on one step, and the steps just left
+_figures: cachetools.LRUCache = cachetools.LRUCache(FIGURES_KEPT)  # memo key + height limit → (title, figure)
+_figures_lock = threading.Lock()
+
+
+def memo_key(ctx: ViewContext, *parts) -> tuple:
+    """What names one figure of a view: the run (pages with the same settings and prompt history share one), the
+    step, everything the link sets, the chapter's stage, and `parts` (what else the view read: pickers, toggles).
+    The run is held weakly: a figure never keeps a dropped run alive, nor matches a newer one."""
+    return (weakref.ref(ctx.runner.run), ctx.step, ctx.state, ctx.stage, *parts)
+
+
+def figure(build: go.Figure | Callable[[], go.Figure], name: str, memo: tuple | None = None) -> None:
     """Draw a figure (viz drew it in the page's language) under its title, which the page sets as text: text wraps
     at any width and text size, a Plotly title is cut. Plotly's toolbar saves the figure as a PNG named `name`.
     In a chapter's figure place, title and figure together are at most that place's height (the width follows
-    the column)."""
-    title = fig.layout.title.text
+    the column). With `memo` (`memo_key`), `build` is a function run once for every page that shows the same
+    figure: a class following one teacher, a step drawn again (Back, a chapter revisited)."""
+    limit = _MAX_HEIGHT.get()
+    key = None if memo is None else (*memo, limit)
+    with _figures_lock:
+        ready = _figures.get(key) if key is not None else None
+    if ready is None:
+        ready = prepared(build() if callable(build) else build, limit)
+        if key is not None:
+            with _figures_lock:
+                _figures[key] = ready
+    title, fig = ready  # shared between pages: only read from here on
     if title:
         st.markdown(f'<p class="kv-figure-title" style="font-weight:600;margin:0.4rem 0 1rem 0;line-height:1.35">'
                     f"{html.escape(title)}</p>", unsafe_allow_html=True)
+    st.plotly_chart(fig, width="stretch", config={"toImageButtonOptions": {"format": "png", "filename": name},
+                                                   "displaylogo": False})
+
+
+def prepared(fig: go.Figure, limit: int | None) -> tuple[str, go.Figure]:
+    """(title, figure without it): at most `limit` px tall with the title's text, its numbers compact."""
+    title = fig.layout.title.text
+    if title:
         fig = untitled(fig)
-    limit = _MAX_HEIGHT.get()
     if limit is not None:
         limit -= TITLE_TEXT_HEIGHT if title else 0
         if (fig.layout.height or 450) > limit:
             fig.update_layout(height=limit)
     compact(fig)
-    st.plotly_chart(fig, width="stretch", config={"toImageButtonOptions": {"format": "png", "filename": name},
-                                                   "displaylogo": False})
+    return title or "", fig
 
 
 def compact(fig: go.Figure) -> None:

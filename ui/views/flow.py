@@ -8,7 +8,7 @@ import streamlit as st
 
 from ui import safe
 from ui.context import ViewContext
-from ui.views.common import Part, figure, titled, words
+from ui.views.common import Part, figure, memo_key, titled, words
 from viz.flow import flow_rows, residual_figure, vector_figure
 from viz.step_picture import MIN_WIDTH, step_figure
 
@@ -24,11 +24,12 @@ def render(ctx: ViewContext) -> None:
     trace = ctx.trace
     with Part("picture", key="main-figure"), st.container(key="step-picture"):  # the picture of the step first
         st.html(PICTURE_CSS)
-        figure(step_figure(trace, info, ctx.stage, picture_title(ctx), ctx.large, words(ctx)), "one-step")
+        figure(lambda: step_figure(trace, info, ctx.stage, picture_title(ctx), ctx.large, words(ctx)), "one-step",
+               memo_key(ctx, "picture"))
     with Part("residuals"):
-        figure(residual_figure(trace.residual.numpy(), ctx.t("residual_title", adds=2 * info.layers), ctx.large,
-                               words(ctx)),
-               "residual-stream")
+        figure(lambda: residual_figure(trace.residual.numpy(), ctx.t("residual_title", adds=2 * info.layers),
+                                       ctx.large, words(ctx)),
+               "residual-stream", memo_key(ctx, "residuals"))
     rows = []
     for r in flow_rows(trace, info):
         facts = {k: ctx.t("yes" if v else "no") if isinstance(v, bool) else v for k, v in r.facts.items()}
@@ -48,7 +49,8 @@ def render(ctx: ViewContext) -> None:
                        position=trace.positions[-1] + 1)
     vectors = {ctx.t("vec_final"): trace.final_hidden.numpy(), next_label: trace.next_input_embedding.numpy()}
     with Part("vectors"):
-        figure(vector_figure(vectors, ctx.t("vectors_title"), ctx.large, words(ctx)), "final-vs-next-input")
+        figure(lambda: vector_figure(vectors, ctx.t("vectors_title"), ctx.large, words(ctx)), "final-vs-next-input",
+               memo_key(ctx, "vectors"))
         different = float(np.abs(vectors[ctx.t("vec_final")] - vectors[next_label]).max())
         st.caption(ctx.t("vectors_note", diff=different))
 

@@ -6,7 +6,7 @@ import streamlit as st
 
 from engine.split_kv import worked_example
 from ui.context import ViewContext
-from ui.views.common import Part, figure, layer_head_pickers, table, words
+from ui.views.common import Part, figure, layer_head_pickers, memo_key, table, words
 from viz.split_kv import merge_table, split_figure, split_table, vector_text, worked_example_frame
 
 
@@ -40,7 +40,7 @@ def render(ctx: ViewContext) -> None:
     c3.metric(ctx.t("max_diff"), f"{diff:.1e}")
     table(split_table(split, *at, words(ctx)))
     with main:
-        figure(split_figure(split, *at, ctx.t("split_fig", layer=layer, head=head), ctx.large, words(ctx)),
-               f"split-L{layer}-H{head}")
+        figure(lambda: split_figure(split, *at, ctx.t("split_fig", layer=layer, head=head), ctx.large, words(ctx)),
+               f"split-L{layer}-H{head}", memo_key(ctx, "split", layer, head))
     with st.expander(ctx.t("merge_table")):
         table(merge_table(split, *at, words(ctx)))

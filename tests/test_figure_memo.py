@@ -1,0 +1,63 @@
+"""The server's memo of built figures: pages showing the same step of the same run build each figure once, and a
+figure is built again whenever what it shows changes (step, language, layer, the run itself)."""
+
+import json
+
+import pytest
+
+from tests.app_helpers import assert_clean, start
+from ui.views import attention, common
+
+LINK = dict(view="attention", step=3, layer=5, head=2, chat=0, prompt="The capital of France is")
+
+
+@pytest.fixture
+def builds(monkeypatch):
+    """How many times the all-heads chart was built, counted from a clean memo."""
+    common._figures.clear()
+    calls = []
+    real = attention.head_grid_figure
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "head_grid_figure", counted)
+    return calls
+
+
+def charts(at) -> list[dict]:
+    return [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
+
+
+def test_pages_on_the_same_step_of_one_run_build_each_figure_once(builds, embedded_model):
+    first = start(**LINK)
+    assert_clean(first)
+    assert len(builds) == 1
+    second = start(**LINK)  # another student's page with the same link shares the run, and its figures
+    assert_clean(second)
+    assert len(builds) == 1
+    assert charts(second) == charts(first)
+
+
+@pytest.mark.parametrize("change, new_data", [({"step": 4}, True), ({"layer": 6}, True),
+                                              ({"prompt": "The capital of Italy is"}, True),
+                                              ({"lang": "zh"}, False),  # the words differ: the title is page text
+                                              ({"temperature": 1, "seed": 7}, False)])  # another run
+def test_a_figure_is_built_again_when_what_it_shows_changes(change, new_data, builds, embedded_model):
+    before = start(**LINK)
+    after = start(**(LINK | change))
+    assert_clean(after)
+    assert len(builds) == 2
+    if new_data:
+        assert charts(after) != charts(before)
+
+
+def test_back_redraws_a_step_from_the_memo(builds, embedded_model):
+    at = start(**LINK)
+    at.button(key="b_next").click().run()
+    at.button(key="b_back").click().run()
+    assert_clean(at)
+    assert at.query_params["step"] == "3"
+    assert len(builds) == 2  # steps 3 and 4; step 3 again came from the memo
+    assert charts(at) == charts(start(**LINK))

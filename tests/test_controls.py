@@ -254,10 +254,15 @@ def test_kv_radio_and_expanders(server, page):
     idle(page)
     text_on_page(page, strings.t("values_title", which="V", layer=0, kv=0, head=0).split(":")[0])
     open_page(page, server, step=2, view="split", kv_splits=2)
-    for title in ("example_title", "merge_table", "candidates_fig"):
+    # The last two are built only once opened: what they hold must then arrive
+    for title, content in (("example_title", "stDataFrame"), ("merge_table", "stDataFrame"),
+                           ("candidates_fig", "stPlotlyChart")):
         expander = page.locator('[data-testid="stExpander"]', has_text=strings.t(title))
+        expect(expander.locator(f'[data-testid="{content}"]')).to_have_count(0 if title != "example_title" else 1)
         expander.locator("summary").click()
-        expect(expander.locator('[data-testid="stExpanderDetails"]')).to_be_visible()
+        details = expander.locator('[data-testid="stExpanderDetails"]')
+        expect(details).to_be_visible()
+        expect(details.locator(f'[data-testid="{content}"]')).to_be_visible()
 
 
 def test_split_view_at_one_split_shows_a_demonstration(server, page):

@@ -120,6 +120,12 @@ def compact(fig: go.Figure) -> None:
                 trace[name] = values.astype(np.float32)
 
 
+def opened(label: str, key: str):
+    """An expander whose content is built only while it is open (opening it redraws the step): what most pages
+    never open costs no step anything."""
+    return st.expander(label, key=key, on_change="rerun")
+
+
 def table(frame, key: str | None = None) -> None:
     """A table; in a chapter's figure place, at most that place's height (it scrolls inside)."""
     limit = _MAX_HEIGHT.get()

@@ -6,7 +6,7 @@ import streamlit as st
 
 from engine.split_kv import worked_example
 from ui.context import ViewContext
-from ui.views.common import Part, figure, layer_head_pickers, memo_key, table, words
+from ui.views.common import Part, figure, layer_head_pickers, memo_key, opened, table, words
 from viz.split_kv import merge_table, split_figure, split_table, vector_text, worked_example_frame
 
 
@@ -42,5 +42,6 @@ def render(ctx: ViewContext) -> None:
     with main:
         figure(lambda: split_figure(split, *at, ctx.t("split_fig", layer=layer, head=head), ctx.large, words(ctx)),
                f"split-L{layer}-H{head}", memo_key(ctx, "split", layer, head))
-    with st.expander(ctx.t("merge_table")):
-        table(merge_table(split, *at, words(ctx)))
+    with opened(ctx.t("merge_table"), "x_merge") as box:
+        if box.open:
+            table(merge_table(split, *at, words(ctx)))

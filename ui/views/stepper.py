@@ -10,7 +10,7 @@ import streamlit as st
 
 from ui import safe
 from ui.context import ViewContext
-from ui.views.common import figure, memo_key, words
+from ui.views.common import figure, memo_key, opened, words
 from viz.candidates import candidates_figure, candidates_table
 from viz.tokens import (position_label, reads_as, splits_characters, token_chip_styles, token_frame, token_legend_html,
                          token_stream_html)
@@ -100,9 +100,10 @@ def details(ctx: ViewContext) -> None:
         labels = [position_label(c) for c in ctx.runner.candidate_cells(ctx.step, ids)]  # "解²⁄₂", never "�"
         frame = candidates_table(ctx.trace, words(ctx), labels)  # the drawn ✓ first: a narrow column never hides it
         st.dataframe(frame, hide_index=True, key="candidates", height=36 * (len(frame) + 1) + 4)
-        with st.expander(ctx.t("candidates_fig")):
-            figure(lambda: candidates_figure(ctx.trace, ctx.t("candidates_fig"), ctx.large, words(ctx), labels),
-                   "candidates", memo_key(ctx, "candidates"))
+        with opened(ctx.t("candidates_fig"), "x_candidates") as box:
+            if box.open:
+                figure(lambda: candidates_figure(ctx.trace, ctx.t("candidates_fig"), ctx.large, words(ctx), labels),
+                       "candidates", memo_key(ctx, "candidates"))
         downloads(ctx)
 
 

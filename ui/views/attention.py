@@ -38,4 +38,4 @@ def render(ctx: ViewContext) -> None:
     with Part("gqa"):
         figure(lambda: gqa_figure(info.q_heads, info.kv_heads, ctx.t("gqa_title", q=info.q_heads, kv=info.kv_heads,
                                                                      group=info.gqa_group), ctx.large),
-               "gqa", memo_key(ctx, "gqa"))
+               "gqa", memo_key(ctx, "gqa", per_step=False))

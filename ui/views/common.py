@@ -8,7 +8,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import cachetools
 import numpy as np
@@ -67,11 +67,13 @@ _figures: cachetools.LRUCache = cachetools.LRUCache(FIGURES_KEPT)  # memo key + 
 _figures_lock = threading.Lock()
 
 
-def memo_key(ctx: ViewContext, *parts) -> tuple:
+def memo_key(ctx: ViewContext, *parts, per_step: bool = True) -> tuple:
     """What names one figure of a view: the run (pages with the same settings and prompt history share one), the
-    step, everything the link sets, the chapter's stage, and `parts` (what else the view read: pickers, toggles).
-    The run is held weakly: a figure never keeps a dropped run alive, nor matches a newer one."""
-    return (weakref.ref(ctx.runner.run), ctx.step, ctx.state, ctx.stage, *parts)
+    step (unless the figure is the same at every step), everything else the link sets, the chapter's stage, and
+    `parts` (what else the view read: pickers, toggles, sliders). The run is held weakly: a figure never keeps a
+    dropped run alive, nor matches a newer one."""
+    step = ctx.step if per_step else None
+    return (weakref.ref(ctx.runner.run), step, replace(ctx.state, step=0), ctx.stage, *parts)
 
 
 def figure(build: go.Figure | Callable[[], go.Figure], name: str, memo: tuple | None = None) -> None:

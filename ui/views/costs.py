@@ -8,7 +8,7 @@ import streamlit as st
 from engine.reference_models import reference_info
 from engine.timing import DecodeTiming, crossover_batch, crossover_context, decode_step_bytes, weight_bytes_read
 from ui.context import ViewContext
-from ui.views.common import Part, figure, table, words
+from ui.views.common import Part, figure, memo_key, table, words
 from viz.costs import (context_growth_figure, context_growth_frame, kv_read_figure, per_token_figure,
                        step_bytes_figure, step_times_figure, steps_frame, steps_table)
 from viz.style import fmt_ms, fmt_size
@@ -30,18 +30,20 @@ def render(ctx: ViewContext) -> None:
         step_bytes(ctx, traces[-1].context_length)
         per_token(ctx, traces[-1].context_length)
         frame = steps_frame(traces, info)
-        figure(step_times_figure(frame, ctx.t("times_title"), ctx.large, w), "step-times")
+        figure(lambda: step_times_figure(frame, ctx.t("times_title"), ctx.large, w), "step-times",
+               memo_key(ctx, "times"))
         if (frame["phase"] == "decode").any():
-            figure(kv_read_figure(frame, info.layers, ctx.t("reads_title", layers=info.layers), ctx.large, w),
-                   "kv-read-per-step")
+            figure(lambda: kv_read_figure(frame, info.layers, ctx.t("reads_title", layers=info.layers), ctx.large, w),
+                   "kv-read-per-step", memo_key(ctx, "reads"))
         table(steps_table(frame, w))
         st.caption(ctx.t("costs_note", layers=info.layers))
     limit = info.context_limit
     lengths = sorted({max(1, limit * i // 16) for i in range(17)})
     n = len(ctx.runner.prompt_ids)
     with Part("growth"):  # the chart and the slider that cuts the prompt
-        figure(context_growth_figure(context_growth_frame(info, lengths), limit, ctx.t("growth_title"), ctx.large,
-                                     w), "context-growth")
+        figure(lambda: context_growth_figure(context_growth_frame(info, lengths), limit, ctx.t("growth_title"),
+                                             ctx.large, w),
+               "context-growth", memo_key(ctx, "growth", per_step=False))
         keep = (st.slider(ctx.t("truncate_keep"), 1, n, key="w_keep", value=max(1, n // 2), persist_state="session")
                 if n > 2 else None)
     st.markdown(ctx.t("limit_text", limit=limit, n=n, app_limit=ctx.runner.config.max_prompt_tokens,
@@ -61,8 +63,9 @@ def step_bytes(ctx: ViewContext, context: int) -> None:
                       help=ctx.t("batch_help"))
     models = [(ctx.t("bytes_this_model"), info), (f"{REFERENCE} ({qwen.dtype})", qwen)]
     with chart:
-        figure(step_bytes_figure(models, batch, context, ctx.t("step_bytes_title", batch=batch, context=context),
-                                 ctx.large, words(ctx)), "step-bytes")
+        figure(lambda: step_bytes_figure(models, batch, context, ctx.t("step_bytes_title", batch=batch,
+                                                                        context=context), ctx.large, words(ctx)),
+               "step-bytes", memo_key(ctx, "step_bytes", batch))
     lines = [ctx.t("bytes_line", model=label, weights=fmt_size(weight_bytes_read(m)),
                    kv=fmt_size(batch * context * m.kv_bytes_per_token),
                    total=fmt_size(decode_step_bytes(m, context, batch)),
@@ -86,7 +89,8 @@ def per_token(ctx: ViewContext, context: int) -> None:
     at = max(prompt, context - context % TIMING_EVERY)  # a step press does not start a new measurement
     with st.spinner(ctx.t("measuring")):
         timing = _timing(ctx, ctx.info.name, prompt, at, again)
-    figure(per_token_figure(timing, ctx.t("per_token_title"), ctx.large, words(ctx)), "per-token")
+    figure(lambda: per_token_figure(timing, ctx.t("per_token_title"), ctx.large, words(ctx)), "per-token",
+           memo_key(ctx, "per_token", timing, per_step=False))  # one measurement (by value), one figure
     low, high = timing.decode_spread
     c1, c2, c3 = st.columns(3)
     c1.metric(ctx.t("decode_step"), fmt_ms(timing.decode_median),

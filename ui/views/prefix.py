@@ -6,7 +6,7 @@ import streamlit as st
 
 from ui.cases import CASE_BLOCK_SIZE
 from ui.context import ViewContext
-from ui.views.common import Part, figure, table, words
+from ui.views.common import Part, figure, memo_key, table, words
 from viz.prefix import alignment_frame, alignment_table, policies_figure, policy_frame, policy_table
 from viz.tokens import position_label
 
@@ -65,8 +65,9 @@ def policies_side_by_side(ctx: ViewContext) -> dict:
             st.metric(ctx.t("policy_" + result.policy), ctx.t(verdict))
             st.caption(ctx.t("policy_counts", reused=result.reused_tokens, computed=result.computed_tokens,
                              first=result.reused_tokens))
-    figure(policies_figure(ordered, ctx.state.block_size, ctx.t("policies_fig"), ctx.large, words(ctx)),
-           "prefix-policies")
+    figure(lambda: policies_figure(ordered, ctx.state.block_size, ctx.t("policies_fig"), ctx.large, words(ctx)),
+           "prefix-policies", memo_key(ctx, "policies", *[(r.policy, r.computed_tokens, tuple(r.hits))
+                                                           for r in ordered.values()], per_step=False))
     return ordered
 
 

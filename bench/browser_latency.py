@@ -23,6 +23,7 @@ follower's lag. Run by hand, not in CI.
 from __future__ import annotations
 
 import argparse
+import html
 import statistics
 import sys
 import time
@@ -44,10 +45,13 @@ WAIT_MS = 120_000
 
 
 class Wire:
-    """Counts what the server sends a page over its websocket, and when the last message came."""
+    """Counts what the server sends a page over its websocket, when the last message came, and when a message
+    first carried a given text (`arrived`)."""
 
     def __init__(self, page):
         self.bytes, self.last = 0, 0.0
+        self.frames: list[tuple[float, bytes]] = []  # kept only while `watching`
+        self.watching = False
         page.on("websocket", self._watch)
 
     def _watch(self, socket) -> None:
@@ -56,6 +60,13 @@ class Wire:
     def _frame(self, payload) -> None:
         self.bytes += len(payload)
         self.last = time.perf_counter()
+        if self.watching:
+            self.frames.append((self.last, payload if isinstance(payload, bytes) else payload.encode()))
+
+    def arrived(self, text: str) -> float | None:
+        """When the first frame since watching began carried `text` (None: none did)."""
+        marker = text.encode()
+        return next((at for at, payload in self.frames if marker in payload), None)
 
 
 def spread(values: list[float]) -> str:
@@ -64,17 +75,22 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(ordered):6.0f} ms (p90 {p90:6.0f})"
 
 
-def press_step(page, wire: Wire) -> dict[str, float]:
-    """One → press on a settled page: times to text, to drawn, to the last message, and the bytes received."""
+def changed(read: str) -> str:
+    """A check that what `read` reads is there and differs from before (a blanked placeholder is not news)."""
+    return "(before) => { const now = (" + read + ")(); return now !== '' && now !== before; }"
+
+
+def press_step(page, wire: Wire, key: str = "ArrowRight") -> dict[str, float]:
+    """One → (or `key`) press on a settled page: times to text, to drawn, to the last message, and the bytes
+    received."""
     before, header_before = page.evaluate(TEXT), page.evaluate(HEADER)
     sent_before = wire.bytes
     page.wait_for_timeout(50)
     start = time.perf_counter()
-    page.keyboard.press("ArrowRight")
-    page.wait_for_function(f"(before) => ({HEADER})() !== before", arg=header_before, timeout=WAIT_MS,
-                           polling="raf")
+    page.keyboard.press(key)
+    page.wait_for_function(changed(HEADER), arg=header_before, timeout=WAIT_MS, polling="raf")
     token = time.perf_counter()
-    page.wait_for_function(f"(before) => ({TEXT})() !== before", arg=before, timeout=WAIT_MS, polling="raf")
+    page.wait_for_function(changed(TEXT), arg=before, timeout=WAIT_MS, polling="raf")
     text = time.perf_counter()
     page.wait_for_function(IDLE, timeout=WAIT_MS, polling="raf")
     page.evaluate(PAINTED)
@@ -96,6 +112,9 @@ def views(browser, url: str, presses: int, warm: int) -> None:
         kib = statistics.median(r["bytes"] for r in runs) / 1024
         print(f"  {view:9s} token {spread([r['token'] for r in runs])}  text {spread([r['text'] for r in runs])}  drawn {spread([r['drawn'] for r in runs])}  "
               f"server {spread([r['server'] for r in runs])}  {kib:7.0f} KiB/press", flush=True)
+        back = [press_step(page, wire, "ArrowLeft") for _ in range(presses)]
+        print(f"  {'':9s} ← to a computed step: token {spread([r['token'] for r in back])}  drawn "
+              f"{spread([r['drawn'] for r in back])}", flush=True)
         page.close()
 
 
@@ -129,22 +148,28 @@ def counter(page) -> str:
 
 
 def followers(browser, url: str, count: int, presses: int) -> None:
+    """A leader and `count` followers in one browser. Per press: the leader's own → until its counter moved; until
+    the last follower's websocket carried the new counter ("sent": the server's part, whatever the browsers' load);
+    until the last follower's screen showed it (all pages share this machine's cores with the server)."""
     leader = browser.new_page(viewport={"width": 1280, "height": 720})
     leader.goto(f"{url}/?lead=1&step=1")
     settled_text(leader)
     link = leader.locator(".st-key-follow-link a").get_attribute("href")
     assert link and "follow=" in link, link
-    pages = []
+    pages, wires = [], []
     for _ in range(count):
         page = browser.new_page(viewport={"width": 1280, "height": 720})
+        wires.append(Wire(page))
         page.goto(link)
         pages.append(page)
     for page in pages:
         settled_text(page)
     leader.locator("h1").first.click()
-    lags, own = [], []
+    lags, sent, own = [], [], []
     for _ in range(presses):
         before = counter(leader)
+        for wire in wires:
+            wire.frames, wire.watching = [], True
         start = time.perf_counter()
         leader.keyboard.press("ArrowRight")
         leader.wait_for_function(f"() => document.querySelector('.kv-counter')?.textContent !== {before!r}",
@@ -155,12 +180,40 @@ def followers(browser, url: str, count: int, presses: int) -> None:
             page.wait_for_function(f"() => document.querySelector('.kv-counter')?.textContent === {target!r}",
                                    timeout=WAIT_MS, polling=50)
         lags.append(1000 * (time.perf_counter() - start))
+        arrivals = [wire.arrived('kv-counter">' + html.escape(target)) for wire in wires]
+        sent.append(1000 * (max(a for a in arrivals if a is not None) - start))
+        for wire in wires:
+            wire.watching = False
         leader.wait_for_function(IDLE, timeout=WAIT_MS)
         time.sleep(1.0)
-    print(f"  {count} followers: leader's own → {spread(own)}; last follower shows the step {spread(lags)}",
-          flush=True)
+    print(f"  {count} followers: leader's own → {spread(own)}; last follower sent the step {spread(sent)}; "
+          f"last follower shows it {spread(lags)}", flush=True)
     for page in pages + [leader]:
         page.close()
+
+
+def play(browser, url: str, tokens: int = 60) -> None:
+    """Play at the fastest pace the host allows (0.3 s a token): tokens shown ÷ time, against the pace."""
+    page = browser.new_page(viewport={"width": 1280, "height": 720})
+    page.goto(f"{url}/?step=1&temperature=1&seed=3")
+    settled_text(page)
+    thumb = page.locator('.st-key-w_pace input[type="range"]')
+    thumb.focus()
+    while float(thumb.evaluate("el => el.value")) > 0.3 + 1e-9:
+        thumb.press("ArrowLeft")
+        page.wait_for_timeout(100)
+    page.wait_for_function(IDLE, timeout=WAIT_MS)
+    page.locator(".st-key-w_playing label").first.click()
+    step = lambda: int(page.evaluate("() => new URL(location.href).searchParams.get('step') ?? '0'"))  # noqa: E731
+    page.wait_for_function("() => Number(new URL(location.href).searchParams.get('step')) >= 2", timeout=WAIT_MS)
+    first, start = step(), time.perf_counter()
+    page.wait_for_function(f"() => Number(new URL(location.href).searchParams.get('step')) >= {first + tokens}",
+                           timeout=WAIT_MS, polling="raf")
+    elapsed = time.perf_counter() - start
+    rate = tokens / elapsed
+    print(f"  Play at 0.3 s: {tokens} tokens in {elapsed:.1f} s = {rate:.2f} tokens/s "
+          f"({rate * 0.3:.2f} × the pace)", flush=True)
+    page.close()
 
 
 def measure(root: Path, args) -> None:
@@ -172,6 +225,8 @@ def measure(root: Path, args) -> None:
                 views(browser, url, args.presses, args.warm)
             if "chapters" in args.parts:
                 chapters(browser, url)
+            if "play" in args.parts:
+                play(browser, url)
             if "follow" in args.parts and args.followers:
                 followers(browser, url, args.followers, args.presses)
             browser.close()
@@ -182,7 +237,7 @@ def main() -> None:
     parser.add_argument("--presses", type=int, default=6)
     parser.add_argument("--warm", type=int, default=2)
     parser.add_argument("--followers", type=int, default=3)
-    parser.add_argument("--parts", default="views,chapters,follow")
+    parser.add_argument("--parts", default="views,chapters,play,follow")
     parser.add_argument("--before", type=Path, help="another checkout to measure first, in the same run")
     args = parser.parse_args()
     for root in ([args.before] if args.before else []) + [ROOT]:

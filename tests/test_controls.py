@@ -207,6 +207,24 @@ def test_step_buttons(server, page):
     expect(widget(page, "b_back").locator("button")).to_be_disabled()
 
 
+# Records every moment the step's header is missing from the page (a placeholder blanking it while a step runs).
+WATCH_HEADER = """() => { window.kvHeaderGone = 0;
+  new MutationObserver(() => { if (!document.querySelector('.kv-counter')) window.kvHeaderGone += 1; })
+    .observe(document.body, {childList: true, subtree: true}); }"""
+
+
+def test_the_steps_header_is_never_blank_while_a_step_runs(server, page):
+    open_page(page, server, step=2)
+    page.evaluate(WATCH_HEADER)
+    for step in (3, 4, 5):
+        press(page, "b_next")
+        until_link(page, step=str(step))
+        expect(page.locator(".kv-counter")).to_contain_text(str(step))
+    press(page, "b_back")
+    until_link(page, step="4")
+    assert page.evaluate("() => window.kvHeaderGone") == 0
+
+
 def test_play_and_pace(server, page):
     open_page(page, server, step=1)
     pace = slider_value(page, "w_pace")

@@ -412,7 +412,8 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
             st.warning(t("step_unreachable", step=requested, reached=ss.step, reason=runner.stop_reason))
         for problem in problems:
             show_problem(problem)
-        places.counter.html(stepper.counter_html(ctx))
+        ss.counter_html = stepper.counter_html(ctx)
+        places.counter.html(ss.counter_html)
     with places.beside:
         stepper.render(ctx, lines=1 if chapter else None)
         if chapter is not None:
@@ -459,6 +460,8 @@ def step_places(chapter) -> StepPlaces:
             lesson.chapter_buttons(chapter, ss.w_lang, go_to_chapter, back, forward)
         buttons_column, play_column = st.columns([4, 1], vertical_alignment="center")
     buttons = buttons_column.empty()
+    if "counter_html" in ss:  # the last step's header stays until this step's replaces it: it never blinks out
+        counter.html(ss.counter_html)
     if chapter is None:
         return StepPlaces(controls, counter, buttons, play_column, controls, None)
     figure_column, beside = st.columns([0.65, 0.35])  # the step picture needs 760 px

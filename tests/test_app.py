@@ -4,7 +4,7 @@ import pytest
 
 import engine
 from tests.app_helpers import VIEW_TITLES, assert_clean, shown_text, start
-from ui import strings
+from ui import page, strings
 from ui.state import VIEWS, parse_query
 
 def expected_text(model, prompt, chat, steps, **sampling):
@@ -127,13 +127,37 @@ def test_article_cases_load_in_one_click(policy, case, reused, embedded_model):
     assert metrics[strings.t("policy_" + policy)] == strings.t("verdict_hit" if reused else "verdict_miss")
 
 
-def test_play_advances_one_token_per_tick_and_stops_at_the_end(embedded_model):
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_play_advances_one_token_per_tick_and_catches_up_with_its_clock(monkeypatch, embedded_model):
+    clock = FakeClock()
+    monkeypatch.setattr(page, "clock", clock)
     at = start(step=1)
+    pace = at.session_state["w_pace"]
     at.toggle(key="w_playing").set_value(True).run()
     assert_clean(at)
     assert at.query_params["step"] == "2"
+    for expected in (3, 4):  # ticks on time: one token each
+        clock.now += pace
+        at.run()
+        assert at.query_params["step"] == str(expected)
+    clock.now += 0.2 * pace  # an early tick still shows one more
     at.run()
-    assert at.query_params["step"] == "3"
+    assert at.query_params["step"] == "5"
+    clock.now += 3.8 * pace  # the draws fell behind by three ticks: the step keeps the clock
+    at.run()
+    assert at.query_params["step"] == "8"
+    at.button(key="b_back").click().run()  # a step by hand starts Play's clock again, from there
+    assert at.query_params["step"] == "8"  # Back to 7, and Play's tick in the same run
+    clock.now += pace
+    at.run()
+    assert at.query_params["step"] == "9"
 
 
 def test_downloads_offer_the_trace_and_the_tokens(embedded_model):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, fields, replace
 
 import streamlit as st
@@ -25,6 +26,7 @@ VIEW_MODULES = {"flow": flow, "attention": attention, "kv": kv_cache, "split": s
                 "costs": costs}
 ss = st.session_state
 log = logging.getLogger("kvscope")
+clock = time.monotonic  # Play's clock (tests set their own)
 
 
 @st.cache_resource(show_spinner=False, max_entries=3)
@@ -399,7 +401,9 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
         if runner.finished and ss.step >= runner.generated:
             ss.stop_playing = True
             st.rerun(scope="app")
-        ss.step += 1
+        ss.step = play_step(ss.step, ss.w_pace)
+    else:
+        ss.pop("play_clock", None)  # a Play started later starts its own clock
     requested = ss.step
     ss.step = runner.advance_to(requested)
     state, problems = clamp(current_state(), model.info.layers, model.info.q_heads)
@@ -432,6 +436,25 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
         CHAPTER_FIGURE.reset(placed)
     step_buttons(places.buttons, runner)  # live again only once the screen shows this step, as the link does
     write_link(current_state())
+
+
+@dataclass(frozen=True)
+class PlayClock:
+    start: float  # clock() when Play started, or when its pace or step last changed other than by its ticks
+    step: int  # the step then
+    pace: float
+    last: int  # the step Play's last tick set
+
+
+def play_step(step: int, pace: float) -> int:
+    """Play's next step: one more each tick, and more when ticks came late (a slow draw, a busy server), so that
+    the tokens keep the pace's clock. A step or pace changed by hand starts the clock again."""
+    now, playing = clock(), ss.get("play_clock")
+    if playing is None or playing.pace != pace or playing.last != step:
+        playing = PlayClock(now, step, pace, step)
+    nxt = max(step + 1, playing.step + 1 + int((now - playing.start) / pace + 1e-9))  # + rounding of floats
+    ss.play_clock = replace(playing, last=nxt)
+    return nxt
 
 
 @dataclass

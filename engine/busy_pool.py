@@ -68,9 +68,9 @@ class BusyPoolReplay:
         return table
 
     def _pass(self, table: BlockTable, ids: list[int], positions: list[int]) -> None:
-        placed = table.append(len(ids))
-        self.model.forward(ids, positions, self.pool, table.device_blocks(), table.slots(placed), NO_RECORD, 1,
-                           table.first_of_run())
+        table.append(len(ids))
+        self.model.forward(ids, positions, table, NO_RECORD)
+        table.slide()
 
     def kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The request's K and V of `layer` read through its scattered table: (length, kv_heads, head_dim) each."""

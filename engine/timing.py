@@ -167,12 +167,12 @@ def measure_decode(model: Model, prompt: int, context: int, steps: int = TIMED_S
     def run(table: BlockTable, count: int) -> float:
         """One pass over the next `count` positions of `table`; its milliseconds."""
         start = table.length
-        placed = table.append(count)
+        table.append(count)
         _sync(device)
         clock = time.perf_counter()
-        model.forward(ids[start:start + count], list(range(start, start + count)), pool, table.device_blocks(),
-                      table.slots(placed), capture, 1, table.first_of_run())
+        model.forward(ids[start:start + count], list(range(start, start + count)), table, capture)
         _sync(device)
+        table.slide()
         return 1000 * (time.perf_counter() - clock)
 
     with _measuring:

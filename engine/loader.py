@@ -19,6 +19,7 @@ from engine.rope import Rope
 from engine.weights import weights_from_gemma3, weights_from_gpt2, weights_from_llama_like
 
 EMBEDDED = "embedded"
+EMBEDDED_NAMES = {EMBEDDED: f"{embedded.HUB_ID} (embedded)", embedded.ZH: f"{embedded.ZH_HUB_ID} (embedded-zh)"}
 SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "gpt2", "gemma3_text")
 # transformers' names of Gemma 3's layer types, as our layer kinds
 LAYER_KINDS = {"full_attention": "global", "sliding_attention": "local"}
@@ -37,10 +38,13 @@ def resolve_source(spec: str) -> str | embedded.InMemory:
     """The folder or hub id that `spec` names (for the embedded model, possibly the model in memory);
     raises ModelNotFoundError for anything else."""
     if not isinstance(spec, str) or not spec.strip():
-        raise ModelNotFoundError("no model given: use 'embedded', a local folder or a hub id like 'Qwen/Qwen3-0.6B'")
+        raise ModelNotFoundError("no model given: use 'embedded', 'embedded-zh', a local folder or a hub id like "
+                                 "'Qwen/Qwen3-0.6B'")
     spec = spec.strip()
     if spec == EMBEDDED:
         return embedded.embedded_source()
+    if spec == embedded.ZH:
+        return embedded.zh_source()
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -83,7 +87,7 @@ def load_model(spec: str = EMBEDDED, device: str | torch.device = "auto", dtype:
         layer.fuse()
         if owned:  # transformers' own tensors of this layer go now, not after the whole load: no second copy
             block.to("meta")
-    name = f"{embedded.HUB_ID} (embedded)" if spec.strip() == EMBEDDED else spec.strip()
+    name = EMBEDDED_NAMES.get(spec.strip(), spec.strip())
     info = _info(name, config, weights, weights.embed_tokens.dtype, positions)
     return Model(weights, info, tokenizer, ropes, scales, _eos_ids(hf, config, tokenizer), target)
 

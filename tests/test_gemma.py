@@ -103,3 +103,18 @@ def test_prefix_cache_is_exact_and_reuses_only_what_the_window_layers_still_hold
     assert again.prefill().prefix.reused_tokens == 0, "no twin for the long prompt's first blocks: nothing reused"
     again.close()
     assert cache.pool.window.used_blocks == len(cache.twins), "the cache alone holds the window blocks left"
+
+
+def test_a_decode_steps_bytes_count_a_local_layer_up_to_its_window(gemma):
+    from engine.timing import crossover_batch, crossover_context, decode_step_bytes, weight_bytes_read
+
+    info, weights = gemma.info, weight_bytes_read(gemma.info)
+    per_layer = 2 * info.kv_heads * info.head_dim * info.element_bytes
+    local = info.layer_kinds.count("local")
+    assert decode_step_bytes(info, 10 * W) == weights + per_layer * (local * W + (info.layers - local) * 10 * W)
+    for batch in (1, 3, 40):
+        context = crossover_context(info, batch)
+        assert batch * info.kv_bytes(context) > weights >= batch * info.kv_bytes(context - 1), batch
+    context = 4 * W
+    batch = crossover_batch(info, context)
+    assert batch * info.kv_bytes(context) > weights >= (batch - 1) * info.kv_bytes(context)

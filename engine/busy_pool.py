@@ -74,7 +74,8 @@ class BusyPoolReplay:
 
     def kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The request's K and V of `layer` read through its scattered table: (length, kv_heads, head_dim) each."""
-        return self.pool.read(layer, self.table.device_blocks(), self.table.length)
+        k, v, _ = self.table.read(layer)
+        return k, v
 
     def picture(self, own_kv: Callable[[int], tuple[torch.Tensor, torch.Tensor]]) -> BusyPoolPicture:
         """The replay as plain data; `own_kv(layer)` is the run's own K and V of its first `table.length`

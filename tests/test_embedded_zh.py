@@ -57,8 +57,9 @@ def test_logits_equal_transformers_reading_the_gguf(zh_model, tmp_path):
             assert trace.token_id == int(logits.argmax())
 
 
+# The issue quoted transformers' greedy answers as rendered Markdown; these are the exact texts (<strong> and all).
 @pytest.mark.parametrize("prompt, answer", [
-    ("解释什么是Transformer，举个例子：", "1. Transformer：一个由输入数据和输出数据组成的网络，它通过"),
+    ("解释什么是Transformer，举个例子：", "\n\n1. <strong>Transformer</strong>：一个由输入数据和输出数据组成的网络，它通过"),
     ("什么是KV缓存？KV缓存是", "用来存放数据的一种缓存机制，"),
     ("The capital of France is", " the capital of the country of France."),
 ])

@@ -118,3 +118,21 @@ def test_a_decode_steps_bytes_count_a_local_layer_up_to_its_window(gemma):
     context = 4 * W
     batch = crossover_batch(info, context)
     assert batch * info.kv_bytes(context) > weights >= (batch - 1) * info.kv_bytes(context)
+
+
+def test_split_kv_and_a_busy_pool_give_a_local_layer_the_same_answer(gemma):
+    """Merged splits over a window (its empty splits weigh 0) and a table scattered among other requests'
+    blocks change nothing."""
+    from engine.busy_pool import BusyPoolReplay
+
+    prompt = list(range(1000, 1000 + 2 * W))
+    plain, traces = decode(gemma, prompt, 6, block_size=4, max_new_tokens=7)
+    _, split = decode(gemma, prompt, 6, block_size=4, max_new_tokens=7, kv_splits=4)
+    for a, b in zip(traces, split):
+        assert a.token_id == b.token_id and (a.logits - b.logits).abs().max().item() <= 1e-5
+    passes = [(prompt, list(range(len(prompt))))] + [(t.input_ids, t.positions) for t in traces[1:]]
+    replay = BusyPoolReplay(gemma, passes, 4)
+    assert replay.table.blocks != list(range(len(replay.table.blocks))), "the replay's table is scattered"
+    for layer in range(gemma.info.layers):
+        mine, theirs = replay.table.read(layer), plain.table.read(layer)
+        assert mine[2] == theirs[2] and torch.allclose(mine[0], theirs[0], atol=1e-6, rtol=0)

@@ -136,7 +136,8 @@ def _check_supported(spec: str, config) -> None:
         raise UnsupportedModelError(f"{spec!r} uses sliding-window attention, which kvscope does not model")
     if family == "gemma3_text":
         if getattr(config, "attn_logit_softcapping", None) is not None:
-            raise UnsupportedModelError(f"{spec!r} caps its attention scores (attn_logit_softcapping), which kvscope does not model")
+            raise UnsupportedModelError(f"{spec!r} caps its attention scores (attn_logit_softcapping), "
+                                        "which kvscope does not model")
         if getattr(config, "use_bidirectional_attention", False):
             raise UnsupportedModelError(f"{spec!r} uses bidirectional attention; kvscope shows causal decoders")
         if set(config.layer_types) - set(LAYER_KINDS):

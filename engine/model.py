@@ -144,8 +144,8 @@ class Model:
 
     def next_input(self, token_id: int, position: int) -> torch.Tensor:
         """(hidden,) on the CPU: what the next step feeds its first layer for `token_id` at `position`:
-        the id's embedding row (times √hidden for Gemma), plus the position's row where positions are learned (GPT-2: wte + wpe;
-        `info.positions == "learned"`). With RoPE the position enters later, inside attention."""
+        the id's embedding row (times √hidden for Gemma), plus the position's row where positions are learned
+        (GPT-2: wte + wpe; `info.positions == "learned"`). With RoPE the position enters later, inside attention."""
         ids = torch.tensor([token_id], device=self.device)
         return self.embed(ids, torch.tensor([position], device=self.device))[0].cpu()
 

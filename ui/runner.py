@@ -229,7 +229,8 @@ class Run:
         with self.lock:
             k, v, start = self.session.table.read(layer, length)
         if start:
-            raise engine.SessionStateError(f"layer {layer} keeps only its sliding window: positions {start}–{length - 1}")
+            raise engine.SessionStateError(f"layer {layer} keeps only its sliding window: "
+                                           f"positions {start}–{length - 1}")
         return k, v
 
     def busy_pool(self, step: int) -> BusyPoolPicture:

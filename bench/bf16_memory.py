@@ -2,6 +2,8 @@
 
     HF_HUB_OFFLINE=1 python bench/bf16_memory.py [--folder DIR] [--dtype bfloat16] [--steps 8]
 
+(--folder takes any model spec, e.g. `embedded-zh`: the same figures for a process holding that model.)
+
 Without --folder, a random-weight model of Qwen3-0.6B's exact shape (hidden 1024, 16 Q / 8 KV heads
 of 128, intermediate 3072, 28 layers, vocab 151936, tied embeddings) is saved in bfloat16 as safetensors
 with the embedded SmolLM2 tokenizer. Then a fresh subprocess (the high-water mark only grows) imports the
@@ -18,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -48,7 +51,9 @@ def measure(folder: str, dtype_name: str, steps: int) -> dict:
     import engine
 
     imports = status_mb("VmRSS")
+    start = time.perf_counter()
     model = engine.load_model(folder, device="cpu", dtype=getattr(torch, dtype_name))
+    load_s = time.perf_counter() - start
     loaded = status_mb("VmRSS")
     with engine.DecodeSession(model, PROMPT_IDS, max_new_tokens=steps + 1) as session:
         session.prefill()
@@ -57,6 +62,7 @@ def measure(folder: str, dtype_name: str, steps: int) -> dict:
     return {"dtype": model.info.dtype, "kv_bytes_per_token": model.info.kv_bytes_per_token,
             "parameters": model.info.parameters, "weights_mb": round(weight_bytes(model) / 1e6),
             "imports_mb": round(imports), "loaded_mb": round(loaded), "peak_mb": round(status_mb("VmHWM")),
+            "load_s": round(load_s, 1),
             "tokens": session.generated}
 
 

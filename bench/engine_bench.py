@@ -2,9 +2,10 @@
 
     HF_HUB_OFFLINE=1 python bench/engine_bench.py [--steps 48] [--context 200] [--device auto] [--dtype both]
 
-Models: the embedded SmolLM2-135M and a random-weight model with Qwen3-0.6B's real widths (hidden
+Models: the embedded SmolLM2-135M (`embedded`), the embedded Gemma 3 270M (`embedded-zh`, by `--models`) and a
+random-weight model with Qwen3-0.6B's real widths (hidden
 1024, 16 Q / 8 KV heads of 128, intermediate 3072, 28 layers, vocab 151936). For each: prefill
-tokens per second; per-step medians of (a) the engine with full traces, (b) the engine recording
+tokens per second; the engine's load time; per-step medians of (a) the engine with full traces, (b) the engine recording
 only ids, text and candidates, (c) transformers with `past_key_values`; their ratio; peak memory;
 and the memory-bandwidth bound (engine.timing: bytes a decode step reads ÷ peak read bandwidth). Run by hand, not in CI.
 
@@ -81,8 +82,10 @@ def word_level_tokenizer(vocab: int) -> PreTrainedTokenizerFast:
 
 
 def run(spec: str, steps: int, context: int, device: str, dtype: torch.dtype = torch.float32) -> dict:
+    start = time.perf_counter()
     model = engine.load_model(spec, device=device, dtype=dtype)
-    source = embedded.embedded_source() if spec == "embedded" else spec
+    load_s = time.perf_counter() - start
+    source = {"embedded": embedded.embedded_source, embedded.ZH: embedded.zh_source}.get(spec, lambda: spec)()
     hf = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(model.device).eval()
     generator = torch.Generator().manual_seed(1)
     prompt = torch.randint(10, min(model.info.vocab, len(model.tokenizer)), (context,), generator=generator).tolist()
@@ -126,7 +129,7 @@ def run(spec: str, steps: int, context: int, device: str, dtype: torch.dtype = t
     return {
         "model": model.info.name, "dtype": model.info.dtype, "threads": torch.get_num_threads(), "parameters": model.info.parameters,
         "device": str(model.device),
-        "context": context, "steps": steps,
+        "context": context, "steps": steps, "load_s": round(load_s, 1),
         "median_ms": {k: round(v, 2) for k, v in medians.items()},
         "ratio_full_vs_transformers": round(medians["engine, full traces"] / medians["transformers"], 3),
         "ratio_ids_only_vs_transformers": round(medians["engine, ids+text only"] / medians["transformers"], 3),

@@ -3,6 +3,7 @@
 For one head: s_j = q·k_j · scale, a = softmax(s), out = Σ_j a_j v_j. The output is a head_dim
 vector per head (not a word, not probabilities); the heads are concatenated for o_proj.
 With GQA, Q head h reads KV head h // (q_heads / kv_heads), as in transformers' `repeat_kv`.
+A sliding-window layer (Gemma 3's local layers) lets a query at p see keys p − window + 1 … p only.
 """
 
 from __future__ import annotations
@@ -33,12 +34,17 @@ class SplitRecord:
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor, scale: float,
-           kv_splits: int = 1) -> AttentionResult:
-    """q: (T, q_heads, D) at positions q_positions (T,); k, v: (L, kv_heads, D) for positions 0…L−1.
+           kv_splits: int = 1, window: int | None = None, first_key: int = 0) -> AttentionResult:
+    """q: (T, q_heads, D) at positions q_positions (T,); k, v: (L − first_key, kv_heads, D) for positions
+    first_key…L−1 (a sliding-window layer's cache starts past 0).
 
-    A query at position p sees keys 0…p: prompt and answer are one sequence under a causal mask.
+    A query at position p sees keys 0…p: prompt and answer are one sequence under a causal mask; with a
+    `window`, keys p − window + 1 … p. Probabilities and scores cover all L positions all the same (0 and
+    −inf before first_key), so every layer's record has one shape.
     With kv_splits > 1 the output is the merge of the splits' partial outputs (FlashDecoding).
     """
+    if first_key:  # the positions the cache no longer holds: a zero value and a masked score each
+        k, v = (torch.cat((x.new_zeros(first_key, *x.shape[1:]), x)) for x in (k, v))
     t, q_heads, d = q.shape
     length, kv_heads, _ = k.shape
     group = q_heads // kv_heads
@@ -50,6 +56,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch
     scores = (torch.bmm(qh, kh.transpose(1, 2)) * scale).view(kv_heads, group, t, length)
     key_positions = torch.arange(length, device=q.device)
     hidden = key_positions[None, :] > q_positions[:, None]  # (T, L): the future
+    if window is not None:  # and what slid out of the window
+        hidden |= key_positions[None, :] <= q_positions[:, None] - window
     if hidden.any():
         scores = scores.masked_fill(hidden, float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)

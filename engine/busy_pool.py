@@ -68,13 +68,14 @@ class BusyPoolReplay:
         return table
 
     def _pass(self, table: BlockTable, ids: list[int], positions: list[int]) -> None:
-        placed = table.append(len(ids))
-        self.model.forward(ids, positions, self.pool, table.device_blocks(), table.slots(placed), NO_RECORD, 1,
-                           table.first_of_run())
+        table.append(len(ids))
+        self.model.forward(ids, positions, table, NO_RECORD)
+        table.slide()
 
     def kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The request's K and V of `layer` read through its scattered table: (length, kv_heads, head_dim) each."""
-        return self.pool.read(layer, self.table.device_blocks(), self.table.length)
+        k, v, _ = self.table.read(layer)
+        return k, v
 
     def picture(self, own_kv: Callable[[int], tuple[torch.Tensor, torch.Tensor]]) -> BusyPoolPicture:
         """The replay as plain data; `own_kv(layer)` is the run's own K and V of its first `table.length`

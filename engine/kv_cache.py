@@ -13,6 +13,14 @@ Block b holds the K/V of `block_size` consecutive positions; a sequence's block 
 logical block i (positions i·B … i·B+B−1) to a physical block anywhere in the pool, so the cache
 grows a block at a time without ever copying what is already stored.
 
+Sliding-window layers (Gemma 3: 15 of 18 layers read only the last `sliding_window` positions) keep their
+K/V apart: a pool built with per-layer `windows` stores its global layers itself and its local layers in a
+second pool, `pool.window`, with its own blocks and free list; every table over such a pool has a second
+table, `table.window`, appended in step with it. After each pass the window table hands back the blocks
+whose positions no later query can see (all before length − sliding_window + 1), so a local layer holds at
+most ⌈(sliding_window − 1) / block_size⌉ + 1 blocks, a global one all. A pass over T new positions writes
+all T first (its own queries need them), then the step drops what fell out of the window.
+
 Threads: a pool's `lock` guards its bookkeeping only (ref counts, the free list and, for a prefix
 cache's pool, the cache's index). Reading and writing K/V take no lock, so sessions sharing a pool run their
 forward passes at once. That is safe because a session writes only positions past its table's
@@ -26,7 +34,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -69,13 +77,30 @@ class BlockPool:
         block_size: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        windows: Sequence[int | None] | None = None,
     ):
+        """`layers` K/V layers; with `windows` (one per layer, None for a global layer, else its sliding
+        window) the local layers go to `self.window`, a pool of their own (see the module's docstring)."""
         if not isinstance(block_size, int) or block_size < 1:
             raise InvalidSettingError(f"block_size must be an integer ≥ 1, got {block_size!r}")
         if num_blocks < 1:
             raise InvalidSettingError(f"num_blocks must be ≥ 1, got {num_blocks!r}")
         self.block_size = block_size
         self.num_blocks = num_blocks
+        windows = list(windows) if windows is not None else [None] * layers
+        local = [w for w in windows if w is not None]
+        if len(set(local)) > 1:
+            raise InvalidSettingError(f"one sliding window for all local layers is supported, got {sorted(set(local))}")
+        self.window_size: int | None = local[0] if local else None
+        # Model layer → (is it local, its row in the pool that stores it).
+        counts = {False: 0, True: 0}
+        self.rows: list[tuple[bool, int]] = []
+        for w in windows:
+            self.rows.append((w is not None, counts[w is not None]))
+            counts[w is not None] += 1
+        self.window: BlockPool | None = BlockPool(counts[True], kv_heads, head_dim, num_blocks, block_size, dtype,
+                                                  device) if local else None
+        layers = counts[False]
         shape = (layers, num_blocks, block_size, kv_heads, head_dim)
         # Uninitialised: only written slots are ever read, and untouched pages cost no resident memory,
         # so a large pool of which a session uses a little stays cheap.
@@ -87,8 +112,10 @@ class BlockPool:
 
     @property
     def bytes_per_token(self) -> int:
+        """What one position costs in every layer that keeps it (the window pool's layers included)."""
         layers, _, _, kv_heads, head_dim = self.k.shape
-        return kv_bytes_per_token(layers, kv_heads, head_dim, self.k.element_size())
+        own = kv_bytes_per_token(layers, kv_heads, head_dim, self.k.element_size())
+        return own + (self.window.bytes_per_token if self.window is not None else 0)
 
     @property
     def used_blocks(self) -> int:
@@ -168,54 +195,88 @@ class BlockTable:
     """One sequence's logical → physical block map, plus how many positions are filled.
 
     Blocks come from `allocator` and go back to it: the pool itself, or a prefix cache over the pool.
+    Over a pool with sliding-window layers, `window` is the table of those layers (in `pool.window`):
+    appended in step with this one; its first `dropped` logical blocks were handed back (`slide`).
     """
 
     pool: BlockPool
     blocks: list[int] = field(default_factory=list)
     length: int = 0
     allocator: BlockAllocator | None = None  # None: the pool
+    window: BlockTable | None = None
+    dropped: int = 0  # leading logical blocks handed back: `blocks[i]` is logical block dropped + i
     _device_blocks: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.allocator is None:
             self.allocator = self.pool
+        if self.window is None and self.pool.window is not None:
+            self.window = BlockTable(self.pool.window, length=self.length)
+
+    @property
+    def first_position(self) -> int:
+        """The first position whose K/V the table still holds (0 unless blocks were handed back)."""
+        return self.dropped * self.pool.block_size
 
     def append(self, count: int) -> list[tuple[int, int]]:
         """Reserve the next `count` positions; return (physical block, offset) for each.
 
-        All the blocks they need are checked for first: a full pool raises CacheFullError with the
-        table unchanged. (If an allocation fails anyway, `roll_back` undoes what was added.)
+        All the blocks they need are checked for first (the window table's too): a full pool raises
+        CacheFullError with the table unchanged. (If an allocation fails anyway, `roll_back` undoes what was added.)
         """
         size = self.pool.block_size
         self.allocator.require_free(self.blocks_needed(count))
+        if self.window is not None:
+            self.window.allocator.require_free(self.window.blocks_needed(count))
         placed = []
         for position in range(self.length, self.length + count):
-            if position // size == len(self.blocks):
+            if position // size == self.dropped + len(self.blocks):
                 self.add(self.allocator.allocate())
-            placed.append((self.blocks[position // size], position % size))
+            placed.append((self.blocks[position // size - self.dropped], position % size))
         self.length += count
+        if self.window is not None:
+            self.window.append(count)
         return placed
 
     def blocks_needed(self, count: int) -> int:
         """New blocks that `count` more positions need beyond the ones the table has."""
         size = self.pool.block_size
-        return max(0, -(-(self.length + count) // size) - len(self.blocks))
+        return max(0, -(-(self.length + count) // size) - self.dropped - len(self.blocks))
 
-    def mark(self) -> tuple[int, int]:
-        """The table's extent now (blocks, positions), to `roll_back` to if what follows fails."""
-        return len(self.blocks), self.length
+    def mark(self) -> tuple:
+        """The table's extent now (logical blocks, positions, the window table's mark), to `roll_back` to."""
+        return self.dropped + len(self.blocks), self.length, self.window.mark() if self.window is not None else None
 
-    def roll_back(self, mark: tuple[int, int]) -> None:
+    def roll_back(self, mark: tuple) -> None:
         """Release the blocks added since `mark` (last first) and forget the positions reserved since.
 
         A slot written past the restored length is never read: the next append reserves it again.
         """
-        count, length = mark
-        for block in reversed(self.blocks[count:]):
+        count, length, window = mark
+        keep = count - self.dropped
+        for block in reversed(self.blocks[keep:]):
             self.allocator.release(block)
-        del self.blocks[count:]
+        del self.blocks[keep:]
         self.length = length
         self._device_blocks = None
+        if self.window is not None:
+            self.window.roll_back(window)
+
+    def slide(self) -> list[int]:
+        """Hand back the window table's blocks that no later query can see (every position in them is
+        before length − sliding_window + 1); the blocks handed back, oldest first. A table without
+        sliding-window layers keeps everything."""
+        table = self.window
+        if table is None:
+            return []
+        size, reach = table.pool.block_size, self.length - self.pool.window_size + 1
+        gone = []
+        while table.blocks and (table.dropped + 1) * size <= reach:
+            gone.append(table.blocks.pop(0))
+            table.allocator.release(gone[-1])
+            table.dropped += 1
+        table._device_blocks = None
+        return gone
 
     def add(self, block: int) -> None:
         """Append a physical block the caller already holds a reference to."""
@@ -237,10 +298,28 @@ class BlockTable:
         size = self.pool.block_size
         return torch.tensor([b * size + o for b, o in placed], dtype=torch.long, device=self.pool.k.device)
 
+    def slots_at(self, positions: list[int]) -> torch.Tensor:
+        """The flat slots of `positions` (which the table holds)."""
+        size = self.pool.block_size
+        return self.slots([(self.blocks[p // size - self.dropped], p % size) for p in positions])
+
+    def read(self, layer: int, length: int | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """K and V of model layer `layer` at the positions the table holds for it, up to `length` (default:
+        all): (n, kv_heads, head_dim) each, and the first position they start at (0 for a global layer)."""
+        length = self.length if length is None else length
+        local, row = self.pool.rows[layer]
+        table = self.window if local else self
+        start = table.first_position
+        k, v = table.pool.read(row, table.device_blocks(), length - start, table.first_of_run())
+        return k, v, start
+
     def free(self) -> None:
         # Last blocks first, so a sequence's tail is evicted before the prefix others may share.
         for block in reversed(self.blocks):
             self.allocator.release(block)
         self.blocks = []
         self.length = 0
+        self.dropped = 0
         self._device_blocks = None
+        if self.window is not None:
+            self.window.free()

@@ -18,15 +18,16 @@ def linear(x: torch.Tensor, p: Linear) -> torch.Tensor:
 
 
 def norm(x: torch.Tensor, n: Norm) -> torch.Tensor:
-    """RMSNorm (Llama, Qwen) or LayerNorm (GPT-2) over the last axis of x (..., width)."""
+    """RMSNorm (Llama, Qwen; Gemma's with 1 + weight) or LayerNorm (GPT-2) over the last axis of x (..., width)."""
     if n.kind == "layer":
         return F.layer_norm(x, (x.shape[-1],), n.weight, n.bias, n.eps)
-    if x.dtype == torch.float32 and n.weight.dtype == torch.float32:
+    if x.dtype == torch.float32 and n.weight.dtype == torch.float32 and not n.offset:
         return F.rms_norm(x, (x.shape[-1],), n.weight, n.eps)  # one fused kernel
-    # As transformers does: normalise in float32, scale in the weight's dtype.
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + n.eps)
-    return n.weight * x32.to(x.dtype)
+    if n.offset:  # Gemma, as transformers does: scaled by (1 + weight) in float32, then cast
+        return (x32 * (n.offset + n.weight.float())).to(x.dtype)
+    return n.weight * x32.to(x.dtype)  # as transformers does: normalise in float32, scale in the weight's dtype
 
 
 def project_qkv(h: torch.Tensor, w: LayerWeights) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -16,10 +16,14 @@ from engine import embedded
 from engine.errors import ModelNotFoundError, UnsupportedModelError
 from engine.model import Model, ModelInfo
 from engine.rope import Rope
-from engine.weights import weights_from_gpt2, weights_from_llama_like
+from engine.weights import weights_from_gemma3, weights_from_gpt2, weights_from_llama_like
 
 EMBEDDED = "embedded"
-SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "gpt2")
+EMBEDDED_NAMES = {EMBEDDED: f"{embedded.HUB_ID} (embedded)", embedded.ZH: f"{embedded.ZH_HUB_ID} (embedded-zh)"}
+SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "gpt2", "gemma3_text")
+# transformers' names of Gemma 3's layer types, as our layer kinds
+LAYER_KINDS = {"full_attention": "global", "sliding_attention": "local"}
+GEMMA_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
 # owner/name, as the hub spells repository ids; nothing that could climb out of a folder.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 
@@ -34,10 +38,13 @@ def resolve_source(spec: str) -> str | embedded.InMemory:
     """The folder or hub id that `spec` names (for the embedded model, possibly the model in memory);
     raises ModelNotFoundError for anything else."""
     if not isinstance(spec, str) or not spec.strip():
-        raise ModelNotFoundError("no model given: use 'embedded', a local folder or a hub id like 'Qwen/Qwen3-0.6B'")
+        raise ModelNotFoundError("no model given: use 'embedded', 'embedded-zh', a local folder or a hub id like "
+                                 "'Qwen/Qwen3-0.6B'")
     spec = spec.strip()
     if spec == EMBEDDED:
         return embedded.embedded_source()
+    if spec == embedded.ZH:
+        return embedded.zh_source()
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -65,13 +72,14 @@ def load_model(spec: str = EMBEDDED, device: str | torch.device = "auto", dtype:
     hf.eval()
     if config.model_type == "gpt2":
         weights = weights_from_gpt2(hf, config)
-        blocks, rope, positions = hf.transformer.h, None, "learned"
+        blocks, ropes, positions = hf.transformer.h, None, "learned"
         scales = [block.attn.scaling for block in blocks]
     else:
-        weights = weights_from_llama_like(hf, config)
-        blocks, rope = hf.model.layers, Rope.from_hf(hf.model.rotary_emb)
+        gemma = config.model_type == "gemma3_text"
+        weights = (weights_from_gemma3 if gemma else weights_from_llama_like)(hf, config)
+        blocks, ropes = hf.model.layers, _ropes(hf.model.rotary_emb, config)
         scales = [block.self_attn.scaling for block in blocks]
-        positions = f"RoPE ({rope.rope_type})"
+        positions = f"RoPE ({(ropes.get('global') or ropes['local']).rope_type})"
     if target.type != "cpu":
         weights = weights.to(target)
     owned = not (isinstance(source, embedded.InMemory) and hf is source.model)
@@ -79,9 +87,24 @@ def load_model(spec: str = EMBEDDED, device: str | torch.device = "auto", dtype:
         layer.fuse()
         if owned:  # transformers' own tensors of this layer go now, not after the whole load: no second copy
             block.to("meta")
-    name = f"{embedded.HUB_ID} (embedded)" if spec.strip() == EMBEDDED else spec.strip()
+    name = EMBEDDED_NAMES.get(spec.strip(), spec.strip())
     info = _info(name, config, weights, weights.embed_tokens.dtype, positions)
-    return Model(weights, info, tokenizer, rope, scales, _eos_ids(hf, config, tokenizer), target)
+    return Model(weights, info, tokenizer, ropes, scales, _eos_ids(hf, config, tokenizer), target)
+
+
+def _ropes(rotary_module, config) -> dict[str, Rope]:
+    """The RoPE of each layer kind: one for every family but Gemma 3, whose local and global layers turn
+    with different bases."""
+    if config.model_type != "gemma3_text":
+        return {"global": Rope.from_hf(rotary_module)}
+    return {LAYER_KINDS[kind]: Rope.from_hf(rotary_module, kind) for kind in sorted(set(config.layer_types))}
+
+
+def _layer_windows(config) -> tuple[int | None, ...]:
+    """Each layer's sliding window (None: global); empty for families without local layers."""
+    if config.model_type != "gemma3_text":
+        return ()
+    return tuple(config.sliding_window if kind == "sliding_attention" else None for kind in config.layer_types)
 
 
 def _read(spec: str, source: str, dtype: torch.dtype):
@@ -111,6 +134,15 @@ def _check_supported(spec: str, config) -> None:
         )
     if getattr(config, "use_sliding_window", False):
         raise UnsupportedModelError(f"{spec!r} uses sliding-window attention, which kvscope does not model")
+    if family == "gemma3_text":
+        if getattr(config, "attn_logit_softcapping", None) is not None:
+            raise UnsupportedModelError(f"{spec!r} caps its attention scores (attn_logit_softcapping), "
+                                        "which kvscope does not model")
+        if getattr(config, "use_bidirectional_attention", False):
+            raise UnsupportedModelError(f"{spec!r} uses bidirectional attention; kvscope shows causal decoders")
+        if set(config.layer_types) - set(LAYER_KINDS):
+            raise UnsupportedModelError(f"{spec!r} has layer types {sorted(set(config.layer_types))}; "
+                                        f"kvscope models {', '.join(LAYER_KINDS)}")
     if family == "gpt2" and getattr(config, "add_cross_attention", False):
         raise UnsupportedModelError(f"{spec!r} has cross-attention; kvscope shows decoder-only models")
 
@@ -135,6 +167,8 @@ def _info(name: str, config, weights, dtype: torch.dtype, positions: str) -> Mod
         parameters=weights.parameter_count(),
         norm="LayerNorm" if config.model_type == "gpt2" else "RMSNorm",
         positions=positions,
+        layer_windows=_layer_windows(config),
+        layer_norms=GEMMA_NORMS if config.model_type == "gemma3_text" else ModelInfo.layer_norms,
     )
 
 

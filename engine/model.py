@@ -1,7 +1,9 @@
 """Our own forward pass, layer by layer, over the loaded weights and the paged KV cache.
 
 Per layer (pre-norm, `DecoderLayer`):  x1 = x0 + attention(norm(x0))   then   x2 = x1 + mlp(norm(x1)).
-The second add is onto x1, not x0: a layer adds to the residual stream twice.
+The second add is onto x1, not x0: a layer adds to the residual stream twice. Gemma 3 also normalises what
+each branch adds (four norms a layer): x1 = x0 + norm(attention(norm(x0))), x2 = x1 + norm(mlp(norm(x1))),
+and most of its layers attend over a sliding window of the latest positions only.
 After the last layer: final norm → lm_head → logits over the vocabulary.
 The maths of norm, projections and MLP are in `engine.layers`; what a pass keeps for the trace is
 collected by `engine.recorder.StepRecorder`, beside the layers.
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention import attend
-from engine.kv_cache import BlockPool, kv_bytes_per_token
+from engine.kv_cache import BlockPool, BlockTable, kv_bytes_per_token
 from engine.layers import linear, mlp, norm, project_qkv
 from engine.recorder import ForwardRecord, StepRecorder
 from engine.rope import Rope, apply_rope
@@ -30,7 +32,7 @@ class ModelInfo:
     """The facts the model card shows."""
 
     name: str
-    family: str  # "llama", "qwen2", "qwen3" or "gpt2"
+    family: str  # "llama", "qwen2", "qwen3", "gpt2" or "gemma3_text"
     layers: int
     hidden: int
     q_heads: int
@@ -44,6 +46,37 @@ class ModelInfo:
     parameters: int
     norm: str  # "RMSNorm" or "LayerNorm"
     positions: str  # "RoPE (<type>)" or "learned"
+    # Per layer: its sliding window (Gemma 3's local layers), or None where it attends over everything;
+    # empty when every layer is global.
+    layer_windows: tuple[int | None, ...] = ()
+    # The norms every layer has, in the order the layer applies them, named as transformers names them.
+    layer_norms: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")
+
+    def window(self, layer: int) -> int | None:
+        """Layer `layer`'s sliding window, None for a global layer."""
+        return self.layer_windows[layer] if self.layer_windows else None
+
+    @property
+    def layer_kinds(self) -> tuple[str, ...]:
+        """"local" (sliding window) or "global" for every layer."""
+        return tuple("global" if self.window(i) is None else "local" for i in range(self.layers))
+
+    @property
+    def sliding_window(self) -> int | None:
+        """The local layers' window, None when there are none."""
+        return next((w for w in self.layer_windows if w is not None), None)
+
+    def cached_positions(self, layer: int, length: int) -> int:
+        """Positions layer `layer` keeps for a sequence of `length`: all of them, or at most its window (the
+        cache holds them in whole blocks, so up to a block more sits in memory until the window passes it)."""
+        window = self.window(layer)
+        return length if window is None else min(length, window)
+
+    def kv_bytes(self, length: int) -> int:
+        """Bytes the K/V of a `length`-position sequence take: every layer's cached positions × 2 × kv_heads
+        × head_dim × bytes per element. Equals length × kv_bytes_per_token when every layer is global."""
+        per_position = kv_bytes_per_token(1, self.kv_heads, self.head_dim, self.element_bytes)
+        return per_position * sum(self.cached_positions(i, length) for i in range(self.layers))
 
     @property
     def element_bytes(self) -> int:
@@ -75,12 +108,12 @@ class ModelInfo:
 class Model:
     """A loaded model: its weights, facts, tokenizer and decoder layers; `forward` runs one pass."""
 
-    def __init__(self, weights: Weights, info: ModelInfo, tokenizer, rope: Rope | None, attention_scales: list[float],
-                 eos_ids: set[int], device: torch.device):
+    def __init__(self, weights: Weights, info: ModelInfo, tokenizer, ropes: dict[str, Rope] | None,
+                 attention_scales: list[float], eos_ids: set[int], device: torch.device):
         self.weights = weights
         self.info = info
         self.tokenizer = tokenizer
-        self.rope = rope
+        self.ropes = ropes  # by layer kind ("global", "local"); None for learned positions
         self.attention_scales = attention_scales  # per layer (GPT-2 can scale by 1/(layer+1))
         self.eos_ids = eos_ids
         self.device = device
@@ -96,19 +129,23 @@ class Model:
         """A KV pool in `info.dtype` (the weights' dtype: see `engine.kv_cache`), so `info.kv_bytes_per_token`
         is what it stores."""
         i = self.info
-        return BlockPool(i.layers, i.kv_heads, i.head_dim, num_blocks, block_size, getattr(torch, i.dtype), self.device)
+        return BlockPool(i.layers, i.kv_heads, i.head_dim, num_blocks, block_size, getattr(torch, i.dtype), self.device,
+                         windows=i.layer_windows or None)
 
     def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Rows of the embedding table (an id is only a row number), plus GPT-2's learned positions."""
+        """Rows of the embedding table (an id is only a row number), times √hidden for Gemma, plus GPT-2's
+        learned positions."""
         x = self.weights.embed_tokens[ids]
+        if self.weights.embed_scale is not None:  # in the weights' dtype, as transformers scales them
+            x = x * torch.tensor(self.weights.embed_scale, dtype=x.dtype)
         if self.weights.position_embeddings is not None:
             x = x + self.weights.position_embeddings[positions]
         return x
 
     def next_input(self, token_id: int, position: int) -> torch.Tensor:
         """(hidden,) on the CPU: what the next step feeds its first layer for `token_id` at `position`:
-        the id's embedding row, plus the position's row where positions are learned (GPT-2: wte + wpe;
-        `info.positions == "learned"`). With RoPE the position enters later, inside attention."""
+        the id's embedding row (times √hidden for Gemma), plus the position's row where positions are learned
+        (GPT-2: wte + wpe; `info.positions == "learned"`). With RoPE the position enters later, inside attention."""
         ids = torch.tensor([token_id], device=self.device)
         return self.embed(ids, torch.tensor([position], device=self.device))[0].cpu()
 
@@ -119,25 +156,21 @@ class Model:
         computed to float precision (~1e-6); this is how a view shows history whose traces were slimmed.
         """
         n = len(ids)
-        pool = self.new_pool(-(-n // block_size), block_size)
-        blocks = torch.arange(pool.num_blocks, device=self.device)
+        table = BlockTable(self.new_pool(-(-n // block_size), block_size))
+        table.append(n)
         capture = Capture(residuals=False, attention_budget=self.info.q_heads * n * n, layers=(layer,))
-        record = self.forward(ids, list(range(n)), pool, blocks, torch.arange(n, device=self.device), capture,
-                              first_block=0)
+        record = self.forward(ids, list(range(n)), table, capture)
         return record.attention[0], record.scores[0]
 
     @torch.inference_mode()
-    def forward(self, ids: list[int], positions: list[int], pool: BlockPool, blocks: torch.Tensor,
-                slots: torch.Tensor | None, capture: Capture, kv_splits: int = 1, first_block: int | None = None
-                ) -> ForwardRecord:
-        """Process `ids` at `positions` (the next ones after what `blocks` already holds; `first_block`
-        when those blocks are consecutive, see `BlockPool.read`).
+    def forward(self, ids: list[int], positions: list[int], table: BlockTable, capture: Capture, kv_splits: int = 1,
+                write: bool = True) -> ForwardRecord:
+        """Process `ids` at `positions`, the last `len(ids)` positions `table` has reserved (`table.append`).
 
-        `slots=None` reads without writing: the pool already holds the positions before `positions[0]`,
-        and this pass's own K/V are appended to them in memory, so the cache is left untouched.
-
-        Each layer writes the new K/V into the pool at `slots`, then attends over every cached position
-        (in `kv_splits` merged splits when > 1).
+        Each layer writes the new K/V into the pool, then attends over every cached position it can see
+        (in `kv_splits` merged splits when > 1). `write=False` writes nothing: the table holds the
+        positions before `positions[0]`, and this pass's own K/V are appended to them in memory, so the
+        cache is left untouched.
         """
         info = self.info
         ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)
@@ -145,38 +178,48 @@ class Model:
         x = self.embed(ids_t, pos_t)  # (T, hidden)
         context = PassContext(
             positions=pos_t,
-            cos_sin=self.rope.cos_sin(pos_t, x.dtype) if self.rope else None,
-            kv=PagedKV(pool, blocks, slots, first_block, cached=positions[0], length=positions[-1] + 1),
+            cos_sin={kind: rope.cos_sin(pos_t, x.dtype) for kind, rope in self.ropes.items()} if self.ropes else {},
+            kv=PagedKV.of(table, positions, write),
+            local_kv=PagedKV.of(table.window, positions, write) if table.window is not None else None,
             kv_splits=kv_splits,
         )
         recorder = StepRecorder(capture, positions, info.layers, info.q_heads, info.hidden, x.dtype, self.device)
         for layer in self.layers:
             x = layer(x, context, recorder)
         final_hidden = norm(x[-1], self.weights.norm)
-        logits = torch.mv(self.weights.lm_head, final_hidden).float()
-        return recorder.finish(logits, final_hidden)
+        logits = torch.mv(self.weights.lm_head, final_hidden)
+        cap = self.weights.final_logit_softcap
+        if cap is not None:  # in the logits' dtype, as transformers caps them
+            logits = torch.tanh(logits / cap) * cap
+        return recorder.finish(logits.float(), final_hidden)
 
 
 @dataclass
 class PagedKV:
-    """One sequence's K/V in the pool as a pass sees it: its blocks, and where this pass's K/V go."""
+    """One table's K/V in the pool as a pass sees it: its blocks, and where this pass's K/V go."""
 
     pool: BlockPool
-    blocks: torch.Tensor  # (logical blocks,) physical block of each
+    blocks: torch.Tensor  # (logical blocks held,) physical block of each
     slots: torch.Tensor | None  # (T,) flat slots for this pass's K/V; None: write nothing
     first_block: int | None  # the first block when the blocks are consecutive (read as a view)
-    cached: int  # positions the blocks held before this pass
+    start: int  # the first position the blocks hold (past 0 once a sliding window handed blocks back)
+    cached: int  # positions before this pass
     length: int  # positions attended: cached + T
 
-    def store_and_read(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write this pass's k, v (T, kv_heads, D) for `layer`; return K, V of all `length` positions
-        (L, kv_heads, D). Without slots, the cached positions are read and k, v appended in memory: the
-        values a write then a read would give, with nothing written."""
+    @classmethod
+    def of(cls, table: BlockTable, positions: list[int], write: bool) -> PagedKV:
+        return cls(table.pool, table.device_blocks(), table.slots_at(positions) if write else None,
+                   table.first_of_run(), table.first_position, positions[0], positions[-1] + 1)
+
+    def store_and_read(self, row: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write this pass's k, v (T, kv_heads, D) for the pool's layer `row`; return K, V of positions
+        `start` … length − 1 (L − start, kv_heads, D). Without slots, the cached positions are read and k, v
+        appended in memory: the values a write then a read would give, with nothing written."""
         if self.slots is None:
-            cached_k, cached_v = self.pool.read(layer, self.blocks, self.cached, self.first_block)
+            cached_k, cached_v = self.pool.read(row, self.blocks, self.cached - self.start, self.first_block)
             return torch.cat((cached_k, k)), torch.cat((cached_v, v))
-        self.pool.write(layer, self.slots, k, v)
-        return self.pool.read(layer, self.blocks, self.length, self.first_block)
+        self.pool.write(row, self.slots, k, v)
+        return self.pool.read(row, self.blocks, self.length - self.start, self.first_block)
 
 
 @dataclass
@@ -184,8 +227,9 @@ class PassContext:
     """What every layer of one forward pass shares."""
 
     positions: torch.Tensor  # (T,) the query positions
-    cos_sin: tuple[torch.Tensor, torch.Tensor] | None  # RoPE's (T, head_dim) each; None for learned positions
-    kv: PagedKV
+    cos_sin: dict[str, tuple[torch.Tensor, torch.Tensor]]  # RoPE's (T, head_dim) each, per layer kind; {} if learned
+    kv: PagedKV  # the global layers' cache
+    local_kv: PagedKV | None  # the sliding-window layers' cache
     kv_splits: int
 
 
@@ -197,19 +241,28 @@ class DecoderLayer:
         self.w = weights
         self.q_heads, self.kv_heads, self.head_dim = info.q_heads, info.kv_heads, info.head_dim
         self.scale = attention_scale
+        self.window = info.window(index)  # None: a global layer
+        self.kind = info.layer_kinds[index]
 
     def __call__(self, x0: torch.Tensor, context: PassContext, recorder: StepRecorder) -> torch.Tensor:
         """x0 (T, hidden) → x2 (T, hidden). The second add is onto x1, not x0."""
-        x1 = x0 + self.attention(norm(x0, self.w.input_layernorm), context, recorder)
-        x2 = x1 + mlp(norm(x1, self.w.post_attention_layernorm), self.w)
+        x1 = x0 + self.output_norm(self.attention(norm(x0, self.w.input_layernorm), context, recorder),
+                                   self.w.attention_output_norm)
+        x2 = x1 + self.output_norm(mlp(norm(x1, self.w.post_attention_layernorm), self.w), self.w.mlp_output_norm)
         recorder.residuals(self.index, x0, x1, x2)
         return x2
+
+    @staticmethod
+    def output_norm(branch: torch.Tensor, n) -> torch.Tensor:
+        """What a branch adds to the stream: its output, normalised first where the layer has that norm (Gemma)."""
+        return branch if n is None else norm(branch, n)
 
     def attention(self, h: torch.Tensor, context: PassContext, recorder: StepRecorder) -> torch.Tensor:
         """h (T, hidden), normalised → o_proj of the concatenated head outputs (T, hidden).
 
-        Project q, k, v; normalise q and k per head (Qwen3); rotate them by position (RoPE); write k, v
-        to the paged pool and read back every cached position; attend (in merged splits when asked).
+        Project q, k, v; normalise q and k per head (Qwen3, Gemma); rotate them by position (RoPE, with the
+        layer kind's base); write k, v to the paged pool and read back the cached positions this layer
+        keeps; attend over them (within the window for a local layer; in merged splits when asked).
         """
         t = h.shape[0]
         q, k, v = project_qkv(h, self.w)
@@ -218,9 +271,12 @@ class DecoderLayer:
         v = v.reshape(t, self.kv_heads, self.head_dim)
         if self.w.q_norm is not None:
             q, k = norm(q, self.w.q_norm), norm(k, self.w.k_norm)
-        if context.cos_sin is not None:
-            q, k = apply_rope(q, *context.cos_sin), apply_rope(k, *context.cos_sin)
-        cached_k, cached_v = context.kv.store_and_read(self.index, k, v)  # (L, kv_heads, D)
-        result = attend(q, cached_k, cached_v, context.positions, self.scale, context.kv_splits)
+        if context.cos_sin:
+            cos_sin = context.cos_sin[self.kind]
+            q, k = apply_rope(q, *cos_sin), apply_rope(k, *cos_sin)
+        local, row = context.kv.pool.rows[self.index]  # the pool of this layer's kind, and its row there
+        kv = context.local_kv if local else context.kv
+        cached_k, cached_v = kv.store_and_read(row, k, v)  # (L − start, kv_heads, D)
+        result = attend(q, cached_k, cached_v, context.positions, self.scale, context.kv_splits, self.window, kv.start)
         recorder.attention(self.index, result)
         return linear(result.output, self.w.o_proj)

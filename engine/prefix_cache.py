@@ -12,6 +12,13 @@ Only an exact token-id match from position 0 can be reused, and only prompt toke
 At most n−1 tokens of an n-token prompt are reused: the last one must be computed to get logits.
 Cached blocks live in the cache's `BlockPool`; when no session uses them they wait in the pool's
 LRU free list, still hittable, until an allocation evicts the least recently used one.
+
+Sliding-window layers (Gemma 3) keep their K/V in the pool's window pool, and hand blocks back as the
+window passes them. The rule, the simplest that stays exact: a published prompt block keeps its twin,
+the window layers' block of the same positions, if the session still held it when it closed (the cache
+holds a reference to the twin until the block is evicted); a lookup reuses only positions whose block has
+a twin. So a prompt no longer than the window is reused as on any model, and the leading blocks of a
+longer one (handed back during its prefill) end every lookup there: nothing is reused.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ class PrefixCache:
         self.index = INDEXES[policy](block_size)
         self.evictions: deque[Eviction] = deque(maxlen=1000)
         self._unreported: list[int] = []
+        self.twins: dict[int, int] = {}  # cached block → the window pool's block of the same positions
 
     # -- the block allocator of the tables that use this cache (called with the pool's lock held) --------
 
@@ -65,7 +73,10 @@ class PrefixCache:
         if self.index.holds(block):
             # Evicting one block can drop others from the index (the radix subtree below it, whole
             # prompts stored in it): free ones among them are now empty, to be reused first.
-            self.pool.emptied(self.index.forget(block) - {block})
+            forgotten = self.index.forget(block)
+            self.pool.emptied(forgotten - {block})
+            for gone in forgotten & self.twins.keys():
+                self.pool.window.release(self.twins.pop(gone))
             self.evictions.append(Eviction(block, self.policy))
             self._unreported.append(block)
         return block
@@ -88,7 +99,10 @@ class PrefixCache:
         segments = [per_token[start:start + size] for start in range(0, reused, size)]
         whole = [len(segment) == size and len(set(segment)) == 1 for segment in segments]
         sources = sorted(set(per_token))
-        pool.require_free(whole.count(False) + math.ceil(n / size) - len(segments), keeping=sources)
+        needed = whole.count(False) + math.ceil(n / size) - len(segments)
+        pool.require_free(needed, keeping=sources)
+        if pool.window is not None:
+            pool.window.require_free(needed)
         for block in sources:  # pin them: allocating a copy must not evict a block we read from
             pool.retain(block)
         shared, copied = [], []
@@ -104,22 +118,49 @@ class PrefixCache:
                     copied.append(block)
                     pool.copy_slots([b * size + i for i, b in enumerate(segment)],
                                     [block * size + i for i in range(len(segment))])
+                if table.window is not None:
+                    self._attach_twins(segment, is_whole, table.window)
         finally:
             for block in sources:
                 self.release(block)
         table.length = reused
+        if table.window is not None:
+            table.window.length = reused
         unit, hits = reuse_hits(self.policy, reused, n, size)
         return PrefixHit(policy=self.policy, reused_tokens=reused, computed_tokens=n - reused, unit=unit, hits=hits,
                          shared_blocks=shared, copied_blocks=copied)
 
+    def _attach_twins(self, segment: list[int], is_whole: bool, window: BlockTable) -> None:
+        """The window layers' K/V of one reused segment: its twin shared, or copied into a new window block."""
+        size, pool = self.block_size, self.pool.window
+        if is_whole:
+            pool.retain(self.twins[segment[0]])
+            window.add(self.twins[segment[0]])
+            return
+        block = pool.allocate()
+        window.add(block)
+        pool.copy_slots([self.twins[b] * size + i for i, b in enumerate(segment)],
+                        [block * size + i for i in range(len(segment))])
+
     def lookup(self, ids: list[int]) -> list[int]:
-        """For each reusable leading token of `ids`, the physical block that holds its K/V."""
+        """For each reusable leading token of `ids`, the physical block that holds its K/V (on a model with
+        sliding-window layers, only while that block has its twin: see the module's docstring)."""
         blocks = self.index.match(ids)
+        if self.pool.window is not None:
+            blocks = blocks[:next((p for p, b in enumerate(blocks) if b not in self.twins), len(blocks))]
         return blocks[: reusable_tokens(self.policy, len(blocks), len(ids), self.block_size)]
 
-    def publish(self, ids: list[int], table_blocks: list[int]) -> None:
-        """Make a finished session's prompt K/V findable (its blocks stay put; nothing is copied)."""
-        self.index.publish(ids, table_blocks)
+    def publish(self, ids: list[int], table: BlockTable) -> None:
+        """Make a finished session's prompt K/V findable (its blocks stay put; nothing is copied); a block
+        the index now holds keeps its twin in the window layers, where the session still held it."""
+        self.index.publish(ids, table.blocks)
+        window = table.window
+        if window is None:
+            return
+        for logical, block in enumerate(table.blocks[:math.ceil(len(ids) / self.block_size)]):
+            if self.index.holds(block) and block not in self.twins and logical >= window.dropped:
+                self.twins[block] = window.blocks[logical - window.dropped]
+                self.pool.window.retain(self.twins[block])
 
     def take_evictions(self) -> list[int]:
         """Blocks evicted since the last call."""

@@ -1,7 +1,9 @@
 """Rotary position embedding (RoPE): the position enters q and k by rotation, not the embedding table.
 
 The frequencies come from transformers' own rotary module for the model (so llama3, linear and yarn
-scaling are exactly theirs); the rotation itself is the usual `rotate_half` form.
+scaling are exactly theirs); the rotation itself is the usual `rotate_half` form. Gemma 3 has one
+rotary module with a set of frequencies per layer type: its sliding-window layers turn with base 10,000,
+its global layers with base 1,000,000 (and any scaling), so a model holds one `Rope` per layer type.
 """
 
 from __future__ import annotations
@@ -23,14 +25,27 @@ class Rope:
     rope_type: str
 
     @classmethod
-    def from_hf(cls, rotary_module) -> Rope:
-        rope_type = getattr(rotary_module, "rope_type", "default")
+    def from_hf(cls, rotary_module, layer_type: str | None = None) -> Rope:
+        """From transformers' rotary module; `layer_type` picks one of a per-type module's sets (Gemma 3)."""
+        if layer_type is None:
+            rope_type = getattr(rotary_module, "rope_type", "default")
+            inv_freq, scaling = rotary_module.inv_freq, rotary_module.attention_scaling
+        else:
+            rope_type = rotary_module.rope_type[layer_type]
+            inv_freq = getattr(rotary_module, f"{layer_type}_inv_freq")
+            scaling = getattr(rotary_module, f"{layer_type}_attention_scaling")
         if rope_type in LENGTH_DEPENDENT_ROPE_TYPES:
             raise UnsupportedModelError(
                 f"RoPE type {rope_type!r} depends on the sequence length and is not supported; "
                 "supported: default, linear, llama3, yarn"
             )
-        return cls(rotary_module.inv_freq.detach().float().clone(), float(rotary_module.attention_scaling), rope_type)
+        return cls(inv_freq.detach().float().clone(), float(scaling), rope_type)
+
+    @property
+    def base(self) -> float:
+        """The base θ the frequencies come from (exact for unscaled RoPE): inv_freq[1] = θ^(−2/head_dim)."""
+        dim = 2 * self.inv_freq.shape[0]
+        return float(self.inv_freq[1].double() ** (-dim / 2)) if dim > 2 else float("nan")
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin of shape (T, head_dim) for integer positions (T,)."""

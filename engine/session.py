@@ -150,7 +150,7 @@ class DecodeSession:
             return
         with self.pool.lock:
             if self.prefix_cache is not None and self.traces:
-                self.prefix_cache.publish(self.prompt_ids, self.table.blocks)
+                self.prefix_cache.publish(self.prompt_ids, self.table)
             self.table.free()
         self.closed = True
 
@@ -176,10 +176,8 @@ class DecodeSession:
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(self.traces):
             raise SessionStateError(f"step {index!r} has not run; steps 0…{len(self.traces) - 1} have")
         original = self.traces[index]
-        # The table as it was after that step; a view only: the session holds the blocks' references.
-        then = BlockTable(self.pool, blocks=list(original.block_table), length=original.context_length)
-        record = self.model.forward(original.input_ids, original.positions, self.pool, then.device_blocks(),
-                                    None, self.capture, self.kv_splits, then.first_of_run())
+        record = self.model.forward(original.input_ids, original.positions, self._table_after(original),
+                                    self.capture, self.kv_splits, write=False)
         token_id, stages = sample(record.logits, self.sampling, original.step)
         if token_id != original.token_id:
             raise RuntimeError(f"rebuilding step {index} drew token {token_id} where the run drew "
@@ -188,6 +186,24 @@ class DecodeSession:
                        **self._heavy_fields(record, token_id, original.positions[-1] + 1))
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _table_after(self, trace: StepTrace) -> BlockTable:
+        """The table as it was after `trace`'s step; a view only: the session holds the blocks' references.
+
+        A sliding-window layer's blocks are the ones held now, which must still reach back to the window of
+        that step's first position; once the window has handed them back, the step cannot be rebuilt."""
+        then = BlockTable(self.pool, blocks=list(trace.block_table), length=trace.context_length)
+        window = self.table.window
+        if window is not None:
+            needed = max(0, trace.positions[0] - self.pool.window_size + 1)
+            if window.first_position > needed:
+                raise SessionStateError(f"step {trace.step}'s sliding-window K/V (from position {needed}) were handed "
+                                        f"back to the pool; the cache now starts at {window.first_position}")
+            size = self.pool.block_size
+            held = -(-trace.context_length // size) - window.dropped
+            then.window = BlockTable(window.pool, blocks=window.blocks[:held], length=trace.context_length,
+                                     dropped=window.dropped)
+        return then
 
     @contextmanager
     def _undone_on_error(self) -> Iterator[None]:
@@ -212,8 +228,7 @@ class DecodeSession:
         with self.pool.lock:  # bookkeeping only: forward passes of sessions sharing the pool run at once
             placed = self.table.append(len(ids))
             evicted = self.prefix_cache.take_evictions() if self.prefix_cache is not None else []
-        record = model.forward(ids, positions, self.pool, self.table.device_blocks(), self.table.slots(placed),
-                               self.capture, self.kv_splits, self.table.first_of_run())
+        record = model.forward(ids, positions, self.table, self.capture, self.kv_splits)
         clock.lap("forward")
         step = len(self.traces)
         token_id, stages = sample(record.logits, self.sampling, step)
@@ -243,6 +258,11 @@ class DecodeSession:
         if len(self.traces) > self.keep_full_traces:
             old = len(self.traces) - self.keep_full_traces - 1
             self.traces[old] = self.traces[old].slimmed()
+        with self.pool.lock:  # last, once nothing can fail: a sliding window's old blocks go back to the pool
+            self.table.slide()
+        if self.table.window is not None:  # what the step leaves in the sliding-window layers' table
+            trace.window_block_table = list(self.table.window.blocks)
+            trace.window_start = self.table.window.first_position
         return trace
 
     def _heavy_fields(self, record: ForwardRecord, token_id: int, position: int) -> dict:

@@ -50,18 +50,29 @@ def weight_bytes_read(info: ModelInfo) -> int:
 
 def decode_step_bytes(info: ModelInfo, context: int, batch: int = 1) -> int:
     """Bytes one decode step reads for `batch` requests of `context` cached positions each: the weights once,
-    plus every request's K/V."""
-    return weight_bytes_read(info) + batch * context * info.kv_bytes_per_token
+    plus every request's K/V (a sliding-window layer's at most its window: `ModelInfo.kv_bytes`)."""
+    return weight_bytes_read(info) + batch * info.kv_bytes(context)
 
 
 def crossover_batch(info: ModelInfo, context: int) -> int:
     """The smallest batch whose K/V at `context` positions each is more than the weights (context ≥ 1)."""
-    return weight_bytes_read(info) // (context * info.kv_bytes_per_token) + 1
+    return weight_bytes_read(info) // info.kv_bytes(context) + 1
 
 
 def crossover_context(info: ModelInfo, batch: int) -> int:
-    """The smallest context at which `batch` requests' K/V is more than the weights (may exceed the model's limit)."""
-    return weight_bytes_read(info) // (batch * info.kv_bytes_per_token) + 1
+    """The smallest context at which `batch` requests' K/V is more than the weights (may exceed the model's
+    limit). Past a sliding window only the global layers' K/V grow; with none, the K/V never pass the weights
+    (the model's context limit + 1 is returned)."""
+    weights = weight_bytes_read(info)
+    context = weights // (batch * info.kv_bytes_per_token) + 1  # while every layer still grows
+    window = info.sliding_window
+    if window is None or context <= window:
+        return context
+    per_global = info.kv_bytes(window + 1) - info.kv_bytes(window)  # a position more, in the global layers only
+    if per_global == 0:
+        return info.context_limit + 1
+    fixed = info.kv_bytes(window) - window * per_global  # the local layers' full windows
+    return max(window + 1, (weights - batch * fixed) // (batch * per_global) + 1)
 
 
 # -- bandwidth ------------------------------------------------------------------------------------------------
@@ -167,12 +178,12 @@ def measure_decode(model: Model, prompt: int, context: int, steps: int = TIMED_S
     def run(table: BlockTable, count: int) -> float:
         """One pass over the next `count` positions of `table`; its milliseconds."""
         start = table.length
-        placed = table.append(count)
+        table.append(count)
         _sync(device)
         clock = time.perf_counter()
-        model.forward(ids[start:start + count], list(range(start, start + count)), pool, table.device_blocks(),
-                      table.slots(placed), capture, 1, table.first_of_run())
+        model.forward(ids[start:start + count], list(range(start, start + count)), table, capture)
         _sync(device)
+        table.slide()
         return 1000 * (time.perf_counter() - clock)
 
     with _measuring:

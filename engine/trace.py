@@ -87,6 +87,10 @@ class StepTrace:
     stop_reason: str | None = None  # "eos", "max_new_tokens" or "context_limit" when this step ends the run
     prefix: PrefixHit | None = None  # prefill with a prefix cache
     evicted_blocks: list[int] = field(default_factory=list)  # cached blocks this step's allocations reclaimed
+    # Sliding-window layers (ModelInfo.layer_windows): their own block table after this step (in the pool's
+    # `window` pool) and the first position it still holds; empty and 0 for a model without such layers.
+    window_block_table: list[int] = field(default_factory=list)
+    window_start: int = 0
     # Heavy fields: dropped from older steps by `slim()` to keep a long run's memory bounded.
     logits: torch.Tensor | None = None  # (vocab,) float32, at the position that predicts the next token
     attention: torch.Tensor | None = None  # (layers, q_heads, rows, L) probabilities

@@ -25,12 +25,15 @@ class Linear:
 
 @dataclass
 class Norm:
-    """RMSNorm (Llama, Qwen) when `kind == "rms"` (no bias), LayerNorm (GPT-2) when `kind == "layer"`."""
+    """RMSNorm (Llama, Qwen) when `kind == "rms"` (no bias), LayerNorm (GPT-2) when `kind == "layer"`.
+
+    Gemma's RMSNorm scales by (1 + weight) (its weights are stored around 0): `offset` 1.0."""
 
     weight: torch.Tensor
     bias: torch.Tensor | None
     eps: float
     kind: str  # "rms" or "layer"
+    offset: float = 0.0
 
 
 @dataclass
@@ -46,7 +49,12 @@ class LayerWeights:
     gate_proj: Linear | None  # gated MLP (Llama, Qwen); None for GPT-2's plain MLP
     up_proj: Linear  # GPT-2: c_fc
     down_proj: Linear  # GPT-2: mlp.c_proj
-    act: object  # the activation function (silu, gelu_new, ...)
+    act: object  # the activation function (silu, gelu_new, gelu_pytorch_tanh for Gemma's GeGLU, ...)
+    # Gemma 3's "sandwich": a norm on attention's output and one on the MLP's output, before each add
+    # (transformers' post_attention_layernorm and post_feedforward_layernorm; its pre_feedforward_layernorm
+    # is our `post_attention_layernorm`, the norm in front of the MLP as in every family).
+    attention_output_norm: Norm | None = None
+    mlp_output_norm: Norm | None = None
     qkv: Linear | None = None  # q_proj, k_proj, v_proj stacked: one matmul instead of three
     gate_up: Linear | None = None  # gate_proj and up_proj stacked
 
@@ -90,6 +98,8 @@ class Weights:
     norm: Norm  # final norm before lm_head
     lm_head: torch.Tensor  # (vocab, hidden); the same tensor as embed_tokens when tied
     tied: bool
+    embed_scale: float | None = None  # Gemma: rows are multiplied by √hidden (in the weights' dtype)
+    final_logit_softcap: float | None = None  # logits → cap · tanh(logits / cap) when set
 
     def parameter_count(self) -> int:
         """Distinct parameters, by storage: a tied lm_head, or a projection that views a stacked weight,
@@ -128,7 +138,8 @@ def _tensor_slots(w: Weights):
 
 
 _LAYER_PARTS = ("input_layernorm", "q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm",
-                "post_attention_layernorm", "gate_proj", "up_proj", "down_proj")
+                "post_attention_layernorm", "gate_proj", "up_proj", "down_proj", "attention_output_norm",
+                "mlp_output_norm")
 
 
 def _linear(module) -> Linear:
@@ -136,8 +147,8 @@ def _linear(module) -> Linear:
     return Linear(module.weight.detach(), bias)
 
 
-def _rms(module, eps: float) -> Norm:
-    return Norm(module.weight.detach(), None, eps, "rms")
+def _rms(module, eps: float, offset: float = 0.0) -> Norm:
+    return Norm(module.weight.detach(), None, eps, "rms", offset)
 
 
 def _activation(name: str):
@@ -179,6 +190,44 @@ def weights_from_llama_like(hf, config) -> Weights:
         norm=_rms(hf.model.norm, eps),
         lm_head=head,
         tied=head.data_ptr() == embed.data_ptr(),
+    )
+
+
+def weights_from_gemma3(hf, config) -> Weights:
+    """Gemma 3: Llama's projections, q/k norms, four (1 + weight) RMSNorms per layer, GeGLU, scaled embeddings."""
+    eps, act = config.rms_norm_eps, _activation(config.hidden_activation)
+    layers = []
+    for block in hf.model.layers:
+        attn, mlp = block.self_attn, block.mlp
+        layers.append(
+            LayerWeights(
+                input_layernorm=_rms(block.input_layernorm, eps, 1.0),
+                q_proj=_linear(attn.q_proj),
+                k_proj=_linear(attn.k_proj),
+                v_proj=_linear(attn.v_proj),
+                o_proj=_linear(attn.o_proj),
+                q_norm=_rms(attn.q_norm, eps, 1.0),
+                k_norm=_rms(attn.k_norm, eps, 1.0),
+                post_attention_layernorm=_rms(block.pre_feedforward_layernorm, eps, 1.0),
+                gate_proj=_linear(mlp.gate_proj),
+                up_proj=_linear(mlp.up_proj),
+                down_proj=_linear(mlp.down_proj),
+                act=act,
+                attention_output_norm=_rms(block.post_attention_layernorm, eps, 1.0),
+                mlp_output_norm=_rms(block.post_feedforward_layernorm, eps, 1.0),
+            )
+        )
+    embed = hf.get_input_embeddings().weight.detach()
+    head = hf.get_output_embeddings().weight.detach()
+    return Weights(
+        embed_tokens=embed,
+        position_embeddings=None,
+        layers=layers,
+        norm=_rms(hf.model.norm, eps, 1.0),
+        lm_head=head,
+        tied=head.data_ptr() == embed.data_ptr(),
+        embed_scale=float(hf.model.embed_tokens.scalar_embed_scale),
+        final_logit_softcap=config.final_logit_softcapping,
     )
 
 

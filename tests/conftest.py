@@ -16,11 +16,12 @@ import engine  # noqa: E402
 from engine import embedded  # noqa: E402
 
 HIDDEN, LAYERS, CONTEXT = 64, 2, 256
+GEMMA_WINDOW = 8  # shorter than every test prompt: the local layers' window slides during the prefill
 
 
 def family_config(family: str, vocab: int):
     """A tiny config per family; each variant exercises one feature the engine must get right."""
-    from transformers import GPT2Config, LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import Gemma3TextConfig, GPT2Config, LlamaConfig, Qwen2Config, Qwen3Config
 
     common = dict(vocab_size=vocab, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=LAYERS,
                   max_position_embeddings=CONTEXT, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
@@ -40,10 +41,19 @@ def family_config(family: str, vocab: int):
     if family == "gpt2":  # LayerNorm, learned positions, Conv1D weights, MHA
         return GPT2Config(vocab_size=vocab, n_embd=HIDDEN, n_layer=LAYERS, n_head=4, n_positions=CONTEXT,
                           bos_token_id=1, eos_token_id=2)
+    if family == "gemma3":  # local and global layers, each with its RoPE (global scaled), sandwich norms, GeGLU,
+        # a query scale that is not 1/√head_dim, GQA 4:1, tied embeddings and a final logit cap
+        rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                "full_attention": {"rope_type": "linear", "rope_theta": 1_000_000.0, "factor": 2.0}}
+        layer_types = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
+        return Gemma3TextConfig(num_attention_heads=4, num_key_value_heads=1, head_dim=32, query_pre_attn_scalar=24,
+                                sliding_window=GEMMA_WINDOW, layer_types=layer_types, rope_parameters=rope,
+                                final_logit_softcapping=30.0, pad_token_id=0,
+                                **{**common, "num_hidden_layers": len(layer_types), "tie_word_embeddings": True})
     raise ValueError(family)
 
 
-FAMILIES = ["llama", "llama3-rope", "qwen2", "qwen3", "gpt2"]
+FAMILIES = ["llama", "llama3-rope", "qwen2", "qwen3", "gpt2", "gemma3"]
 
 
 @pytest.fixture(scope="session")
@@ -69,6 +79,11 @@ def tiny_model_dir(tmp_path_factory, tokenizer):
         if family not in made:
             torch.manual_seed(1234)
             model = AutoModelForCausalLM.from_config(family_config(family, len(tokenizer)))
+            if family == "gemma3":  # Gemma's norms start at 0 (a scale of 1 + 0): random ones test the 1 +
+                with torch.no_grad():
+                    for name, weight in model.named_parameters():
+                        if "norm" in name:
+                            weight.normal_(0.0, 0.3)
             folder = tmp_path_factory.mktemp(family)
             model.save_pretrained(folder)
             tokenizer.save_pretrained(folder)

@@ -15,10 +15,28 @@ def hf_model(folder: str, dtype: torch.dtype = torch.float32):
     return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="eager").eval()
 
 
-def cached_kv(session: engine.DecodeSession, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Our cache for one layer as (kv_heads, length, head_dim), the layout transformers caches."""
-    k, v = session.pool.read(layer, session.table.device_blocks(), session.table.length)
+def cached_kv(session: engine.DecodeSession, layer: int, last: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Our cache for one layer as (kv_heads, length, head_dim), the layout transformers caches; with `last`,
+    its last positions only (a sliding-window layer: transformers keeps the latest window − 1 of them)."""
+    k, v, _ = session.table.read(layer)
+    if last is not None:
+        assert k.shape[0] >= last, f"layer {layer} holds {k.shape[0]} positions, fewer than transformers' {last}"
+        k, v = k[-last:], v[-last:]
     return k.permute(1, 0, 2), v.permute(1, 0, 2)
+
+
+def aligned_attention(ours: torch.Tensor, theirs: torch.Tensor, what: str) -> torch.Tensor:
+    """Ours covers every position; transformers' record of a sliding-window layer's decode step covers only the
+    positions it kept: ours must be 0 before them, and its last columns are compared."""
+    width = theirs.shape[-1]
+    assert ours.shape[:-1] == theirs.shape[:-1] and ours.shape[-1] >= width, f"{what}: shapes {ours.shape}, {theirs.shape}"
+    assert (ours[..., :-width] == 0).all(), f"{what}: attention on a position outside the window"
+    return ours[..., -width:]
+
+
+def their_kv(out, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    cache = out.past_key_values.layers[layer]
+    return cache.keys[0], cache.values[0]
 
 
 def assert_close(ours: torch.Tensor, theirs: torch.Tensor, atol: float, what: str):
@@ -41,12 +59,15 @@ def test_engine_matches_transformers_prefill_and_32_greedy_steps(family, block_s
         assert_close(trace.logits, out.logits[0, -1], 1e-4, f"{what} logits")
         assert trace.token_id == int(out.logits[0, -1].argmax()), f"{what}: greedy tokens differ"
         for layer in range(model.info.layers):
-            theirs = out.attentions[layer][0]  # (q_heads, new tokens, L)
-            assert trace.attention[layer].shape == theirs.shape
-            assert_close(trace.attention[layer], theirs, 1e-5, f"{what} layer {layer} attention")
-            k, v = cached_kv(session, layer)
-            assert_close(k, out.past_key_values.layers[layer].keys[0], 1e-5, f"{what} layer {layer} K")
-            assert_close(v, out.past_key_values.layers[layer].values[0], 1e-5, f"{what} layer {layer} V")
+            theirs = out.attentions[layer][0]  # (q_heads, new tokens, L), the kept positions of a local layer
+            if model.info.window(layer) is None:
+                assert trace.attention[layer].shape == theirs.shape
+            ours = aligned_attention(trace.attention[layer], theirs, f"{what} layer {layer}")
+            assert_close(ours, theirs, 1e-5, f"{what} layer {layer} attention")
+            their_k, their_v = their_kv(out, layer)
+            k, v = cached_kv(session, layer, their_k.shape[-2] if model.info.window(layer) else None)
+            assert_close(k, their_k, 1e-5, f"{what} layer {layer} K")
+            assert_close(v, their_v, 1e-5, f"{what} layer {layer} V")
         if step == DECODE_STEPS:
             break
         assert not session.finished, f"{what}: stopped early ({session.stop_reason})"

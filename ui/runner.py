@@ -224,9 +224,14 @@ class Run:
         return trace.attention[layer, head, 0], trace.scores[layer, head, 0]
 
     def cached_kv(self, layer: int, length: int):
-        """The K and V this run's cache holds for `layer`: (length, kv_heads, head_dim) each."""
+        """The K and V this run's cache holds for `layer`: (length, kv_heads, head_dim) each. A sliding-window
+        layer that handed its first positions back (Gemma 3, a run longer than its window) raises SessionStateError."""
         with self.lock:
-            return self.session.pool.read(layer, self.session.table.device_blocks(), length)
+            k, v, start = self.session.table.read(layer, length)
+        if start:
+            raise engine.SessionStateError(f"layer {layer} keeps only its sliding window: "
+                                           f"positions {start}–{length - 1}")
+        return k, v
 
     def busy_pool(self, step: int) -> BusyPoolPicture:
         """The first `step` steps of this run replayed in a pool other requests used first (engine.busy_pool),

@@ -6,7 +6,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from engine.detokenizer import REPLACEMENT
+from engine.characters import REPLACEMENT
 from tests.server import browser_page, settled_text
 from ui import strings
 

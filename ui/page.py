@@ -11,7 +11,7 @@ import torch
 
 import engine
 from engine import timing
-from ui import cases, follow, memory, model_card, safe, strings
+from ui import cases, follow, memory, model_card, strings
 from ui.context import ViewContext
 from ui.lesson import CHAPTERS
 from ui.runner import ClassroomCache, Runner, RunConfig, RunStore
@@ -76,7 +76,7 @@ CHAPTER_FIGURE_HEIGHT = {False: 480, True: 440}  # px: what the first screen has
 
 def t(key: str, **values) -> str:
     """A string in today's language; the values (link values, prompts, model ids, errors) show as text."""
-    return safe.message(key, ss.get("w_lang", "en"), **values)
+    return strings.t(key, ss.get("w_lang", "en"), **values)
 
 
 def labels(prefix: str):

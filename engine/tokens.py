@@ -4,6 +4,7 @@ character group it belongs to.
 A byte-level tokenizer can split one character over several tokens (SmolLM2 reads 解 as the bytes e8 a7 then
 a3): each such token holds only some of the character's UTF-8 bytes. The groups here join consecutive tokens
 until their bytes make whole characters, so a view can draw one chip for 解 while every position keeps its id.
+Where a character ends is `engine.characters`' rule, the one the answer text waits by.
 
 Plain data for the views: they never call the tokenizer themselves.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.detokenizer import REPLACEMENT, token_bytes
+from engine.characters import REPLACEMENT, open_ids, open_tail, token_bytes
 
 BYTE_GAP = "\u202f"  # narrow no-break space between the bytes of `hex_text`
 
@@ -60,30 +61,29 @@ def hex_text(raw: bytes) -> str:
 
 
 def _utf8_state(raw: bytes) -> str:
-    """ "whole" (decodes), "unfinished" (valid so far, its last character still missing bytes) or "invalid"."""
+    """ "whole" (decodes) or "invalid" (holds bytes no UTF-8 has), for bytes that do not end mid-character."""
     try:
         raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        # Python names a character cut off by the end of the bytes "unexpected end of data"; any other
-        # reason is a byte that no later byte can make valid.
-        return "unfinished" if error.reason == "unexpected end of data" else "invalid"
+    except UnicodeDecodeError:
+        return "invalid"
     return "whole"
 
 
 def char_groups(pieces: list[bytes], start: int = 0) -> list[CharGroup]:
     """Group consecutive token byte strings (`pieces[i]` is position `start + i`) into whole characters.
 
-    A group closes after the first token whose bytes complete every character begun in it. Bytes that are no
-    valid UTF-8 close their group at once (shown in hex), so one stray byte cannot swallow the text after it.
-    A group still open at the end (the run stopped mid-character) is returned "unfinished".
+    A group closes after the first token whose bytes do not end inside a character (`open_tail`). Bytes that
+    are no valid UTF-8 and that no later byte can repair close their group at once (shown in hex), so one stray
+    byte cannot swallow the text after it. A group still open at the end (the run stopped mid-character) is
+    returned "unfinished".
     """
     groups: list[CharGroup] = []
     first, pending = start, b""
     for position, raw in enumerate(pieces, start):
         pending += raw
-        state = _utf8_state(pending)
-        if state == "unfinished":
+        if open_tail(pending):
             continue
+        state = _utf8_state(pending)
         text = pending.decode("utf-8") if state == "whole" else hex_text(pending)
         groups.append(CharGroup(first, position + 1, text, state))
         first, pending = position + 1, b""
@@ -116,8 +116,7 @@ def token_cells(tokenizer, prompt_ids: list[int], generated_ids: list[int], star
 
 def unfinished_tail(tokenizer, ids: list[int]) -> list[int]:
     """The ids at the end of `ids` that begin a character not yet finished ([] when the text ends whole)."""
-    groups = char_groups([token_bytes(tokenizer, token_id) for token_id in ids])
-    return list(ids[groups[-1].start:]) if groups and groups[-1].state == "unfinished" else []
+    return list(ids[len(ids) - open_ids(tokenizer, ids):])
 
 
 def candidate_cells(tokenizer, context_ids: list[int], candidate_ids: list[int]) -> list[TokenCell]:

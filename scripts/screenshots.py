@@ -16,7 +16,7 @@ from pathlib import Path
 from playwright.sync_api import sync_playwright
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from ui.state import VIEWS  # noqa: E402
+from ui.state import LANGS, VIEWS  # noqa: E402
 
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run"]
@@ -43,7 +43,7 @@ def main(base: str, folder: str, views: tuple[str, ...] = VIEWS) -> None:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=ARGS)
         for viewport, large, suffix, screen_views in SCREENS:
             page = browser.new_page(viewport=viewport)
-            for lang in ("en", "zh"):
+            for lang in LANGS:
                 for view in (v for v in screen_views if v in views):
                     shoot(page, base, view, lang, large, out / f"{view}-{lang}-{suffix}.png")
             page.close()

@@ -120,6 +120,17 @@ def browser():
 
 
 @pytest.fixture(scope="module")
+def page(request, browser):
+    """One page of the module's Chromium, 1280×720 unless the module's `PAGE` says otherwise (width, height and
+    other `new_page` options)."""
+    options = {"width": 1280, "height": 720, **getattr(request.module, "PAGE", {})}
+    width, height = options.pop("width"), options.pop("height")
+    page = browser.new_page(viewport={"width": width, "height": height}, **options)
+    yield page
+    page.close()
+
+
+@pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A real Streamlit server on loopback for one browser test module; its URL."""
     from tests.server import running_server

@@ -2,18 +2,10 @@
 
 import pytest
 
-import engine
 from tests.app_helpers import VIEW_TITLES, assert_clean, shown_text, start
+from tests.helpers import expected
 from ui import page, strings
-from ui.state import VIEWS, parse_query
-
-def expected_text(model, prompt, chat, steps, **sampling):
-    session = engine.DecodeSession(model, prompt, chat=chat, sampling=engine.Sampling(**sampling),
-                                   max_new_tokens=256)
-    session.prefill()
-    for _ in range(steps - 1):
-        session.step()
-    return model.tokenizer.decode(session.prompt_ids) + session.text
+from ui.state import LANGS, POLICIES, VIEWS, parse_query
 
 
 def test_default_page_shows_the_prompt_ready_to_prefill(embedded_model):
@@ -47,7 +39,7 @@ def test_a_link_restores_the_exact_state(embedded_model):
                   kv_splits=3, policy="radix", step=6, view="split", layer=2, head=1, lang="zh")
     at = start(**params)
     assert_clean(at)
-    assert shown_text(at) == expected_text(embedded_model, "Name three colours.", True, 6, temperature=0.8, top_k=20,
+    assert shown_text(at) == expected(embedded_model, "Name three colours.", 6, temperature=0.8, top_k=20,
                                            top_p=0.9, seed=5)
     for key, value in params.items():
         if key != "step":
@@ -94,7 +86,7 @@ def test_sidebar_controls_start_a_new_run(embedded_model):
     at.slider(key="w_temperature").set_value(1.5).run()
     at.number_input(key="w_seed").set_value(11).run()
     assert_clean(at)
-    assert shown_text(at) == expected_text(embedded_model, "What is a KV cache?", True, 3, temperature=1.5, seed=11)
+    assert shown_text(at) == expected(embedded_model, "What is a KV cache?", 3, temperature=1.5, seed=11)
     assert shown_text(at) != greedy
     at.toggle(key="w_chat").set_value(False).run()
     assert shown_text(at).startswith("What is a KV cache?")
@@ -103,6 +95,29 @@ def test_sidebar_controls_start_a_new_run(embedded_model):
     at.toggle(key="w_large").set_value(True).run()
     assert_clean(at)
     assert at.query_params["large"] == "1"
+
+
+def test_a_settings_widget_drawn_anew_sends_back_the_setting_it_shows():
+    """A browser that draws a settings widget anew (without the value it held) sends the widget's default back as
+    a change: under the load test's 30 pages a page's prompt turned "", and chat, top-p and block size turned to
+    off and their minimums, with nobody touching them. Every widget's default must be the page's current setting,
+    so that this done to every widget at once leaves the page as it was."""
+    at = start(prompt="Why is the sky blue?", chat=1, temperature=0.7, top_k=40, top_p=0.9, seed=3, block_size=8,
+               kv_splits=2, policy="radix", lang="zh", large=1, step=2)
+    assert_clean(at)
+    link, text = dict(at.query_params), shown_text(at)
+    for key in ("w_chat", "w_large"):
+        at.toggle(key=key).set_value(at.toggle(key=key).proto.default)
+    for key in ("w_temperature", "w_top_p", "w_pace"):
+        at.slider(key=key).set_value(at.slider(key=key).proto.default[0])
+    for key in ("w_top_k", "w_seed", "w_block_size", "w_kv_splits"):
+        at.number_input(key=key).set_value(at.number_input(key=key).proto.default)
+    at.text_area(key="w_prompt").input(at.text_area(key="w_prompt").proto.default)
+    for key, choices in (("w_lang", LANGS), ("w_policy", POLICIES), ("w_model", at.selectbox(key="w_model").options)):
+        at.selectbox(key=key).set_value(choices[at.selectbox(key=key).proto.default])  # the option, not its label
+    at.run()
+    assert_clean(at)
+    assert (dict(at.query_params), shown_text(at)) == (link, text)
 
 
 # On SmolLM2's tokenizer the cached prompt is 11 tokens; Case 2 first differs at token 9.
@@ -143,10 +158,10 @@ def test_play_advances_one_token_per_tick_and_catches_up_with_its_clock(monkeypa
     at.toggle(key="w_playing").set_value(True).run()
     assert_clean(at)
     assert at.query_params["step"] == "2"
-    for expected in (3, 4):  # ticks on time: one token each
+    for step in (3, 4):  # ticks on time: one token each
         clock.now += pace
         at.run()
-        assert at.query_params["step"] == str(expected)
+        assert at.query_params["step"] == str(step)
     clock.now += 0.2 * pace  # an early tick still shows one more
     at.run()
     assert at.query_params["step"] == "5"

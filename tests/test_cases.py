@@ -10,7 +10,7 @@ from playwright.sync_api import expect
 
 from tests.app_helpers import assert_clean, start
 from tests.server import browser_page, settled_text
-from tests.test_controls import metric_value, press, until_link, widget
+from tests.helpers import metric_value, press, until_link, widget
 from tests.test_runner import case_expectation
 from ui import strings
 from ui.cases import CASE_BLOCK_SIZE, CASES

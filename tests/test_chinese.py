@@ -6,20 +6,14 @@ from urllib.parse import urlencode
 
 import pytest
 
-from engine.detokenizer import REPLACEMENT
-from tests.server import browser_page, settled_text
+from engine.characters import REPLACEMENT
+from tests.server import settled_text
 from ui import strings
 
 pytestmark = pytest.mark.browser
 
 PROMPT = "解释什么是Transformer"
 STREAM_CHIPS = ".st-key-token-stream .kv-stream > .kv-chip"  # the stream's own chips, not the legend's
-
-
-@pytest.fixture(scope="module")
-def page():
-    with browser_page() as page:
-        yield page
 
 
 def test_a_chinese_prompt_shows_characters_not_bytes(server, page, tokenizer):

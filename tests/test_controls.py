@@ -7,13 +7,14 @@ state. Needs Debian's chromium and the `playwright` package, as tests/test_brows
 """
 
 import time
-from urllib.parse import parse_qs, urlencode, urlparse
+from urllib.parse import urlencode
 
 import pytest
 from playwright.sync_api import expect
 
 from tests.app_helpers import VIEW_TITLES
-from tests.server import browser_page, running_server, settled_text
+from tests.helpers import WAIT_MS, idle, link, metric_value, press, until_link, widget
+from tests.server import running_server, settled_text
 from ui import strings
 from ui.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
 from ui.state import VIEWS
@@ -21,43 +22,15 @@ from ui.state import VIEWS
 pytestmark = pytest.mark.browser
 
 MAIN = '[data-testid="stMain"]'
-IDLE = '[data-testid="stApp"][data-test-script-state="notRunning"]'
-WAIT_MS = 120_000
-
-
-@pytest.fixture(scope="module")
-def page():
-    with browser_page(accept_downloads=True) as page:
-        yield page
+PAGE = {"accept_downloads": True}  # the module's page (conftest.py)
 
 
 # -- helpers ------------------------------------------------------------------------------------
 
 
-def link(page) -> dict[str, str]:
-    return {name: values[0] for name, values in parse_qs(urlparse(page.url).query).items()}
-
-
 def open_page(page, server: str, **params) -> str:
     page.goto(f"{server}/?{urlencode(params)}")
     return settled_text(page)
-
-
-def until_link(page, **expected) -> str:
-    """Wait until the link holds `expected` (None: not in the link) and the run has finished; the text shown."""
-    condition = " && ".join(f"p.get({name!r}) === {'null' if value is None else repr(str(value))}"
-                            for name, value in expected.items())
-    page.wait_for_function(f"() => {{ const p = new URL(location.href).searchParams; return {condition}; }}",
-                           timeout=WAIT_MS)
-    return settled_text(page)
-
-
-def idle(page) -> None:
-    page.wait_for_selector(IDLE, timeout=WAIT_MS)
-
-
-def widget(page, key: str):
-    return page.locator(f".st-key-{key}")
 
 
 def toggle(page, key: str) -> None:
@@ -96,17 +69,11 @@ def choose(page, key: str, option: str) -> None:
     page.locator('[role="option"]', has_text=option).first.click()
 
 
-def press(page, key: str) -> None:
-    widget(page, key).locator("button").click()
-
-
 def text_on_page(page, text: str) -> None:
     """Wait until `text` is in the document (figure titles are SVG text, outside inner_text)."""
     page.wait_for_function("t => document.body.textContent.includes(t)", arg=text, timeout=WAIT_MS)
 
 
-def metric_value(page, key: str) -> str:
-    return widget(page, key).locator('[data-testid="stMetricValue"]').inner_text().strip()
 
 
 # -- the page around the app --------------------------------------------------------------------

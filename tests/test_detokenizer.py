@@ -8,7 +8,8 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 import engine
-from engine.detokenizer import REPLACEMENT, IncrementalDetokenizer
+from engine.characters import REPLACEMENT
+from engine.detokenizer import IncrementalDetokenizer
 from engine.sampler import filter_logits
 
 TEXT = "解释什么是Transformer，举个例子 🤖🚀 大语言模型 👩‍👩‍👧"

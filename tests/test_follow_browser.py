@@ -9,15 +9,13 @@ import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import expect
 
+from tests.helpers import IDLE, WAIT_MS, link, press
 from tests.server import settled_text
-from tests.test_controls import link
 from ui import rooms, strings
 
 pytestmark = pytest.mark.browser
 
 FOLLOW_MS = 5_000  # the brief's bound from the leader's screen to each follower's
-WAIT_MS = 120_000
-IDLE = '[data-testid="stApp"][data-test-script-state="notRunning"]'
 
 
 # What a student compares: the step counter, the view chosen and the answer text. (The link is written last in
@@ -46,11 +44,6 @@ def shows(page, expected: dict[str, str], timeout_ms: int = FOLLOW_MS) -> None:
         alerts = page.locator('[data-testid="stAlert"], [data-testid="stException"]').all_inner_texts()
         raise AssertionError(f"after {timeout_ms} ms the page ({state}, alerts {alerts}) shows {page.evaluate(SHOWN)},"
                              f" not {expected}") from None
-
-
-def press(page, key: str) -> None:
-    page.wait_for_selector(IDLE, timeout=WAIT_MS)
-    page.locator(f".st-key-{key} button").click()
 
 
 def leader_moves(leader, key: str, **expected_link) -> dict[str, str]:

@@ -13,6 +13,7 @@ import engine
 from tests.app_helpers import VIEW_TITLES, assert_clean, start
 from tests.test_app import english_left
 from tests.runs import decode
+from tests.helpers import WAIT_MS, press
 from tests.server import browser_page, settled_text
 from ui import strings
 from ui.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
@@ -139,8 +140,6 @@ def test_leaving_the_lesson_keeps_the_page_as_it_is(embedded_model):
 
 # -- in a real browser ----------------------------------------------------------------------------------
 
-IDLE = '[data-testid="stApp"][data-test-script-state="notRunning"]'
-WAIT_MS = 120_000
 
 
 def chapter_in_link(page, number: int | None) -> None:
@@ -148,10 +147,6 @@ def chapter_in_link(page, number: int | None) -> None:
     page.wait_for_function(f"() => new URL(location.href).searchParams.get('chapter') === {expected}",
                            timeout=WAIT_MS)
     settled_text(page)
-
-
-def press(page, key: str) -> None:
-    page.locator(f".st-key-{key}").get_by_role("button").first.click()  # (a help icon is a button too)
 
 
 def open_sidebar(page) -> None:

@@ -16,7 +16,7 @@ from playwright.async_api import async_playwright
 
 from tests.server import CHROMIUM, CHROMIUM_ARGS, running_server
 
-pytestmark = pytest.mark.load
+pytestmark = [pytest.mark.load, pytest.mark.timeout(1800)]  # 30 pages on 2 cores: ~6–15 min
 
 SESSIONS = 30
 STEPS = 3  # Right-arrow presses per session after the link's own step

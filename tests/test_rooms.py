@@ -7,22 +7,13 @@ import time
 import pytest
 import redis
 
+from tests.helpers import Clock
 from ui import rooms
 from ui.rooms import Room, Rooms
 from ui.store import MemoryStore, RedisStore, StoreError, store_from_env
 
 STATE = {"step": "3", "view": "attention", "prompt": "Why is the sky blue?"}
 MOVED = {**STATE, "step": "4"}
-
-
-class Clock:
-    """A hand-moved clock for MemoryStore (seconds)."""
-
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -130,16 +121,43 @@ def test_a_room_not_refreshed_for_its_ttl_expires_in_memory():
     assert room.read(code) is None
 
 
+def let_time_pass(redis_url: str, seconds: float) -> None:
+    """A fake clock for Redis: every key's time to live shortened by `seconds`, as that much time would. A key whose
+    time is up is deleted by Redis itself (PEXPIRE with a time ≤ 0 deletes)."""
+    client = redis.Redis.from_url(redis_url)
+    for key in client.scan_iter():
+        left_ms = client.pttl(key)
+        if left_ms >= 0:  # -1: no TTL, -2: gone meanwhile
+            client.pexpire(key, left_ms - round(seconds * 1000))
+
+
 def test_a_room_not_refreshed_for_its_ttl_expires_in_redis(redis_url):
-    room = Rooms(RedisStore(redis_url), ttl_seconds=0.6)
+    redis.Redis.from_url(redis_url).flushdb()
+    room = Rooms(RedisStore(redis_url))
+    ttl, margin = rooms.ROOM_TTL_SECONDS, 10  # margin: real seconds the test's own calls may take
+    assert ttl > 2 * margin  # two waits of ttl − margin outlast one TTL: only the refresh keeps the room
     secret, code = rooms.lead_or_resume("1")
     room.publish(secret, STATE)
-    time.sleep(0.4)
-    room.publish(secret, STATE)  # refreshed: 0.6 s from now, not from the first publish
-    time.sleep(0.4)
+    let_time_pass(redis_url, ttl - margin)
     assert room.read(code) is not None
-    time.sleep(0.5)
+    room.publish(secret, STATE)  # refreshed: a TTL from now, not from the first publish
+    let_time_pass(redis_url, ttl - margin)
+    assert room.read(code).query == STATE
+    let_time_pass(redis_url, margin)
     assert room.read(code) is None
+
+
+def test_redis_keeps_a_key_for_its_ttl_and_then_expires_it_on_its_own_clock(redis_url):
+    """The fake clock above shortens TTLs; here the TTL reaches Redis in milliseconds, and Redis's own clock ends
+    one (the end waited for, not slept through)."""
+    store, client = RedisStore(redis_url), redis.Redis.from_url(redis_url)
+    store.set("kept", "1", 60)
+    assert 59_000 < client.pttl("kept") <= 60_000
+    store.set("short", "lived", 0.05)
+    deadline = time.monotonic() + 10
+    while store.get("short") is not None:
+        assert time.monotonic() < deadline, "a key set for 50 ms was still there after 10 s"
+        time.sleep(0.01)  # a poll, not a wait for the TTL
 
 
 # -- stores -----------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import engine
+from tests.helpers import Clock
 from ui.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
 from ui.runner import ClassroomCache, Runner, RunConfig, RunStore
 
@@ -74,16 +75,6 @@ def test_back_past_the_kept_traces_is_one_forward_pass(tiny_model, monkeypatch):
 # -- classroom mode: blocks come back, pools are bounded, students do not wait for each other --------
 
 
-class Clock:
-    """A settable time.monotonic for leases."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_dropped_runner_gives_its_classroom_blocks_back(tiny_model):
     model = tiny_model("llama")
     classroom = ClassroomCache(model, tokens=256)
@@ -120,7 +111,7 @@ def test_a_full_pool_first_takes_back_the_blocks_of_runners_held_in_reference_cy
 
 def test_an_expired_lease_gives_blocks_back_and_the_run_is_rebuilt_on_return(tiny_model):
     model = tiny_model("llama")
-    clock = Clock()
+    clock = Clock(0.0)
     classroom = ClassroomCache(model, tokens=256, lease_seconds=600, clock=clock)
     away = Runner(model, cache_tokens=256, classroom=classroom)
     away.configure(config())

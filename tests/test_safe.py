@@ -17,6 +17,7 @@ import ui.runner
 from tests.app_helpers import start
 from ui import safe
 
+PHISHING = "x` **[Log in again](https://evil.example/login)** `"
 PAYLOADS = [
     "x` **[Log in again](https://evil.example/login)** `",
     "![x](http://evil.example/pixel.png)",
@@ -60,16 +61,27 @@ def test_any_text_is_one_paragraph_of_itself(value):
     assert html.count("<p>") <= 1 and not re.search(r"<(?!/?p>)", html), html
 
 
-def test_message_escapes_strings_and_keeps_number_formats():
-    text = safe.message("vectors_note", "en", diff=0.12345)
-    assert "0.123" in text
-    assert safe.message("link_problem", "en", param="step", value="`x`", fallback="0", reason="r") == \
+def test_t_shows_every_value_as_text_and_keeps_number_formats():
+    """The one `t` (the page's and every view's): strings and other objects escaped, numbers formatted, a
+    string `t` made kept as the Markdown it is."""
+    from ui import strings
+
+    assert "0.123" in strings.t("vectors_note", "en", diff=0.12345)
+    assert strings.t("link_problem", "en", param="step", value="`x`", fallback="0", reason="r") == \
         "Link value “step=\\`x\\`” was not usable (r); using “0” instead."
+    reason = strings.t("reason_below_floor")  # ours, with a dash: kept, not escaped twice
+    assert strings.t("prompt_cleaned", "en", reason=reason) == f"The prompt was changed before running: {reason}."
+    assert strings.t("bad_input", "en", error=ValueError(PHISHING)) == "Cannot run this: " + safe.text(PHISHING)
+
+
+def test_a_chapter_shows_its_text_facts_as_text():
+    from ui.views.lesson import fill
+
+    assert fill("{name} has {layers} layers{missing:.1f}", {"name": PHISHING, "layers": 30}) == \
+        safe.text(PHISHING) + " has 30 layers–"
 
 
 # -- the page uses it wherever user or model text meets Markdown ------------------------------
-
-PHISHING = "x` **[Log in again](https://evil.example/login)** `"
 
 
 def markdown_shown(at) -> list[str]:

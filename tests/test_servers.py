@@ -22,8 +22,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.server import ROOT, chromium, free_port, settled_text
-from tests.test_browser import expected
-from tests.test_controls import link, press, until_link
+from tests.helpers import expected, link, press, until_link
 from tests.test_follow_browser import leader_moves, shows
 from ui import strings
 

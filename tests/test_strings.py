@@ -1,4 +1,4 @@
-"""The page's strings (ui/strings.py, viz/figure_words.csv, ui/lesson.toml): every one in both languages, so a
+"""The page's strings (ui/strings.csv, viz/figure_words.csv, ui/lesson.toml): every one in every language, so a
 Chinese page never falls back to English, and English counts that can be 1 read "1 token", never "1 tokens"."""
 
 import re
@@ -8,9 +8,10 @@ import pytest
 
 from ui import strings
 from ui.lesson import CHAPTERS, TEXT_PARTS
-from viz.words import TRANSLATIONS
+from viz.words import LANGUAGES, TRANSLATIONS, read_words
 
-SINGULAR = "_one"  # an English-only variant of a string, for a count of 1
+SINGULAR = strings.SINGULAR  # an English-only variant of a string, for a count of 1
+ENGLISH, OTHERS = strings.STRINGS[LANGUAGES[0]], [strings.STRINGS[lang] for lang in LANGUAGES[1:]]
 # "1 tokens", "1 positions": a count of one before a plural noun
 ONE_PLURAL = re.compile(r"(?<![\d.,])1 (tokens|positions|ids|steps|blocks|splits|layers|heads|prompt tokens|prompt ids)\b")
 
@@ -19,20 +20,40 @@ def placeholders(text: str) -> set[str]:
     return {name for _, name, _, _ in string.Formatter().parse(text) if name}
 
 
-def test_every_string_has_chinese_with_the_same_placeholders():
-    """A key without Chinese would show English on a Chinese page (`t` falls back to English)."""
-    singular = {key for key in strings.EN if key.endswith(SINGULAR) and not key.startswith("fig_")}  # English only
-    assert set(strings.ZH) == set(strings.EN) - singular, set(strings.EN) ^ set(strings.ZH)
-    for key, text in strings.ZH.items():
-        assert text.strip(), key
-        assert placeholders(text) == placeholders(strings.EN[key]), key
+def test_every_key_has_every_language_with_the_same_placeholders():
+    """A key a language lacks would show English on that page (`t` falls back to English). Only English's
+    singular variants ("1 token") may stand alone, beside their plural key; figure words have them translated."""
+    singular = {key for key in ENGLISH if key.endswith(SINGULAR) and not key.startswith("fig_")}
+    assert len(OTHERS) == len(LANGUAGES) - 1 >= 1
+    for table in OTHERS:
+        assert set(table) == set(ENGLISH) - singular, set(ENGLISH) ^ set(table)
+        for key, text in table.items():
+            assert text.strip(), key
+            assert placeholders(text) == placeholders(ENGLISH[key]), key
 
 
 def test_english_singular_variants_belong_to_a_counted_string():
-    for key in (k for k in strings.EN if k.endswith(SINGULAR) and not k.startswith("fig_")):  # viz picks its own
+    for key in (k for k in ENGLISH if k.endswith(SINGULAR) and not k.startswith("fig_")):  # viz picks its own
         base = key.removesuffix(SINGULAR)
-        assert "n" in placeholders(strings.EN[base]), key  # the count is `n`: `t` picks the variant by it
-        assert placeholders(strings.EN[key]) <= placeholders(strings.EN[base]), key
+        assert all(base in table for table in OTHERS), key
+        assert "n" in placeholders(ENGLISH[base]), key  # the count is `n`: `t` picks the variant by it
+        assert placeholders(ENGLISH[key]) <= placeholders(ENGLISH[base]), key
+
+
+def test_every_language_has_its_name_in_its_own_words():
+    assert set(strings.LANGUAGE_NAMES) == set(LANGUAGES) and strings.LANGUAGE_NAMES["zh"] == "简体中文"
+
+
+@pytest.mark.parametrize("table, problem", [
+    ("key,en\nx,y\n", "first line"),  # a language's column missing
+    ("key,en,zh\nx,y\n", "line 2"),  # a row short of a language
+    ("key,en,zh\nx,y,z\nx,v,w\n", "line 3"),  # a key twice: the later row would silently win
+])
+def test_a_table_in_another_shape_is_refused_by_line(tmp_path, table, problem):
+    path = tmp_path / "words.csv"
+    path.write_text(table, encoding="utf-8")
+    with pytest.raises(ValueError, match=problem):
+        read_words(path)
 
 
 def test_t_says_one_token_in_english_and_leaves_chinese_as_it_is():
@@ -49,7 +70,7 @@ def filled(text: str, count: int) -> str:
 
 def test_no_english_string_says_one_tokens():
     """Every English string that counts with `n`, given n = 1 (its other numbers 2), as the page formats it."""
-    bad = [key for key, text in strings.EN.items() if "n" in placeholders(text) and not key.endswith(SINGULAR)
+    bad = [key for key, text in ENGLISH.items() if "n" in placeholders(text) and not key.endswith(SINGULAR)
            and not key.startswith("fig_")  # figure words: below
            and ONE_PLURAL.search(strings.t(key, "en", **{name: 2 for name in placeholders(text)} | {"n": 1}))]
     assert not bad, bad

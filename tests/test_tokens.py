@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.detokenizer import REPLACEMENT
+from engine.characters import REPLACEMENT
 from engine.tokens import candidate_cells, token_cells
 from viz.tokens import position_label, reads_as, splits_characters, token_stream_html
 

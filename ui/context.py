@@ -23,7 +23,8 @@ class ViewContext:
     trace: StepTrace | None  # the step that produced the newest shown token (None before the prefill)
     stage: str | None = None  # the stage of one step a lesson chapter talks about (viz.step_picture.STAGES)
 
-    def t(self, key: str, **values) -> str:
+    def t(self, key: str, **values) -> strings.Shown:
+        """A string in the page's language, its values shown as text (`ui.strings.t`)."""
         return strings.t(key, self.state.lang, **values)
 
     @property

@@ -10,6 +10,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from viz.words import LANGUAGES
+
 TEXT_PARTS = ("title", "body", "look", "claim", "question", "answer")
 SETTINGS = ("block_size", "kv_splits", "pool")  # settings a chapter may set besides the view and step; others keep theirs
 DEFAULT_SETTINGS = {"block_size": 16, "kv_splits": 1, "pool": "own"}  # what a chapter that names none of them uses
@@ -38,7 +40,7 @@ def read_chapters(path: Path = Path(__file__).with_name("lesson.toml")) -> tuple
     return tuple(
         Chapter(number=i, key=c["key"], figure=c["figure"], points=tuple(c["points"]), view=c["view"], step=c["step"],
                 stage=c.get("stage"), settings={name: c.get(name, DEFAULT_SETTINGS[name]) for name in SETTINGS},
-                case=c.get("case"), text={lang: c[lang] for lang in ("en", "zh")})
+                case=c.get("case"), text={lang: c[lang] for lang in LANGUAGES})
         for i, c in enumerate(raw, start=1))
 
 

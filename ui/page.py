@@ -12,7 +12,7 @@ import torch
 
 import engine
 from engine import timing
-from ui import cases, follow, memory, model_card, safe, strings
+from ui import cases, follow, memory, model_card, strings
 from ui.context import ViewContext
 from ui.lesson import CHAPTERS
 from ui.runner import ClassroomCache, Runner, RunConfig, RunStore
@@ -78,7 +78,7 @@ CHAPTER_FIGURE_HEIGHT = {False: 480, True: 440}  # px: what the first screen has
 
 def t(key: str, **values) -> str:
     """A string in today's language; the values (link values, prompts, model ids, errors) show as text."""
-    return safe.message(key, ss.get("w_lang", "en"), **values)
+    return strings.t(key, ss.get("w_lang", "en"), **values)
 
 
 def labels(prefix: str):
@@ -324,37 +324,48 @@ def apply_pending_case(runner: Runner, limits: Limits) -> None:
 
 def sidebar(limits: Limits, can_think: bool = False) -> None:
     """The lesson's chapters (or the way into it), then the settings. can_think: the model's chat template has a
-    thinking switch (Qwen3), so the Thinking toggle shows."""
+    thinking switch (Qwen3), so the Thinking toggle shows.
+
+    Each setting's widget is given its current value as its default (`value=`, a selectbox's `index=`). Under a
+    class's load a browser can draw a sidebar widget anew, without the value it held (seen in the 30-page load
+    test: a page's prompt turned "", or chat, top-p and block size turned to off and their minimums, with nobody
+    touching them); such a widget starts from its default and sends it back as a change. With the current value
+    as the default, that change changes nothing."""
     with st.sidebar:
         lesson.sidebar(ss.get("w_chapter", 0), ss.w_lang, go_to_chapter)
-        st.selectbox(t("language"), LANGS, key="w_lang", format_func=lambda code: strings.LANGUAGE_NAMES[code])
-        st.toggle(t("large_text"), key="w_large")
+        st.selectbox(t("language"), LANGS, key="w_lang", index=LANGS.index(ss.w_lang),
+                     format_func=lambda code: strings.LANGUAGE_NAMES[code])
+        st.toggle(t("large_text"), key="w_large", value=ss.w_large)
         if limits.allow_any_model:
-            st.text_input(t("model"), key="w_model", help=t("model_help_any"))
+            st.text_input(t("model"), key="w_model", value=ss.w_model, help=t("model_help_any"))
         else:
             options = list(limits.models)
             if ss.w_model not in options:
                 ss.w_model = "embedded"
-            st.selectbox(t("model"), options, key="w_model", help=t("model_help"))
-        st.text_area(t("prompt"), key="w_prompt", height=120, max_chars=4000)
-        st.toggle(t("chat"), key="w_chat", help=t("chat_help"))
+            st.selectbox(t("model"), options, key="w_model", index=options.index(ss.w_model), help=t("model_help"))
+        st.text_area(t("prompt"), key="w_prompt", value=ss.w_prompt, height=120, max_chars=4000)
+        st.toggle(t("chat"), key="w_chat", value=ss.w_chat, help=t("chat_help"))
         if can_think:
-            st.toggle(t("think"), key="w_think", help=t("think_help"), disabled=not ss.w_chat)
+            st.toggle(t("think"), key="w_think", value=ss.w_think, help=t("think_help"), disabled=not ss.w_chat)
         st.markdown(f"**{t('sampling')}**")
-        st.slider(t("temperature"), *bounds("temperature"), key="w_temperature", step=0.05, help=t("temperature_help"))
-        st.number_input("top-k", *bounds("top_k"), key="w_top_k", step=1, help=t("top_k_help"))
-        st.slider("top-p", *bounds("top_p"), key="w_top_p", step=0.01, help=t("top_p_help"))
-        st.number_input(t("seed"), *bounds("seed"), key="w_seed", step=1)
+        st.slider(t("temperature"), *bounds("temperature"), key="w_temperature", value=ss.w_temperature, step=0.05,
+                  help=t("temperature_help"))
+        st.number_input("top-k", *bounds("top_k"), key="w_top_k", value=ss.w_top_k, step=1, help=t("top_k_help"))
+        st.slider("top-p", *bounds("top_p"), key="w_top_p", value=ss.w_top_p, step=0.01, help=t("top_p_help"))
+        st.number_input(t("seed"), *bounds("seed"), key="w_seed", value=ss.w_seed, step=1)
         st.markdown(f"**{t('cache')}**")
-        st.number_input(t("block_size"), *bounds("block_size"), key="w_block_size", step=1, help=t("block_size_help"))
-        st.number_input(t("kv_splits"), *bounds("kv_splits"), key="w_kv_splits", step=1, help=t("kv_splits_help"))
-        st.selectbox(t("policy"), POLICIES, key="w_policy", format_func=labels("policy_"))
+        st.number_input(t("block_size"), *bounds("block_size"), key="w_block_size", value=ss.w_block_size, step=1,
+                        help=t("block_size_help"))
+        st.number_input(t("kv_splits"), *bounds("kv_splits"), key="w_kv_splits", value=ss.w_kv_splits, step=1,
+                        help=t("kv_splits_help"))
+        st.selectbox(t("policy"), POLICIES, key="w_policy", index=POLICIES.index(ss.w_policy),
+                     format_func=labels("policy_"))
 
 
 def play_controls(limits: Limits) -> None:
     """The pace, with the settings in the sidebar; the Play toggle sits in the step buttons' row (`draw_step`)."""
     ss.setdefault("w_pace", max(limits.min_pace, 0.8))
-    st.sidebar.slider(t("pace"), limits.min_pace, 3.0, key="w_pace", step=0.1)
+    st.sidebar.slider(t("pace"), limits.min_pace, 3.0, key="w_pace", value=ss.w_pace, step=0.1)  # value: see sidebar
 
 
 def stepper_and_view(model: engine.Model, runner: Runner) -> None:

@@ -1,14 +1,12 @@
 """User and model text inside Streamlit Markdown, shown as text: never a link, image, heading, colour or formula.
 
-Every message that carries a value from a link, a typed prompt or a model's output goes through `text`
-(or `message`, which formats a `ui.strings` template with every string value escaped).
+Every value from a link, a typed prompt or a model's output goes through `text`: `ui.strings.t` passes every
+value it formats through it, so a view never has to remember.
 """
 
 from __future__ import annotations
 
 import re
-
-from ui import strings
 
 # All ASCII punctuation: CommonMark lets a backslash escape any of it, so `\X` always shows X. That covers
 # Markdown ([, !, *, _, `, #, |, ~, <, >), Streamlit's `:red[…]` and `:emoji:` (:), and LaTeX ($).
@@ -25,7 +23,3 @@ def text(value: object) -> str:
     one_line = _BREAKS.sub("↵", str(value))
     return _PUNCTUATION.sub(r"\\\1", _ADDRESS_PARTS.sub("\u2060", one_line))
 
-
-def message(key: str, lang: str, **values) -> str:
-    """The `ui.strings` template `key` with every string value shown as text (numbers keep their formats)."""
-    return strings.t(key, lang, **{name: text(v) if isinstance(v, str) else v for name, v in values.items()})

@@ -14,9 +14,9 @@ from dataclasses import dataclass, fields, replace
 from engine.prefix_cache import POLICIES
 from engine.sampler import TEMPERATURE_FLOOR
 from ui.lesson import CHAPTERS
+from viz.words import LANGUAGES as LANGS
 
 VIEWS = ("flow", "attention", "kv", "split", "prefix", "costs")
-LANGS = ("en", "zh")
 DEFAULT_PROMPTS = {"en": "What is a KV cache?", "zh": "什么是 KV 缓存？"}  # a page opens with its language's
 DEFAULT_PROMPT = DEFAULT_PROMPTS["en"]
 MAX_PROMPT_CHARS = 4000

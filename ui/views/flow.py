@@ -6,7 +6,6 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from ui import safe
 from ui.context import ViewContext
 from ui.views.common import Part, figure, memo_key, titled, words
 from viz.flow import flow_rows, residual_figure, vector_figure
@@ -39,8 +38,7 @@ def render(ctx: ViewContext) -> None:
     new = ctx.cells[-1]
     left, right = st.columns(2)
     with left:
-        st.markdown(ctx.t("path_text", id=trace.token_id, text=safe.text(new.text),
-                          piece=safe.text(trace.text or "∅")))
+        st.markdown(ctx.t("path_text", id=trace.token_id, text=new.text, piece=trace.text or "∅"))
     with right:
         st.markdown(ctx.t("path_embedding", id=trace.token_id, vocab=info.vocab, hidden=info.hidden))
     st.caption(ctx.t("flow_note"))

@@ -9,7 +9,8 @@ from engine.kv_cache import kv_bytes_per_token
 from engine.reference_models import reference_info
 from engine.split_kv import worked_example
 from engine.timing import crossover_batch, crossover_context, decode_step_bytes, weight_bytes_read
-from ui import safe, strings
+from ui import strings
+from ui.strings import Shown
 from ui.context import ViewContext
 from ui.lesson import CHAPTERS, Chapter
 from ui.views.common import shown_layer_head
@@ -30,16 +31,16 @@ class _Facts(dict):
 
 
 def fill(template: str, facts: dict) -> str:
-    return template.format_map(_Facts(facts))
+    """A chapter's Markdown with this model's facts; text values show as text, as in `ui.strings.t`."""
+    return template.format_map(_Facts(strings.as_text(facts)))
 
 
 def facts(ctx: ViewContext) -> dict:
-    """The loaded model's and this step's own numbers, by the names the chapters' placeholders use. Text
-    values (the model's name, a token) are escaped: the chapter is drawn as Markdown."""
+    """The loaded model's and this step's own numbers, by the names the chapters' placeholders use."""
     info, trace, runner = ctx.info, ctx.trace, ctx.runner
     n = len(runner.prompt_ids)
     out = dict(
-        name=safe.text(info.name), layers=info.layers, adds=2 * info.layers, hidden=info.hidden, vocab=info.vocab,
+        name=info.name, layers=info.layers, adds=2 * info.layers, hidden=info.hidden, vocab=info.vocab,
         q_heads=info.q_heads, kv_heads=info.kv_heads, group=info.gqa_group, head_dim=info.head_dim,
         concat=info.q_heads * info.head_dim, kv_bytes=info.kv_bytes_per_token, dtype=info.dtype,
         mha_bytes=kv_bytes_per_token(info.layers, info.q_heads, info.head_dim, info.element_bytes),
@@ -49,7 +50,7 @@ def facts(ctx: ViewContext) -> dict:
     )
     if trace is not None:
         context = trace.context_length
-        out.update(id=trace.token_id, token=safe.text(ctx.cells[-1].text), inputs=len(trace.input_ids),
+        out.update(id=trace.token_id, token=ctx.cells[-1].text, inputs=len(trace.input_ids),
                    context=context, position=trace.positions[-1], blocks=len(trace.block_table),
                    kv_kib=context * info.kv_bytes_per_token / 1024, read_mib=context * info.kv_bytes_per_token / 2**20)
         out.update(cost_facts(info, context))
@@ -88,8 +89,8 @@ def busy_facts(picture) -> dict:
     """This run replayed in a pool other requests used first (chapter 9): where its first blocks landed."""
     table = picture.block_table
     shown = ", ".join(f"{logical} → {physical}" for logical, physical in enumerate(table[:4]))
-    return dict(busy_map=shown + (", …" if len(table) > 4 else ""), busy_diff=difference_text(picture.kv_max_diff),
-                busy_others=picture.requests_before)
+    return dict(busy_map=Shown(shown + (", …" if len(table) > 4 else "")),
+                busy_diff=Shown(difference_text(picture.kv_max_diff)), busy_others=picture.requests_before)
 
 
 def split_facts(ctx: ViewContext) -> dict:
@@ -104,7 +105,7 @@ def split_facts(ctx: ViewContext) -> dict:
             ctx.t("lesson_split_max_elsewhere", **sizes, diff=diffs.max().item(), layer=top_layer, head=top_head))
     example = worked_example()
     return dict(splits=len(split.ranges), layer=layer, head=head, diff=diffs[layer, head].item(), diff_all_note=note,
-                example_merged=vector_text(example.merged, 3), example_unsplit=vector_text(example.unsplit, 3))
+                example_merged=Shown(vector_text(example.merged, 3)), example_unsplit=Shown(vector_text(example.unsplit, 3)))
 
 
 def current(ctx: ViewContext) -> Chapter | None:

@@ -8,7 +8,6 @@ import json
 
 import streamlit as st
 
-from ui import safe
 from ui.context import ViewContext
 from ui.views.common import figure, memo_key, opened, words
 from viz.candidates import candidates_figure, candidates_table
@@ -95,7 +94,7 @@ def details(ctx: ViewContext) -> None:
     with right:
         if ctx.trace is None:
             return
-        st.markdown(f"**{ctx.t('candidates_title', token=safe.text(reads_as(ctx.cells[-1])))}**")
+        st.markdown(f"**{ctx.t('candidates_title', token=reads_as(ctx.cells[-1]))}**")
         ids = [c.token_id for c in ctx.trace.candidates]
         labels = [position_label(c) for c in ctx.runner.candidate_cells(ctx.step, ids)]  # "解²⁄₂", never "�"
         frame = candidates_table(ctx.trace, words(ctx), labels)  # the drawn ✓ first: a narrow column never hides it

@@ -1,0 +1,63 @@
+"""What the test modules share: a hand-moved clock, the text a page must show at a step, and a real browser page's
+waits and presses (Playwright's sync API; the server and the browser themselves come from tests/server.py, the
+`page` fixture from conftest.py)."""
+
+from urllib.parse import parse_qs, urlparse
+
+import engine
+from tests.server import settled_text
+
+IDLE = '[data-testid="stApp"][data-test-script-state="notRunning"]'  # the page's script run has finished
+WAIT_MS = 120_000  # a run on a loaded 2-core machine: the longest any one wait may take
+
+
+class Clock:
+    """A clock moved by hand (`clock.now += seconds`), for what takes its time from a callable (stores, leases)."""
+
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def expected(model, prompt: str, steps: int, chat: bool = True, **sampling) -> str:
+    """The text a page shows at step `steps` (the prompt as the tokenizer decodes it, then the answer so far),
+    computed by the engine directly."""
+    session = engine.DecodeSession(model, prompt, chat=chat, sampling=engine.Sampling(**sampling),
+                                   max_new_tokens=256)
+    session.prefill()
+    for _ in range(steps - 1):
+        session.step()
+    return model.tokenizer.decode(session.prompt_ids) + session.text
+
+
+def idle(page) -> None:
+    page.wait_for_selector(IDLE, timeout=WAIT_MS)
+
+
+def widget(page, key: str):
+    return page.locator(f".st-key-{key}")
+
+
+def press(page, key: str) -> None:
+    """Click the button keyed `key` once the page is idle (a press during a run may meet greyed buttons)."""
+    idle(page)
+    widget(page, key).get_by_role("button").first.click()  # .first: a help icon is a button too
+
+
+def link(page) -> dict[str, str]:
+    return {name: values[0] for name, values in parse_qs(urlparse(page.url).query).items()}
+
+
+def until_link(page, **expected_link) -> str:
+    """Wait until the link holds `expected_link` (None: not in the link) and the run has finished; the text shown."""
+    condition = " && ".join(f"p.get({name!r}) === {'null' if value is None else repr(str(value))}"
+                            for name, value in expected_link.items())
+    page.wait_for_function(f"() => {{ const p = new URL(location.href).searchParams; return {condition}; }}",
+                           timeout=WAIT_MS)
+    return settled_text(page)
+
+
+def metric_value(page, key: str) -> str:
+    return widget(page, key).locator('[data-testid="stMetricValue"]').inner_text().strip()

@@ -294,8 +294,11 @@ EN = {
     "follow_leave": "Explore on my own",
     "follow_alone": "You are exploring on your own: the teacher's moves do not change this page.",
     "follow_return": "Follow the teacher again",
-    "follow_gone": "No class is being led with this follow link now: it does not exist, or the teacher's page has closed. This page works on its own.",
-    "follow_down": "Following the teacher is not possible right now ({error}). This page works on its own.",
+    "follow_gone": "No class is being led with this follow link now: it does not exist, or the teacher's page has closed. This page works on its own, and follows the teacher again by itself when their page is back.",
+    "follow_down": "Following the teacher is not possible right now ({error}). This page works on its own, and follows the teacher again by itself when it can.",
+    "follow_rejoined": "The teacher's page is back: you are following it again.",
+    "follow_superseded": "Another page opened this leader link and now leads the class: students follow that page, not this one.",
+    "follow_take_back": "Lead from this page",
 }
 
 ZH = {
@@ -574,8 +577,11 @@ ZH = {
     "follow_leave": "自己探索",
     "follow_alone": "你正在自己探索：老师的操作不会改变本页。",
     "follow_return": "重新跟随老师",
-    "follow_gone": "现在没有老师在用这个跟随链接上课：链接不存在，或者老师的页面已经关闭。本页可以独立使用。",
-    "follow_down": "现在无法跟随老师（{error}）。本页可以独立使用。",
+    "follow_gone": "现在没有老师在用这个跟随链接上课：链接不存在，或者老师的页面已经关闭。本页可以独立使用；老师的页面回来后，本页会自动重新跟随。",
+    "follow_down": "现在无法跟随老师（{error}）。本页可以独立使用；一旦可以，本页会自动重新跟随老师。",
+    "follow_rejoined": "老师的页面回来了：你又在跟随老师了。",
+    "follow_superseded": "另一个页面打开了这个老师链接，现在由它带领全班：学生跟随的是那个页面，不是本页。",
+    "follow_take_back": "改由本页带领",
 }
 
 STRINGS = {"en": EN, "zh": ZH}

@@ -96,11 +96,14 @@ def followed_part(state: AppState) -> dict:
 
 
 def check(state: AppState) -> None:
-    """A following page about to draw the step (and again once drawn, for Play's ticks): the first check after
-    taking the leader's state keeps `state` as what following looks like (the page may have fitted it: a case,
-    the host's limits); a later `state` that differs was moved by its student, who has left following. The page
-    is then drawn again from the top, where the banner says so."""
-    if ss.get("follow_role") != "follow" or ss.get("follow_mode") != "following":
+    """A following (or waiting) page about to draw the step (and again once drawn, for Play's ticks): the first
+    check after taking the leader's state keeps `state` as what following looks like (the page may have fitted
+    it: a case, the host's limits); a later `state` that differs was moved by its student, who has left following
+    (and will not follow again by itself). The page is then drawn again from the top, where the banner says so."""
+    if ss.get("follow_role") != "follow":
+        return
+    ss.follow_shown = room_query(state)  # a room that says the same is followed without a redraw (`poll`)
+    if ss.get("follow_mode") not in ("following", "waiting"):  # waiting: a move of its own is exploring too
         return
     part = followed_part(state)
     if ss.pop("follow_fresh", False) or "follow_taken" not in ss:
@@ -134,21 +137,18 @@ def join() -> None:
     follow_seen(seen or Seen(None), take_any=True)  # not read in time: waiting, and the poll goes on
 
 
-def follow_seen(seen: Seen, take_any: bool = False) -> bool:
+def follow_seen(seen: Seen, take_any: bool = False) -> None:
     """Follow the room as last read: gone or unreadable, wait for it; a state not applied yet (any state, with
-    `take_any`) becomes pending, and a waiting page that takes it says it follows again. True when the page must
-    be redrawn."""
+    `take_any`) becomes pending, and a waiting page that takes it says it follows again."""
     if seen.room is None:
-        changed = ss.follow_mode != "waiting" or ss.get("follow_error") != seen.error
         ss.follow_mode, ss.follow_error = "waiting", seen.error
-        return changed
+        return
     applied = (seen.room.version, seen.room.query)  # the version alone restarts at 1 on an emptied store
     if not take_any and ss.follow_mode == "following" and ss.get("follow_seen") == applied:
-        return False
+        return
     ss.follow_rejoined = ss.follow_mode == "waiting" and not take_any
     ss.follow_mode, ss.follow_seen, ss.follow_pending = "following", applied, seen.room.query
     ss.pop("follow_error", None)
-    return True
 
 
 def link_params() -> dict[str, str]:
@@ -166,9 +166,14 @@ def publish(state: AppState) -> None:
     language and text size, and with the prompt always named (its default depends on the language)."""
     if ss.get("follow_role") != "lead":
         return
-    query = {name: value for name, value in to_query(state).items() if name not in OWN} | {"prompt": state.prompt}
-    ss.follow_published = query
-    send(query)
+    ss.follow_published = room_query(state)
+    send(ss.follow_published)
+
+
+def room_query(state: AppState) -> dict[str, str]:
+    """What a room holds of a page's state: its link's parameters without the page's own language and text size,
+    and with the prompt always named (its default depends on the language)."""
+    return {name: value for name, value in to_query(state).items() if name not in OWN} | {"prompt": state.prompt}
 
 
 def send(query: dict[str, str], claim: bool = False) -> None:
@@ -192,15 +197,13 @@ def show(t: Callable[..., str]) -> None:
         leader_panel(t)
         timed(lead_status, LEAD_SECONDS, t)
     elif role == "follow":
-        follower_banner(t)
-        if ss.follow_mode != "alone":
-            timed(poll, POLL_SECONDS)
+        timed(follower_banner, None if ss.follow_mode == "alone" else POLL_SECONDS, t)
 
 
-def timed(check: Callable[..., None], seconds: float, *args) -> None:
-    """Run `check(*args)` now and every `seconds` as a fragment, inside a container of its own: a fragment that
-    draws nothing takes no place in the page, and when its timed run ended Streamlit removed the element drawn
-    next (the step counter) as if it were the fragment's."""
+def timed(check: Callable[..., None], seconds: float | None, *args) -> None:
+    """Run `check(*args)` now and every `seconds` (None: when its own buttons are pressed) as a fragment, inside a
+    container of its own: a fragment that draws nothing takes no place in the page, and when its timed run ended
+    Streamlit removed the element drawn next (the step counter) as if it were the fragment's."""
     with st.container():
         st.fragment(run_every=seconds)(check)(*args)
 
@@ -231,6 +234,9 @@ def leader_panel(t: Callable[..., str]) -> None:
 
 
 def follower_banner(t: Callable[..., str]) -> None:
+    """The follower's banner, with its poll of the room (a fragment: a change of the banner alone, such as
+    following again a room that shows what this page shows, needs no redraw of the page)."""
+    poll()
     with st.container(key="follow-banner"):
         message, button = st.columns([4, 1], vertical_alignment="center")
         if ss.follow_mode == "following":
@@ -275,14 +281,20 @@ def take_back() -> None:
 
 
 def poll() -> None:
-    """A follower's timed check of the room (as the RoomSync thread last read it): the page is redrawn when the
-    leader moved, the room went or came back."""
+    """A follower's timed check of the room (as the RoomSync thread last read it), and of a press of "Follow the
+    teacher again": the page is redrawn when the leader's state is not the one it shows."""
     room_sync = sync()
-    if room_sync is None or ss.get("follow_mode") not in ("following", "waiting"):
-        return  # a move of its own may have just left following
-    seen = room_sync.watch(ss.follow_code, wait=JOIN_WAIT)  # waits only for a room not read lately
-    if seen is not None and follow_seen(seen):
-        st.rerun(scope="app")
+    if room_sync is not None and ss.get("follow_mode") in ("following", "waiting"):  # not after a move of its own
+        seen = room_sync.watch(ss.follow_code, wait=JOIN_WAIT)  # waits only for a room not read lately
+        if seen is not None:
+            follow_seen(seen)
+    if ss.get("follow_pending") is None:
+        return
+    if ss.follow_pending == ss.get("follow_shown"):
+        del ss.follow_pending  # the page shows the leader's state already: only the banner changes
+        ss.follow_fresh = True
+    else:
+        st.rerun(scope="app")  # the leader's state is applied before any widget exists
 
 
 def leave() -> None:

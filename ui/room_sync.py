@@ -22,7 +22,7 @@ from ui.rooms import Room, Rooms
 from ui.store import StoreError
 
 READ_SECONDS = 0.25  # a watched room is read this often (a follower polls the result twice a second)
-RETRY_FIRST, RETRY_MAX = 0.1, 0.4  # seconds before trying a failing store again: doubles up to RETRY_MAX
+RETRY_FIRST, RETRY_MAX = 0.1, 0.25  # seconds before trying a failing store again: doubles up to RETRY_MAX
 WATCH_KEEP = 60.0  # a room no page asked about for this long is no longer read
 PAGE_KEEP = 60.0  # a leading page not heard from for this long is forgotten
 log = logging.getLogger("kvscope")

@@ -58,7 +58,8 @@ def rounds(leader, followers, url: str, store, folder: Path, count: int) -> dict
     """`count` rounds of: a press with Redis healthy, one with it paused, Redis resumed, one with it stopped,
     Redis started again empty (interleaved, so that the machine's changing load falls on all three alike)."""
     pages, port = [leader, *followers], int(url.rsplit(":", 1)[1].split("/")[0])
-    times: dict[str, list[float]] = {name: [] for name in ("healthy", "hung", "down", "followed", "resumed", "restarted")}
+    names = ("healthy", "hung", "down", "followed", "resumed", "restarted")
+    times: dict[str, list[float]] = {name: [] for name in names}
     step = 3
     with contextlib.ExitStack() as stack:
         for _ in range(count):

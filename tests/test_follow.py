@@ -56,10 +56,17 @@ def state_of(at) -> AppState:
     return replace(state, lang="en", large=False)
 
 
+def settle() -> None:
+    """Wait for the process's RoomSync thread to send every page's state and read every watched room (a page
+    hands both to that thread and never waits for the store)."""
+    assert follow.room_sync().settle(timeout=10)
+
+
 @pytest.fixture
 def leader(embedded_model):
     at = start(lead=1, step=2, view="attention")
     assert_clean(at)
+    settle()
     return at
 
 
@@ -94,9 +101,11 @@ def test_a_follower_takes_the_leaders_state_and_keeps_its_own_language(leader):
     assert [i.value for i in follower.info if i.value == strings.t("follow_following", "zh")]
     for move in ("b_next", "b_next", "b_back"):
         leader.button(key=move).click().run()
+        settle()
         follower.run()  # a full run draws the poll too, as the timed fragment would
         assert step_of(follower) == step_of(leader) and shown_text(follower) == shown_text(leader)
     leader.radio(key="w_view").set_value("kv").run()
+    settle()
     follower.run()
     assert follower.query_params["view"] == "kv"
     assert "follow" in follower.query_params and "lead" not in follower.query_params
@@ -108,7 +117,9 @@ def test_a_follower_that_leaves_keeps_its_state_and_can_catch_up(leader):
     assert_clean(follower)
     stayed = (step_of(follower), shown_text(follower))
     leader.button(key="b_next").click().run()
+    settle()
     leader.button(key="b_next").click().run()
+    settle()
     follower.run()
     assert (step_of(follower), shown_text(follower)) == stayed and step_of(leader) == stayed[0] + 2
     follower.button(key="b_back").click().run()  # its presses are its own
@@ -130,6 +141,7 @@ def test_an_unknown_follow_code_says_so_and_the_page_works_alone(lang, embedded_
 def test_followers_see_the_end_of_the_class_and_keep_their_state(leader):
     follower = start(follow=code_in(follow_link(leader)))
     leader.button(key="b_follow_end").click().run()
+    settle()
     assert "lead" not in leader.query_params  # the leader's page goes on as a plain page
     kept = step_of(follower)
     follower.run()
@@ -143,40 +155,42 @@ def test_a_follower_on_another_server_follows_through_redis(redis_url, monkeypat
     """KVSCOPE_STORE names Redis: the leader's state goes through it (read here with a client of our own), and
     a follower whose process holds a new store (another server) follows."""
     monkeypatch.setenv("KVSCOPE_STORE", redis_url)
-    follow.room_store.clear()
+    follow.room_sync.clear()
     try:
         leader = start(lead=1, step=3)
+        settle()
         code = code_in(follow_link(leader))
         raw = redis.Redis.from_url(redis_url, decode_responses=True).get(rooms.KEY_PREFIX + code)
         assert raw is not None and leader.query_params["lead"] not in raw
-        follow.room_store.clear()  # the other server's own connection
+        follow.room_sync.clear()  # the other server's own connection
         follower = start(follow=code)
         assert state_of(follower) == state_of(leader) and shown_text(follower) == shown_text(leader)
     finally:
         monkeypatch.delenv("KVSCOPE_STORE")
-        follow.room_store.clear()
+        follow.room_sync.clear()
 
 
 def test_an_unusable_store_is_a_message_not_a_traceback(monkeypatch, embedded_model):
     from tests.server import free_port
 
     monkeypatch.setenv("KVSCOPE_STORE", f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
-    follow.room_store.clear()
+    follow.room_sync.clear()
     try:
         leader = start(lead=1, step=1)
         assert not leader.exception
+        settle()  # the RoomSync thread's first try fails (nothing listens)
         leader.run()  # the warning shows from the draw after a failed publish
         assert any("Redis" in w.value for w in leader.warning)
         follower = start(follow="A" * rooms.CODE_CHARS, step=1)
         assert not follower.exception and any("Redis" in w.value for w in follower.warning)
         keeps_working(follower)
         monkeypatch.setenv("KVSCOPE_STORE", "http://nowhere")
-        follow.room_store.clear()
+        follow.room_sync.clear()
         bad = start(follow="A" * rooms.CODE_CHARS, step=1)
         assert not bad.exception and any("KVSCOPE" in w.value for w in bad.warning)
     finally:
         monkeypatch.delenv("KVSCOPE_STORE")
-        follow.room_store.clear()
+        follow.room_sync.clear()
 
 
 def test_a_follower_in_english_follows_a_chinese_leaders_default_prompt(embedded_model):
@@ -224,6 +238,7 @@ def test_a_follower_who_moves_on_its_own_is_told_it_left_and_stays_where_it_went
     assert own != taken
     for _ in range(2):  # the teacher moves on: the student's page stays its own
         leader.button(key="b_next").click().run()
+        settle()
         follower.run()
         assert state_of(follower) == own and banner(follower) == "follow_alone"
     follower.button(key="b_follow_return").click().run()
@@ -241,10 +256,11 @@ def test_a_follower_keeps_following_through_its_own_language_and_the_teachers_ca
     for moves in (("b_chapter_next",) * 11, ("b_next", "b_next"), ("b_chapter_next", "b_chapter_back")):
         for key in moves:  # the teacher reaches chapter 12 (a case: the page fits its state), steps, leaves and comes back
             leader.button(key=key).click().run()
+            settle()
         follower.run()
         assert_clean(follower)
         assert state_of(follower) == state_of(leader)
-        assert [i.value for i in follower.info if i.value == strings.t("follow_following", "zh")]
+        assert [i.value for i in follower.info if i.value == strings.t("follow_following", "zh")], ([i.value for i in follower.info], [w.value for w in follower.warning])
 
 
 def test_followed_part_leaves_out_the_followers_own_settings_only():

@@ -1,21 +1,28 @@
-"""Follow the teacher: the Streamlit side of `ui.rooms`.
+"""Follow the teacher: the Streamlit side of `ui.rooms`, through the process's `ui.room_sync.RoomSync`.
 
 A page opened with `lead=1` leads: it shows the students' link and its QR code, publishes its state on every
-draw (`publish`, from the page's link writer) and refreshes its room with a heartbeat. A page opened with
-`follow=<code>` follows: a fragment polls the room twice a second and, when the leader's version changed,
-stores the leader's link as pending and reruns the page, which applies it before any widget exists
-(`take_over`). Everything in the link is followed except the follower's own language and text size (`OWN`).
+draw (`publish`, from the page's link writer) and, every second, refreshes its room and says whether students can
+follow it (`lead_status`: the store failing, or another page on the same leader link has taken the room, with a
+button to take it back). A page opened with `follow=<code>` follows: a fragment polls the room twice a second and,
+when the leader's state changed, stores the leader's link as pending and reruns the page, which applies it before
+any widget exists (`take_over`). Everything in the link is followed except the follower's own language and text
+size (`OWN`). No page waits for the store: publishing and reading are the RoomSync thread's.
 
-A follower who moves on their own (a step button, Play, any setting but `OWN`) leaves following, as "Explore on
-my own" does: before the step is drawn (a run of the whole page or of the step's fragment alone) and once it is
-drawn, the page's state is compared with the one it took from the leader (`check`); one that differs reruns the
-whole page at once, whose banner then says so.
+A follower whose room is gone or cannot be read waits for it (`waiting`): the poll goes on, and the page follows
+again by itself, saying so, when the room is published again (the store back, the server restarted, the
+teacher's page reloaded). A follower who moves on their own (a step button, Play, any setting but `OWN`) leaves
+following, as "Explore on my own" does, and only "Follow the teacher again" brings it back: before the step is
+drawn (a run of the whole page or of the step's fragment alone) and once it is drawn, the page's state is
+compared with the one it took from the leader (`check`); one that differs reruns the whole page at once, whose
+banner then says so.
 
-Session keys: follow_role ("lead" | "follow"), follow_secret (leader), follow_code, follow_mode (follower:
-"following" | "alone" | "ended"), follow_seen (the version applied), follow_pending (a link to apply),
-follow_error (why the store could not be used), follow_published (the leader's last published link),
-follow_taken (the follower's state as taken from the leader, `followed_part`), follow_fresh (the leader's state
-was just taken: the next check keeps the page's state as follow_taken).
+Session keys: follow_role ("lead" | "follow"), follow_secret and follow_page (leader: the room's secret, this
+page's own id), follow_claim (the leader's next publish claims the room), follow_code, follow_mode (follower:
+"following" | "alone" | "waiting"), follow_seen (the room's version and state applied), follow_rejoined (following
+again by itself), follow_pending (a link to apply), follow_error (why the store could not be used),
+follow_published (the leader's last published link), follow_taken (the follower's state as taken from the
+leader, `followed_part`), follow_fresh (the leader's state was just taken: the next check keeps the page's state
+as follow_taken).
 """
 
 from __future__ import annotations
@@ -30,12 +37,14 @@ import segno
 import streamlit as st
 
 from ui import rooms
+from ui.room_sync import RoomSync, Seen
 from ui.state import AppState, to_query
-from ui.store import Store, StoreError, store_from_env
+from ui.store import StoreError, store_from_env
 
 OWN = frozenset({"lang", "large"})  # a follower's own settings, never taken from the leader
 POLL_SECONDS = 0.5  # a follower sees the leader's move within about this (plus its own redraw)
-HEARTBEAT_SECONDS = 5.0  # well inside rooms.ROOM_TTL_SECONDS: a room outlives a missed beat or two
+LEAD_SECONDS = 1.0  # the leader's heartbeat (well inside rooms.ROOM_TTL_SECONDS) and check of its status
+JOIN_WAIT = 1.0  # a page waits at most this for a room's first read (opening a follow link, a throttled tab)
 ss = st.session_state
 
 # The QR code's box: as tall as most of a projected 720-pixel screen allows, on a white quiet zone so that a
@@ -48,14 +57,23 @@ QR_CSS = """<style>
 SPACING_CSS = "<style>.st-key-follow-share, .st-key-follow-banner { margin-top: 0.4rem; }</style>"
 
 
-@st.cache_resource(show_spinner=False)
-def room_store() -> Store:
-    """The process's one store (KVSCOPE_STORE); a misconfigured one raises StoreError, shown by the callers."""
-    return store_from_env(os.environ)
+@st.cache_resource(show_spinner=False, on_release=RoomSync.close)
+def room_sync() -> RoomSync:
+    """The process's one RoomSync over its one store (KVSCOPE_STORE); a misconfigured store raises StoreError."""
+    return RoomSync(rooms.Rooms(store_from_env(os.environ)))
+
+
+def sync() -> RoomSync | None:
+    """The process's RoomSync; None, with the reason in follow_error, when KVSCOPE_STORE is misconfigured."""
+    try:
+        return room_sync()
+    except StoreError as error:
+        ss.follow_error = str(error)
+        return None
 
 
 def the_rooms() -> rooms.Rooms:
-    return rooms.Rooms(room_store())
+    return room_sync().rooms
 
 
 # -- before the widgets -------------------------------------------------------------------------
@@ -66,8 +84,6 @@ def take_over(apply: Callable[[dict[str, str]], None]) -> None:
     only), then the leader's pending state through `apply` (the leader's link parameters, `OWN` left out)."""
     if "follow_role" not in ss:
         begin(st.query_params.to_dict())
-    if ss.follow_role == "lead":
-        heartbeat()  # a draw holds back the timed heartbeat: its room's TTL starts afresh before it
     pending = ss.pop("follow_pending", None)
     if pending is not None and ss.get("follow_role") == "follow":
         apply(pending)
@@ -80,11 +96,14 @@ def followed_part(state: AppState) -> dict:
 
 
 def check(state: AppState) -> None:
-    """A following page about to draw the step (and again once drawn, for Play's ticks): the first check after
-    taking the leader's state keeps `state` as what following looks like (the page may have fitted it: a case,
-    the host's limits); a later `state` that differs was moved by its student, who has left following. The page
-    is then drawn again from the top, where the banner says so."""
-    if ss.get("follow_role") != "follow" or ss.get("follow_mode") != "following":
+    """A following (or waiting) page about to draw the step (and again once drawn, for Play's ticks): the first
+    check after taking the leader's state keeps `state` as what following looks like (the page may have fitted
+    it: a case, the host's limits); a later `state` that differs was moved by its student, who has left following
+    (and will not follow again by itself). The page is then drawn again from the top, where the banner says so."""
+    if ss.get("follow_role") != "follow":
+        return
+    ss.follow_shown = room_query(state)  # a room that says the same is followed without a redraw (`poll`)
+    if ss.get("follow_mode") not in ("following", "waiting"):  # waiting: a move of its own is exploring too
         return
     part = followed_part(state)
     if ss.pop("follow_fresh", False) or "follow_taken" not in ss:
@@ -95,11 +114,13 @@ def check(state: AppState) -> None:
 
 
 def begin(params: dict[str, str]) -> None:
-    """Lead (`lead=` in the link, a reload resuming its room), follow (`follow=<code>`), or neither."""
+    """Lead (`lead=` in the link, a reload resuming its room), follow (`follow=<code>`), or neither. A page that
+    opens a leader's link claims its room: the newest page leads (the teacher's projector after their laptop)."""
     ss.follow_role = None
     if "lead" in params:
         ss.follow_role = "lead"
         ss.follow_secret, ss.follow_code = rooms.lead_or_resume(params["lead"])
+        ss.follow_page, ss.follow_claim = rooms.new_page_id(), True
     elif "follow" in params:
         ss.follow_role = "follow"
         ss.follow_code = params["follow"][:64]
@@ -107,27 +128,27 @@ def begin(params: dict[str, str]) -> None:
 
 
 def join() -> None:
-    """Follow the leader from its current state on; if there is no room (or no store): say so, stay free."""
+    """Follow the leader from its current state on (a page's first draw, "Follow the teacher again"); if there
+    is no room (or no store): say so, and wait for it."""
     ss.pop("follow_error", None)
-    read_room(take_any=True)
+    ss.follow_mode = "waiting"
+    room_sync = sync()
+    seen = room_sync.watch(ss.follow_code, wait=JOIN_WAIT) if room_sync else Seen(None, ss.follow_error)
+    follow_seen(seen or Seen(None), take_any=True)  # not read in time: waiting, and the poll goes on
 
 
-def read_room(take_any: bool) -> bool:
-    """Read the followed room: gone (or no store) ends following; a version not applied yet (any version, with
-    `take_any`) becomes pending state. True when the page must be redrawn."""
-    try:
-        room = the_rooms().read(ss.follow_code)
-    except StoreError as error:
-        room, ss.follow_error = None, str(error)
-    if room is None:
-        ss.follow_mode = "ended"
-        return True
-    if take_any or room.version != ss.follow_seen:
-        ss.follow_mode = "following"
-        ss.follow_seen = room.version
-        ss.follow_pending = room.query
-        return True
-    return False
+def follow_seen(seen: Seen, take_any: bool = False) -> None:
+    """Follow the room as last read: gone or unreadable, wait for it; a state not applied yet (any state, with
+    `take_any`) becomes pending, and a waiting page that takes it says it follows again."""
+    if seen.room is None:
+        ss.follow_mode, ss.follow_error = "waiting", seen.error
+        return
+    applied = (seen.room.version, seen.room.query)  # the version alone restarts at 1 on an emptied store
+    if not take_any and ss.follow_mode == "following" and ss.get("follow_seen") == applied:
+        return
+    ss.follow_rejoined = ss.follow_mode == "waiting" and not take_any
+    ss.follow_mode, ss.follow_seen, ss.follow_pending = "following", applied, seen.room.query
+    ss.pop("follow_error", None)
 
 
 def link_params() -> dict[str, str]:
@@ -145,18 +166,23 @@ def publish(state: AppState) -> None:
     language and text size, and with the prompt always named (its default depends on the language)."""
     if ss.get("follow_role") != "lead":
         return
-    query = {name: value for name, value in to_query(state).items() if name not in OWN} | {"prompt": state.prompt}
-    ss.follow_published = query
-    send(query)
+    ss.follow_published = room_query(state)
+    send(ss.follow_published)
 
 
-def send(query: dict[str, str]) -> None:
-    """Publish `query` to the leader's room (a new version if it changed); a store failure is shown, not raised."""
-    try:
-        the_rooms().publish(ss.follow_secret, query)
-        ss.pop("follow_error", None)
-    except StoreError as error:
-        ss.follow_error = str(error)
+def room_query(state: AppState) -> dict[str, str]:
+    """What a room holds of a page's state: its link's parameters without the page's own language and text size,
+    and with the prompt always named (its default depends on the language)."""
+    return {name: value for name, value in to_query(state).items() if name not in OWN} | {"prompt": state.prompt}
+
+
+def send(query: dict[str, str], claim: bool = False) -> None:
+    """Hand `query` to the process's RoomSync for the leader's room (it never waits for the store); the page's
+    first publish claims the room."""
+    room_sync = sync()
+    if room_sync is not None:
+        claim = ss.pop("follow_claim", False) or claim
+        room_sync.publish(ss.follow_page, ss.follow_secret, query, claim=claim)
 
 
 # -- on the page --------------------------------------------------------------------------------
@@ -169,19 +195,17 @@ def show(t: Callable[..., str]) -> None:
         st.html(SPACING_CSS)
     if role == "lead":
         leader_panel(t)
-        timed(heartbeat, HEARTBEAT_SECONDS)
+        timed(lead_status, LEAD_SECONDS, t)
     elif role == "follow":
-        follower_banner(t)
-        if ss.follow_mode == "following":
-            timed(poll, POLL_SECONDS)
+        timed(follower_banner, None if ss.follow_mode == "alone" else POLL_SECONDS, t)
 
 
-def timed(check: Callable[[], None], seconds: float) -> None:
-    """Run `check` now and every `seconds` as a fragment, inside a container of its own: a fragment that draws
-    nothing takes no place in the page, and when its timed run ended Streamlit removed the element drawn next
-    (the step counter) as if it were the fragment's."""
+def timed(check: Callable[..., None], seconds: float | None, *args) -> None:
+    """Run `check(*args)` now and every `seconds` (None: when its own buttons are pressed) as a fragment, inside a
+    container of its own: a fragment that draws nothing takes no place in the page, and when its timed run ended
+    Streamlit removed the element drawn next (the step counter) as if it were the fragment's."""
     with st.container():
-        st.fragment(run_every=seconds)(check)()
+        st.fragment(run_every=seconds)(check)(*args)
 
 
 def student_url() -> str:
@@ -207,39 +231,70 @@ def leader_panel(t: Callable[..., str]) -> None:
                         f"{html.escape(url)}</a></div>")
             st.markdown(t("follow_share_help"))
             st.button(t("follow_end"), key="b_follow_end", on_click=end_room)
-    if ss.get("follow_error"):
-        st.warning(t("follow_lead_down", error=ss.follow_error))
 
 
 def follower_banner(t: Callable[..., str]) -> None:
+    """The follower's banner, with its poll of the room (a fragment: a change of the banner alone, such as
+    following again a room that shows what this page shows, needs no redraw of the page)."""
+    poll()
     with st.container(key="follow-banner"):
         message, button = st.columns([4, 1], vertical_alignment="center")
         if ss.follow_mode == "following":
-            message.info(t("follow_following"), icon=":material/school:")
+            message.info(t("follow_rejoined" if ss.get("follow_rejoined") else "follow_following"),
+                         icon=":material/school:")
             button.button(t("follow_leave"), key="b_follow_leave", on_click=leave, width="stretch")
-            return
-        if ss.follow_mode == "alone":
+        elif ss.follow_mode == "alone":
             message.info(t("follow_alone"), icon=":material/explore:")
-        elif ss.get("follow_error"):
+            button.button(t("follow_return"), key="b_follow_return", on_click=join, width="stretch")
+        elif ss.get("follow_error"):  # waiting: the poll follows again by itself
             message.warning(t("follow_down", error=ss.follow_error))
         else:
             message.warning(t("follow_gone"))
-        button.button(t("follow_return"), key="b_follow_return", on_click=join, width="stretch")
 
 
 # -- timed and pressed --------------------------------------------------------------------------
 
 
-def heartbeat() -> None:
-    """The leader's room stays alive while its page is open (its state is republished as it is)."""
+def lead_status(t: Callable[..., str]) -> None:
+    """The leader's timed check: its room refreshed (the heartbeat: a page that lost the room sends nothing), and
+    a warning when students cannot follow: the store fails, or another page took the room (with a button to
+    take it back)."""
+    room_sync = sync()
+    if room_sync is None:
+        st.warning(t("follow_lead_down", error=ss.follow_error))
+        return
     if "follow_published" in ss:
         send(ss.follow_published)
+    if not room_sync.leads(ss.follow_page):
+        st.warning(t("follow_superseded"), icon=":material/cast:")
+        st.button(t("follow_take_back"), key="b_follow_take_back", on_click=take_back)
+    elif room_sync.error:
+        st.warning(t("follow_lead_down", error=room_sync.error))
+
+
+def take_back() -> None:
+    """This page leads again: it claims the room (the page that had it is told at its next check)."""
+    if "follow_published" in ss:
+        send(ss.follow_published, claim=True)
+    else:
+        ss.follow_claim = True
 
 
 def poll() -> None:
-    """A follower's timed check of the room: the page is redrawn when the leader moved or the room is gone."""
-    if ss.get("follow_mode") == "following" and read_room(take_any=False):  # a move of its own may have just left
-        st.rerun(scope="app")
+    """A follower's timed check of the room (as the RoomSync thread last read it), and of a press of "Follow the
+    teacher again": the page is redrawn when the leader's state is not the one it shows."""
+    room_sync = sync()
+    if room_sync is not None and ss.get("follow_mode") in ("following", "waiting"):  # not after a move of its own
+        seen = room_sync.watch(ss.follow_code, wait=JOIN_WAIT)  # waits only for a room not read lately
+        if seen is not None:
+            follow_seen(seen)
+    if ss.get("follow_pending") is None:
+        return
+    if ss.follow_pending == ss.get("follow_shown"):
+        del ss.follow_pending  # the page shows the leader's state already: only the banner changes
+        ss.follow_fresh = True
+    else:
+        st.rerun(scope="app")  # the leader's state is applied before any widget exists
 
 
 def leave() -> None:
@@ -248,11 +303,9 @@ def leave() -> None:
 
 
 def end_room() -> None:
-    """The leader stops sharing: its room is deleted (followers see the class has ended) and its link drops
-    the secret; the page goes on as a plain page."""
-    try:
-        the_rooms().end(ss.follow_secret)
-    except StoreError as error:
-        ss.follow_error = str(error)
-        return
+    """The leader stops sharing: its room is deleted (followers see the class has ended and wait for one) and its
+    link drops the secret; the page goes on as a plain page. A page that no longer leads leaves the room be."""
+    room_sync = sync()
+    if room_sync is not None and room_sync.leads(ss.follow_page):
+        room_sync.end(ss.follow_page, ss.follow_secret)
     ss.follow_role = None

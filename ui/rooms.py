@@ -6,7 +6,12 @@ resumes the same room with the same code even on a server that has just restarte
 store holds only the code's published state (the link's query dict and a version), never the secret.
 
 A room lives while its leader publishes: each publish sets a TTL, and a room not refreshed for `ttl_seconds`
-is gone (followers then see that the class has ended).
+is gone (followers then wait for it to come back).
+
+One page leads a room at a time: each leading page has an id of its own (`new_page_id`, not the secret), and the
+room names the page that leads it. A page claims the room when it opens the leader's link (or takes it back);
+a later publish from another page changes nothing and is told it no longer leads, so two tabs on one secret
+never both reach the followers. Every publish is one atomic read-and-write of the store (`Store.update`).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ class Room:
     code: str
     version: int
     query: dict[str, str]
+    leader: str = ""  # the id of the page that leads the room ("": none named)
 
 
 def new_secret() -> str:
@@ -57,6 +63,11 @@ def code_for(secret: str) -> str:
     return base64.urlsafe_b64encode(digest).decode()[:CODE_CHARS]
 
 
+def new_page_id() -> str:
+    """A leading page's own id: tells two pages on one secret apart (it grants nothing)."""
+    return secrets.token_urlsafe(9)
+
+
 def lead_or_resume(given: str | None = None) -> tuple[str, str]:
     """(secret, code) of the room a leader's link names: `given` if it is shaped like a secret (a reload resumes
     its room, whether or not the store still holds it), else a new secret (`lead=1`). Nothing is stored until
@@ -72,29 +83,40 @@ class Rooms:
         self.store = store
         self.ttl_seconds = ttl_seconds
 
-    def publish(self, secret: str, query: dict[str, str]) -> Room:
-        """Publish the leader's state and refresh the room's TTL (the leader's heartbeat calls this too): the
-        version grows only when `query` differs from what the room holds."""
+    def publish(self, secret: str, query: dict[str, str], page: str = "", claim: bool = False) -> Room | None:
+        """Publish page `page`'s state and refresh the room's TTL (the heartbeat calls this too): the version grows
+        only when `query` differs from what the room holds. With `claim` the page takes the room; without, a room
+        that another page leads is left as it is and None says so."""
         code = code_for(secret)
-        current = self.read(code)
-        if current is not None and current.query == query:
-            version = current.version
-        else:
-            version = (current.version if current else 0) + 1
-        self.store.set(KEY_PREFIX + code, json.dumps({"version": version, "query": query}), self.ttl_seconds)
-        return Room(code, version, dict(query))
+        done: list[Room] = []
+
+        def change(raw: str | None) -> str | None:
+            done.clear()  # the store may call this again after a concurrent write
+            current = self.parse(code, raw)
+            if current is not None and current.leader not in ("", page) and not claim:
+                return None
+            same = current is not None and current.query == query
+            version = (current.version if current else 0) + (0 if same else 1)
+            done.append(Room(code, version, dict(query), page))
+            return json.dumps({"version": version, "query": query, "leader": page})
+
+        self.store.update(KEY_PREFIX + code, change, self.ttl_seconds)
+        return done[0] if done else None
 
     def read(self, code: str) -> Room | None:
         """The room's published state; None if the code is malformed, unknown or its room has expired."""
         if not is_code(code):
             return None
-        raw = self.store.get(KEY_PREFIX + code)
+        return self.parse(code, self.store.get(KEY_PREFIX + code))
+
+    @staticmethod
+    def parse(code: str, raw: str | None) -> Room | None:
         if raw is None:
             return None
         try:
             data = json.loads(raw)
             query = {str(k): str(v) for k, v in data["query"].items()}
-            return Room(code, int(data["version"]), query)
+            return Room(code, int(data["version"]), query, str(data.get("leader", "")))
         except (ValueError, KeyError, TypeError, AttributeError):
             return None  # not a room this code wrote: treated as no room
 

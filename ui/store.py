@@ -29,6 +29,10 @@ class Store(Protocol):
     def delete(self, key: str) -> None:
         """Remove `key` (nothing happens if it is absent)."""
 
+    def update(self, key: str, change: Callable[[str | None], str | None], ttl_seconds: float) -> None:
+        """Set `key` to `change(its value now)` with no other write to it in between (`change` may be called
+        again if one raced it); `change` returns None to leave the key as it is."""
+
 
 class MemoryStore:
     """A dict with expiry, safe for Streamlit's many script threads; `clock` (seconds) is injectable for tests."""
@@ -40,13 +44,16 @@ class MemoryStore:
 
     def get(self, key: str) -> str | None:
         with self._lock:
-            item = self._items.get(key)
-            if item is None:
-                return None
-            if item[1] <= self._clock():
-                del self._items[key]
-                return None
-            return item[0]
+            return self._get_locked(key)
+
+    def _get_locked(self, key: str) -> str | None:
+        item = self._items.get(key)
+        if item is None:
+            return None
+        if item[1] <= self._clock():
+            del self._items[key]
+            return None
+        return item[0]
 
     def set(self, key: str, value: str, ttl_seconds: float) -> None:
         with self._lock:
@@ -58,21 +65,32 @@ class MemoryStore:
         with self._lock:
             self._items.pop(key, None)
 
+    def update(self, key: str, change: Callable[[str | None], str | None], ttl_seconds: float) -> None:
+        with self._lock:
+            new = change(self._get_locked(key))
+            if new is not None:
+                self._items[key] = (new, self._clock() + ttl_seconds)
+
     def _drop_expired(self, now: float) -> None:
         for key in [k for k, (_, expiry) in self._items.items() if expiry <= now]:
             del self._items[key]
 
 
 class RedisStore:
-    """The same operations on a Redis server (`url`: redis://host:port/db); every failure is a StoreError."""
+    """The same operations on a Redis server (`url`: redis://host:port/db); every failure is a StoreError.
 
-    def __init__(self, url: str, timeout_seconds: float = 2.0):
+    One try per call, with a short timeout: the caller (`ui.room_sync`, off the page's thread) decides when to
+    try again. (redis-py's own default retries three times with backoff: 6.5 s a call on a paused server.)"""
+
+    def __init__(self, url: str, timeout_seconds: float = 0.5):
         import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
 
         self._errors = (redis.RedisError, OSError)
         try:
             self._client = redis.Redis.from_url(url, decode_responses=True, socket_timeout=timeout_seconds,
-                                                socket_connect_timeout=timeout_seconds)
+                                                socket_connect_timeout=timeout_seconds, retry=Retry(NoBackoff(), 0))
         except ValueError as error:
             raise StoreError(f"{STORE_ENV} is not a Redis URL") from error
 
@@ -80,16 +98,29 @@ class RedisStore:
         return self._call(self._client.get, key)
 
     def set(self, key: str, value: str, ttl_seconds: float) -> None:
-        self._call(self._client.set, key, value, px=max(1, round(ttl_seconds * 1000)))
+        self._call(self._client.set, key, value, px=milliseconds(ttl_seconds))
 
     def delete(self, key: str) -> None:
         self._call(self._client.delete, key)
+
+    def update(self, key: str, change: Callable[[str | None], str | None], ttl_seconds: float) -> None:
+        def attempt(pipe) -> None:  # WATCH key, read, MULTI, write, EXEC: redis-py runs it again if key changed
+            new = change(pipe.get(key))
+            if new is not None:
+                pipe.multi()
+                pipe.set(key, new, px=milliseconds(ttl_seconds))
+
+        self._call(self._client.transaction, attempt, key)
 
     def _call(self, operation, *args, **options):
         try:
             return operation(*args, **options)
         except self._errors as error:
             raise StoreError(f"the Redis store cannot be used: {type(error).__name__}: {error}") from error
+
+
+def milliseconds(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
 
 
 def store_from_env(env: Mapping[str, str]) -> Store:

@@ -1,0 +1,210 @@
+"""Rooms off the page's thread: one background thread per process does every store call for the pages.
+
+A page never waits for the store. A leader's draw hands its state to `publish` (a dict write: the latest state
+of each page wins, an older one not yet sent is dropped), and reads back whether it still leads. A follower's
+poll reads the room as the thread last read it (`watch`): the thread reads every watched room every
+`READ_SECONDS`, one read per room for all the pages of the process that follow it.
+
+A store that fails (down, paused, unreachable) is noticed once: the thread keeps what it could not send, says
+what went wrong (`error`) and tries again after `RETRY_FIRST`, doubling up to `RETRY_MAX`, so a returning store
+gets the leaders' latest states and the followers' reads within a fraction of a second. The store's own calls
+have a short timeout (`ui.store.RedisStore`); the thread alone waits for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from ui.rooms import Room, Rooms
+from ui.store import StoreError
+
+READ_SECONDS = 0.25  # a watched room is read this often (a follower polls the result twice a second)
+RETRY_FIRST, RETRY_MAX = 0.1, 0.25  # seconds before trying a failing store again: doubles up to RETRY_MAX
+WATCH_KEEP = 60.0  # a room no page asked about for this long is no longer read
+PAGE_KEEP = 60.0  # a leading page not heard from for this long is forgotten
+log = logging.getLogger("kvscope")
+
+
+@dataclass(frozen=True)
+class Seen:
+    """A room as last read: `room` None when it does not exist or could not be read (`error` says why)."""
+
+    room: Room | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Job:
+    secret: str
+    query: dict[str, str] | None  # None: end the room
+    claim: bool = False
+
+
+class RoomSync:
+    """Publishes, ends and reads rooms (`rooms`) on a thread of its own; every method returns at once, but for
+    `watch(wait=…)` and `settle`, which wait at most the time they are given."""
+
+    def __init__(self, rooms: Rooms):
+        self.rooms = rooms
+        self._lock = threading.Condition()
+        self._jobs: dict[str, Job] = {}  # page id → its latest job not sent yet
+        self._superseded: set[str] = set()  # pages another page took the room from
+        self._heard: dict[str, float] = {}  # page id → when it last published
+        self._watched: dict[str, float] = {}  # room code → when a page last asked for it
+        self._seen: dict[str, Seen] = {}
+        self._error: str | None = None
+        self._retry_at, self._retry_wait = 0.0, RETRY_FIRST
+        self._next_read = 0.0
+        self._hurry = False  # a round is wanted now (a new room to read, a caller settling)
+        self._started = self._finished = 0  # rounds
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="kvscope-rooms", daemon=True)
+        self._thread.start()
+
+    # -- the pages' side ---------------------------------------------------------------------------------
+
+    def publish(self, page: str, secret: str, query: dict[str, str], claim: bool = False) -> None:
+        """Send page `page`'s state to its room; `claim` takes the room from any other page. A page that lost
+        the room sends nothing until it claims it again."""
+        with self._lock:
+            if claim:
+                self._superseded.discard(page)
+            elif page in self._superseded:
+                return
+            pending = self._jobs.get(page)
+            keep_claim = pending is not None and pending.query is not None and pending.claim
+            self._jobs[page] = Job(secret, dict(query), claim or keep_claim)
+            self._heard[page] = time.monotonic()
+            self._lock.notify_all()
+
+    def end(self, page: str, secret: str) -> None:
+        """Delete the room (its followers then wait for it to come back)."""
+        with self._lock:
+            self._jobs[page] = Job(secret, None)
+            self._superseded.discard(page)
+            self._lock.notify_all()
+
+    def leads(self, page: str) -> bool:
+        """False once another page has claimed the room this page published to."""
+        with self._lock:
+            return page not in self._superseded
+
+    @property
+    def error(self) -> str | None:
+        """Why the store could not be used at the last try; None when it worked."""
+        with self._lock:
+            return self._error
+
+    def watch(self, code: str, wait: float = 0.0) -> Seen | None:
+        """The room `code` as last read, and read from now on; a room not read yet is waited for up to `wait`
+        seconds (not at all while the store is failing, whose error it then says), else None: not known yet."""
+        deadline = time.monotonic() + wait
+        with self._lock:
+            self._watched[code] = time.monotonic()
+            if code not in self._seen:
+                self._hurry = True
+                self._lock.notify_all()
+                while code not in self._seen and self._error is None and time.monotonic() < deadline:
+                    self._lock.wait(deadline - time.monotonic())
+            if code not in self._seen and self._error is not None:
+                return Seen(None, self._error)
+            return self._seen.get(code)
+
+    def settle(self, timeout: float = 10.0) -> bool:
+        """Wait until a whole round started after this call has finished (every job sent, every watched room
+        read) or failed; False if that took more than `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            wanted = self._started + 1
+            self._hurry = True
+            self._lock.notify_all()
+            while self._finished < wanted and time.monotonic() < deadline:
+                self._lock.wait(deadline - time.monotonic())
+            return self._finished >= wanted
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+        self._thread.join(timeout=5)
+
+    # -- the thread ----------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._closed and (wait := self._idle_for()) != 0.0:
+                    self._lock.wait(wait)
+                if self._closed:
+                    return
+                jobs, codes = self._start_round()
+            error = self._round(jobs, codes)
+            with self._lock:
+                self._end_round(jobs, codes, error)
+
+    def _idle_for(self) -> float | None:
+        """Seconds until the next round is due (0: now; None: when something is asked)."""
+        now = time.monotonic()
+        if self._error is not None and now < self._retry_at:
+            return self._retry_at - now
+        if self._jobs or self._hurry or (self._watched and now >= self._next_read):
+            return 0.0
+        return self._next_read - now if self._watched else None
+
+    def _start_round(self) -> tuple[dict[str, Job], list[str]]:
+        now = time.monotonic()
+        self._started += 1
+        self._hurry = False
+        self._next_read = now + READ_SECONDS
+        for code in [c for c, asked in self._watched.items() if now - asked > WATCH_KEEP]:
+            del self._watched[code]
+            self._seen.pop(code, None)
+        for page in [p for p, heard in self._heard.items() if now - heard > PAGE_KEEP]:
+            del self._heard[page]
+            self._superseded.discard(page)
+        jobs, self._jobs = self._jobs, {}
+        return jobs, list(self._watched)
+
+    def _round(self, jobs: dict[str, Job], codes: list[str]) -> StoreError | None:
+        """Send the jobs (each removed from `jobs` once done), then read the rooms; the store's error, if any."""
+        try:
+            for page in list(jobs):
+                job = jobs[page]
+                if job.query is None:
+                    self.rooms.end(job.secret)
+                elif self.rooms.publish(job.secret, job.query, page, job.claim) is None:
+                    with self._lock:
+                        self._superseded.add(page)
+                del jobs[page]
+            seen = {code: Seen(self.rooms.read(code)) for code in codes}
+        except StoreError as error:
+            return error
+        with self._lock:
+            self._seen.update(seen)
+        return None
+
+    def _end_round(self, unsent: dict[str, Job], codes: list[str], error: StoreError | None) -> None:
+        """Under the lock: keep what was not sent (unless its page sent something newer), note the store's state."""
+        for page, job in unsent.items():
+            newer = self._jobs.get(page)
+            if newer is None:
+                self._jobs[page] = job
+            elif job.claim and newer.query is not None:
+                self._jobs[page] = Job(newer.secret, newer.query, True)
+        if error is None:
+            if self._error is not None:
+                log.warning("the room store works again")
+            self._error, self._retry_wait = None, RETRY_FIRST
+        else:
+            if self._error is None:
+                log.warning("the room store failed: %s", error)  # once per outage, not once per try
+            self._error = str(error)
+            self._retry_at = time.monotonic() + self._retry_wait
+            self._retry_wait = min(2 * self._retry_wait, RETRY_MAX)
+            for code in codes:
+                self._seen[code] = Seen(None, self._error)
+        self._finished = self._started
+        self._lock.notify_all()

@@ -17,6 +17,8 @@ EN = {
     "reason_bad_flag": "must be 0 or 1",
     "reason_too_long": "too long",
     "reason_control_chars": "control characters were removed",
+    "reason_invalid_text": "bytes that are not valid text (invalid UTF-8, a lone surrogate) were removed: the model "
+                           "would have read each as “�” (U+FFFD)",
     "reason_model_not_allowed": "this server does not offer that model",
     "reason_below_floor": "above 0 but below the smallest temperature allowed — 0 means greedy",
     "bad_input": "Cannot run this: {error}",
@@ -309,6 +311,7 @@ ZH = {
     "reason_bad_flag": "只能是 0 或 1",
     "reason_too_long": "太长",
     "reason_control_chars": "已删除控制字符",
+    "reason_invalid_text": "已删除不是有效文本的字节（无效的 UTF-8、孤立的代理项）：否则模型会把它们读成“�”（U+FFFD）",
     "reason_model_not_allowed": "本服务器不提供该模型",
     "reason_below_floor": "大于 0 但小于允许的最小温度——0 表示贪心",
     "bad_input": "无法运行：{error}",

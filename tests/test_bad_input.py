@@ -1,6 +1,8 @@
 """The bad-input catalogue (README, "Hosting"): every case shows a clear message, never a traceback,
 and the page keeps working afterwards."""
 
+from urllib.parse import parse_qs  # as Streamlit decodes a page's link
+
 import pytest
 
 import engine
@@ -43,6 +45,8 @@ LINK_CASES = [
     ({"model": "/etc"}, "model", "reason_model_not_allowed"),
     ({"model": "../../etc/passwd"}, "model", "reason_model_not_allowed"),
     ({"prompt": "hi\x00\x07 there"}, "prompt", "reason_control_chars"),
+    # `abc%ED%A0%80def` (invalid UTF-8: an encoded lone surrogate) as the server decodes a link: "abc���def"
+    ({"prompt": parse_qs("prompt=abc%ED%A0%80def")["prompt"][0]}, "prompt", "reason_invalid_text"),
 ]
 
 
@@ -50,7 +54,7 @@ LINK_CASES = [
 def test_malformed_link_value(params, param, reason, embedded_model):
     at = start(**params)
     assert not at.exception, at.exception
-    assert any(f"“{safe.text(param)}=" in w.value and strings.t(reason) in w.value for w in at.warning), messages(at)
+    assert any(f"“{safe.text(param)}=" in w.value and safe.text(strings.t(reason)) in w.value for w in at.warning), messages(at)
     keeps_working(at)
 
 
@@ -97,6 +101,21 @@ def test_control_characters_typed(embedded_model):
     assert any(strings.t("reason_control_chars") in w.value for w in at.warning)
     keeps_working(at)
     assert "bell and null here" in shown_text(at)
+
+
+def test_invalid_utf8_in_a_link_is_removed_with_a_message(embedded_model):
+    at = start(prompt=parse_qs("prompt=abc%ED%A0%80def")["prompt"][0], chat=0, step=1)
+    assert any(safe.text(strings.t("reason_invalid_text")) in w.value and "“abcdef”" in w.value for w in at.warning), messages(at)
+    assert shown_text(at).startswith("abcdef") and "\ufffd" not in shown_text(at)
+    keeps_working(at)
+
+
+def test_replacement_characters_typed(embedded_model):
+    at = start()  # a widget's value cannot carry a lone surrogate (protobuf strings are UTF-8): test_state checks it
+    at.text_area(key="w_prompt").set_value("pasted \ufffd\ufffd bytes").run()
+    assert not at.exception
+    assert any(safe.text(strings.t("reason_invalid_text")) in w.value for w in at.warning), messages(at)
+    keeps_working(at)
 
 
 @pytest.mark.parametrize("prompt", ["مرحبا، ما هي ذاكرة KV؟", "שלום עולם", "解释什么是Transformer 🤖🚀👩‍👩‍👧"])

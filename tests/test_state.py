@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 import engine
 from ui.settings import load_limits
-from ui.state import AppState, clamp, parse_query, to_query
+from ui.state import AppState, clamp, clean_prompt, parse_query, to_query
 
 
 def test_default_state_round_trips_through_a_link():
@@ -60,6 +60,18 @@ def test_prompt_loses_control_characters_and_is_bounded():
     assert len(state.prompt) == 4000 and problems[0].reason == "too_long"
     state, problems = parse_query({"prompt": "مرحبا 你好 👋\nline two\tTab"})
     assert state.prompt == "مرحبا 你好 👋\nline two\tTab" and problems == []
+
+
+def test_bytes_that_are_not_text_are_removed_and_named():
+    from streamlit.runtime.state.query_params import _parse_query_string  # how the server decodes a page's link
+
+    linked = _parse_query_string("prompt=abc%ED%A0%80def")["prompt"][-1]  # a UTF-8-encoded lone surrogate
+    assert linked == "abc\ufffd\ufffd\ufffddef"  # what the model would read, were it not cleaned
+    state, problems = parse_query({"prompt": linked})
+    assert state.prompt == "abcdef" and [p.reason for p in problems] == ["invalid_text"]
+    assert clean_prompt("lone \ud800 surrogate") == ("lone  surrogate", ("invalid_text",))
+    assert clean_prompt("bell\x07 and \ufffd") == ("bell and ", ("control_chars", "invalid_text"))
+    assert clean_prompt("\ufffd" + "x" * 5000) == ("x" * 4000, ("invalid_text", "too_long"))
 
 
 def test_layer_and_head_are_fitted_to_the_model():

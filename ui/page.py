@@ -137,9 +137,9 @@ def draw_page() -> None:
         st.button(t("use_default"), key="use_default", on_click=use_default_model)
         return
     state = current_state()
-    prompt, problem = clean_prompt(state.prompt)
-    if problem:
-        st.warning(t("prompt_cleaned", reason=t("reason_" + problem)))
+    prompt, reasons = clean_prompt(state.prompt)
+    for reason in reasons:
+        st.warning(t("prompt_cleaned", reason=t("reason_" + reason)))
     try:
         runner.configure(run_config(replace(state, prompt=prompt), limits))
     except engine.KvscopeError as error:

@@ -92,11 +92,14 @@ def parse_query(params: Mapping[str, str | list[str]]) -> tuple[AppState, list[P
         if f.name not in params:
             continue
         raw = params[f.name]
-        raw = raw[-1] if isinstance(raw, list) else raw
-        value, reason = _parse_one(f.name, str(raw), getattr(defaults, f.name))
+        raw = str(raw[-1] if isinstance(raw, list) else raw)
+        if f.name == "prompt":
+            value, reasons = clean_prompt(raw)
+        else:
+            value, reason = _parse_one(f.name, raw, getattr(defaults, f.name))
+            reasons = (reason,) if reason else ()
         values[f.name] = value
-        if reason:
-            problems.append(Problem(f.name, str(raw)[:80], _show(value), reason))
+        problems += [Problem(f.name, raw[:80], _show(value), reason) for reason in reasons]
     if "prompt" not in values:
         values["prompt"] = default_prompt(values.get("lang", defaults.lang))
     return replace(defaults, **values), problems
@@ -127,17 +130,35 @@ def _parse_one(name: str, raw: str, default):
         if raw in ("0", "1"):
             return raw == "1", None
         return default, "bad_flag"
-    if name == "prompt":
-        return clean_prompt(raw)
     return raw.strip(), None  # model: checked against the allow-list when loading
 
 
-def clean_prompt(text: str) -> tuple[str, str | None]:
-    """Drop control characters (newline and tab stay) and cut to MAX_PROMPT_CHARS; say why if changed."""
-    cleaned = "".join(ch for ch in text if ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cs"))
-    if len(cleaned) > MAX_PROMPT_CHARS:
-        return cleaned[:MAX_PROMPT_CHARS], "too_long"
-    return cleaned, ("control_chars" if cleaned != text else None)
+REPLACEMENT = "\ufffd"  # what a link's bytes that are not UTF-8 text arrive as (the query is decoded with errors="replace")
+
+
+def clean_prompt(text: str) -> tuple[str, tuple[str, ...]]:
+    """Drop what is not text, then cut to MAX_PROMPT_CHARS; return the prompt and why it changed (reasons, each a
+    key "reason_…" in ui.strings): control characters (newline and tab stay), and bytes that were not valid text
+    (a link's invalid UTF-8, e.g. %ED%A0%80, arrives as U+FFFD replacement characters; a lone surrogate), which the
+    model would otherwise read as "�"."""
+    reasons = []
+    for reason, removed in (("control_chars", _is_control), ("invalid_text", _is_not_text)):
+        kept = "".join(ch for ch in text if not removed(ch))
+        if kept != text:
+            reasons.append(reason)
+        text = kept
+    if len(text) > MAX_PROMPT_CHARS:
+        text = text[:MAX_PROMPT_CHARS]
+        reasons.append("too_long")
+    return text, tuple(reasons)
+
+
+def _is_control(ch: str) -> bool:
+    return ch not in "\n\t" and unicodedata.category(ch) == "Cc"
+
+
+def _is_not_text(ch: str) -> bool:
+    return ch == REPLACEMENT or unicodedata.category(ch) == "Cs"
 
 
 def _show(value) -> str:

@@ -10,7 +10,7 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import expect
 
 from tests.helpers import IDLE, WAIT_MS, link, press
-from tests.server import settled_text
+from tests.server import running_server, settled_text
 from ui import rooms, strings
 
 pytestmark = pytest.mark.browser
@@ -101,7 +101,7 @@ def test_two_followers_follow_the_leader_until_one_explores_on_its_own(server, p
     for step in ("5", "6"):
         now = leader_moves(leader, "b_next", step=step)
         shows(second, now)
-    time.sleep(2)  # four of a follower's polls: had the first kept following, it would have moved by now
+    time.sleep(2)  # had the first kept following, the leader's moves would have reached it by now
     assert shown(first) == own and link(first)["step"] == own_step == "4"
     press(first, "b_back")  # its presses are its own
     first.wait_for_function("s => new URL(location.href).searchParams.get('step') === s", arg="3",
@@ -163,3 +163,25 @@ def test_a_follower_who_presses_next_is_told_at_once_and_stays_at_its_own_step(s
     expect(stays.get_by_text(strings.t("follow_following"))).to_be_visible()
     press(moved, "b_follow_return")
     shows(moved, now)
+
+
+def test_followers_move_with_the_leader_at_once_with_their_polls_slowed_right_down(pages, tmp_path):
+    """The leader's move reaches its followers on the same server by itself (ui/push.py), not by their polls."""
+    leader, first, second = pages
+    with running_server(tmp_path / "server.log", env={"KVSCOPE_FOLLOW_POLL_S": "600"}) as (url, _):
+        leader.goto(f"{url}/?lead=1")
+        settled_text(leader)
+        href = leader.locator(".st-key-follow-link a").get_attribute("href")
+        for follower in (first, second):
+            follower.goto(href)
+            shows(follower, shown(leader))
+        for step in ("1", "2", "3"):
+            now = leader_moves(leader, "b_next", step=step)
+            for follower in (first, second):
+                shows(follower, now)
+        leader.wait_for_selector(IDLE, timeout=WAIT_MS)
+        leader.locator(".st-key-w_view label", has_text=strings.t("view_kv")).click()
+        leader.wait_for_function("() => new URL(location.href).searchParams.get('view') === 'kv'", timeout=WAIT_MS)
+        now = shown(leader)
+        for follower in (first, second):
+            shows(follower, now)

@@ -187,3 +187,41 @@ def test_a_page_that_lost_its_room_is_told_and_sends_nothing_until_it_takes_it_b
         assert room_sync.watch(code).room.query == {**STATE, "step": "9"}
     finally:
         room_sync.close()
+
+
+def test_a_watched_rooms_new_state_is_told_once_and_an_unchanged_one_never():
+    told = []
+    room_sync = RoomSync(Rooms(MemoryStore()), on_change=told.append)
+    try:
+        secret, code = rooms.lead_or_resume("1")
+        room_sync.publish("laptop", secret, STATE, claim=True)
+        assert room_sync.settle()
+        assert room_sync.watch(code, wait=2.0).room.query == STATE  # the first read is the page's own: not told
+        for _ in range(3):
+            assert room_sync.settle()
+        assert told == []
+        room_sync.publish("laptop", secret, STATE | {"step": "4"})
+        wait_for(lambda: told, 2.0, "the new state told")
+        for _ in range(3):
+            assert room_sync.settle()
+        assert told == [code]
+        room_sync.end("laptop", secret)
+        wait_for(lambda: len(told) == 2, 2.0, "the room's end told")
+    finally:
+        room_sync.close()
+
+
+def test_a_failing_listener_does_not_stop_the_thread():
+    def broken(code):
+        raise RuntimeError("boom")
+
+    room_sync = RoomSync(Rooms(MemoryStore()), on_change=broken)
+    try:
+        secret, code = rooms.lead_or_resume("1")
+        room_sync.publish("laptop", secret, STATE, claim=True)
+        room_sync.watch(code, wait=2.0)
+        room_sync.publish("laptop", secret, STATE | {"step": "4"})
+        assert room_sync.settle() and room_sync.settle()
+        assert room_sync.watch(code).room.query["step"] == "4"
+    finally:
+        room_sync.close()

@@ -36,13 +36,15 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 import segno
 import streamlit as st
 
-from ui import rooms
+from ui import push, rooms
 from ui.room_sync import RoomSync, Seen
 from ui.state import AppState, to_query
 from ui.store import StoreError, store_from_env
 
 OWN = frozenset({"lang", "large"})  # a follower's own settings, never taken from the leader
-POLL_SECONDS = 0.5  # a follower sees the leader's move within about this (plus its own redraw)
+# A follower's page runs as soon as this server's RoomSync reads a new state of its room (`ui.push`); the poll is
+# the safety net (a run that was asked for but lost), so it can be slow: a poll is a script run per follower.
+POLL_SECONDS = float(os.environ.get("KVSCOPE_FOLLOW_POLL_S") or 3.0)
 LEAD_SECONDS = 1.0  # the leader's heartbeat (well inside rooms.ROOM_TTL_SECONDS) and check of its status
 JOIN_WAIT = 1.0  # a page waits at most this for a room's first read (opening a follow link, a throttled tab)
 ss = st.session_state
@@ -60,7 +62,7 @@ SPACING_CSS = "<style>.st-key-follow-share, .st-key-follow-banner { margin-top: 
 @st.cache_resource(show_spinner=False, on_release=RoomSync.close)
 def room_sync() -> RoomSync:
     """The process's one RoomSync over its one store (KVSCOPE_STORE); a misconfigured store raises StoreError."""
-    return RoomSync(rooms.Rooms(store_from_env(os.environ)))
+    return RoomSync(rooms.Rooms(store_from_env(os.environ)), on_change=push.notify)
 
 
 def sync() -> RoomSync | None:
@@ -84,6 +86,8 @@ def take_over(apply: Callable[[dict[str, str]], None]) -> None:
     only), then the leader's pending state through `apply` (the leader's link parameters, `OWN` left out)."""
     if "follow_role" not in ss:
         begin(st.query_params.to_dict())
+    if ss.get("follow_role") == "follow" and ss.get("follow_mode") in ("following", "waiting"):
+        refresh()  # a run pushed by the leader's move (`ui.push`) applies it in this run
     pending = ss.pop("follow_pending", None)
     if pending is not None and ss.get("follow_role") == "follow":
         apply(pending)
@@ -280,14 +284,20 @@ def take_back() -> None:
         ss.follow_claim = True
 
 
-def poll() -> None:
-    """A follower's timed check of the room (as the RoomSync thread last read it), and of a press of "Follow the
-    teacher again": the page is redrawn when the leader's state is not the one it shows."""
+def refresh() -> None:
+    """Follow the room as the RoomSync thread last read it (no store call here)."""
     room_sync = sync()
     if room_sync is not None and ss.get("follow_mode") in ("following", "waiting"):  # not after a move of its own
         seen = room_sync.watch(ss.follow_code, wait=JOIN_WAIT)  # waits only for a room not read lately
         if seen is not None:
             follow_seen(seen)
+
+
+def poll() -> None:
+    """A follower's timed check of the room, and of a press of "Follow the teacher again": the page is redrawn when
+    the leader's state is not the one it shows."""
+    push.listen(ss.follow_code if ss.get("follow_mode") in ("following", "waiting") else None)
+    refresh()
     if ss.get("follow_pending") is None:
         return
     if ss.follow_pending == ss.get("follow_shown"):

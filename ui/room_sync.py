@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ui.rooms import Room, Rooms
@@ -36,6 +37,11 @@ class Seen:
     error: str | None = None
 
 
+def shown(seen: Seen) -> tuple | None:
+    """What a follower shows of a room: its version and state (None: no room)."""
+    return None if seen.room is None else (seen.room.version, seen.room.query)
+
+
 @dataclass(frozen=True)
 class Job:
     secret: str
@@ -47,8 +53,9 @@ class RoomSync:
     """Publishes, ends and reads rooms (`rooms`) on a thread of its own; every method returns at once, but for
     `watch(wait=…)` and `settle`, which wait at most the time they are given."""
 
-    def __init__(self, rooms: Rooms):
+    def __init__(self, rooms: Rooms, on_change: Callable[[str], object] | None = None):
         self.rooms = rooms
+        self.on_change = on_change  # called on the thread with a watched room's code when its state changed
         self._lock = threading.Condition()
         self._jobs: dict[str, Job] = {}  # page id → its latest job not sent yet
         self._superseded: set[str] = set()  # pages another page took the room from
@@ -183,7 +190,14 @@ class RoomSync:
         except StoreError as error:
             return error
         with self._lock:
+            changed = [code for code, now in seen.items()
+                       if code in self._seen and shown(self._seen[code]) != shown(now)]
             self._seen.update(seen)
+        for code in changed if self.on_change else ():
+            try:
+                self.on_change(code)
+            except Exception:  # noqa: BLE001 — telling pages early is a courtesy; the thread must go on
+                log.warning("telling pages of a room's change failed", exc_info=True)
         return None
 
     def _end_round(self, unsent: dict[str, Job], codes: list[str], error: StoreError | None) -> None:

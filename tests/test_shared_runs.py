@@ -2,6 +2,7 @@
 
 import threading
 
+import pytest
 import torch
 
 import engine
@@ -167,3 +168,30 @@ def test_two_browser_sessions_on_one_link_share_one_run(monkeypatch):
     assert after_first[0] >= 1 and (calls.prefills, calls.steps) == after_first  # the second page computed nothing
     assert shown_text(second) == shown_text(first)
     assert first.session_state.runner.run is second.session_state.runner.run
+
+
+def test_the_store_keeps_no_build_lock_for_keys_read_before_or_failed():
+    """A key's build lock lives while the key is being asked for: a server that re-reads thousands of runs over a
+    term does not keep a lock for each (hits, builds and failed builds alike), even with pages asking at once."""
+    class Sized:
+        nbytes = 1
+
+    store = RunStore(10**9)
+
+    def fail():
+        raise ValueError("a prompt too long")
+
+    def ask(key):
+        for _ in range(20):
+            store.get(key, Sized)
+
+    threads = [threading.Thread(target=ask, args=(k % 5,)) for k in range(10)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for key in range(5, 8):
+        with pytest.raises(ValueError):
+            store.get(key, fail)
+    assert store.built == 5 and len(store.keys) == 5
+    assert store._building == {}  # noqa: SLF001 — the leak this guards against lived there

@@ -282,17 +282,21 @@ class RunStore:
     def get(self, key: RunKey, build: Callable[[], Run]) -> Run:
         with self._lock:
             building = self._building.setdefault(key, threading.Lock())
-        with building:
-            with self._lock:
-                run = self._runs.get(key)
-                if run is not None:
-                    self._runs.move_to_end(key)
-                    return run
-            run = build()  # may raise (a prompt too long): nothing is stored
-            with self._lock:
-                self._runs[key] = run
-                self._building.pop(key, None)
-                self.built += 1
+        try:
+            with building:
+                with self._lock:
+                    run = self._runs.get(key)
+                    if run is not None:
+                        self._runs.move_to_end(key)
+                        return run
+                run = build()  # may raise (a prompt too long): nothing is stored
+                with self._lock:
+                    self._runs[key] = run
+                    self.built += 1
+        finally:
+            with self._lock:  # a key's build lock lives while it is asked for, not for every key ever read
+                if self._building.get(key) is building and not building.locked():
+                    del self._building[key]
         self.trim()
         return run
 

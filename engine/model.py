@@ -20,6 +20,7 @@ from engine.kv_cache import BlockPool, BlockTable, kv_bytes_per_token
 from engine.layers import linear, mlp, norm, project_qkv
 from engine.recorder import ForwardRecord, StepRecorder
 from engine.rope import Rope, apply_rope
+from engine.settings import DEFAULT_BLOCK_SIZE
 from engine.trace import Capture
 from engine.weights import LayerWeights, Weights
 
@@ -149,7 +150,7 @@ class Model:
         ids = torch.tensor([token_id], device=self.device)
         return self.embed(ids, torch.tensor([position], device=self.device))[0].cpu()
 
-    def full_attention(self, ids: list[int], layer: int, block_size: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    def full_attention(self, ids: list[int], layer: int, block_size: int = DEFAULT_BLOCK_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer's causal attention over the whole sequence `ids`, by one fresh prefill pass.
 
         Returns probabilities and scores, each (q_heads, n, n). The rows equal what step-by-step decoding

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from engine.errors import InvalidSettingError
 from engine.kv_cache import BlockPool, BlockTable
+from engine.settings import DEFAULT_BLOCK_SIZE
 from engine.trace import PrefixHit
 
 POLICIES = ("block", "radix", "whole")
@@ -48,7 +49,7 @@ class PrefixCache:
     this cache, the prefix index over it, and the allocation rule that ties them (a block the pool
     hands out is first evicted from the index; a released block the index holds stays hittable)."""
 
-    def __init__(self, model, policy: str = "block", block_size: int = 16, capacity_blocks: int = 512):
+    def __init__(self, model, policy: str = "block", block_size: int = DEFAULT_BLOCK_SIZE, capacity_blocks: int = 512):
         if policy not in POLICIES:
             raise InvalidSettingError(f"unknown prefix-cache policy {policy!r}; choose one of {', '.join(POLICIES)}")
         if isinstance(capacity_blocks, bool) or not isinstance(capacity_blocks, int) or capacity_blocks < 1:
@@ -207,11 +208,14 @@ class PolicyReuse:
     hits: list[bool]
 
 
+HISTORY_LIMIT = 8  # published prompts a user's history keeps
+
+
 class PromptHistory:
     """The prompts one user published, oldest first (the last `limit`): what a new prompt is aligned
     with, and what the policy comparison replays."""
 
-    def __init__(self, limit: int = 8):
+    def __init__(self, limit: int = HISTORY_LIMIT):
         self.limit = limit
         self.prompts: list[list[int]] = []
 

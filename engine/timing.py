@@ -23,6 +23,7 @@ import torch
 from engine.kv_cache import BlockTable
 from engine.model import Model, ModelInfo
 from engine.session import DecodeSession
+from engine.settings import DEFAULT_BLOCK_SIZE
 from engine.trace import Capture
 
 WARM_UP_PROMPT_TOKENS = 24
@@ -32,7 +33,7 @@ BANDWIDTH_TRIES = 3  # per measurement; the best counts
 TIMED_STEPS = 8
 UNTIMED_STEPS = 2  # before the timed ones, at the same context
 PREFILL_TRIES = 3
-MEASURE_BLOCK = 16
+MEASURE_BLOCK = DEFAULT_BLOCK_SIZE
 _measuring = threading.Lock()  # one measurement at a time per process: they would slow each other down
 
 

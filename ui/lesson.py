@@ -10,11 +10,12 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.settings import DEFAULT_BLOCK_SIZE
 from viz.words import LANGUAGES
 
 TEXT_PARTS = ("title", "body", "look", "claim", "question", "answer")
 SETTINGS = ("block_size", "kv_splits", "pool")  # settings a chapter may set besides the view and step; others keep theirs
-DEFAULT_SETTINGS = {"block_size": 16, "kv_splits": 1, "pool": "own"}  # what a chapter that names none of them uses
+DEFAULT_SETTINGS = {"block_size": DEFAULT_BLOCK_SIZE, "kv_splits": 1, "pool": "own"}  # what a chapter that names none of them uses
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,6 @@ from engine.tokens import TokenCell, candidate_cells, token_cells
 from engine.trace import PrefixHit, SplitKVTrace, StepTrace
 from ui.settings import Limits, load_limits, step_limits
 
-HISTORY = 8  # published prompts kept for the policy comparison
 CLASSROOM_CACHES = 3  # (policy, block size) pools a class keeps; the least recently used is dropped first
 CAPTURE = engine.Capture(attention_budget=1_000_000)  # a prefill keeps at most 4 MB each of probs and scores
 
@@ -327,7 +326,7 @@ class Runner:
     prefix cache, when the host turns it on; runs then depend on what other pages ran, so they are never shared.
     """
 
-    def __init__(self, model: engine.Model, cache_tokens: int, keep_full_traces: int = 8,
+    def __init__(self, model: engine.Model, cache_tokens: int, keep_full_traces: int = Limits.full_traces,
                  classroom: ClassroomCache | None = None, runs: RunStore | None = None):
         self.model = model
         self.cache_tokens = cache_tokens  # the pool's size in positions, whatever the block size
@@ -337,7 +336,7 @@ class Runner:
         self.lock = threading.RLock()  # this page's own state
         self.config: RunConfig | None = None
         self.run: Run | None = None
-        self.history = PromptHistory(HISTORY)  # the prompts this browser session published
+        self.history = PromptHistory()  # the prompts this browser session published
         self._saw_prefill = False  # this page reached step 1 of its run: leaving it publishes the prompt
         self._finalizer: weakref.finalize | None = None
 
@@ -370,7 +369,7 @@ class Runner:
         computed once and kept in the store."""
         with self.lock:
             self.close()
-            self.history = PromptHistory(HISTORY)
+            self.history = PromptHistory()
 
     def publish_alone(self, config: RunConfig) -> None:
         """Make `config`'s prompt, prefilled at its settings, the only prompt this page has published: the page's

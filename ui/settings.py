@@ -80,23 +80,23 @@ def _int(env, name: str, default: int, low: int, high: int) -> int:
 def load_limits(env=os.environ) -> Limits:
     extra = tuple(m.strip() for m in env.get("KVSCOPE_MODELS", "").split(",") if m.strip())
     try:
-        pace = max(0.05, float(env.get("KVSCOPE_MIN_PACE", 0.3)))
+        pace = max(0.05, float(env.get("KVSCOPE_MIN_PACE", Limits.min_pace)))
     except ValueError:
-        pace = 0.3
+        pace = Limits.min_pace
     dtype, bad_dtype = _dtype(env)
     return Limits(
         models=("embedded",) + tuple(m for m in extra if m != "embedded"),
         allow_any_model=env.get("KVSCOPE_ALLOW_ANY_MODEL", "0") == "1",
-        max_prompt_tokens=_int(env, "KVSCOPE_MAX_PROMPT_TOKENS", 384, 1, 100_000),
-        max_new_tokens=_int(env, "KVSCOPE_MAX_NEW_TOKENS", 128, 1, 100_000),
-        cache_tokens=_int(env, "KVSCOPE_CACHE_TOKENS", 512, 64, 1_000_000),
-        full_traces=_int(env, "KVSCOPE_FULL_TRACES", 8, 1, 10_000),
-        shared_runs_mb=_int(env, "KVSCOPE_SHARED_RUNS_MB", 256, 0, 1_000_000),
+        max_prompt_tokens=_int(env, "KVSCOPE_MAX_PROMPT_TOKENS", Limits.max_prompt_tokens, 1, 100_000),
+        max_new_tokens=_int(env, "KVSCOPE_MAX_NEW_TOKENS", Limits.max_new_tokens, 1, 100_000),
+        cache_tokens=_int(env, "KVSCOPE_CACHE_TOKENS", Limits.cache_tokens, 64, 1_000_000),
+        full_traces=_int(env, "KVSCOPE_FULL_TRACES", Limits.full_traces, 1, 10_000),
+        shared_runs_mb=_int(env, "KVSCOPE_SHARED_RUNS_MB", Limits.shared_runs_mb, 0, 1_000_000),
         shared_prefix_cache=env.get("KVSCOPE_SHARED_PREFIX_CACHE", "0") == "1",
-        shared_cache_tokens=_int(env, "KVSCOPE_SHARED_CACHE_TOKENS", 8192, 64, 10_000_000),
-        lease_seconds=_int(env, "KVSCOPE_LEASE_SECONDS", 600, 10, 7 * 24 * 3600),
+        shared_cache_tokens=_int(env, "KVSCOPE_SHARED_CACHE_TOKENS", Limits.shared_cache_tokens, 64, 10_000_000),
+        lease_seconds=_int(env, "KVSCOPE_LEASE_SECONDS", Limits.lease_seconds, 10, 7 * 24 * 3600),
         min_pace=pace,
-        step_memory_mb=_int(env, "KVSCOPE_STEP_MEMORY_MB", 256, 16, 1_000_000),
+        step_memory_mb=_int(env, "KVSCOPE_STEP_MEMORY_MB", Limits.step_memory_mb, 16, 1_000_000),
         dtype=dtype,
         bad_dtype=bad_dtype,
     )

@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields, replace
 
 from engine.prefix_cache import POLICIES
 from engine.sampler import TEMPERATURE_FLOOR
+from engine.settings import DEFAULT_BLOCK_SIZE
 from ui.lesson import CHAPTERS
 from viz.words import LANGUAGES as LANGS
 
@@ -32,7 +33,7 @@ class AppState:
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     kv_splits: int = 1
     pool: str = "own"  # the KV view's pool: the run's own, or the run replayed in a pool other requests used first
     policy: str = "block"

@@ -157,13 +157,12 @@ def followers(browser, url: str, count: int, presses: int) -> None:
     link = leader.locator(".st-key-follow-link a").get_attribute("href")
     assert link and "follow=" in link, link
     pages, wires = [], []
-    for _ in range(count):
+    for _ in range(count):  # one after another: 30 pages opening at once on 2 cores time out
         page = browser.new_page(viewport={"width": 1280, "height": 720})
         wires.append(Wire(page))
-        page.goto(link)
-        pages.append(page)
-    for page in pages:
+        page.goto(link, timeout=WAIT_MS)
         settled_text(page)
+        pages.append(page)
     leader.locator("h1").first.click()
     lags, sent, own = [], [], []
     for _ in range(presses):

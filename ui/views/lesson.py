@@ -52,7 +52,7 @@ def facts(ctx: ViewContext) -> dict:
         context = trace.context_length
         out.update(id=trace.token_id, token=ctx.cells[-1].text, inputs=len(trace.input_ids),
                    context=context, position=trace.positions[-1], blocks=len(trace.block_table),
-                   kv_kib=context * info.kv_bytes_per_token / 1024, read_mib=context * info.kv_bytes_per_token / 2**20)
+                   kv_kib=info.kv_bytes(context) / 1024, read_mib=info.kv_bytes(context) / 2**20)
         out.update(cost_facts(info, context))
         if ctx.state.pool == "busy":
             out.update(busy_facts(runner.busy_pool(ctx.step)))

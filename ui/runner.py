@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import engine
 from engine.busy_pool import BusyPoolPicture, BusyPoolReplay
 from engine.prefix_cache import PolicyReuse, PromptHistory
-from engine.prompt import PromptSegment, prompt_segments, template_can_think
+from engine.prompt import PromptSegment, has_chat_template, prompt_segments, template_can_think
 from engine.split_kv import split_demo
 from engine.timing import DecodeTiming, measure_decode
 from engine.tokens import TokenCell, candidate_cells, token_cells
@@ -517,6 +517,11 @@ class Runner:
     def prompt_segments(self) -> list[PromptSegment]:
         """The prompt as the model reads it, split into the chat template's text and the user's."""
         return prompt_segments(self.model, self.config.prompt, self.config.chat, self.config.think)
+
+    @property
+    def can_chat(self) -> bool:
+        """Whether the model has a chat template to wrap the prompt in (a base model has none)."""
+        return has_chat_template(self.model.tokenizer)
 
     @property
     def can_think(self) -> bool:

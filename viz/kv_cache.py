@@ -95,6 +95,13 @@ def layer_lengths_frame(info: ModelInfo, length: int) -> pd.DataFrame:
                          for layer in range(info.layers)])
 
 
+def lengths_default(info: ModelInfo, length: int) -> int:
+    """The sequence length the per-layer picture opens at: the run's, or long enough for a sliding window to have
+    slid (four windows), within the model's limit."""
+    window = info.sliding_window
+    return min(info.context_limit, max(length, 4 * window if window else length))
+
+
 def window_saving(info: ModelInfo, length: int) -> tuple[int, int]:
     """K/V bytes of a `length`-position sequence: as loaded, and if every layer were global (kept it all)."""
     return info.kv_bytes(length), length * info.kv_bytes_per_token

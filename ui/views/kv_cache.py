@@ -8,8 +8,8 @@ from ui.context import ViewContext
 from ui.views.common import Part, figure, layer_head_pickers, table, titled, words
 from ui.state import POOLS
 from viz.kv_cache import (block_table_frame, busy_pool_figure, difference_text, kv_bytes_table, kv_values_figure,
-                          layer_lengths_figure, layer_lengths_frame, layer_lengths_table, occupancy_bar, pool_figure,
-                          window_saving)
+                          layer_lengths_figure, layer_lengths_frame, layer_lengths_table, lengths_default,
+                          occupancy_bar, pool_figure, window_saving)
 from viz.style import fmt_int, fmt_size
 
 
@@ -39,8 +39,7 @@ def render(ctx: ViewContext) -> None:
     st.markdown(ctx.t("not_stored"))
     layer, head = layer_head_pickers(ctx)
     kv_values(ctx, layer, head, length)
-    with Part("layers"):
-        layer_lengths(ctx, length)
+    layer_lengths(ctx, length)
     st.markdown(ctx.t("bytes_title"))
     table(kv_bytes_table(info, length, words(ctx)))
     st.caption(ctx.t("private_cache"))
@@ -90,16 +89,21 @@ def kv_values(ctx: ViewContext, layer: int, head: int, length: int) -> None:
 
 
 def layer_lengths(ctx: ViewContext, length: int) -> None:
-    """Each layer's cached length (a local layer's window against a global layer's all) and the bytes the windows
-    save against every layer global."""
+    """Each layer's cached length at a sequence length (a slider, opening past the window; `length` is this run's)
+    (a local layer's window against a global layer's all), the bytes the windows save against every layer
+    global, and a table per layer."""
     info = ctx.info
-    if info.sliding_window is None:
-        st.caption(ctx.t("window_none", n=length))
-        return
-    frame = layer_lengths_frame(info, length)
-    figure(layer_lengths_figure(frame, length, ctx.t("layer_lengths_title", n=length), ctx.large, words(ctx)),
-           "kv-layer-lengths")
-    kept, every = window_saving(info, length)
-    st.markdown(ctx.t("window_saved", n=length, all=fmt_size(every), w=info.sliding_window, kept=fmt_size(kept),
-                      saved=fmt_size(every - kept), percent=100 * (every - kept) / every))
+    place = Part("layers")  # the figure first; its slider under it
+    at = st.slider(ctx.t("lengths_slider"), 1, info.context_limit, key="w_lengths_at",
+                   value=lengths_default(info, length), help=ctx.t("lengths_slider_help", n=length))
+    frame = layer_lengths_frame(info, at)
+    with place:
+        figure(layer_lengths_figure(frame, at, ctx.t("layer_lengths_title", n=at), ctx.large, words(ctx)),
+               "kv-layer-lengths")
+        if info.sliding_window is None:
+            st.markdown(ctx.t("window_none", n=at))
+        else:
+            kept, every = window_saving(info, at)
+            st.markdown(ctx.t("window_saved", n=at, all=fmt_size(every), w=info.sliding_window, kept=fmt_size(kept),
+                              saved=fmt_size(every - kept), percent=100 * (every - kept) / every))
     table(layer_lengths_table(frame, words(ctx)))

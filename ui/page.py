@@ -269,7 +269,8 @@ def model_for(spec: str) -> tuple[engine.Model | None, str]:
 def load_with_stages(spec: str) -> engine.Model:
     """Load a model this process has not loaded yet, saying what it is doing (17–49 s on a first start)."""
     place = st.empty()
-    title = t("loading_embedded") if spec == "embedded" else t("loading", model=spec)  # no bare id in Chinese
+    embedded_titles = {"embedded": "loading_embedded", "embedded-zh": "loading_embedded_zh"}  # no bare id in Chinese
+    title = t(embedded_titles[spec]) if spec in embedded_titles else t("loading", model=spec)
     with place.container(), st.status(title, expanded=True):
         bar = st.progress(0.05, text=t("loading_read"))
         read_model(spec)

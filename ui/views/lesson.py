@@ -100,8 +100,8 @@ def window_facts(ctx: ViewContext, context: int) -> dict:
     else:
         inside = ctx.t("lesson_window_inside" if context <= window else "lesson_window_past")
         note = ctx.t("lesson_window_local", local=kinds.count("local"), window=window, global_=kinds.count("global"),
-                     context=context, inside=inside, at=at, all_at=Shown(fmt_size(every)), kept_at=Shown(fmt_size(kept)),
-                     percent_at=100 * (every - kept) / every)
+                     context=context, inside=inside, at=at, all_at=Shown(fmt_size(every)),
+                     kept_at=Shown(fmt_size(kept)), percent_at=100 * (every - kept) / every)
     return dict(window_note=note, window_at=at)
 
 

@@ -72,17 +72,28 @@ def test_the_kv_view_shows_each_layers_cached_length_and_the_bytes_saved(gemma_p
     at = start(model=gemma_page, prompt=PROMPT, chat=0, step=STEP, view="kv", layer=0, head=0, block_size=block)
     assert_clean(at)
     kinds = ("local (sliding window)", "global (all positions)")  # the bars' names: one trace per kind
-    lengths = next(c for c in charts(at) if {t.get("name") for t in c["data"]} == set(kinds))
-    by_layer = {int(x): int(y) for trace in lengths["data"]
-                for x, y in zip(matrix(trace["x"]), matrix(trace["y"]))}
-    expected = {i: GEMMA_WINDOW if kind == "sliding_attention" else n for i, kind in enumerate(config.layer_types)}
-    assert by_layer == expected
+
+    def bars(at):
+        lengths = next(c for c in charts(at) if {t.get("name") for t in c["data"]} == set(kinds))
+        return {int(x): int(y) for trace in lengths["data"] for x, y in zip(matrix(trace["x"]), matrix(trace["y"]))}
+
+    def kept_by_hand(length):  # a local layer keeps at most its window, a global one everything
+        return {i: min(length, GEMMA_WINDOW) if kind == "sliding_attention" else length
+                for i, kind in enumerate(config.layer_types)}
+
+    shown = 4 * GEMMA_WINDOW  # the picture opens four windows long, past where the window slid
+    assert bars(at) == kept_by_hand(shown)
     per_position = 4 * 2 * config.num_key_value_heads * config.head_dim  # float32 K and V of one position, one layer
-    every = per_position * n * config.num_hidden_layers
-    kept = per_position * sum(expected.values())
+    every = per_position * shown * config.num_hidden_layers
+    kept = per_position * sum(kept_by_hand(shown).values())
     text = markdown(at)
     size = fmt_size  # bytes as the page writes them (the numbers are this test's own)
-    assert f"would take {size(every)}" in text and f"its K/V take {size(kept)}" in text
+    assert f"all {shown} positions would take {size(every)}" in text and f"its K/V take {size(kept)}" in text
     assert f"{size(every - kept)} saved" in text
+    at.slider(key="w_lengths_at").set_value(n).run()  # the run's own length
+    assert_clean(at)
+    assert bars(at) == kept_by_hand(n)
+    text = markdown(at)
+    assert f"reading the last {GEMMA_WINDOW} cached positions in each local layer and all {n} in each global" in text
     first = (n - GEMMA_WINDOW) // block * block  # layer 0 is local: its window, in whole blocks
     assert f"holds positions {first}–{n - 1}" in text

@@ -42,10 +42,9 @@ def window_edge(fig: go.Figure, shown: slice, sliding_window: int, words: Words)
         first = query - sliding_window + 1 - shown.start  # the row's first key, as a cell index
         if first > 0:
             path.append(f"{'M' if not path else 'L'} {first - 0.5},{row - 0.5} L {first - 0.5},{row + 0.5}")
-    if not path:
-        return
-    fig.add_shape(type="path", path=" ".join(path), xref="x", yref="y", line=dict(color=OKABE_ITO["vermillion"],
-                                                                                   width=3))
+    if path:  # a window wider than the drawn positions has no edge in the picture: the words still say it
+        fig.add_shape(type="path", path=" ".join(path), xref="x", yref="y",
+                      line=dict(color=OKABE_ITO["vermillion"], width=3))
     fig.add_annotation(x=0, y=1, xref="paper", yref="paper", xanchor="left", yanchor="bottom", showarrow=False,
                        text=words["window_edge"].format(w=f"{sliding_window:,}"),
                        font=dict(color=OKABE_ITO["vermillion"]))

@@ -142,10 +142,12 @@ def link_params() -> dict[str, str]:
 
 def publish(state: AppState) -> None:
     """A leader's draw publishes its state as a link's parameters (others: nothing): without the leader's own
-    language and text size, and with the prompt always named (its default depends on the language)."""
+    language and text size, and with the prompt, model and chat switch always named (their defaults depend on the
+    language)."""
     if ss.get("follow_role") != "lead":
         return
-    query = {name: value for name, value in to_query(state).items() if name not in OWN} | {"prompt": state.prompt}
+    named = {"prompt": state.prompt, "model": state.model, "chat": "1" if state.chat else "0"}
+    query = {name: value for name, value in to_query(state).items() if name not in OWN} | named
     ss.follow_published = query
     send(query)
 

@@ -321,3 +321,14 @@ def test_a_setting_whose_widget_state_was_dropped_comes_back(monkeypatch):
     monkeypatch.setattr(page, "ss", state)
     page.restore_lost_settings()
     assert state["w_prompt"] == "Keep this prompt, please" and state["w_chat"] is True
+
+
+def test_a_base_model_turns_the_chat_switch_off_and_says_so(embedded_zh_model):
+    """Gemma 3 270M has no chat template: a link that asks for chat on it runs the prompt as it is, with a message,
+    and the switch is greyed."""
+    at = start(model="embedded-zh", chat=1, prompt="什么是KV缓存？KV缓存是", step=1)
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert at.session_state["w_chat"] is False and at.toggle(key="w_chat").disabled
+    assert any(strings.t("reason_no_chat_template") in w.value for w in at.warning)
+    assert at.query_params.get("chat") == "0"
+    assert shown_text(at).startswith("<bos>什么是KV缓存？KV缓存是")  # no template around it

@@ -97,3 +97,16 @@ def test_the_kv_view_shows_each_layers_cached_length_and_the_bytes_saved(gemma_p
     assert f"reading the last {GEMMA_WINDOW} cached positions in each local layer and all {n} in each global" in text
     first = (n - GEMMA_WINDOW) // block * block  # layer 0 is local: its window, in whole blocks
     assert f"holds positions {first}–{n - 1}" in text
+
+
+def test_the_model_card_carries_the_gemma_licence_notice_for_a_gemma_model_only(gemma_page, monkeypatch,
+                                                                                 tiny_model_dir):
+    notice = "Gemma is provided under and subject to the Gemma Terms of Use"
+    at = start(model=gemma_page, prompt=PROMPT, step=1)
+    assert_clean(at)
+    assert notice in markdown(at)
+    llama = tiny_model_dir("llama")
+    monkeypatch.setenv("KVSCOPE_MODELS", llama)
+    at = start(model=llama, prompt=PROMPT, chat=0, step=1)
+    assert_clean(at)
+    assert notice not in markdown(at)

@@ -72,18 +72,24 @@ class BusyPoolReplay:
         self.model.forward(ids, positions, table, NO_RECORD)
         table.slide()
 
-    def kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The request's K and V of `layer` read through its scattered table: (length, kv_heads, head_dim) each."""
-        k, v, _ = self.table.read(layer)
-        return k, v
+    def kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The request's K and V of `layer` read through its scattered table: (n, kv_heads, head_dim) each, and
+        the position they start at (a sliding-window layer holds only its last positions)."""
+        return self.table.read(layer)
 
-    def picture(self, own_kv: Callable[[int], tuple[torch.Tensor, torch.Tensor]]) -> BusyPoolPicture:
-        """The replay as plain data; `own_kv(layer)` is the run's own K and V of its first `table.length`
-        positions, which the K/V read through the scattered table are compared with, in every layer."""
+    def picture(self, own_kv: Callable[[int], tuple[torch.Tensor, torch.Tensor, int]]) -> BusyPoolPicture:
+        """The replay as plain data; `own_kv(layer)` is what the run's own cache holds of its first `table.length`
+        positions (K, V, their first position), which the K/V read through the scattered table are compared with
+        at every position both hold, in every layer."""
         diff = 0.0
         for layer in range(self.model.info.layers):
-            for mine, own in zip(self.kv(layer), own_kv(layer)):
-                diff = max(diff, (mine.float() - own.float()).abs().max().item())
+            *mine, mine_start = self.kv(layer)
+            *own, own_start = own_kv(layer)
+            start = max(mine_start, own_start)
+            for a, b in zip(mine, own):
+                a, b = a[start - mine_start:], b[start - own_start:]
+                if len(a):
+                    diff = max(diff, (a.float() - b.float()).abs().max().item())
         return BusyPoolPicture(block_table=list(self.table.blocks), length=self.table.length,
                                num_blocks=self.pool.num_blocks, others=dict(self.others), freed=list(self.freed),
                                kv_max_diff=diff)

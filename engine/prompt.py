@@ -73,6 +73,11 @@ def prompt_segments(model: Model, prompt: str, chat: bool, think: bool = False) 
     return [part for part in parts if part.text]
 
 
+def has_chat_template(tokenizer) -> bool:
+    """Whether the tokenizer has a chat template (an instruct model; a base model such as Gemma 3 270M has none)."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
 def template_can_think(tokenizer) -> bool:
     """Whether the tokenizer's chat template has Qwen3's thinking switch (reads `enable_thinking`)."""
     return "enable_thinking" in str(getattr(tokenizer, "chat_template", None) or "")
@@ -81,7 +86,7 @@ def template_can_think(tokenizer) -> bool:
 def _render(model: Model, prompt: str, think: bool = False) -> tuple[str, str, str]:
     """(template text before the prompt, the prompt as the template places it, template text after it)."""
     tokenizer = model.tokenizer
-    if not getattr(tokenizer, "chat_template", None):
+    if not has_chat_template(tokenizer):
         raise InvalidSettingError(f"{model.info.name} has no chat template; switch the chat option off")
     options = {"enable_thinking": think} if template_can_think(tokenizer) else {}
     framed = _apply_template(tokenizer, SENTINEL, options)

@@ -110,6 +110,12 @@ def embedded_model(embedded_folder) -> engine.Model:
     return engine.load_model("embedded", device="cpu")
 
 
+@pytest.fixture(scope="session")
+def embedded_zh_model() -> engine.Model:
+    """Gemma 3 270M (`embedded-zh`): the model a page in Chinese opens on."""
+    return engine.load_model(embedded.ZH, device="cpu")
+
+
 @pytest.fixture(scope="module")
 def browser():
     """Headless Chromium for one browser test module."""

@@ -36,8 +36,8 @@ def test_next_back_prefill_and_reset_step_and_update_the_link(embedded_model):
 
 def test_a_link_restores_the_exact_state(embedded_model):
     params = dict(prompt="Name three colours.", chat=1, temperature=0.8, top_k=20, top_p=0.9, seed=5, block_size=4,
-                  kv_splits=3, policy="radix", step=6, view="split", layer=2, head=1, lang="zh")
-    at = start(**params)
+                  kv_splits=3, policy="radix", step=6, view="split", layer=2, head=1, lang="zh", model="embedded")
+    at = start(**params)  # a Chinese page on SmolLM2 (named: a Chinese page's default is embedded-zh)
     assert_clean(at)
     assert shown_text(at) == expected(embedded_model, "Name three colours.", 6, temperature=0.8, top_k=20,
                                            top_p=0.9, seed=5)
@@ -103,7 +103,7 @@ def test_a_settings_widget_drawn_anew_sends_back_the_setting_it_shows():
     off and their minimums, with nobody touching them. Every widget's default must be the page's current setting,
     so that this done to every widget at once leaves the page as it was."""
     at = start(prompt="Why is the sky blue?", chat=1, temperature=0.7, top_k=40, top_p=0.9, seed=3, block_size=8,
-               kv_splits=2, policy="radix", lang="zh", large=1, step=2)
+               kv_splits=2, policy="radix", lang="zh", large=1, step=2, model="embedded")
     assert_clean(at)
     link, text = dict(at.query_params), shown_text(at)
     for key in ("w_chat", "w_large"):
@@ -284,9 +284,16 @@ def test_the_label_check_finds_english():
 def test_a_chinese_page_opens_with_a_chinese_prompt_and_a_short_link(embedded_model):
     at = start(lang="zh")
     assert_clean(at)
-    assert "什么是 KV 缓存？" in shown_text(at)
-    assert "prompt" not in at.query_params  # the language's default prompt is not written into the link
-    assert "What is a KV cache?" in shown_text(start())
+    assert "什么是 KV 缓存？KV 缓存是" in shown_text(at)
+    # The Chinese embedded model (a base model: chat off), and neither written into the link.
+    assert (at.session_state["w_model"], at.session_state["w_chat"]) == ("embedded-zh", False)
+    assert "prompt" not in at.query_params and "model" not in at.query_params and "chat" not in at.query_params
+    english = start()
+    assert "What is a KV cache?" in shown_text(english) and english.session_state["w_model"] == "embedded"
+    english.selectbox(key="w_lang").set_value("zh").run()  # switched on the English defaults: all follow
+    assert_clean(english)
+    assert (english.session_state["w_model"], english.session_state["w_chat"]) == ("embedded-zh", False)
+    assert "什么是 KV 缓存？KV 缓存是" in shown_text(english) and "model" not in english.query_params
 
 
 @pytest.mark.parametrize("family, learned", [("gpt2", True), ("llama", False)])
@@ -314,3 +321,14 @@ def test_a_setting_whose_widget_state_was_dropped_comes_back(monkeypatch):
     monkeypatch.setattr(page, "ss", state)
     page.restore_lost_settings()
     assert state["w_prompt"] == "Keep this prompt, please" and state["w_chat"] is True
+
+
+def test_a_base_model_turns_the_chat_switch_off_and_says_so(embedded_zh_model):
+    """Gemma 3 270M has no chat template: a link that asks for chat on it runs the prompt as it is, with a message,
+    and the switch is greyed."""
+    at = start(model="embedded-zh", chat=1, prompt="什么是KV缓存？KV缓存是", step=1)
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert at.session_state["w_chat"] is False and at.toggle(key="w_chat").disabled
+    assert any(strings.t("reason_no_chat_template") in w.value for w in at.warning)
+    assert at.query_params.get("chat") == "0"
+    assert shown_text(at).startswith("<bos>什么是KV缓存？KV缓存是")  # no template around it

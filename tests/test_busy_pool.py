@@ -34,18 +34,17 @@ def check_replay(model, prompt, block_size, steps, chat=False):
     assert not set(table) & set(replay.others)  # never a block another request still holds
     assert set(table[:len(replay.freed)]) <= set(replay.freed)  # the prompt went to the freed blocks first
     for layer in range(model.info.layers):
-        ours = replay.kv(layer)
-        own = session.pool.read(layer, session.table.device_blocks(), session.table.length)
-        assert torch.equal(ours[0], own[0]) and torch.equal(ours[1], own[1])
-    picture = replay.picture(lambda layer: session.pool.read(layer, session.table.device_blocks(),
-                                                             session.table.length))
+        ours, own = replay.kv(layer), session.table.read(layer)  # K, V and their first position
+        assert torch.equal(ours[0], own[0]) and torch.equal(ours[1], own[1]) and ours[2] == own[2]
+    picture = replay.picture(session.table.read)
     assert picture.kv_max_diff == 0 and picture.block_table == table
     session.close()
     return picture
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "qwen3", "gemma3"])
 def test_a_replay_in_a_busy_pool_scatters_the_table_and_reads_the_runs_own_kv(tiny_model, family):
+    # Gemma 3's window is shorter than this prompt: its local layers' tables have slid, in both pools alike.
     check_replay(tiny_model(family), "Paged attention stores the cache in blocks", 4, 6)
 
 

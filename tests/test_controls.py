@@ -103,6 +103,10 @@ def test_language_and_large_text(server, page):
     open_page(page, server)
     choose(page, "w_lang", strings.LANGUAGE_NAMES["zh"])
     until_link(page, lang="zh")
+    # On the English defaults, Chinese moves the page to the Chinese model (loaded now) and its prompt.
+    page.wait_for_function("() => (document.querySelector('.st-key-generated code') || {}).textContent"
+                           "?.includes('KV 缓存是')", timeout=WAIT_MS)
+    settled_text(page)
     expect(page.locator("h1").first).to_have_text(strings.t("title", "zh"))
     toggle(page, "w_large")
     until_link(page, lang="zh", large="1")

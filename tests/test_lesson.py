@@ -19,6 +19,7 @@ from ui import strings
 from ui.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
 from ui.lesson import CHAPTERS
 from ui.state import default_prompt, parse_query
+from viz.style import fmt_size
 
 def lesson_text(at) -> str:
     """The lesson's header (the chapter's title) and its panel, where the chapter's text and numbers are."""
@@ -27,9 +28,9 @@ def lesson_text(at) -> str:
 
 
 @cache
-def own_trace(model: engine.Model, prompt: str, step: int, block_size: int, kv_splits: int):
+def own_trace(model: engine.Model, prompt: str, step: int, block_size: int, kv_splits: int, chat: bool = True):
     """The trace of `step` on the page's default run, from a session of our own."""
-    session, traces = decode(model, prompt, step - 1, chat=True, block_size=block_size, kv_splits=kv_splits)
+    session, traces = decode(model, prompt, step - 1, chat=chat, block_size=block_size, kv_splits=kv_splits)
     return session, traces[step - 1]
 
 
@@ -57,8 +58,15 @@ def expected_numbers(chapter, model: engine.Model, lang: str) -> list[str]:
         first = next(i for i, (a, b) in enumerate(zip(cached + [-1], new + [-2])) if a != b)
         numbers = [reuse["whole"], reuse["block"], reuse["radix"]]
         return [str(x) for x in numbers + ([first] if chapter.case == "case2" else [len(cached), len(new)])]
-    session, trace = own_trace(model, default_prompt(lang), chapter.step, chapter.settings["block_size"], chapter.settings["kv_splits"])
+    chat = parse_query({"lang": lang})[0].chat  # the language's default: off for the Chinese (base) model
+    session, trace = own_trace(model, default_prompt(lang), chapter.step, chapter.settings["block_size"],
+                               chapter.settings["kv_splits"], chat)
     n, context = len(session.prompt_ids), trace.context_length
+    per_position = 2 * info.kv_heads * info.head_dim * element  # K and V of one position in one layer
+
+    def kv_at(length):  # every layer's K/V at `length` positions: a sliding-window layer keeps at most its window
+        windows = info.layer_windows or (None,) * info.layers
+        return per_position * sum(length if w is None else min(length, w) for w in windows)
     numbers = {
         "tokens": lambda: [f"{info.vocab:,}", info.hidden, n],
         "prefill": lambda: [n, info.layers, f"{kv:,}", f"id {trace.token_id}", f"{context * kv / 1024:,.1f}"],
@@ -70,14 +78,28 @@ def expected_numbers(chapter, model: engine.Model, lang: str) -> list[str]:
                         f"{2 * info.layers * info.q_heads * info.head_dim * element:,}", info.kv_heads],
         "kv_cache": lambda: [f"2 × {info.layers} × {info.kv_heads} × {info.head_dim} × {element} = {kv:,}", context],
         "paging": lambda: [len(trace.block_table), context, "0 → "],
-        "long_context": lambda: [f"{context * kv / 2**20:,.2f}", context, info.layers, *crossovers(info, context, kv)],
+        "long_context": lambda: [f"{kv_at(context) / 2**20:,.2f}", context, info.layers,
+                                 *crossovers(info, context, kv_at)],
         "split_kv": lambda: [len(trace.split.ranges), f"{trace.split.max_abs_diff.max().item():.1e}"],
         "context_window": lambda: [f"{info.context_limit:,}", f"{kv:,}"],
+        "sliding_window": lambda: window_numbers(info, context, kv_at),
     }[chapter.key]()
     return [str(x) for x in numbers]
 
 
-def crossovers(info, context: int, kv: int) -> list[str]:
+def window_numbers(info, context: int, kv_at) -> list[str]:
+    """The sliding-window chapter: at four windows' length (the run's, without windows), the K/V every layer global
+    would take and (with windows) what this model's take, its count of local and global layers and the window."""
+    window = next((w for w in info.layer_windows if w is not None), None)
+    at = min(info.context_limit, 4 * window) if window else context
+    every = [f"{at:,}", fmt_size(at * kv_at(1))]  # kv_at(1): one position in every layer
+    if window is None:
+        return every
+    local = sum(w is not None for w in info.layer_windows)
+    return every + [fmt_size(kv_at(at)), str(local), str(info.layers - local), str(window)]
+
+
+def crossovers(info, context: int, kv_at) -> list[str]:
     """Chapter 10: where one step's K/V passes its weights (the embedded model's are tied: all are read), by brute
     force: the batch at this context and at the limit, the context of one request; Qwen3-0.6B's from its card
     (596,049,920 parameters in bfloat16, 114,688 B of K/V per position)."""
@@ -85,14 +107,16 @@ def crossovers(info, context: int, kv: int) -> list[str]:
         return f"{next(x for x in range(1, 10**6) if passes(x)):,}"
 
     weights, qwen, qwen_kv = info.parameters * info.element_bytes, 596_049_920 * 2, 114_688
-    return [first(lambda b: b * context * kv > weights), first(lambda b: b * info.context_limit * kv > weights),
-            first(lambda n: n * kv > weights), first(lambda n: n * qwen_kv > qwen),
+    return [first(lambda b: b * kv_at(context) > weights), first(lambda b: b * kv_at(info.context_limit) > weights),
+            first(lambda n: kv_at(n) > weights), first(lambda n: n * qwen_kv > qwen),
             first(lambda b: b * context * qwen_kv > qwen), f"{weights / 2**20:,.0f}"]
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.key)
-def test_every_chapter_opens_from_its_link_in_its_state_with_the_models_numbers(chapter, lang, embedded_model):
+def test_every_chapter_opens_from_its_link_in_its_state_with_the_models_numbers(chapter, lang, request):
+    # A page in Chinese opens on the Chinese embedded model (Gemma 3 270M), one in English on SmolLM2.
+    model = request.getfixturevalue("embedded_model" if lang == "en" else "embedded_zh_model")
     at = start(chapter=chapter.number, lang=lang)
     assert_clean(at)
     state, problems = parse_query(dict(at.query_params.items()))
@@ -106,7 +130,7 @@ def test_every_chapter_opens_from_its_link_in_its_state_with_the_models_numbers(
     text = lesson_text(at)
     assert chapter.part("title", lang) in text
     assert "{" not in text and "–" not in text  # every placeholder was filled with a number of this step
-    missing = [number for number in expected_numbers(chapter, embedded_model, lang) if number not in text]
+    missing = [number for number in expected_numbers(chapter, model, lang) if number not in text]
     assert not missing, (missing, text)
     if lang == "zh":
         assert not english_left([text]), english_left([text])

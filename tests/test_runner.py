@@ -200,7 +200,7 @@ def test_split_demo_replays_a_recorded_step_in_splits(tiny_model):
     trace = unsplit.trace(3)
     demo = unsplit.split_demo(trace, layer, head)
     assert len(demo.ranges) == 4 and demo.ranges[-1][1] == trace.context_length
-    _, v = unsplit.cached_kv(layer, trace.context_length)
+    _, v, _ = unsplit.cached_kv(layer, trace.context_length)
     attended = trace.attention[layer, head, -1].double() @ v[:, head // model.info.gqa_group].double()
     torch.testing.assert_close(demo.merged[0, 0], demo.unsplit[0, 0], atol=1e-6, rtol=0)
     torch.testing.assert_close(demo.merged[0, 0], attended, atol=1e-6, rtol=0)

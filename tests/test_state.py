@@ -82,7 +82,20 @@ def test_layer_and_head_are_fitted_to_the_model():
 def test_host_limits_come_from_the_environment():
     limits = load_limits({"KVSCOPE_MODELS": "Qwen/Qwen3-0.6B, embedded", "KVSCOPE_MAX_NEW_TOKENS": "32",
                           "KVSCOPE_MAX_PROMPT_TOKENS": "oops"})
-    assert limits.models == ("embedded", "Qwen/Qwen3-0.6B")
+    assert limits.models == ("embedded", "embedded-zh", "Qwen/Qwen3-0.6B")  # both embedded models always
     assert limits.max_new_tokens == 32 and limits.max_prompt_tokens == 384
     assert limits.model_allowed("Qwen/Qwen3-0.6B") and not limits.model_allowed("/etc")
     assert load_limits({"KVSCOPE_ALLOW_ANY_MODEL": "1"}).model_allowed("/some/folder")
+
+
+def test_a_page_in_chinese_opens_on_the_chinese_model_with_its_base_model_prompt():
+    """lang=zh alone: Gemma 3 270M (embedded-zh), chat off (a base model has no template), a prompt to go on from;
+    none of them is written into the link, and naming another model keeps it."""
+    state, problems = parse_query({"lang": "zh"})
+    assert not problems
+    assert (state.model, state.chat, state.prompt) == ("embedded-zh", False, "什么是 KV 缓存？KV 缓存是")
+    assert to_query(state) == {"lang": "zh", "step": "0"}
+    english = parse_query({"lang": "zh", "model": "embedded", "chat": "1"})[0]
+    assert (english.model, english.chat) == ("embedded", True)
+    assert parse_query(to_query(english))[0] == english
+    assert parse_query({})[0].model == "embedded"

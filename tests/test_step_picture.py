@@ -262,3 +262,23 @@ def test_no_word_overlaps_another_or_leaves_its_box(runs, browser, family, index
             if box not in own:
                 assert not overlap(word["rect"], box["rect"], slack=1.5), (annotation.text,
                                                                            fig.layout.shapes[box["index"]].name)
+
+
+def test_gemma_layers_are_drawn_with_their_four_norms_and_windowed_reads(tiny_model):
+    """Gemma 3 normalises each branch's output before its add: the picture says so in its boxes and adds, and its
+    cache box says local layers read only their window (the tiny model's window, 8, is shorter than the prompt)."""
+    from tests.conftest import GEMMA_WINDOW
+    from tests.runs import decode
+
+    model = tiny_model("gemma3")
+    _, traces = decode(model, "Paged attention stores the cache in blocks of the pool", 3)
+    trace = traces[-1]
+    assert trace.context_length > GEMMA_WINDOW
+    texts = [a.text for a in step_figure(trace, model.info).layout.annotations]
+    assert "x1 = x0 + norm(attention(norm(x0)))" in texts and "x2 = x1 + norm(FFN(norm(x1)))" in texts
+    assert "norm →<br>FFN<br>→ norm" in texts and "attention<br>→ o_proj<br>→ norm" in texts
+    assert f"read K, V: local layers<br>the last {GEMMA_WINDOW}, global all {trace.context_length}" in texts
+    llama = tiny_model("llama")
+    _, traces = decode(llama, "Paged attention stores the cache in blocks of the pool", 3)
+    texts = [a.text for a in step_figure(traces[-1], llama.info).layout.annotations]
+    assert "x1 = x0 + attention(norm(x0))" in texts and not any("→ norm" in t for t in texts)

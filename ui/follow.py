@@ -167,7 +167,8 @@ def link_params() -> dict[str, str]:
 
 def publish(state: AppState) -> None:
     """A leader's draw publishes its state as a link's parameters (others: nothing): without the leader's own
-    language and text size, and with the prompt always named (its default depends on the language)."""
+    language and text size, and with the prompt, model and chat switch always named (their defaults depend on the
+    language)."""
     if ss.get("follow_role") != "lead":
         return
     ss.follow_published = room_query(state)
@@ -176,8 +177,9 @@ def publish(state: AppState) -> None:
 
 def room_query(state: AppState) -> dict[str, str]:
     """What a room holds of a page's state: its link's parameters without the page's own language and text size,
-    and with the prompt always named (its default depends on the language)."""
-    return {name: value for name, value in to_query(state).items() if name not in OWN} | {"prompt": state.prompt}
+    and with the prompt, model and chat switch always named (their defaults depend on the language)."""
+    named = {"prompt": state.prompt, "model": state.model, "chat": "1" if state.chat else "0"}
+    return {name: value for name, value in to_query(state).items() if name not in OWN} | named
 
 
 def send(query: dict[str, str], claim: bool = False) -> None:

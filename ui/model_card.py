@@ -85,3 +85,5 @@ def render(info: ModelInfo, t) -> None:
         st.caption(t("card_intro", name=info.name, dtype=info.dtype))
         st.table(card_frame(info, t))
         st.caption(t("card_same_shape" if same_shape(info, QWEN3_0_6B) else "card_note"))
+        if info.family.startswith("gemma"):  # Gemma's terms ask that the notice goes with the model
+            st.caption(t("card_gemma_licence"))

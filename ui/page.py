@@ -18,7 +18,7 @@ from ui.lesson import CHAPTERS
 from ui.runner import ClassroomCache, Runner, RunConfig, RunStore
 from ui.settings import DTYPES, Limits, StepLimits, fit_state, load_limits, step_limits
 from ui.state import (LANGS, POLICIES, VIEWS, AppState, Problem, bounds, clamp, clean_prompt, default_prompt,
-                      parse_query, to_query)
+                      language_defaults, parse_query, to_query)
 from ui.views import attention, costs, flow, kv_cache, lesson, prefix, split_kv, stepper
 from ui.views.common import CHAPTER_FIGURE, ChapterFigure
 
@@ -121,6 +121,9 @@ def draw_page() -> None:
         if ss.pop("forget_published", False):
             runner.forget_published()
         apply_pending_case(runner, limits)  # before the widgets: it sets the prompt and chat switch
+        if ss.w_chat and not runner.can_chat:  # a base model: its prompt goes in as it is
+            ss.w_chat = False
+            ss.problems = ss.get("problems", []) + [Problem("chat", "1", "0", "no_chat_template")]
         fit_to_budget(step_limits(limits, model.info))
     in_lesson = bool(ss.get("w_chapter"))
     st.html(LAYOUT_CSS + (LARGE_CSS if ss.w_large else "") + (LESSON_CSS if in_lesson else ""))
@@ -131,7 +134,7 @@ def draw_page() -> None:
         show_problem(problem)
     if limits.bad_dtype:
         st.warning(t("dtype_bad", value=limits.bad_dtype, allowed=" / ".join(DTYPES)))
-    sidebar(limits, can_think=runner is not None and runner.can_think)  # after the banner: it reaches the screen first
+    sidebar(limits, can_think=runner is not None and runner.can_think, can_chat=runner is None or runner.can_chat)  # after the banner: it reaches the screen first
     if model is None:
         st.error(failure)
         st.button(t("use_default"), key="use_default", on_click=use_default_model)
@@ -266,7 +269,8 @@ def model_for(spec: str) -> tuple[engine.Model | None, str]:
 def load_with_stages(spec: str) -> engine.Model:
     """Load a model this process has not loaded yet, saying what it is doing (17–49 s on a first start)."""
     place = st.empty()
-    title = t("loading_embedded") if spec == "embedded" else t("loading", model=spec)  # no bare id in Chinese
+    embedded_titles = {"embedded": "loading_embedded", "embedded-zh": "loading_embedded_zh"}  # no bare id in Chinese
+    title = t(embedded_titles[spec]) if spec in embedded_titles else t("loading", model=spec)
     with place.container(), st.status(title, expanded=True):
         bar = st.progress(0.05, text=t("loading_read"))
         read_model(spec)
@@ -275,6 +279,20 @@ def load_with_stages(spec: str) -> engine.Model:
     place.empty()  # loaded: the page takes its place (a failure stays, with the error below it)
     LOADED.add(spec)
     return model
+
+
+def switch_language() -> None:
+    """A page switched language: what is still the old language's default (its model with its chat switch, its
+    prompt) becomes the new one's, so a page switched to Chinese on the default model opens on the Chinese model.
+    A follower's language is its own: the teacher's model and prompt stay."""
+    if ss.get("follow_role") == "follow":
+        return
+    old = language_defaults(ss.get("drawn_state", {}).get("lang", AppState.lang))
+    new = language_defaults(ss.w_lang)
+    if ss.w_model == old.model:
+        ss.w_model, ss.w_chat = new.model, new.chat
+    if ss.w_prompt == old.prompt:
+        ss.w_prompt = new.prompt
 
 
 def use_default_model() -> None:
@@ -322,9 +340,10 @@ def apply_pending_case(runner: Runner, limits: Limits) -> None:
 # -- widgets ----------------------------------------------------------------------------------
 
 
-def sidebar(limits: Limits, can_think: bool = False) -> None:
+def sidebar(limits: Limits, can_think: bool = False, can_chat: bool = True) -> None:
     """The lesson's chapters (or the way into it), then the settings. can_think: the model's chat template has a
-    thinking switch (Qwen3), so the Thinking toggle shows.
+    thinking switch (Qwen3), so the Thinking toggle shows; can_chat: it has a chat template at all (a base model
+    has none: the chat switch is off and greyed).
 
     Each setting's widget is given its current value as its default (`value=`, a selectbox's `index=`). Under a
     class's load a browser can draw a sidebar widget anew, without the value it held (seen in the 30-page load
@@ -334,7 +353,7 @@ def sidebar(limits: Limits, can_think: bool = False) -> None:
     with st.sidebar:
         lesson.sidebar(ss.get("w_chapter", 0), ss.w_lang, go_to_chapter)
         st.selectbox(t("language"), LANGS, key="w_lang", index=LANGS.index(ss.w_lang),
-                     format_func=lambda code: strings.LANGUAGE_NAMES[code])
+                     format_func=lambda code: strings.LANGUAGE_NAMES[code], on_change=switch_language)
         st.toggle(t("large_text"), key="w_large", value=ss.w_large)
         if limits.allow_any_model:
             st.text_input(t("model"), key="w_model", value=ss.w_model, help=t("model_help_any"))
@@ -344,7 +363,8 @@ def sidebar(limits: Limits, can_think: bool = False) -> None:
                 ss.w_model = "embedded"
             st.selectbox(t("model"), options, key="w_model", index=options.index(ss.w_model), help=t("model_help"))
         st.text_area(t("prompt"), key="w_prompt", value=ss.w_prompt, height=120, max_chars=4000)
-        st.toggle(t("chat"), key="w_chat", value=ss.w_chat, help=t("chat_help"))
+        st.toggle(t("chat"), key="w_chat", value=ss.w_chat, help=t("chat_help" if can_chat else "chat_none_help"),
+                  disabled=not can_chat)
         if can_think:
             st.toggle(t("think"), key="w_think", value=ss.w_think, help=t("think_help"), disabled=not ss.w_chat)
         st.markdown(f"**{t('sampling')}**")

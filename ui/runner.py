@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import engine
 from engine.busy_pool import BusyPoolPicture, BusyPoolReplay
 from engine.prefix_cache import PolicyReuse, PromptHistory
-from engine.prompt import PromptSegment, prompt_segments, template_can_think
+from engine.prompt import PromptSegment, has_chat_template, prompt_segments, template_can_think
 from engine.split_kv import split_demo
 from engine.timing import DecodeTiming, measure_decode
 from engine.tokens import TokenCell, candidate_cells, token_cells
@@ -223,14 +223,14 @@ class Run:
         return trace.attention[layer, head, 0], trace.scores[layer, head, 0]
 
     def cached_kv(self, layer: int, length: int):
-        """The K and V this run's cache holds for `layer`: (length, kv_heads, head_dim) each. A sliding-window
-        layer that handed its first positions back (Gemma 3, a run longer than its window) raises SessionStateError."""
+        """What this run's cache holds for `layer` among the first `length` positions: K and V, (n, kv_heads,
+        head_dim) each, and the position they start at. A global layer holds them all (start 0); a sliding-window
+        layer (Gemma 3) only its last positions, in whole blocks, and none (n = 0, start ≥ `length`) at an early
+        step the window has long passed."""
         with self.lock:
-            k, v, start = self.session.table.read(layer, length)
-        if start:
-            raise engine.SessionStateError(f"layer {layer} keeps only its sliding window: "
-                                           f"positions {start}–{length - 1}")
-        return k, v
+            k, v, start = self.session.table.read(layer)
+        held = max(0, length - start)
+        return k[:held], v[:held], start
 
     def busy_pool(self, step: int) -> BusyPoolPicture:
         """The first `step` steps of this run replayed in a pool other requests used first (engine.busy_pool),
@@ -476,15 +476,18 @@ class Runner:
         return self.run.full_attention(step, layer, head)
 
     def cached_kv(self, layer: int, length: int):
-        """The K and V this run's cache holds for `layer`: (length, kv_heads, head_dim) each."""
+        """What this run's cache holds for `layer` among the first `length` positions: K, V and the position they
+        start at (see `Run.cached_kv`)."""
         return self.run.cached_kv(layer, length)
 
     def split_demo(self, trace: StepTrace, layer: int, head: int) -> SplitKVTrace:
         """Split-KV replayed over what `trace` recorded for one head: its last row's scores and the cached V
         of that head's K/V group (no forward pass). For a run whose own attention is unsplit."""
         length = trace.scores.shape[-1]
-        _, v = self.cached_kv(layer, length)  # positions before `length` hold the same K/V at any later step
-        return split_demo(trace.scores[layer, head, -1], v[:, head // self.model.info.gqa_group])
+        # Positions before `length` hold the same K/V at any later step. A sliding-window layer's scores are −inf
+        # before the positions it still holds, so the demonstration starts where its cache does.
+        _, v, start = self.cached_kv(layer, length)
+        return split_demo(trace.scores[layer, head, -1, start:], v[:, head // self.model.info.gqa_group])
 
     # -- the window the views read: concept-named, plain data (never the session, pool or tokenizer) --
 
@@ -517,6 +520,11 @@ class Runner:
     def prompt_segments(self) -> list[PromptSegment]:
         """The prompt as the model reads it, split into the chat template's text and the user's."""
         return prompt_segments(self.model, self.config.prompt, self.config.chat, self.config.think)
+
+    @property
+    def can_chat(self) -> bool:
+        """Whether the model has a chat template to wrap the prompt in (a base model has none)."""
+        return has_chat_template(self.model.tokenizer)
 
     @property
     def can_think(self) -> bool:

@@ -1,6 +1,8 @@
 """Limits the host sets, from the environment, with defaults that fit a small shared machine.
 
-KVSCOPE_MODELS             comma-separated model specs the app may load ("embedded" is always allowed)
+KVSCOPE_MODELS             comma-separated model specs the app may load besides the two embedded ones, which are
+                           always allowed ("embedded", English; "embedded-zh", Chinese; each loaded when a page
+                           first asks for it, `ui.page.read_model` keeping up to 3 models)
 KVSCOPE_ALLOW_ANY_MODEL    1: any hub id or local folder may be loaded (a teacher's own laptop)
 KVSCOPE_MAX_PROMPT_TOKENS  longest prompt, in tokens (default 384)
 KVSCOPE_MAX_NEW_TOKENS     most tokens one run generates (default 128)
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Limits:
-    models: tuple[str, ...] = ("embedded",)
+    models: tuple[str, ...] = ("embedded", "embedded-zh")
     allow_any_model: bool = False
     max_prompt_tokens: int = 384
     max_new_tokens: int = 128
@@ -85,7 +87,7 @@ def load_limits(env=os.environ) -> Limits:
         pace = Limits.min_pace
     dtype, bad_dtype = _dtype(env)
     return Limits(
-        models=("embedded",) + tuple(m for m in extra if m != "embedded"),
+        models=Limits.models + tuple(m for m in extra if m not in Limits.models),
         allow_any_model=env.get("KVSCOPE_ALLOW_ANY_MODEL", "0") == "1",
         max_prompt_tokens=_int(env, "KVSCOPE_MAX_PROMPT_TOKENS", Limits.max_prompt_tokens, 1, 100_000),
         max_new_tokens=_int(env, "KVSCOPE_MAX_NEW_TOKENS", Limits.max_new_tokens, 1, 100_000),

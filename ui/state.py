@@ -18,8 +18,11 @@ from ui.lesson import CHAPTERS
 from viz.words import LANGUAGES as LANGS
 
 VIEWS = ("flow", "attention", "kv", "split", "prefix", "costs")
-DEFAULT_PROMPTS = {"en": "What is a KV cache?", "zh": "什么是 KV 缓存？"}  # a page opens with its language's
+DEFAULT_PROMPTS = {"en": "What is a KV cache?", "zh": "什么是 KV 缓存？KV 缓存是"}  # a page opens with its language's
 DEFAULT_PROMPT = DEFAULT_PROMPTS["en"]
+# A page in Chinese opens on the Chinese embedded model (Gemma 3 270M): a base model, without a chat template, so
+# its prompt is the start of an answer for it to go on with, and the chat switch is off.
+LANGUAGE_DEFAULTS = {"en": {"model": "embedded", "chat": True}, "zh": {"model": "embedded-zh", "chat": False}}
 MAX_PROMPT_CHARS = 4000
 
 
@@ -101,14 +104,18 @@ def parse_query(params: Mapping[str, str | list[str]]) -> tuple[AppState, list[P
             reasons = (reason,) if reason else ()
         values[f.name] = value
         problems += [Problem(f.name, raw[:80], _show(value), reason) for reason in reasons]
-    if "prompt" not in values:
-        values["prompt"] = default_prompt(values.get("lang", defaults.lang))
-    return replace(defaults, **values), problems
+    return replace(language_defaults(values.get("lang", defaults.lang)), **values), problems
 
 
 def default_prompt(lang: str) -> str:
     """The prompt a page in `lang` opens with when its link names none."""
     return DEFAULT_PROMPTS.get(lang, DEFAULT_PROMPT)
+
+
+def language_defaults(lang: str) -> AppState:
+    """The state a page in `lang` opens in when its link names nothing else: that language's prompt, model and
+    chat switch."""
+    return replace(AppState(), lang=lang, prompt=default_prompt(lang), **LANGUAGE_DEFAULTS.get(lang, {}))
 
 
 def _parse_one(name: str, raw: str, default):
@@ -169,9 +176,9 @@ def _show(value) -> str:
 
 
 def to_query(state: AppState) -> dict[str, str]:
-    """The link parameters for `state`: only values that differ from the defaults (the prompt's default
-    depends on the language), plus the step."""
-    defaults = replace(AppState(), prompt=default_prompt(state.lang))
+    """The link parameters for `state`: only values that differ from the defaults (the prompt's, the model's and
+    the chat switch's depend on the language), plus the step."""
+    defaults = replace(language_defaults(state.lang), lang=AppState.lang)
     out = {}
     for f in fields(AppState):
         value = getattr(state, f.name)

@@ -11,13 +11,17 @@ from viz.words import ENGLISH, Words
 
 def heatmap_figure(matrix: np.ndarray, labels: list[str], title: str = "", large: bool = False,
                    value_name: str = "p", zmin: float | None = 0.0, zmax: float | None = None,
-                   words: Words = ENGLISH) -> go.Figure:
-    """A causal attention matrix (query rows × key columns); the masked future is blank (NaN or −inf)."""
+                   words: Words = ENGLISH, sliding_window: int | None = None) -> go.Figure:
+    """A causal attention matrix (query rows × key columns); the masked future is blank (NaN or −inf). For a
+    sliding-window layer, the keys before each query's window are blank too, and the window's edge is drawn."""
     n = matrix.shape[0]
     shown = window(n)
     sub = np.array(matrix[shown, shown], dtype=float)
-    future = np.arange(shown.start, shown.stop)[None, :] > np.arange(shown.start, shown.stop)[:, None]
-    sub[future | ~np.isfinite(sub)] = np.nan  # the causal mask: a query never sees later keys, drawn blank
+    queries, keys = np.arange(shown.start, shown.stop)[:, None], np.arange(shown.start, shown.stop)[None, :]
+    masked = keys > queries  # the causal mask: a query never sees later keys, drawn blank
+    if sliding_window is not None:
+        masked |= keys <= queries - sliding_window  # a local layer's query reads only its last `sliding_window` keys
+    sub[masked | ~np.isfinite(sub)] = np.nan
     ticks = position_ticks(labels, shown)
     fig = go.Figure(go.Heatmap(z=sub, x=ticks, y=ticks, colorscale=SEQUENTIAL, zmin=zmin, zmax=zmax,
                                hovertemplate=words["query"] + " %{y}<br>" + words["key"] + " %{x}<br>" + value_name
@@ -25,7 +29,25 @@ def heatmap_figure(matrix: np.ndarray, labels: list[str], title: str = "", large
                                colorbar=dict(title=value_name)))
     fig.update_layout(yaxis=dict(autorange="reversed", title=words["query_axis"]),
                       xaxis=dict(title=words["key_axis"], tickangle=-60))
+    if sliding_window is not None:
+        window_edge(fig, shown, sliding_window, words)
     return finish(fig, title, large, height=first_screen_height(large))  # the view's main figure
+
+
+def window_edge(fig: go.Figure, shown: slice, sliding_window: int, words: Words) -> None:
+    """A sliding window's left edge over the heatmap: a staircase left of each row's first readable key, where the
+    window has begun to slide (category axes take cell indices, so ±0.5 is a cell's border)."""
+    path = []
+    for row, query in enumerate(range(shown.start, shown.stop)):
+        first = query - sliding_window + 1 - shown.start  # the row's first key, as a cell index
+        if first > 0:
+            path.append(f"{'M' if not path else 'L'} {first - 0.5},{row - 0.5} L {first - 0.5},{row + 0.5}")
+    if path:  # a window wider than the drawn positions has no edge in the picture: the words still say it
+        fig.add_shape(type="path", path=" ".join(path), xref="x", yref="y",
+                      line=dict(color=OKABE_ITO["vermillion"], width=3))
+    fig.add_annotation(x=0, y=1, xref="paper", yref="paper", xanchor="left", yanchor="bottom", showarrow=False,
+                       text=words["window_edge"].format(w=f"{sliding_window:,}"),
+                       font=dict(color=OKABE_ITO["vermillion"]))
 
 
 def head_grid_figure(rows: np.ndarray, labels: list[str], group: int, title: str = "",

@@ -25,7 +25,7 @@ def steps_frame(traces: list[StepTrace], info: ModelInfo) -> pd.DataFrame:
     for t in traces:
         rows.append({"step": t.step, "phase": t.phase, "tokens in": len(t.input_ids),
                      "cached positions": t.context_length,
-                     "K/V bytes read": t.context_length * info.kv_bytes_per_token,
+                     "K/V bytes read": info.kv_bytes(t.context_length),
                      "forward ms": t.timings_ms.get("forward", 0.0), "total ms": t.timings_ms.get("total", 0.0)})
     return pd.DataFrame(rows)
 
@@ -74,11 +74,11 @@ def step_bytes_figure(models: list[tuple[str, ModelInfo]], batch: int, context: 
         fig.add_scatter(x=lengths, y=[weights] * points, mode="lines", name=words["bytes_weights"], row=1, col=col,
                         line=dict(color=OKABE_ITO["grey"], width=3), legendgroup="w", showlegend=first,
                         hovertemplate=words["bytes_weights"] + ": %{y:,.0f} MiB<extra></extra>")
-        fig.add_scatter(x=lengths, y=[batch * n * info.kv_bytes_per_token / 2**20 for n in lengths], mode="lines",
+        fig.add_scatter(x=lengths, y=[batch * info.kv_bytes(n) / 2**20 for n in lengths], mode="lines",
                         name=words["bytes_kv"].format(batch=batch), row=1, col=col, legendgroup="kv",
                         line=dict(color=OKABE_ITO["vermillion"], width=3), showlegend=first,
                         hovertemplate="%{x:,}: %{y:,.1f} MiB<extra></extra>")
-        fig.add_scatter(x=[context], y=[batch * context * info.kv_bytes_per_token / 2**20], mode="markers",
+        fig.add_scatter(x=[context], y=[batch * info.kv_bytes(context) / 2**20], mode="markers",
                         name=words["bytes_this_context"], row=1, col=col, legendgroup="here", showlegend=first,
                         marker=dict(color=OKABE_ITO["black"], size=10),
                         hovertemplate=words["bytes_this_context"] + " %{x:,}: %{y:,.2f} MiB<extra></extra>")
@@ -131,7 +131,7 @@ def context_growth_frame(info: ModelInfo, lengths: list[int]) -> pd.DataFrame:
     """KV memory grows linearly with length; attention scores (work) quadratically."""
     return pd.DataFrame({
         "tokens": lengths,
-        "KV cache MiB": [n * info.kv_bytes_per_token / 2**20 for n in lengths],
+        "KV cache MiB": [info.kv_bytes(n) / 2**20 for n in lengths],
         "attention scores (millions)": [info.layers * info.q_heads * n * (n + 1) / 2 / 1e6 for n in lengths],
     })
 

@@ -56,6 +56,7 @@ class Rows:
     their labels, the row of boxes, the paged cache above it)."""
 
     line: float  # px per line of text
+    row_lines: int = 2  # lines the row of boxes holds (3 where each branch's output is normalised too: Gemma 3)
 
     def box(self, lines: int) -> float:
         """The height of a box holding `lines` lines of text."""
@@ -91,7 +92,7 @@ class Rows:
 
     @property
     def row_top(self) -> float:
-        return self.row_bottom + self.box(2)
+        return self.row_bottom + self.box(self.row_lines)
 
     @property
     def mid(self) -> float:  # the residual stream's height through the row of boxes
@@ -157,7 +158,7 @@ def step_figure(trace: StepTrace, info: ModelInfo, stage: str | None = None, tit
     fig = finish(go.Figure(), title, large)
     size = fig.layout.font.size  # the shared figure text size (larger for a projector)
     text = text_size(size)
-    y = Rows(LINE_SPACING * text)
+    y = Rows(LINE_SPACING * text, 3 if rows["residual"].facts["norms"] == 4 else 2)
     parts = input_band(trace, info, rows, words, y) + layer_band(rows, words, y) + \
         output_band(trace, info, rows, words, y)
     deck = STACK_SHADOWS if len(trace.input_ids) > 1 else 0
@@ -217,41 +218,46 @@ def layer_band(rows: dict[str, FlowRow], words: Words, y: Rows) -> list:
     plus = y.line * 0.6  # a ⊕ node's half height
     above = high + STACK_SHADOWS * SHADOW_Y + 2 + y.line / 2  # a one-line label just above the row (and its deck)
     layers = rows["residual"].facts
+    post = "_post" if layers["norms"] == 4 else ""  # each branch's output normalised too, before its add
     return [
         Box(FRAME, 27.5, y.layer_bottom, 99.8, y.layer_top, ""),  # one layer drawn stands for all N
         Label("residual", 99.3, y.layer_top - 3 - y.line,
-              words["sp_layers"].format(layers=layers["layers"], adds=layers["adds"]), align="right"),
+              words["sp_layers" + post].format(layers=layers["layers"], adds=layers["adds"],
+                                               norms=layers["norms"]), align="right"),
         Arrow("embedding", ((26, mid), (36, mid))),
         shape_label(rows["embed"], 31.75, mid + 2 + y.line, prefix="x0<br>"),
         Box("attention", 36, low, 47, high, words["sp_norm_qkv"], per_token=True),
         Arrow("attention", ((47, mid), (59, mid))),
         shape_label(rows["q"], 53.4, mid + 2 + y.line / 2),  # centred in what a prefill's deck leaves of the gap
-        Box("attention", 59, low, 69, high, words["sp_attend"], per_token=True),
+        Box("attention", 59, low, 69, high, words["sp_attend" + post], per_token=True),
         # K and V go up into the cache; attention reads the whole cache back down.
         Arrow("kv_write", ((41.5, high), (41.5, y.cache_bottom))),
         Box("kv_write", 36, y.cache_bottom, 52, y.cache_top, words["sp_cache_write"], text_on_top=True),
         shape_label(rows["write_kv"], 44, y.cache_bottom + PAD + y.line / 2),
         Box("kv_read", 52, y.cache_bottom, 68, y.cache_top,
-            cache_read_text(rows["read_kv"].facts["n"], words), text_on_top=True),
+            cache_read_text(rows["read_kv"].facts["n"], words, rows["read_kv"].facts["window"]), text_on_top=True),
         shape_label(rows["read_kv"], 60, y.cache_bottom + PAD + y.line / 2),
         Arrow("kv_read", ((63, y.cache_bottom), (63, high))),
         Arrow("attention", ((69, mid), (72, mid))),
         Box("residual", 72, mid - plus, 74.4, mid + plus, "+", round=True),
-        Box("ffn", 77.5, low, 88, high, words["sp_ffn"], per_token=True),
+        Box("ffn", 77.5, low, 88, high, words["sp_ffn" + post], per_token=True),
         Arrow("residual", ((74.4, mid), (77.5, mid))),
         shape_label(rows["mlp"], 82.75, above),
         Arrow("ffn", ((88, mid), (91.6, mid))),
         Box("residual", 91.6, mid - plus, 94, mid + plus, "+", round=True),
         # The skip lines: x0 around attention onto x1, x1 around the FFN onto x2.
         Arrow("residual", ((30, mid), (30, y.skip), (73.2, y.skip), (73.2, mid - plus))),
-        Label("residual", 51.6, y.skip - 3 - y.line / 2, words["sp_add_attention"]),
+        Label("residual", 51.6, y.skip - 3 - y.line / 2, words["sp_add_attention" + post]),
         Arrow("residual", ((75.8, mid), (75.8, y.skip), (92.8, y.skip), (92.8, mid - plus))),
-        Label("residual", 84.3, y.skip - 3 - y.line / 2, words["sp_add_ffn"]),
+        Label("residual", 84.3, y.skip - 3 - y.line / 2, words["sp_add_ffn" + post]),
     ]
 
 
-def cache_read_text(length: int, words: Words) -> str:
-    """The read box's words: "read K, V of all 44 positions" (of the one position, in a one-token prefill)."""
+def cache_read_text(length: int, words: Words, window: int | None = None) -> str:
+    """The read box's words: "read K, V of all 44 positions" (of the one position, in a one-token prefill); where
+    local layers read a sliding window shorter than that, "local: the last 512, global: all 600"."""
+    if window is not None and window < length:
+        return words["sp_cache_read_window"].format(window=window, length=length)
     return words["sp_cache_read_one"] if length == 1 else words["sp_cache_read"].format(length=length)
 
 

@@ -20,12 +20,16 @@ def render(ctx: ViewContext) -> None:
     matrix = (scores if show_scores else probs).numpy()
     value = "s = q·k/√d" if show_scores else "a = softmax(s)"
     labels = ctx.labels
+    window = info.window(layer)
     with main:
         figure(lambda: heatmap_figure(matrix, labels, ctx.t("heatmap_title", layer=layer, head=head,
                                                             kv=head // info.gqa_group),
-                                      ctx.large, value_name=value, zmin=None if show_scores else 0.0, words=words(ctx)),
+                                      ctx.large, value_name=value, zmin=None if show_scores else 0.0, words=words(ctx),
+                                      sliding_window=window),
                f"attention-L{layer}-H{head}", memo_key(ctx, "heatmap", layer, head, show_scores))
         st.caption(ctx.t("heatmap_note", n=matrix.shape[0]))
+    if info.sliding_window is not None:
+        layer_kinds_note(ctx, layer)
     trace = ctx.trace
     newest = (trace.scores if show_scores else trace.attention)[layer, :, -1].numpy()  # (q_heads, L) as computed
     figure(lambda: newest_row_figure(newest[head], labels[: newest.shape[1]], ctx.t("newest_title", head=head),
@@ -39,3 +43,14 @@ def render(ctx: ViewContext) -> None:
         figure(lambda: gqa_figure(info.q_heads, info.kv_heads, ctx.t("gqa_title", q=info.q_heads, kv=info.kv_heads,
                                                                      group=info.gqa_group), ctx.large),
                "gqa", memo_key(ctx, "gqa", per_step=False))
+
+
+def layer_kinds_note(ctx: ViewContext, layer: int) -> None:
+    """Which layers are local (a sliding window) and which global, this one first."""
+    info = ctx.info
+    kinds = info.layer_kinds
+    local = [str(i) for i, kind in enumerate(kinds) if kind == "local"]
+    global_ = [str(i) for i, kind in enumerate(kinds) if kind == "global"]
+    key = "layer_is_local" if kinds[layer] == "local" else "layer_is_global"
+    st.markdown(ctx.t(key, layer=layer, w=info.sliding_window) + " "
+                + ctx.t("layer_kinds_list", local=", ".join(local), global_=", ".join(global_), w=info.sliding_window))

@@ -50,7 +50,7 @@ def render(ctx: ViewContext) -> None:
                       kib=info.kv_bytes_per_token / 1024))
     if keep is not None:
         st.markdown(ctx.t("truncate_result", dropped=n - keep, keep=keep,
-                          kib=keep * info.kv_bytes_per_token / 1024,
+                          kib=info.kv_bytes(keep) / 1024,
                           work=100 * keep * (keep + 1) / (n * (n + 1))))
         st.code("…" + ctx.runner.prompt_tail_text(keep), language=None, wrap_lines=True)
 
@@ -67,7 +67,7 @@ def step_bytes(ctx: ViewContext, context: int) -> None:
                                                                         context=context), ctx.large, words(ctx)),
                "step-bytes", memo_key(ctx, "step_bytes", batch))
     lines = [ctx.t("bytes_line", model=label, weights=fmt_size(weight_bytes_read(m)),
-                   kv=fmt_size(batch * context * m.kv_bytes_per_token),
+                   kv=fmt_size(batch * m.kv_bytes(context)),
                    total=fmt_size(decode_step_bytes(m, context, batch)),
                    batch=batch, context=f"{context:,}", cross_batch=f"{crossover_batch(m, context):,}",
                    cross_context=f"{crossover_context(m, batch):,}", limit=f"{m.context_limit:,}")

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from ui import strings
 from ui.context import ViewContext
 from ui.views.common import Part, figure, memo_key, titled, words
 from viz.flow import flow_rows, residual_figure, vector_figure
@@ -30,10 +31,13 @@ def render(ctx: ViewContext) -> None:
                                        ctx.large, words(ctx)),
                "residual-stream", memo_key(ctx, "residuals"))
     rows = []
+    post = len(info.layer_norms) == 4  # Gemma 3: each branch's output is normalised too, before its add
     for r in flow_rows(trace, info):
         facts = {k: ctx.t("yes" if v else "no") if isinstance(v, bool) else v for k, v in r.facts.items()}
+        note = "flow_note_" + r.key
+        note += "_post" if post and note + "_post" in strings.ENGLISH else ""
         rows.append({ctx.t("flow_stage"): ctx.t("flow_stage_" + r.key, **facts), ctx.t("flow_shape"): r.shape,
-                     ctx.t("flow_note_col"): ctx.t("flow_note_" + r.key, **facts)})
+                     ctx.t("flow_note_col"): ctx.t(note, **facts)})
     st.table(pd.DataFrame(rows).set_index(ctx.t("flow_stage")))
     new = ctx.cells[-1]
     left, right = st.columns(2)

@@ -8,7 +8,8 @@ from ui.context import ViewContext
 from ui.views.common import Part, figure, layer_head_pickers, table, titled, words
 from ui.state import POOLS
 from viz.kv_cache import (block_table_frame, busy_pool_figure, difference_text, kv_bytes_table, kv_values_figure,
-                          occupancy_bar, pool_figure)
+                          layer_lengths_figure, layer_lengths_frame, layer_lengths_table, lengths_default,
+                          occupancy_bar, pool_figure, window_saving)
 from viz.style import fmt_int, fmt_size
 
 
@@ -28,7 +29,7 @@ def render(ctx: ViewContext) -> None:
     c1, c2, c3 = st.columns(3)
     c1.metric(ctx.t("cached_positions"), length)
     c2.metric(ctx.t("blocks_used"), f"{len(block_table)} × {size}")
-    c3.metric(ctx.t("bytes_total", dtype=info.dtype), fmt_size(length * info.kv_bytes_per_token),
+    c3.metric(ctx.t("bytes_total", dtype=info.dtype), fmt_size(info.kv_bytes(length)),
               help=ctx.t("bytes_help", per=fmt_int(info.kv_bytes_per_token), element=info.element_bytes))
     if not busy:
         figure(occupancy_bar(len(block_table), pool.cached_free, pool.blocks, ctx.t("pool_title", total=pool.blocks),
@@ -37,13 +38,8 @@ def render(ctx: ViewContext) -> None:
     st.markdown(ctx.t("stored", layers=info.layers, kv=info.kv_heads, d=info.head_dim))
     st.markdown(ctx.t("not_stored"))
     layer, head = layer_head_pickers(ctx)
-    kv_head = head // info.gqa_group
-    k, v = ctx.runner.cached_kv(layer, length)
-    which = st.radio(ctx.t("k_or_v"), ["K", "V"], horizontal=True, key="w_kv")
-    values = (k if which == "K" else v)[:, kv_head].float().cpu().numpy()
-    figure(kv_values_figure(values, ctx.labels, ctx.t("values_title", which=which, layer=layer, kv=kv_head,
-                                                      head=head), ctx.large, words(ctx)),
-           f"{which}-L{layer}-KV{kv_head}")
+    kv_values(ctx, layer, head, length)
+    layer_lengths(ctx, length)
     st.markdown(ctx.t("bytes_title"))
     table(kv_bytes_table(info, length, words(ctx)))
     st.caption(ctx.t("private_cache"))
@@ -71,3 +67,43 @@ def busy_pool(ctx: ViewContext) -> list[int]:
     st.caption(ctx.t("busy_note", others=others, last=others - 1, freed=", ".join(map(str, picture.freed)),
                      layers=ctx.info.layers, diff=difference_text(picture.kv_max_diff)))
     return picture.block_table
+
+
+def kv_values(ctx: ViewContext, layer: int, head: int, length: int) -> None:
+    """The K or V numbers `layer`'s cache holds for `head`'s K/V head: a sliding-window layer's only from where
+    its window (in whole blocks) starts."""
+    info = ctx.info
+    kv_head = head // info.gqa_group
+    k, v, start = ctx.runner.cached_kv(layer, length)
+    which = st.radio(ctx.t("k_or_v"), ["K", "V"], horizontal=True, key="w_kv")
+    if info.window(layer) is not None and start:
+        held = len(k)
+        st.caption(ctx.t("kv_window_held", layer=layer, first=start, last=start + held - 1, w=info.window(layer))
+                   if held else ctx.t("kv_window_empty", layer=layer))
+        if not held:
+            return
+    values = (k if which == "K" else v)[:, kv_head].float().cpu().numpy()
+    figure(kv_values_figure(values, ctx.labels, ctx.t("values_title", which=which, layer=layer, kv=kv_head,
+                                                      head=head), ctx.large, words(ctx), start=start),
+           f"{which}-L{layer}-KV{kv_head}")
+
+
+def layer_lengths(ctx: ViewContext, length: int) -> None:
+    """Each layer's cached length at a sequence length (a slider, opening past the window; `length` is this run's)
+    (a local layer's window against a global layer's all), the bytes the windows save against every layer
+    global, and a table per layer."""
+    info = ctx.info
+    place = Part("layers")  # the figure first; its slider under it
+    at = st.slider(ctx.t("lengths_slider"), 1, info.context_limit, key="w_lengths_at",
+                   value=lengths_default(info, length), help=ctx.t("lengths_slider_help", n=length))
+    frame = layer_lengths_frame(info, at)
+    with place:
+        figure(layer_lengths_figure(frame, at, ctx.t("layer_lengths_title", n=at), ctx.large, words(ctx)),
+               "kv-layer-lengths")
+        if info.sliding_window is None:
+            st.markdown(ctx.t("window_none", n=at))
+        else:
+            kept, every = window_saving(info, at)
+            st.markdown(ctx.t("window_saved", n=at, all=fmt_size(every), w=info.sliding_window, kept=fmt_size(kept),
+                              saved=fmt_size(every - kept), percent=100 * (every - kept) / every))
+    table(layer_lengths_table(frame, words(ctx)))

@@ -14,8 +14,9 @@ from ui.strings import Shown
 from ui.context import ViewContext
 from ui.lesson import CHAPTERS, Chapter
 from ui.views.common import shown_layer_head
-from viz.kv_cache import difference_text
+from viz.kv_cache import difference_text, lengths_default, window_saving
 from viz.split_kv import vector_text
+from viz.style import fmt_size
 
 
 class _Missing:
@@ -52,8 +53,9 @@ def facts(ctx: ViewContext) -> dict:
         context = trace.context_length
         out.update(id=trace.token_id, token=ctx.cells[-1].text, inputs=len(trace.input_ids),
                    context=context, position=trace.positions[-1], blocks=len(trace.block_table),
-                   kv_kib=context * info.kv_bytes_per_token / 1024, read_mib=context * info.kv_bytes_per_token / 2**20)
+                   kv_kib=info.kv_bytes(context) / 1024, read_mib=info.kv_bytes(context) / 2**20)
         out.update(cost_facts(info, context))
+        out.update(window_facts(ctx, context))
         if ctx.state.pool == "busy":
             out.update(busy_facts(runner.busy_pool(ctx.step)))
         if trace.split is not None:
@@ -83,6 +85,24 @@ def cost_facts(info, context: int) -> dict:
         limit_batch=crossover_batch(info, info.context_limit),
         qwen_weights_mib=weight_bytes_read(qwen) / 2**20, qwen_kv_kib=qwen.kv_bytes_per_token / 1024,
         qwen_cross_context=crossover_context(qwen, 1), qwen_cross_batch=crossover_batch(qwen, context))
+
+
+def window_facts(ctx: ViewContext, context: int) -> dict:
+    """Which layers keep the whole history and which only a sliding window (the chapter on it), at the length the
+    KV view's per-layer picture opens at; for a model without windows, what it keeps instead."""
+    info = ctx.info
+    at = lengths_default(info, context)
+    kept, every = window_saving(info, at)
+    kinds = info.layer_kinds
+    window = info.sliding_window
+    if window is None:
+        note = ctx.t("lesson_window_none", layers=info.layers, at=at, all_at=Shown(fmt_size(every)))
+    else:
+        inside = ctx.t("lesson_window_inside" if context <= window else "lesson_window_past")
+        note = ctx.t("lesson_window_local", local=kinds.count("local"), window=window, global_=kinds.count("global"),
+                     context=context, inside=inside, at=at, all_at=Shown(fmt_size(every)),
+                     kept_at=Shown(fmt_size(kept)), percent_at=100 * (every - kept) / every)
+    return dict(window_note=note, window_at=at)
 
 
 def busy_facts(picture) -> dict:

@@ -25,6 +25,9 @@ def phase_line(ctx: ViewContext) -> str:
     if trace.phase == "prefill":
         reused = trace.prefix.reused_tokens if trace.prefix else 0
         return ctx.t("phase_prefill", n=len(trace.input_ids), reused=reused)
+    window = ctx.info.sliding_window
+    if window is not None and trace.context_length > window:  # Gemma 3: its local layers read only their window
+        return ctx.t("phase_decode_window", position=trace.positions[0], length=trace.context_length, window=window)
     return ctx.t("phase_decode", position=trace.positions[0], length=trace.context_length)
 
 

@@ -100,16 +100,16 @@ def test_a_loading_message_shows_before_the_first_page_and_no_streamlit_chrome(s
 
 
 def test_language_and_large_text(server, page):
-    open_page(page, server)
+    open_page(page, server, policy="radix")  # a setting whose labels are translated keeps its value
     choose(page, "w_lang", strings.LANGUAGE_NAMES["zh"])
-    until_link(page, lang="zh")
+    until_link(page, lang="zh", policy="radix")
     # On the English defaults, Chinese moves the page to the Chinese model (loaded now) and its prompt.
     page.wait_for_function("() => (document.querySelector('.st-key-generated code') || {}).textContent"
                            "?.includes('KV 缓存是')", timeout=WAIT_MS)
     settled_text(page)
     expect(page.locator("h1").first).to_have_text(strings.t("title", "zh"))
     toggle(page, "w_large")
-    until_link(page, lang="zh", large="1")
+    until_link(page, lang="zh", large="1", policy="radix")
     assert "font-size: 125%" in page.content()
     choose(page, "w_lang", strings.LANGUAGE_NAMES["en"])
     until_link(page, lang=None, large="1")  # English is the default: not in the link

@@ -234,9 +234,9 @@ def restore_lost_settings() -> None:
         if "w_" + name not in ss:
             log.warning("setting %s was lost by its widget and restored", name)  # the name only, never the value
             ss["w_" + name] = value
-    if "w_policy" in ss and ss.w_policy not in POLICIES:  # its labels change with the language: the browser sent
-        # back the old label of the option it showed, which is no option now
-        ss.w_policy = ss.get("drawn_state", {}).get("policy", AppState.policy)
+    if "w_policy" in ss and ss["w_policy"] not in POLICIES:  # its labels change with the language: the browser
+        # sent back the old label of the option it showed, which is no option now
+        ss["w_policy"] = ss.get("drawn_state", {}).get("policy", AppState.policy)
 
 
 def write_link(state: AppState) -> None:

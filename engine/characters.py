@@ -21,6 +21,8 @@ MAX_OPEN_BYTES = 3  # a UTF-8 character has at most 4 bytes: at most 3 of them c
 def token_bytes(tokenizer, token_id: int) -> bytes:
     """The raw bytes one token stands for; a byte-level token may hold only part of a UTF-8 character."""
     token = tokenizer.convert_ids_to_tokens(token_id)
+    if token is None:  # an id past the tokenizer's own vocabulary (a model's rows can outnumber its pieces)
+        return tokenizer.decode([token_id]).encode("utf-8")
     if _is_byte_level(tokenizer):
         table = _byte_decoder()
         if all(ch in table for ch in token):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from ui.context import ViewContext
+from ui.strings import Shown
 from ui.views.common import Part, figure, layer_head_pickers, table, titled, words
 from ui.state import POOLS
 from viz.kv_cache import (block_table_frame, busy_pool_figure, difference_text, kv_bytes_table, kv_values_figure,
@@ -30,7 +31,7 @@ def render(ctx: ViewContext) -> None:
     c1.metric(ctx.t("cached_positions"), length)
     c2.metric(ctx.t("blocks_used"), f"{len(block_table)} × {size}")
     c3.metric(ctx.t("bytes_total", dtype=info.dtype), fmt_size(info.kv_bytes(length)),
-              help=ctx.t("bytes_help", per=fmt_int(info.kv_bytes_per_token), element=info.element_bytes))
+              help=ctx.t("bytes_help", per=Shown(fmt_int(info.kv_bytes_per_token)), element=info.element_bytes))
     if not busy:
         figure(occupancy_bar(len(block_table), pool.cached_free, pool.blocks, ctx.t("pool_title", total=pool.blocks),
                              ctx.large, words=words(ctx)), "pool-occupancy")

@@ -340,9 +340,11 @@ def case_reuse(tokenizer, case: str) -> dict[str, int]:
 
 @pytest.mark.parametrize("case, lang", [("case1", "en"), ("case2", "en"), ("case1", "zh")])
 def test_article_case_loads_in_one_click_at_the_defaults(server, page, embedded_model, case, lang):
-    open_page(page, server, view="prefix", **({"lang": lang} if lang != "en" else {}))
+    # SmolLM2 in both languages (a Chinese page would open on embedded-zh; tests/test_chinese_model.py reads its cases)
+    open_page(page, server, view="prefix", **({"lang": lang, "model": "embedded"} if lang != "en" else {}))
     press(page, case)
-    until_link(page, prompt=CASES[case], chat="0", block_size=str(CASE_BLOCK_SIZE), step="1", view="prefix")
+    chat_off = "0" if lang == "en" else None  # a Chinese page's default is chat off: not in its link
+    until_link(page, prompt=CASES[case], chat=chat_off, block_size=str(CASE_BLOCK_SIZE), step="1", view="prefix")
     expected = case_reuse(embedded_model.tokenizer, case)
     whole = "verdict_hit" if case == "case1" else "verdict_miss"
     assert metric_value(page, "verdict_whole") == strings.t(whole, lang)

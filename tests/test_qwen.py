@@ -178,8 +178,8 @@ def test_the_thinking_switch_in_the_sidebar(hosted, qwen3_shaped):
 def test_the_model_card_shows_the_articles_numbers(hosted, qwen3_shaped):
     at = start(model=hosted, step=1)
     assert_clean(at)
-    card = next(e for e in at.expander if e.label == strings.EN["card_title"]).table[0].value
-    en = strings.EN
+    card = next(e for e in at.expander if e.label == strings.ENGLISH["card_title"]).table[0].value
+    en = strings.ENGLISH
     column = card[en["card_this_model"]]
     value = {row: column[en[row]] for row in ROWS}
     info, weights = qwen3_shaped.info, qwen3_shaped.weights

@@ -169,3 +169,17 @@ def redis_url(tmp_path_factory):
 
     with running_redis(tmp_path_factory.mktemp("redis")) as url:
         yield url
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store(request):
+    """Each room store in turn: the in-process one and a real redis-server, emptied first."""
+    import redis
+
+    from ui.store import MemoryStore, RedisStore
+
+    if request.param == "memory":
+        return MemoryStore()
+    url = request.getfixturevalue("redis_url")
+    redis.Redis.from_url(url).flushdb()
+    return RedisStore(url)

@@ -126,14 +126,6 @@ def test_a_failing_store_is_noticed_once_and_tried_again_with_backoff():
         room_sync.close()
 
 
-@pytest.fixture(params=["memory", "redis"])
-def store(request):
-    if request.param == "memory":
-        return MemoryStore()
-    url = request.getfixturevalue("redis_url")
-    redis.Redis.from_url(url).flushdb()
-    return RedisStore(url)
-
 
 def test_the_newest_page_on_a_leader_link_leads_and_the_other_publishes_nothing(store):
     secret, code = rooms.lead_or_resume("1")

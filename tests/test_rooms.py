@@ -16,14 +16,6 @@ STATE = {"step": "3", "view": "attention", "prompt": "Why is the sky blue?"}
 MOVED = {**STATE, "step": "4"}
 
 
-@pytest.fixture(params=["memory", "redis"])
-def store(request):
-    if request.param == "memory":
-        return MemoryStore()
-    url = request.getfixturevalue("redis_url")
-    redis.Redis.from_url(url).flushdb()
-    return RedisStore(url)
-
 
 def everything_stored(store) -> list[str]:
     """Every key and value the store holds, read around the Store interface."""

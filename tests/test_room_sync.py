@@ -7,7 +7,6 @@ import threading
 import time
 
 import pytest
-import redis
 
 from tests.redis_server import redis_process
 from tests.server import free_port

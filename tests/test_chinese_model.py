@@ -4,6 +4,7 @@ characters and whole words in the token stream (never a byte chip or U+FFFD) bes
 chromium and the `playwright` package, as tests/test_browser.py."""
 
 import pytest
+from playwright.sync_api import expect
 
 from engine.characters import REPLACEMENT
 from tests.server import settled_text
@@ -34,7 +35,7 @@ def test_a_chinese_lesson_on_the_chinese_model_shows_characters_and_its_figures(
         figure = page.locator(".st-key-chapter-figure")
         assert figure.count() == 1 and figure.bounding_box()["height"] > 100, key  # the chapter's figure is drawn
         if key != "prefix_case2":  # its figure is the alignment table; the others are charts
-            assert figure.locator("[data-testid='stPlotlyChart']").count() >= 1, key
+            expect(figure.locator("[data-testid='stPlotlyChart']").first).to_be_visible()  # Plotly loads after the text
         everything = page.evaluate("() => document.body.textContent + [...document.querySelectorAll('[title]')]"
                                    ".map(e => e.title).join(' ')")
         assert REPLACEMENT not in everything, key

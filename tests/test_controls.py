@@ -184,8 +184,9 @@ WATCH_HEADER = """() => { window.kvHeaderGone = 0;
     .observe(document.body, {childList: true, subtree: true}); }"""
 
 
-def test_the_steps_header_is_never_blank_while_a_step_runs(server, page):
-    open_page(page, server, step=2)
+@pytest.mark.parametrize("lesson", [{}, {"chapter": 4}], ids=["free", "lesson"])
+def test_the_steps_header_is_never_blank_while_a_step_runs(server, page, lesson):
+    open_page(page, server, step=2, **lesson)
     page.evaluate(WATCH_HEADER)
     for step in (3, 4, 5):
         press(page, "b_next")

@@ -202,6 +202,39 @@ def test_a_watched_rooms_new_state_is_told_once_and_an_unchanged_one_never():
         room_sync.close()
 
 
+class Slow:
+    """A real store whose reads take `seconds`."""
+
+    def __init__(self, store, seconds: float):
+        self.store, self.seconds = store, seconds
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+    def get(self, key):
+        time.sleep(self.seconds)
+        return self.store.get(key)
+
+
+def test_a_room_read_after_its_page_stopped_waiting_is_told():
+    """A follower's first draw waits a while for its room's first read; one read too late for it is told, as a
+    change is, or the page would wait for its next poll."""
+    told = []
+    room_sync = RoomSync(Rooms(Slow(MemoryStore(), 0.3)), on_change=told.append)
+    try:
+        secret, code = rooms.lead_or_resume("1")
+        room_sync.publish("laptop", secret, STATE, claim=True)
+        assert room_sync.settle()
+        assert room_sync.watch(code, wait=0.05) is None  # not read yet
+        wait_for(lambda: told, 2.0, "the first read told")
+        assert room_sync.watch(code).room.query == STATE
+        for _ in range(3):
+            assert room_sync.settle()
+        assert told == [code]  # once
+    finally:
+        room_sync.close()
+
+
 def test_a_failing_listener_does_not_stop_the_thread():
     def broken(code):
         raise RuntimeError("boom")

@@ -510,19 +510,23 @@ def step_places(chapter) -> StepPlaces:
     controls = st.container()
     with controls:
         if chapter is None:
-            counter = st.empty()
+            counter = header_place(st)
         else:
             counter_column, back, forward = st.columns([2.6, 1, 1], vertical_alignment="center")
-            counter = counter_column.empty()
+            counter = header_place(counter_column)
             lesson.chapter_buttons(chapter, ss.w_lang, go_to_chapter, back, forward)
         buttons_column, play_column = st.columns([4, 1], vertical_alignment="center")
     buttons = buttons_column.empty()
-    if "counter_html" in ss:  # the last step's header stays until this step's replaces it: it never blinks out
-        counter.html(ss.counter_html)
     if chapter is None:
         return StepPlaces(controls, counter, buttons, play_column, controls, None)
     figure_column, beside = st.columns([0.65, 0.35])  # the step picture needs 760 px
     return StepPlaces(controls, counter, buttons, play_column, beside, figure_column.container(key="chapter-figure"))
+
+
+def header_place(parent):
+    """The step's header line, holding the last step's until this step's replaces it: it never blinks out (an
+    `st.empty` first would clear it on screen while the step is computed)."""
+    return parent.html(ss.counter_html) if "counter_html" in ss else parent.empty()
 
 
 def fit_to_budget(step: StepLimits) -> None:

@@ -62,6 +62,7 @@ class RoomSync:
         self._heard: dict[str, float] = {}  # page id → when it last published
         self._watched: dict[str, float] = {}  # room code → when a page last asked for it
         self._seen: dict[str, Seen] = {}
+        self._given_up: set[str] = set()  # rooms a page stopped waiting for before their first read
         self._error: str | None = None
         self._retry_at, self._retry_wait = 0.0, RETRY_FIRST
         self._next_read = 0.0
@@ -107,7 +108,8 @@ class RoomSync:
 
     def watch(self, code: str, wait: float = 0.0) -> Seen | None:
         """The room `code` as last read, and read from now on; a room not read yet is waited for up to `wait`
-        seconds (not at all while the store is failing, whose error it then says), else None: not known yet."""
+        seconds (not at all while the store is failing, whose error it then says), else None: not known yet, and
+        its first read is told (`on_change`) as a change is."""
         deadline = time.monotonic() + wait
         with self._lock:
             self._watched[code] = time.monotonic()
@@ -118,6 +120,8 @@ class RoomSync:
                     self._lock.wait(deadline - time.monotonic())
             if code not in self._seen and self._error is not None:
                 return Seen(None, self._error)
+            if code not in self._seen:
+                self._given_up.add(code)  # its first read is told (`on_change`): the page waits for it
             return self._seen.get(code)
 
     def settle(self, timeout: float = 10.0) -> bool:
@@ -191,7 +195,8 @@ class RoomSync:
             return error
         with self._lock:
             changed = [code for code, now in seen.items()
-                       if code in self._seen and shown(self._seen[code]) != shown(now)]
+                       if code in self._given_up or code in self._seen and shown(self._seen[code]) != shown(now)]
+            self._given_up.difference_update(seen)
             self._seen.update(seen)
         for code in changed if self.on_change else ():
             try:

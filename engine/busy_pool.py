@@ -6,7 +6,9 @@ its run made them) in a fresh pool after this history: 2 × P short requests (P:
 arrived one after another and took one block each; every second one then finished and freed its block. The
 pool hands out freed blocks first, the most recently freed first (`BlockPool.release`), so the request's
 prompt lands on the freed blocks between the others', and its decode steps on the next free ones. Its block
-table maps logical to scattered physical blocks, and attention reads the K/V through that table.
+table maps logical to scattered physical blocks, and attention reads the K/V through that table. Only the
+other requests' blocks matter here (nothing reads their K/V), so they are taken without a forward pass; the
+request's own passes are computed, one `add` a step.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class BusyPoolPicture:
     block_table: list[int]  # the request's logical → physical blocks
     length: int  # its cached positions
     num_blocks: int  # the pool's
+    # The other requests' (a replay's pictures share them: set once, before the request's first pass)
     others: dict[int, int]  # physical block → the other request (1-based) still holding it
     freed: list[int]  # blocks freed by the requests that finished, in the order they were freed
     kv_max_diff: float  # largest |difference| of the K/V read through the table from the run's own K/V
@@ -42,17 +45,20 @@ class BusyPoolPicture:
 
 
 class BusyPoolReplay:
-    """passes: (ids, positions) of each of the request's passes in order, the first being the whole prompt."""
+    """passes: (ids, positions) of the request's first passes in order, the first being the whole prompt;
+    `capacity`: the positions it may reach with the passes `add`ed later (default: those of `passes`)."""
 
-    def __init__(self, model: Model, passes: list[tuple[list[int], list[int]]], block_size: int):
+    def __init__(self, model: Model, passes: list[tuple[list[int], list[int]]], block_size: int,
+                 capacity: int | None = None):
         self.model = model
-        prompt = passes[0][0]
-        length = sum(len(ids) for ids, _ in passes)
-        others = 2 * math.ceil(len(prompt) / block_size)
+        length = sum(len(ids) for ids, _ in passes) if capacity is None else capacity
+        others = 2 * math.ceil(len(passes[0][0]) / block_size)
         self.pool: BlockPool = model.new_pool(others + math.ceil(length / block_size) + 1, block_size)
         self.others: dict[int, int] = {}  # physical block → the other request (1-based) that still holds it
         self.freed: list[int] = []  # blocks of the requests that finished, in the order they were freed
-        tables = [self._run(BlockTable(self.pool), _other_prompt(prompt, i, block_size)) for i in range(others)]
+        tables = [BlockTable(self.pool) for _ in range(others)]
+        for table in tables:
+            table.append(block_size)  # one block each, as a one-block prompt takes it
         for number, table in enumerate(tables, start=1):
             if number % 2 == 0:
                 self.freed += table.blocks
@@ -61,16 +67,17 @@ class BusyPoolReplay:
                 self.others.update({block: number for block in table.blocks})
         self.table = BlockTable(self.pool)
         for ids, positions in passes:
-            self._pass(self.table, ids, positions)
+            self.add(ids, positions)
 
-    def _run(self, table: BlockTable, ids: list[int]) -> BlockTable:
-        self._pass(table, ids, list(range(len(ids))))
-        return table
+    def add(self, ids: list[int], positions: list[int]) -> None:
+        """The request's next pass: its K/V written through its table, blocks past a sliding window handed back."""
+        self.table.append(len(ids))
+        self.model.forward(ids, positions, self.table, NO_RECORD)
+        self.table.slide()
 
-    def _pass(self, table: BlockTable, ids: list[int], positions: list[int]) -> None:
-        table.append(len(ids))
-        self.model.forward(ids, positions, table, NO_RECORD)
-        table.slide()
+    @property
+    def nbytes(self) -> int:
+        return self.pool.num_blocks * self.pool.block_size * self.pool.bytes_per_token
 
     def kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, int]:
         """The request's K and V of `layer` read through its scattered table: (n, kv_heads, head_dim) each, and
@@ -91,11 +98,5 @@ class BusyPoolReplay:
                 if len(a):
                     diff = max(diff, (a.float() - b.float()).abs().max().item())
         return BusyPoolPicture(block_table=list(self.table.blocks), length=self.table.length,
-                               num_blocks=self.pool.num_blocks, others=dict(self.others), freed=list(self.freed),
+                               num_blocks=self.pool.num_blocks, others=self.others, freed=self.freed,
                                kv_max_diff=diff)
-
-
-def _other_prompt(prompt: list[int], number: int, block_size: int) -> list[int]:
-    """Another request's prompt, one block long: `block_size` of this prompt's ids from position `number` on
-    (wrapping), so each is a different real token sequence."""
-    return [prompt[(number + i) % len(prompt)] for i in range(block_size)]

@@ -72,6 +72,40 @@ def test_back_past_the_kept_traces_is_one_forward_pass(tiny_model, monkeypatch):
     assert_same_trace(prefill, keeps_all.trace(1))
 
 
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_the_busy_pool_goes_forward_one_pass_a_step_and_back_with_none(tiny_model, family, monkeypatch):
+    """Every step's picture equals a replay made from scratch for that step (Gemma 3's window slides here), and
+    stepping back to a step any page drew computes nothing."""
+    from engine.busy_pool import BusyPoolReplay
+    from tests.test_kv_cache import counting_forwards
+
+    model = tiny_model(family)
+    runner = Runner(model, cache_tokens=512, keep_full_traces=64)
+    runner.configure(config("Paged attention stores the cache in blocks of four", block_size=2))
+    runner.advance_to(12)
+    session = runner.session
+    calls = counting_forwards(monkeypatch)
+    runner.busy_pool(3)
+    assert len(calls) == 3  # the prefill and two decode steps
+    for step in range(4, 13):
+        runner.busy_pool(step)
+        assert len(calls) == step  # one pass further
+    monkeypatch.undo()
+    for step in (12, 7, 1, 0):
+        calls = counting_forwards(monkeypatch)
+        picture = runner.busy_pool(step)
+        assert calls == []  # back: no forward pass
+        monkeypatch.undo()
+        passes = [(session.prompt_ids, list(range(len(session.prompt_ids))))]
+        passes += [(t.input_ids, t.positions) for t in session.traces[1:max(1, step)]]
+        length = sum(len(ids) for ids, _ in passes)
+        fresh = BusyPoolReplay(model, passes, 2).picture(lambda layer: runner.cached_kv(layer, length))
+        assert (picture.block_table, picture.length, picture.others, picture.freed) == \
+            (fresh.block_table, fresh.length, fresh.others, fresh.freed)
+        assert picture.kv_max_diff == fresh.kv_max_diff == 0
+
+
 # -- classroom mode: blocks come back, pools are bounded, students do not wait for each other --------
 
 

@@ -263,6 +263,47 @@ def test_policies_side_by_side_show_each_block_or_token_as_hit_or_miss():
     assert set(whole.text) == {"未命中"}
 
 
+
+def ticks(axis, count: int) -> int:
+    """How many ticks Plotly lays out on `axis` over `count` positions."""
+    return -(-count // (axis.dtick or 1))
+
+
+def test_the_limits_worst_case_draws_bounded_figures_that_still_place_every_position():
+    """Block size 1 on a 382-token prompt with 128 steps (the limits' worst case): every position keeps its block
+    and colour, but the axes carry at most MOST_TICKS ticks and the charts write on no cell too small to read (the
+    browser spent seconds laying out 512 ticks or 1,146 labelled bars)."""
+    from engine.prefix_cache import PromptHistory
+    from viz.kv_cache import busy_pool_figure
+    from viz.style import HIT_COLOR, MOST_TICKS
+
+    length, prompt = 382 + 128, 382
+    table = [2 * i + 1 for i in range(length)]  # scattered: every second block
+    fig = pool_figure(table, length, 1, 2 * length + 4, [str(i) for i in range(length)])
+    assert len(fig.data) == 1  # no slot labels: the hover names each slot
+    z = fig.data[0].z
+    assert all(z[table[p]][0] == p for p in range(length))
+    assert ticks(fig.layout.yaxis, len(z)) <= MOST_TICKS and fig.layout.xaxis.dtick == 1
+
+    others = {2 * i: i + 1 for i in range(prompt)}
+    fig = busy_pool_figure(table, length, 1, others, 2 * length + 4)
+    mine = fig.data[1].z
+    assert all(mine[0][table[p]] == p for p in range(length)) and not fig.layout.annotations
+    assert ticks(fig.layout.xaxis, len(mine[0])) <= MOST_TICKS
+
+    history = PromptHistory()
+    history.add(cached := list(range(1, prompt + 1)))
+    new = cached[:300] + [9000 + i for i in range(prompt - 300)]
+    reuse = history.predicted_reuse(new, 1)
+    fig = policies_figure(reuse, 1)
+    for bar, result in zip(fig.data, reuse.values()):
+        hit_at = [False] * prompt
+        for start, width, color in zip(bar.base, bar.x, bar.marker.color):
+            hit_at[start:start + width] = [color == HIT_COLOR] * width
+        assert hit_at == result.hits and len(bar.x) <= 3  # the same hits, in runs
+    assert ticks(fig.layout.xaxis, prompt) <= MOST_TICKS
+
+
 def test_a_figure_without_its_title_keeps_its_plot_size(run):
     """The page writes a figure's title as text (it wraps) and draws the figure without it: the title's room goes
     from the top margin and the height, and the plot area keeps its size."""

@@ -166,7 +166,8 @@ class Run:
         self.session = session
         self._rebuilt = Memo()  # step → its rebuilt trace
         self._attention = Memo()  # (layer, head) → (probs, scores)
-        self._busy = Memo()  # step → its replay in a busy pool (small: plain data)
+        self._busy: BusyPoolReplay | None = None  # this run replayed in a busy pool, as far as a page asked
+        self._busy_pictures: list[BusyPoolPicture] = []  # step s's picture at s − 1 (plain data)
 
     def advance_to(self, step: int) -> int:
         """Run prefill/decode until `step` tokens exist (or the run ends); return the step reached."""
@@ -234,16 +235,21 @@ class Run:
 
     def busy_pool(self, step: int) -> BusyPoolPicture:
         """The first `step` steps of this run replayed in a pool other requests used first (engine.busy_pool),
-        compared with this run's own K/V; kept for the next pages that draw it."""
+        compared with this run's own K/V. One replay per run, a pass further for each step further than any
+        page asked before, and every step's picture kept: going back costs no forward pass."""
         with self.lock:
-            picture = self._busy.get(step)
-            if picture is None:
-                session = self.session
-                passes = [(session.prompt_ids, list(range(len(session.prompt_ids))))]
-                passes += [(t.input_ids, t.positions) for t in session.traces[1:step]]
-                replay = BusyPoolReplay(self.model, passes, self.config.block_size)
-                picture = self._busy.put(step, replay.picture(lambda layer: self.cached_kv(layer, replay.table.length)))
-            return picture
+            session = self.session
+            if self._busy is None:
+                prompt = session.prompt_ids
+                self._busy = BusyPoolReplay(self.model, [(prompt, list(range(len(prompt))))], self.config.block_size,
+                                            capacity=len(prompt) + self.config.max_new_tokens)
+            replay, pictures = self._busy, self._busy_pictures
+            while len(pictures) < max(1, step):
+                if pictures:  # step 1's pass is the prefill, made with the replay
+                    trace = session.traces[len(pictures)]
+                    replay.add(trace.input_ids, trace.positions)
+                pictures.append(replay.picture(lambda layer: self.cached_kv(layer, replay.table.length)))
+            return pictures[max(1, step) - 1]
 
     @property
     def nbytes(self) -> int:
@@ -252,6 +258,7 @@ class Run:
         kv = (pool.used_blocks + self.cache.cached_free_blocks()) * pool.block_size * pool.bytes_per_token
         memo = sum(t.nbytes for t in self._rebuilt.values())
         memo += sum(p.nbytes + s.nbytes for p, s in self._attention.values())  # a copy: other pages add to it
+        memo += self._busy.nbytes if self._busy is not None else 0
         return sum(t.nbytes for t in self.session.traces) + kv + memo
 
     @property
@@ -262,6 +269,7 @@ class Run:
         """Publish the prompt to the cache (if prefilled) and give the blocks back: for a run on the class's cache."""
         with self.lock:
             self.session.close()
+            self._busy, self._busy_pictures = None, []
 
 
 class RunStore:

@@ -9,11 +9,12 @@ from plotly.colors import sample_colorscale
 
 from engine.kv_cache import kv_bytes_per_token
 from engine.model import ModelInfo
-from viz.style import (OKABE_ITO, SEQUENTIAL, TOP_LEGEND, finish, first_screen_height, fmt_bytes, plotly_text,
-                        position_ticks, readable, text_color_on, window)
+from viz.style import (MOST_LABELLED, OKABE_ITO, SEQUENTIAL, TOP_LEGEND, finish, first_screen_height, fmt_bytes,
+                        plotly_text, position_ticks, readable, text_color_on, tick_step, window)
 from viz.words import ENGLISH, Words
 
 SLOT_TEXT_SIZE = 12  # px; 15 on a projector
+POOL_MAX_HEIGHT = 900  # px: the pool's rows squeeze beyond this (block size 1 on a long prompt)
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
 
@@ -59,15 +60,17 @@ def pool_figure(block_table: list[int], length: int, block_size: int, num_blocks
     top = max(1, len(block_table) - 1)
     fig = go.Figure(go.Heatmap(z=z, text=text, colorscale=SEQUENTIAL, zmin=0, zmax=top, showscale=False,
                                xgap=2, ygap=2, hovertemplate=words["block_slot_hover"] + "<br>%{text}<extra></extra>"))
-    cells = [(b, o) for b in range(shown) for o in range(block_size) if text[b][o]]
-    backgrounds = sample_colorscale(SEQUENTIAL, [z[b, o] / top for b, o in cells])
-    fig.add_trace(go.Scatter(x=[o for _, o in cells], y=[b for b, _ in cells], mode="text",
-                             text=[slot_label(text[b][o]) for b, o in cells], hoverinfo="skip", showlegend=False,
-                             textfont=dict(size=SLOT_TEXT_SIZE + (3 if large else 0),
-                                           color=[text_color_on(c) for c in backgrounds])))
-    fig.update_layout(xaxis=dict(title=words["slot_axis"], dtick=1),
-                      yaxis=dict(title=words["physical_block"], autorange="reversed", dtick=1))
-    return finish(fig, title, large, height=min(900, 120 + (44 if large else 36) * shown))  # two-line slots
+    height = 120 + (44 if large else 36) * shown  # rows of two-line slots
+    if height <= POOL_MAX_HEIGHT and block_size <= MOST_LABELLED:  # else the slots are too small to write in
+        cells = [(b, o) for b in range(shown) for o in range(block_size) if text[b][o]]
+        backgrounds = sample_colorscale(SEQUENTIAL, [z[b, o] / top for b, o in cells])
+        fig.add_trace(go.Scatter(x=[o for _, o in cells], y=[b for b, _ in cells], mode="text",
+                                 text=[slot_label(text[b][o]) for b, o in cells], hoverinfo="skip", showlegend=False,
+                                 textfont=dict(size=SLOT_TEXT_SIZE + (3 if large else 0),
+                                               color=[text_color_on(c) for c in backgrounds])))
+    fig.update_layout(xaxis=dict(title=words["slot_axis"], dtick=tick_step(block_size)),
+                      yaxis=dict(title=words["physical_block"], autorange="reversed", dtick=tick_step(shown)))
+    return finish(fig, title, large, height=min(POOL_MAX_HEIGHT, height))
 
 
 def kv_bytes_frame(info: ModelInfo, length: int) -> pd.DataFrame:
@@ -198,18 +201,18 @@ def busy_pool_figure(block_table: list[int], length: int, block_size: int, other
                     xgap=2, ygap=2, hoverinfo="skip")
     fig.add_heatmap(z=mine, text=text, customdata=hover, colorscale=SEQUENTIAL, zmin=0, zmax=top, showscale=False,
                     xgap=2, ygap=2, hovertemplate=words["physical_block"] + " %{x}: %{customdata}<extra></extra>")
-    cells = [(o, b) for o in range(block_size) for b in range(shown) if text[o][b]]
-    backgrounds = sample_colorscale(SEQUENTIAL, [mine[o, b] / top for o, b in cells])
-    fig.add_scatter(x=[b for _, b in cells], y=[o for o, _ in cells], mode="text", text=[text[o][b] for o, b in cells],
-                    hoverinfo="skip", showlegend=False,
-                    textfont=dict(size=SLOT_TEXT_SIZE + (2 if large else 0),
-                                  color=[text_color_on(c) for c in backgrounds]))
-    for logical, physical in enumerate(block_table):
-        fig.add_annotation(x=physical, y=-0.5, yanchor="bottom", text=f"L{logical}", showarrow=False,
-                           font=dict(size=SLOT_TEXT_SIZE + (2 if large else 0)))
-    fig.update_layout(xaxis=dict(title=words["physical_block"], dtick=1 if shown <= 24 else 2,
-                                 range=[-0.5, shown - 0.5]),
-                      yaxis=dict(title=words["slot_axis"], range=[block_size - 0.5, -0.5], dtick=1))
+    if shown <= MOST_LABELLED and block_size <= MOST_LABELLED:  # else too narrow to write in: the hover tells
+        cells = [(o, b) for o in range(block_size) for b in range(shown) if text[o][b]]
+        backgrounds = sample_colorscale(SEQUENTIAL, [mine[o, b] / top for o, b in cells])
+        fig.add_scatter(x=[b for _, b in cells], y=[o for o, _ in cells], mode="text",
+                        text=[text[o][b] for o, b in cells], hoverinfo="skip", showlegend=False,
+                        textfont=dict(size=SLOT_TEXT_SIZE + (2 if large else 0),
+                                      color=[text_color_on(c) for c in backgrounds]))
+        for logical, physical in enumerate(block_table):
+            fig.add_annotation(x=physical, y=-0.5, yanchor="bottom", text=f"L{logical}", showarrow=False,
+                               font=dict(size=SLOT_TEXT_SIZE + (2 if large else 0)))
+    fig.update_layout(xaxis=dict(title=words["physical_block"], dtick=tick_step(shown), range=[-0.5, shown - 0.5]),
+                      yaxis=dict(title=words["slot_axis"], range=[block_size - 0.5, -0.5], dtick=tick_step(block_size)))
     fig = finish(fig, title, large, height=(150 if large else 130) + (40 if large else 34) * block_size)
     fig.update_layout(margin=dict(t=(80 if large else 70) if title else 40))  # the L labels sit above the blocks
     return fig

@@ -6,7 +6,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from engine.prefix_cache import PolicyReuse
-from viz.style import HIT_COLOR, MISS_COLOR, check_mark, finish, fmt_int, readable, text_color_on
+from viz.style import (HIT_COLOR, MISS_COLOR, MOST_LABELLED, check_mark, finish, fmt_int, readable, text_color_on,
+                        tick_step)
 from viz.words import ENGLISH, Words
 
 
@@ -36,22 +37,37 @@ def policies_figure(reuse: dict[str, PolicyReuse], block_size: int, title: str =
     """One row per policy over the prompt's positions: each block (block policy) or token a cell, green where
     it was reused (hit), grey where it is computed (miss)."""
     fig = go.Figure()
+    n = 0
     for policy, result in reuse.items():
         n = result.reused_tokens + result.computed_tokens
         width = block_size if result.unit == "block" else 1
-        starts = [i * width for i in range(len(result.hits))]
-        widths = [min(width, n - start) for start in starts]
-        colors = [HIT_COLOR if h else MISS_COLOR for h in result.hits]
+        cells = [(i * width, min(width, n - i * width), hit) for i, hit in enumerate(result.hits)]
+        if len(cells) > MOST_LABELLED:  # one bar per run of hits or misses: the same colours, in bounded bars
+            cells = runs(cells)
+        starts, widths, hits = zip(*cells) if cells else ((), (), ())
+        colors = [HIT_COLOR if h else MISS_COLOR for h in hits]
         fig.add_bar(y=[words["policy_" + policy]] * len(starts), x=widths, base=starts, orientation="h",
                     marker=dict(color=colors, line=dict(color="white", width=1)),
-                    text=[words["hit"] if h else words["miss"] for h in result.hits], textposition="inside",
+                    text=[words["hit"] if h else words["miss"] for h in hits], textposition="inside",
                     insidetextanchor="middle", textangle=0, textfont=dict(color=[text_color_on(c) for c in colors]),
                     customdata=[f"{s}–{s + w - 1}" for s, w in zip(starts, widths)],
                     hovertemplate=words["pos"] + " %{customdata}: %{text}<extra></extra>", showlegend=False)
-    fig.update_layout(barmode="overlay", bargap=0.25, xaxis=dict(title=words["pos_axis"], dtick=block_size),
+    fig.update_layout(barmode="overlay", bargap=0.25, xaxis=dict(title=words["pos_axis"],
+                                                                 dtick=tick_step(n, block_size)),
                       uniformtext=dict(mode="hide", minsize=9),  # a word too wide for its cell is left to the colour
                       yaxis=dict(autorange="reversed"))
     return finish(fig, title, large, height=240 if large else 200)
+
+
+def runs(cells: list[tuple[int, int, bool]]) -> list[tuple[int, int, bool]]:
+    """(start, width, hit) cells in order, neighbours with the same hit joined into one."""
+    joined: list[tuple[int, int, bool]] = []
+    for start, width, hit in cells:
+        if joined and joined[-1][2] == hit:
+            joined[-1] = (joined[-1][0], joined[-1][1] + width, hit)
+        else:
+            joined.append((start, width, hit))
+    return joined
 
 
 def policy_frame(reuse: dict[str, int], prompt_length: int) -> pd.DataFrame:

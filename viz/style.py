@@ -24,11 +24,19 @@ DIVERGING = "RdBu"
 
 
 MAX_POSITIONS = 160  # per axis: beyond this a chart shows the latest positions only
+MOST_TICKS = 24  # per axis: more labels than this read as a smear, and Plotly lays each one out in the browser
+MOST_LABELLED = 48  # cells (blocks, bars) a chart writes on; beyond, its colours and hover tell (block size 1)
 
 
 def window(n: int, size: int = MAX_POSITIONS) -> slice:
     """The latest `size` of n positions (all of them when they fit)."""
     return slice(max(0, n - size), n)
+
+
+def tick_step(count: int, unit: int = 1) -> int:
+    """An axis' tick step over `count` positions: a multiple of `unit` (a block), as small as keeps at most
+    MOST_TICKS ticks."""
+    return unit * max(1, math.ceil(count / unit / MOST_TICKS))
 
 
 def position_ticks(labels: list[str], shown: slice) -> list[str]:

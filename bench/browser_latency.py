@@ -1,8 +1,9 @@
 """What a class waits for, in headless Chromium on the embedded model: per view, a press of → until the next
 token's text is on screen and until the step is drawn; chapter changes (PageDown) and going back (PageUp);
-followers' lag behind a leader's press.
+followers' lag behind a leader's press; ← at the limits' worst case.
 
     python bench/browser_latency.py [--presses 6] [--warm 2] [--followers 3] [--before /path/to/old/checkout]
+        [--parts views,chapters,play,follow,worst]
 
 With --before, the same measurements run first on the app of another checkout (e.g. a `git worktree` of the
 previous release), then on this one, in the same run: before/after figures from the same machine and minute.
@@ -17,7 +18,9 @@ Per view, at about 200 cached tokens (median and p90 over the presses, after war
 Chapters: PageDown from chapter 1 to 14 (each a new chapter), then PageUp back to 1 (each visited), until the
 link names the chapter and the page is idle. Followers: one leader page and N follower pages; the leader presses →
 and each follower's counter must show the leader's step: the median and p90 over presses of the last
-follower's lag. Run by hand, not in CI.
+follower's lag. Worst (`--parts worst`, not in the default parts): per view, a page opens the link with block
+size 1, a 382-token prompt and step 128, and presses ← (token and drawn as above); then the server's peak RSS.
+Run by hand, not in CI.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from urllib.parse import quote
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from playwright.sync_api import TimeoutError as PlaywrightTimeout  # noqa: E402
 from playwright.sync_api import sync_playwright  # noqa: E402
 
 from tests.server import CHROMIUM, CHROMIUM_ARGS, ROOT, running_server, settled_text  # noqa: E402
@@ -116,6 +120,39 @@ def views(browser, url: str, presses: int, warm: int) -> None:
         print(f"  {'':9s} ← to a computed step: token {spread([r['token'] for r in back])}  drawn "
               f"{spread([r['drawn'] for r in back])}", flush=True)
         page.close()
+
+
+WORST_LINK = ("prompt=" + quote(" ".join(["token"] * 382)) + "&chat=0&block_size=1&step=128&temperature=1&seed=3")
+WORST_VIEWS = VIEWS[:3] + ("kv&pool=busy",) + VIEWS[3:]  # the KV view's busy pool replays the run in another pool
+
+
+def worst(browser, url: str, presses: int) -> None:
+    """← at the limits' worst case (block size 1, a 382-token prompt, step 128) on every view: one page per view
+    opens the link (the first computes the run, the others share it), then presses ← `presses` times."""
+    for view in WORST_VIEWS:
+        page = browser.new_page(viewport={"width": 1280, "height": 720})
+        wire = Wire(page)
+        start = time.perf_counter()
+        page.goto(f"{url}/?{WORST_LINK}&view={view}", timeout=WAIT_MS)
+        settled_text(page)
+        opened = 1000 * (time.perf_counter() - start)
+        page.locator("h1").first.click()
+        try:
+            back = [press_step(page, wire, "ArrowLeft") for _ in range(presses)]
+        except PlaywrightTimeout:
+            print(f"  {view:13s} open {opened:7.0f} ms; ← not drawn within {WAIT_MS / 1000:.0f} s", flush=True)
+            page.close()
+            continue
+        print(f"  {view:13s} open {opened:7.0f} ms; ← token {spread([r['token'] for r in back])}  drawn "
+              f"{spread([r['drawn'] for r in back])}, worst {max(r['drawn'] for r in back):6.0f} ms  "
+              f"{statistics.median(r['bytes'] for r in back) / 1024:7.0f} KiB/press", flush=True)
+        page.close()
+
+
+def peak_rss_mb(process) -> float:
+    """The server process' peak resident memory (Linux: VmHWM), in MB."""
+    status = Path(f"/proc/{process.pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM"))) / 1024
 
 
 def chapter_in_link(page, number: int) -> None:
@@ -217,9 +254,12 @@ def play(browser, url: str, tokens: int = 60) -> None:
 
 def measure(root: Path, args) -> None:
     print(f"app of {root}", flush=True)
-    with running_server(Path("/tmp/kvscope-latency-server.log"), root=root) as (url, _):
+    with running_server(Path("/tmp/kvscope-latency-server.log"), root=root) as (url, process):
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            if "worst" in args.parts:
+                worst(browser, url, args.presses)
+                print(f"  server's peak RSS {peak_rss_mb(process):.0f} MB", flush=True)
             if "views" in args.parts:
                 views(browser, url, args.presses, args.warm)
             if "chapters" in args.parts:

@@ -159,76 +159,45 @@ def _activation(name: str):
 
 def weights_from_llama_like(hf, config) -> Weights:
     """Llama / SmolLM, Qwen2 (q/k/v bias) and Qwen3 (q_norm, k_norm) share one layout."""
-    eps = config.rms_norm_eps
-    act = _activation(config.hidden_act)
-    layers = []
-    for block in hf.model.layers:
-        attn, mlp = block.self_attn, block.mlp
-        has_qk_norm = hasattr(attn, "q_norm")
-        layers.append(
-            LayerWeights(
-                input_layernorm=_rms(block.input_layernorm, eps),
-                q_proj=_linear(attn.q_proj),
-                k_proj=_linear(attn.k_proj),
-                v_proj=_linear(attn.v_proj),
-                o_proj=_linear(attn.o_proj),
-                q_norm=_rms(attn.q_norm, eps) if has_qk_norm else None,
-                k_norm=_rms(attn.k_norm, eps) if has_qk_norm else None,
-                post_attention_layernorm=_rms(block.post_attention_layernorm, eps),
-                gate_proj=_linear(mlp.gate_proj),
-                up_proj=_linear(mlp.up_proj),
-                down_proj=_linear(mlp.down_proj),
-                act=act,
-            )
-        )
-    embed = hf.get_input_embeddings().weight.detach()
-    head = hf.get_output_embeddings().weight.detach()
-    return Weights(
-        embed_tokens=embed,
-        position_embeddings=None,
-        layers=layers,
-        norm=_rms(hf.model.norm, eps),
-        lm_head=head,
-        tied=head.data_ptr() == embed.data_ptr(),
-    )
+    eps, act = config.rms_norm_eps, _activation(config.hidden_act)
+    layers = [LayerWeights(input_layernorm=_rms(block.input_layernorm, eps),
+                           post_attention_layernorm=_rms(block.post_attention_layernorm, eps),
+                           **_llama_projections(block, eps, act)) for block in hf.model.layers]
+    return _decoder_weights(hf, layers, _rms(hf.model.norm, eps))
 
 
 def weights_from_gemma3(hf, config) -> Weights:
     """Gemma 3: Llama's projections, q/k norms, four (1 + weight) RMSNorms per layer, GeGLU, scaled embeddings."""
     eps, act = config.rms_norm_eps, _activation(config.hidden_activation)
-    layers = []
-    for block in hf.model.layers:
-        attn, mlp = block.self_attn, block.mlp
-        layers.append(
-            LayerWeights(
-                input_layernorm=_rms(block.input_layernorm, eps, 1.0),
-                q_proj=_linear(attn.q_proj),
-                k_proj=_linear(attn.k_proj),
-                v_proj=_linear(attn.v_proj),
+    layers = [LayerWeights(input_layernorm=_rms(block.input_layernorm, eps, 1.0),
+                           post_attention_layernorm=_rms(block.pre_feedforward_layernorm, eps, 1.0),
+                           attention_output_norm=_rms(block.post_attention_layernorm, eps, 1.0),
+                           mlp_output_norm=_rms(block.post_feedforward_layernorm, eps, 1.0),
+                           **_llama_projections(block, eps, act, 1.0)) for block in hf.model.layers]
+    return _decoder_weights(hf, layers, _rms(hf.model.norm, eps, 1.0),
+                            embed_scale=float(hf.model.embed_tokens.scalar_embed_scale),
+                            final_logit_softcap=config.final_logit_softcapping)
+
+
+def _llama_projections(block, eps: float, act, norm_offset: float = 0.0) -> dict:
+    """A Llama-layout layer's attention and gated-MLP weights, with its q/k norms where it has them."""
+    attn, mlp = block.self_attn, block.mlp
+    has_qk_norm = hasattr(attn, "q_norm")
+    return dict(q_proj=_linear(attn.q_proj), k_proj=_linear(attn.k_proj), v_proj=_linear(attn.v_proj),
                 o_proj=_linear(attn.o_proj),
-                q_norm=_rms(attn.q_norm, eps, 1.0),
-                k_norm=_rms(attn.k_norm, eps, 1.0),
-                post_attention_layernorm=_rms(block.pre_feedforward_layernorm, eps, 1.0),
-                gate_proj=_linear(mlp.gate_proj),
-                up_proj=_linear(mlp.up_proj),
-                down_proj=_linear(mlp.down_proj),
-                act=act,
-                attention_output_norm=_rms(block.post_attention_layernorm, eps, 1.0),
-                mlp_output_norm=_rms(block.post_feedforward_layernorm, eps, 1.0),
-            )
-        )
+                q_norm=_rms(attn.q_norm, eps, norm_offset) if has_qk_norm else None,
+                k_norm=_rms(attn.k_norm, eps, norm_offset) if has_qk_norm else None,
+                gate_proj=_linear(mlp.gate_proj), up_proj=_linear(mlp.up_proj), down_proj=_linear(mlp.down_proj),
+                act=act)
+
+
+def _decoder_weights(hf, layers: list[LayerWeights], norm: Norm, **extra) -> Weights:
+    """A decoder with rotary positions (no position table): its layers, final norm, and embedding and head
+    (tied when they are one tensor)."""
     embed = hf.get_input_embeddings().weight.detach()
     head = hf.get_output_embeddings().weight.detach()
-    return Weights(
-        embed_tokens=embed,
-        position_embeddings=None,
-        layers=layers,
-        norm=_rms(hf.model.norm, eps, 1.0),
-        lm_head=head,
-        tied=head.data_ptr() == embed.data_ptr(),
-        embed_scale=float(hf.model.embed_tokens.scalar_embed_scale),
-        final_logit_softcap=config.final_logit_softcapping,
-    )
+    return Weights(embed_tokens=embed, position_embeddings=None, layers=layers, norm=norm, lm_head=head,
+                   tied=head.data_ptr() == embed.data_ptr(), **extra)
 
 
 def _conv1d(module) -> Linear:

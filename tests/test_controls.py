@@ -356,3 +356,21 @@ def test_article_case_loads_in_one_click_at_the_defaults(server, page, embedded_
     first = page.locator('[data-testid="stMetric"]', has_text=strings.t("first_difference", lang))
     expect(first.locator('[data-testid="stMetricValue"]')).to_have_text(str(expected["first"]))
     assert (case == "case2") == (expected["first"] < len(embedded_model.tokenizer.encode(CASE_CACHED)))
+
+
+WORST_CASE = {"prompt": " ".join(["token"] * 382), "chat": 0, "block_size": 1, "step": 128, "temperature": 1,
+              "seed": 3}  # the limits' worst case for going back: 510 blocks of one slot
+
+
+@pytest.mark.parametrize("view", [{"view": v} for v in VIEWS] + [{"view": "kv", "pool": "busy"}],
+                         ids=list(VIEWS) + ["kv-busy"])
+def test_back_moves_one_step_on_every_view_at_the_limits_worst_case(server, page, view):
+    """← from step 128 of a 382-token prompt in blocks of one slot lands on step 127 and draws it (how long it
+    takes: bench/browser_latency.py --parts worst)."""
+    open_page(page, server, **WORST_CASE, **view)
+    step = int(link(page)["step"])
+    assert step > 100  # the run went on (no end of text early)
+    press(page, "b_back")
+    until_link(page, step=step - 1)
+    expect(page.locator(".kv-counter")).to_contain_text(str(step - 1))
+    assert page.locator('[data-testid="stException"]').count() == 0

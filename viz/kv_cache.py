@@ -201,7 +201,8 @@ def busy_pool_figure(block_table: list[int], length: int, block_size: int, other
                     xgap=2, ygap=2, hoverinfo="skip")
     fig.add_heatmap(z=mine, text=text, customdata=hover, colorscale=SEQUENTIAL, zmin=0, zmax=top, showscale=False,
                     xgap=2, ygap=2, hovertemplate=words["physical_block"] + " %{x}: %{customdata}<extra></extra>")
-    if shown <= MOST_LABELLED and block_size <= MOST_LABELLED:  # else too narrow to write in: the hover tells
+    height = (150 if large else 130) + (40 if large else 34) * block_size
+    if shown <= MOST_LABELLED and height <= POOL_MAX_HEIGHT:  # else too small to write in: the hover tells
         cells = [(o, b) for o in range(block_size) for b in range(shown) if text[o][b]]
         backgrounds = sample_colorscale(SEQUENTIAL, [mine[o, b] / top for o, b in cells])
         fig.add_scatter(x=[b for _, b in cells], y=[o for o, _ in cells], mode="text",
@@ -213,7 +214,7 @@ def busy_pool_figure(block_table: list[int], length: int, block_size: int, other
                                font=dict(size=SLOT_TEXT_SIZE + (2 if large else 0)))
     fig.update_layout(xaxis=dict(title=words["physical_block"], dtick=tick_step(shown), range=[-0.5, shown - 0.5]),
                       yaxis=dict(title=words["slot_axis"], range=[block_size - 0.5, -0.5], dtick=tick_step(block_size)))
-    fig = finish(fig, title, large, height=(150 if large else 130) + (40 if large else 34) * block_size)
+    fig = finish(fig, title, large, height=min(POOL_MAX_HEIGHT, height))
     fig.update_layout(margin=dict(t=(80 if large else 70) if title else 40))  # the L labels sit above the blocks
     return fig
 

@@ -59,7 +59,8 @@ def one_page(model, limits, splits: int, block_size: int, steps: int, runs=None)
     """What one worst-case page costs: prefill, `steps` steps, the attention and KV views, one step back.
     runs: the RunStore pages share (None: the page's run is its own)."""
     import engine
-    from ui.runner import Runner, RunConfig
+    from ui.runner import Runner
+    from ui.runs import RunConfig
 
     runner = Runner(model, limits.cache_tokens, limits.full_traces, runs=runs)
     runner.configure(RunConfig(prompt=prompt_of(model.tokenizer, PROMPT_TOKENS), chat=False,
@@ -82,7 +83,7 @@ def measure(pages: int, splits: int | None, block_size: int | None, steps: int, 
 
     import engine
     from ui import memory
-    from ui.runner import RunStore
+    from ui.runs import RunStore
     from ui.settings import load_limits, step_limits
 
     memory.tune_allocator()

@@ -4,7 +4,7 @@ import pytest
 
 from tests.app_helpers import VIEW_TITLES, assert_clean, shown_text, start
 from tests.helpers import expected
-from ui import page, strings
+from ui import step as step_fragment, strings
 from ui.state import LANGS, POLICIES, VIEWS, parse_query
 
 
@@ -152,7 +152,7 @@ class FakeClock:
 
 def test_play_advances_one_token_per_tick_and_catches_up_with_its_clock(monkeypatch, embedded_model):
     clock = FakeClock()
-    monkeypatch.setattr(page, "clock", clock)
+    monkeypatch.setattr(step_fragment, "clock", clock)
     at = start(step=1)
     pace = at.session_state["w_pace"]
     at.toggle(key="w_playing").set_value(True).run()
@@ -312,14 +312,14 @@ def test_the_next_input_is_labelled_as_the_model_builds_it(family, learned, monk
 def test_a_setting_whose_widget_state_was_dropped_comes_back(monkeypatch):
     """A page whose prompt widget lost its state keeps its prompt (it would read as empty and refuse to run);
     settings still held are left as they are."""
-    from ui import page
+    from ui import page_state
 
     at = start(prompt="Keep this prompt, please", chat=0, step=2)
     drawn = at.session_state["drawn_state"]
     assert drawn["prompt"] == "Keep this prompt, please" and drawn["chat"] is False
     state = {"drawn_state": drawn, "w_chat": True}  # the prompt's widget state is gone; chat was changed since
-    monkeypatch.setattr(page, "ss", state)
-    page.restore_lost_settings()
+    monkeypatch.setattr(page_state, "ss", state)
+    page_state.restore_lost_settings()
     assert state["w_prompt"] == "Keep this prompt, please" and state["w_chat"] is True
 
 

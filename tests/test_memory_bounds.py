@@ -89,21 +89,26 @@ def test_budget_sets_the_app_limits(tiny_model):
 
 
 def test_heatmap_over_the_budget_is_refused_naming_the_limit(tiny_model, monkeypatch):
-    from ui.runner import Runner, RunConfig
+    from ui.runner import Runner
+    from ui.runs import RunConfig
     from ui.settings import load_limits, step_limits
 
     model = tiny_model("llama-long")  # room for a prompt longer than the limit
     monkeypatch.setenv("KVSCOPE_STEP_MEMORY_MB", "16")
     limit = step_limits(load_limits(), model.info).max_attention_tokens
-    runner = Runner(model, 512, 8)
-    runner.configure(RunConfig(prompt=" ".join(["cat"] * (limit + 20)), chat=False,
-                               sampling=engine.Sampling(), block_size=16, kv_splits=1, policy="block",
-                               max_new_tokens=4, max_prompt_tokens=1000))
+    config = RunConfig(prompt=" ".join(["cat"] * (limit + 20)), chat=False, sampling=engine.Sampling(),
+                       block_size=16, kv_splits=1, policy="block", max_new_tokens=4, max_prompt_tokens=1000)
+    runner = Runner(model, 512, 8, limits=load_limits())
+    runner.configure(config)
     runner.advance_to(1)
     assert len(runner.prompt_ids) > limit
     with pytest.raises(engine.KvscopeError, match=f"KVSCOPE_STEP_MEMORY_MB.*{limit}"):
         runner.full_attention(1, 0, 0)
+    runner.close()
     monkeypatch.setenv("KVSCOPE_STEP_MEMORY_MB", "256")
+    runner = Runner(model, 512, 8, limits=load_limits())
+    runner.configure(config)
+    runner.advance_to(1)
     probs, _ = runner.full_attention(1, 0, 0)
     assert probs.shape[0] == len(runner.prompt_ids)
     runner.close()

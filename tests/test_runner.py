@@ -10,7 +10,9 @@ import torch
 import engine
 from tests.helpers import Clock
 from ui.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
-from ui.runner import ClassroomCache, Runner, RunConfig, RunStore
+from ui.classroom import ClassroomCache
+from ui.runner import Runner
+from ui.runs import RunConfig, RunStore
 
 
 def config(prompt="Rows grow one step at a time", **changes):

@@ -7,7 +7,8 @@ import torch
 
 import engine
 from tests.app_helpers import shown_text, start
-from ui.runner import Runner, RunStore
+from ui.runner import Runner
+from ui.runs import RunStore
 from tests.test_runner import config
 
 

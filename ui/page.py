@@ -1,11 +1,11 @@
-"""The Streamlit page: widgets and layout. The numbers come from `ui.runner` (the engine), figures from `viz`."""
+"""The Streamlit page: the model and the session's run, the sidebar's settings and the banners, then the step's
+fragment (`ui.step`). State and link: `ui.page_state`. The numbers come from `ui.runner` (the engine), figures
+from `viz`."""
 
 from __future__ import annotations
 
 import logging
-import threading
-import time
-from dataclasses import dataclass, fields, replace
+from dataclasses import replace
 
 import streamlit as st
 import torch
@@ -13,20 +13,17 @@ import torch
 import engine
 from engine import timing
 from ui import cases, follow, memory, model_card, strings
-from ui.context import ViewContext
-from ui.lesson import CHAPTERS
-from ui.runner import ClassroomCache, Runner, RunConfig, RunStore
-from ui.settings import DTYPES, Limits, StepLimits, fit_state, load_limits, step_limits
-from ui.state import (LANGS, POLICIES, VIEWS, AppState, Problem, bounds, clamp, clean_prompt, default_prompt,
-                      language_defaults, parse_query, to_query)
-from ui.views import attention, costs, flow, kv_cache, lesson, prefix, split_kv, stepper
-from ui.views.common import CHAPTER_FIGURE, ChapterFigure
+from ui.classroom import ClassroomCache
+from ui.page_state import (current_state, fit_to_budget, follow_leader, go_to_chapter, labels, restore_lost_settings,
+                           run_config, run_lock, show_problem, ss, start_from_link, t, write_link)
+from ui.runner import Runner
+from ui.runs import RunStore
+from ui.settings import DTYPES, Limits, load_limits, step_limits
+from ui.state import LANGS, POLICIES, AppState, Problem, bounds, clean_prompt, language_defaults
+from ui.step import stepper_and_view
+from ui.views import lesson
 
-VIEW_MODULES = {"flow": flow, "attention": attention, "kv": kv_cache, "split": split_kv, "prefix": prefix,
-                "costs": costs}
-ss = st.session_state
 log = logging.getLogger("kvscope")
-clock = time.monotonic  # Play's clock (tests set their own)
 
 
 @st.cache_resource(show_spinner=False, max_entries=3)
@@ -73,30 +70,11 @@ LESSON_CSS = """<style>
 .st-key-w_view { display: none; }
 [data-testid="stMainBlockContainer"] { padding-top: 3.9rem; }  /* the title clears Streamlit's header bar (3.75rem) */
 </style>"""
-CHAPTER_FIGURE_HEIGHT = {False: 480, True: 440}  # px: what the first screen has below the lesson's header
-
-
-def t(key: str, **values) -> str:
-    """A string in today's language; the values (link values, prompts, model ids, errors) show as text."""
-    return strings.t(key, ss.get("w_lang", "en"), **values)
-
-
-def labels(prefix: str):
-    """A format_func for options whose labels are strings `prefix + option`, in today's language."""
-    lang = ss.get("w_lang", "en")
-    return lambda option: strings.t(prefix + option, lang)
 
 
 def main() -> None:
     with run_lock():
         draw_page()
-
-
-def run_lock() -> threading.RLock:
-    """One script run at a time in a browser session. Each press starts a new run and Streamlit stops the old
-    one only at its next Streamlit call, so without this a run could still be inside the engine while the
-    next one moves the step or reconfigures the same run."""
-    return ss.setdefault("run_lock", threading.RLock())
 
 
 def draw_page() -> None:
@@ -156,106 +134,7 @@ def draw_page() -> None:
     st.caption(t("tagline"))  # at the foot: the first screen is for the step and its figure
 
 
-def request_full_run() -> None:
-    """A control inside the step's fragment changed what the rest of the page shows (the chapter and its
-    settings, Play, an article's case): the fragment's next run hands over to a run of the whole page."""
-    ss.full_rerun = True
-
-
-# -- state ------------------------------------------------------------------------------------
-
-
-def start_from_link(limits: Limits) -> None:
-    apply_link(st.query_params.to_dict(), limits)
-    ss.initialized = True
-
-
-def follow_leader(query: dict[str, str], limits: Limits) -> None:
-    """A follower takes the leader's state (`query`: the leader's link), keeping its own language and text size."""
-    apply_link(query, limits, mine=follow.OWN)
-    ss.stop_playing = True  # the leader's steps drive this page now
-
-
-def apply_link(params: dict[str, str], limits: Limits, mine: frozenset[str] = frozenset()) -> None:
-    """Put the page in the state a link's `params` describe, except the settings named in `mine`, which stay.
-    A chapter is entered only when it changes (its case runs once)."""
-    state, problems = parse_query(params)
-    if not limits.model_allowed(state.model):
-        problems.append(Problem("model", state.model[:80], "embedded", "model_not_allowed"))
-        state = replace(state, model="embedded")
-    chapter_before = ss.get("w_chapter")
-    for f in fields(AppState):
-        if f.name != "step" and f.name not in mine:
-            ss["w_" + f.name] = getattr(state, f.name)
-    ss.step = state.step
-    ss.problems = ss.get("problems", []) + problems
-    if state.chapter and state.chapter != chapter_before:
-        enter_chapter(state.chapter, keep=frozenset(params))  # the link's own values stay
-
-
-def go_to_chapter(number: int) -> None:
-    """A lesson control's press: chapter `number` (0 leaves the lesson, keeping the page as it is). The chapter
-    sets the sidebar's settings too, so the whole page is drawn again."""
-    with run_lock():
-        enter_chapter(number)
-        request_full_run()
-
-
-def enter_chapter(number: int, keep: frozenset[str] = frozenset()) -> None:
-    """Put the page in chapter `number`'s state: its view, step, block size and split count, and the article's
-    case where it has one. Settings named in `keep` stay as they are; the prompt and sampling are the class's."""
-    ss.w_chapter = number
-    if not number:
-        return
-    chapter = CHAPTERS[number - 1]
-    for name, value in {"view": chapter.view, "step": chapter.step, **chapter.settings}.items():
-        if name not in keep:
-            ss[name if name == "step" else "w_" + name] = value
-    if chapter.case:
-        ss.pending_case = chapter.case
-    else:  # a chapter's run starts from an empty prefix cache: the same run on every visit, for every page
-        ss.forget_published = True
-        if ss.w_prompt in cases.CASE_PROMPTS and "prompt" not in keep:  # back from a case: the usual prompt
-            ss.w_prompt, ss.w_chat = default_prompt(ss.w_lang), True
-    if chapter.view == "attention":
-        ss.focused_head_chosen = False  # open on a head with a pattern worth talking about
-
-
-def current_state() -> AppState:
-    values = {f.name: ss["w_" + f.name] for f in fields(AppState) if f.name != "step" and "w_" + f.name in ss}
-    return AppState(step=ss.step, **values)
-
-
-def restore_lost_settings() -> None:
-    """Put back any setting whose widget state Streamlit dropped (the last state drawn is kept under a key no
-    widget owns): a text area that lost its state would come back empty, and the page would refuse to run. Seen
-    once under a class's load, as a page whose link turned to `prompt=` with nobody typing."""
-    for name, value in ss.get("drawn_state", {}).items():
-        if "w_" + name not in ss:
-            log.warning("setting %s was lost by its widget and restored", name)  # the name only, never the value
-            ss["w_" + name] = value
-    if "w_policy" in ss and ss["w_policy"] not in POLICIES:  # its labels change with the language: the browser
-        # sent back the old label of the option it showed, which is no option now
-        ss["w_policy"] = ss.get("drawn_state", {}).get("policy", AppState.policy)
-
-
-def write_link(state: AppState) -> None:
-    ss.drawn_state = {f.name: getattr(state, f.name) for f in fields(AppState) if f.name != "step"}
-    follow.publish(state)  # a leader's every draw (a play tick too) reaches its followers
-    follow.check(state)  # a follower's own move (Play's tick too) leaves following
-    query = to_query(state) | follow.link_params()
-    if st.query_params.to_dict() != query:
-        st.query_params.from_dict(query)
-
-
-def run_config(state: AppState, limits: Limits) -> RunConfig:
-    return RunConfig(
-        prompt=state.prompt, chat=state.chat, think=state.think,
-        sampling=engine.Sampling(temperature=float(state.temperature), top_k=int(state.top_k),
-                                 top_p=float(state.top_p), seed=int(state.seed)),
-        block_size=int(state.block_size), kv_splits=int(state.kv_splits), policy=state.policy,
-        max_new_tokens=limits.max_new_tokens, max_prompt_tokens=limits.max_prompt_tokens,
-    )
+# -- the model and the run ----------------------------------------------------------------------
 
 
 def model_for(spec: str) -> tuple[engine.Model | None, str]:
@@ -324,7 +203,7 @@ def runner_for(model: engine.Model, limits: Limits) -> Runner:
         classroom = (classroom_cache(ss.w_model, limits.shared_cache_tokens, limits.lease_seconds)
                      if limits.shared_prefix_cache else None)
         runs = run_store(ss.w_model, limits.shared_runs_mb * 10**6)
-        runner = ss.runner = Runner(model, limits.cache_tokens, limits.full_traces, classroom, runs)
+        runner = ss.runner = Runner(model, limits.cache_tokens, limits.full_traces, classroom, runs, limits)
     return runner
 
 
@@ -391,182 +270,3 @@ def play_controls(limits: Limits) -> None:
     st.sidebar.slider(t("pace"), limits.min_pace, 3.0, key="w_pace", value=ss.w_pace, step=0.1)  # value: see sidebar
 
 
-def stepper_and_view(model: engine.Model, runner: Runner) -> None:
-    """The step, its view and (in the lesson) its chapter: a fragment, redrawn alone by a press of a step button,
-    a change of view, layer or head, and Play's ticks. A fault stays in this session: it is shown, and the
-    session can start again; the shared model and other sessions are untouched."""
-    follow.check(current_state())  # a follower who moved on their own is told at once, above the fragment
-    if ss.pop("full_rerun", False) or "pending_case" in ss:  # an article's case is loaded before any widget
-        st.rerun(scope="app")  # a control in here changed what the rest of the page shows
-    try:
-        with run_lock():  # a fragment's rerun does not pass through main
-            draw_step(model, runner)
-        return
-    except engine.KvscopeError as error:
-        message = t("bad_input", error=str(error))
-    except Exception as error:  # noqa: BLE001 — Streamlit's own control flow is BaseException, not caught
-        log.error("a step failed: %s", type(error).__name__, exc_info=True)  # no prompt text in the log
-        message = t("step_failed", error=f"{type(error).__name__}: {error}")
-    st.error(message)
-    st.button(t("reset_session"), key="b_reset_session", on_click=reset_session)
-
-
-def reset_session() -> None:
-    """Drop this browser session's run (its K/V blocks go back); the settings and link stay."""
-    runner = ss.pop("runner", None)
-    if runner is not None:
-        try:
-            runner.close()
-        except Exception:  # noqa: BLE001 — the run is being discarded anyway
-            log.warning("closing a failed run raised", exc_info=True)
-    ss.step = 0
-    request_full_run()  # the page builds the session's new run
-
-
-def draw_step(model: engine.Model, runner: Runner) -> None:
-    """The step counter, the step buttons and Play in one row, the token stream, then the chosen view (its main
-    figure first) and the step's text and candidates: at 1280×720 the main figure starts on the first screen.
-    In the lesson: the chapter's header, then its figure beside the step's controls and the chapter's text."""
-    chapter = CHAPTERS[ss.w_chapter - 1] if ss.get("w_chapter") else None
-    places = step_places(chapter)
-    step_buttons(places.buttons, runner, busy=True)
-    places.play.toggle(t("play"), key="w_playing", on_change=request_full_run)  # Play sets the fragment's timer
-    if ss.get("w_playing"):
-        if runner.finished and ss.step >= runner.generated:
-            ss.stop_playing = True
-            st.rerun(scope="app")
-        ss.step = play_step(ss.step, ss.w_pace)
-    else:
-        ss.pop("play_clock", None)  # a Play started later starts its own clock
-    requested = ss.step
-    ss.step = runner.advance_to(requested)
-    state, problems = clamp(current_state(), model.info.layers, model.info.q_heads)
-    for problem in problems:
-        ss["w_" + problem.param] = getattr(state, problem.param)
-    ctx = ViewContext(runner=runner, state=state, step=ss.step, trace=runner.trace(ss.step),
-                      stage=chapter.stage if chapter else None)
-    with places.controls:
-        if ss.step < requested:
-            st.warning(t("step_unreachable", step=requested, reached=ss.step, reason=runner.stop_reason))
-        for problem in problems:
-            show_problem(problem)
-        ss.counter_html = stepper.counter_html(ctx)
-        places.counter.html(ss.counter_html)
-    with places.beside:
-        stepper.render(ctx, lines=1 if chapter else None)
-        if chapter is not None:
-            lesson.panel(ctx)
-    st.radio(t("view"), VIEWS, key="w_view", horizontal=True, format_func=labels("view_"),
-             label_visibility="collapsed")  # hidden in the lesson: the chapter sets the view
-    view_place, details_place = st.container(), st.container()
-    with details_place:  # sent before the view's figures: the step's text is on screen first
-        stepper.details(ctx)
-    placed = CHAPTER_FIGURE.set(None if chapter is None else
-                                ChapterFigure(chapter.figure, places.chapter_figure, CHAPTER_FIGURE_HEIGHT[ctx.large]))
-    try:
-        with view_place:
-            VIEW_MODULES[ss.w_view].render(ctx)
-    finally:
-        CHAPTER_FIGURE.reset(placed)
-    step_buttons(places.buttons, runner)  # live again only once the screen shows this step, as the link does
-    write_link(current_state())
-
-
-@dataclass(frozen=True)
-class PlayClock:
-    start: float  # clock() when Play started, or when its pace or step last changed other than by its ticks
-    step: int  # the step then
-    pace: float
-    last: int  # the step Play's last tick set
-
-
-def play_step(step: int, pace: float) -> int:
-    """Play's next step: one more each tick, and more when ticks came late (a slow draw, a busy server), so that
-    the tokens keep the pace's clock. A step or pace changed by hand starts the clock again."""
-    now, playing = clock(), ss.get("play_clock")
-    if playing is None or playing.pace != pace or playing.last != step:
-        playing = PlayClock(now, step, pace, step)
-    nxt = max(step + 1, playing.step + 1 + int((now - playing.start) / pace + 1e-9))  # + rounding of floats
-    ss.play_clock = replace(playing, last=nxt)
-    return nxt
-
-
-@dataclass
-class StepPlaces:
-    controls: object  # the counter's line, the step buttons and Play, and the step's warnings
-    counter: object
-    buttons: object  # where `step_buttons` draws (busy first, live once the step is drawn)
-    play: object
-    beside: object  # the token stream (and the chapter's text in the lesson)
-    chapter_figure: object | None  # the lesson's place for the chapter's figure (key `chapter-figure`)
-
-
-def step_places(chapter) -> StepPlaces:
-    """Where the step's parts go. Free exploration: the counter, the step buttons with Play, the token stream, one
-    under the other. The lesson: the chapter's title; the counter beside the chapter buttons; the step buttons;
-    then the chapter's figure, and beside it the token stream and the chapter's text."""
-    if chapter is not None:
-        lesson.header(chapter, ss.w_lang)
-    controls = st.container()
-    with controls:
-        if chapter is None:
-            counter = header_place(st)
-        else:
-            counter_column, back, forward = st.columns([2.6, 1, 1], vertical_alignment="center")
-            counter = header_place(counter_column)
-            lesson.chapter_buttons(chapter, ss.w_lang, go_to_chapter, back, forward)
-        buttons_column, play_column = st.columns([4, 1], vertical_alignment="center")
-    buttons = buttons_column.empty()
-    if chapter is None:
-        return StepPlaces(controls, counter, buttons, play_column, controls, None)
-    figure_column, beside = st.columns([0.65, 0.35])  # the step picture needs 760 px
-    return StepPlaces(controls, counter, buttons, play_column, beside, figure_column.container(key="chapter-figure"))
-
-
-def header_place(parent):
-    """The step's header line, holding the last step's until this step's replaces it: it never blinks out (an
-    `st.empty` first would clear it on screen while the step is computed)."""
-    return parent.html(ss.counter_html) if "counter_html" in ss else parent.empty()
-
-
-def fit_to_budget(step: StepLimits) -> None:
-    """Clamp settings that would take a step over the host's memory budget, with a message (before the
-    sidebar's widgets exist: their values cannot be changed after)."""
-    state, problems = fit_state(current_state(), step)
-    for problem in problems:
-        ss["w_" + problem.param] = getattr(state, problem.param)
-    ss.problems = ss.get("problems", []) + problems
-
-
-def show_problem(problem: Problem) -> None:
-    st.warning(t("link_problem", param=problem.param, value=problem.value, fallback=problem.fallback,
-                 reason=t("reason_" + problem.reason)))
-
-
-def step_buttons(place, runner: Runner, busy: bool = False) -> None:
-    """Prefill, Back, Next, Reset, drawn in `place`. While a step is computed and drawn (`busy`) they are
-    greyed and their arrow keys unbound: Streamlit would merge or drop presses made during a run, so they
-    are refused visibly instead. Back and Next move by one from the step current when a press is handled."""
-    buttons = (("prefill", "b_prefill", (1, True), {"disabled": ss.step >= 1}),
-               ("back", "b_back", (-1, False), {"shortcut": "Left", "disabled": ss.step == 0}),
-               ("next", "b_next", (1, False),
-                {"shortcut": "Right", "disabled": runner.finished and ss.step >= runner.generated}),
-               ("reset", "b_reset", (0, True), {}))
-    columns = place.container().columns([1, 1, 1.4, 1])  # Next is the widest label, and pressed most
-    for column, (label, key, move_args, options) in zip(columns, buttons):
-        if busy:
-            column.button(t(label), key=key + "_busy", disabled=True, width="stretch")
-            continue
-        pressed = column.button(t(label), key=key, on_click=move, args=move_args, width="stretch", **options)
-        if pressed and not ss.pop("moved", False):
-            # No callback ran: a restarted server rebuilt this session from its link in this very run, and the
-            # server that drew the button (and knew its callback) is gone. The press still counts.
-            move(*move_args)
-            st.rerun()
-
-
-def move(amount: int, absolute: bool) -> None:
-    """A step button's press: go to step `amount`, or by `amount` from the current step."""
-    with run_lock():  # callbacks run before main, maybe while a stopped run is still stepping
-        ss.step = max(0, amount if absolute else ss.step + amount)
-        ss.moved = True

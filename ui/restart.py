@@ -2,7 +2,7 @@
 (`AppSession.request_rerun` logs "The fragment … does not exist anymore" and returns), so a step button inside the
 step's fragment would do nothing on a page a new server has not drawn yet. Here such a rerun runs the whole page
 instead, with the same widget states: the page rebuilds its session from the link and the press still counts
-(`ui.page.step_buttons`). Streamlit is pinned (requirements.txt); tests/test_browser.py's restart test guards this.
+(`ui.step.step_buttons`). Streamlit is pinned (requirements.txt); tests/test_browser.py's restart test guards this.
 """
 
 from __future__ import annotations

@@ -1,0 +1,153 @@
+"""The page's state: its settings in Streamlit's session state (`w_<setting>` keys, one per `AppState` field, and
+`step`), read from and written to the page's link, the lesson's chapters entered, and today's language for text.
+Shared by the page (`ui.page`) and the step's fragment (`ui.step`); draws nothing but the problems it is given.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import fields, replace
+
+import streamlit as st
+
+import engine
+from ui import cases, follow, strings
+from ui.lesson import CHAPTERS
+from ui.runs import RunConfig
+from ui.settings import Limits, StepLimits, fit_state
+from ui.state import CHOICES, AppState, Problem, default_prompt, parse_query, to_query
+
+ss = st.session_state
+log = logging.getLogger("kvscope")
+
+
+def t(key: str, **values) -> str:
+    """A string in today's language; the values (link values, prompts, model ids, errors) show as text."""
+    return strings.t(key, ss.get("w_lang", "en"), **values)
+
+
+def labels(prefix: str):
+    """A format_func for options whose labels are strings `prefix + option`, in today's language."""
+    lang = ss.get("w_lang", "en")
+    return lambda option: strings.t(prefix + option, lang)
+
+
+def run_lock() -> threading.RLock:
+    """One script run at a time in a browser session. Each press starts a new run and Streamlit stops the old
+    one only at its next Streamlit call, so without this a run could still be inside the engine while the
+    next one moves the step or reconfigures the same run."""
+    return ss.setdefault("run_lock", threading.RLock())
+
+
+def request_full_run() -> None:
+    """A control inside the step's fragment changed what the rest of the page shows (the chapter and its
+    settings, Play, an article's case): the fragment's next run hands over to a run of the whole page."""
+    ss.full_rerun = True
+
+
+def start_from_link(limits: Limits) -> None:
+    apply_link(st.query_params.to_dict(), limits)
+    ss.initialized = True
+
+
+def follow_leader(query: dict[str, str], limits: Limits) -> None:
+    """A follower takes the leader's state (`query`: the leader's link), keeping its own language and text size."""
+    apply_link(query, limits, mine=follow.OWN)
+    ss.stop_playing = True  # the leader's steps drive this page now
+
+
+def apply_link(params: dict[str, str], limits: Limits, mine: frozenset[str] = frozenset()) -> None:
+    """Put the page in the state a link's `params` describe, except the settings named in `mine`, which stay.
+    A chapter is entered only when it changes (its case runs once)."""
+    state, problems = parse_query(params)
+    if not limits.model_allowed(state.model):
+        problems.append(Problem("model", state.model[:80], "embedded", "model_not_allowed"))
+        state = replace(state, model="embedded")
+    chapter_before = ss.get("w_chapter")
+    for f in fields(AppState):
+        if f.name != "step" and f.name not in mine:
+            ss["w_" + f.name] = getattr(state, f.name)
+    ss.step = state.step
+    ss.problems = ss.get("problems", []) + problems
+    if state.chapter and state.chapter != chapter_before:
+        enter_chapter(state.chapter, keep=frozenset(params))  # the link's own values stay
+
+
+def go_to_chapter(number: int) -> None:
+    """A lesson control's press: chapter `number` (0 leaves the lesson, keeping the page as it is). The chapter
+    sets the sidebar's settings too, so the whole page is drawn again."""
+    with run_lock():
+        enter_chapter(number)
+        request_full_run()
+
+
+def enter_chapter(number: int, keep: frozenset[str] = frozenset()) -> None:
+    """Put the page in chapter `number`'s state: its view, step, block size and split count, and the article's
+    case where it has one. Settings named in `keep` stay as they are; the prompt and sampling are the class's."""
+    ss.w_chapter = number
+    if not number:
+        return
+    chapter = CHAPTERS[number - 1]
+    for name, value in {"view": chapter.view, "step": chapter.step, **chapter.settings}.items():
+        if name not in keep:
+            ss[name if name == "step" else "w_" + name] = value
+    if chapter.case:
+        ss.pending_case = chapter.case
+    else:  # a chapter's run starts from an empty prefix cache: the same run on every visit, for every page
+        ss.forget_published = True
+        if ss.w_prompt in cases.CASE_PROMPTS and "prompt" not in keep:  # back from a case: the usual prompt
+            ss.w_prompt, ss.w_chat = default_prompt(ss.w_lang), True
+    if chapter.view == "attention":
+        ss.focused_head_chosen = False  # open on a head with a pattern worth talking about
+
+
+def current_state() -> AppState:
+    values = {f.name: ss["w_" + f.name] for f in fields(AppState) if f.name != "step" and "w_" + f.name in ss}
+    return AppState(step=ss.step, **values)
+
+
+def restore_lost_settings() -> None:
+    """Put back any setting whose widget state Streamlit dropped (the last state drawn is kept under a key no
+    widget owns): a text area that lost its state would come back empty, and the page would refuse to run. Seen
+    once under a class's load, as a page whose link turned to `prompt=` with nobody typing."""
+    for name, value in ss.get("drawn_state", {}).items():
+        if "w_" + name not in ss:
+            log.warning("setting %s was lost by its widget and restored", name)  # the name only, never the value
+            ss["w_" + name] = value
+    for name, options in CHOICES.items():  # a drop-down's labels change with the language: the browser may send
+        if ss.get("w_" + name, options[0]) not in options:  # back the old label of the option it showed
+            ss["w_" + name] = ss.get("drawn_state", {}).get(name, getattr(AppState, name))
+
+
+def write_link(state: AppState) -> None:
+    ss.drawn_state = {f.name: getattr(state, f.name) for f in fields(AppState) if f.name != "step"}
+    follow.publish(state)  # a leader's every draw (a play tick too) reaches its followers
+    follow.check(state)  # a follower's own move (Play's tick too) leaves following
+    query = to_query(state) | follow.link_params()
+    if st.query_params.to_dict() != query:
+        st.query_params.from_dict(query)
+
+
+def run_config(state: AppState, limits: Limits) -> RunConfig:
+    return RunConfig(
+        prompt=state.prompt, chat=state.chat, think=state.think,
+        sampling=engine.Sampling(temperature=float(state.temperature), top_k=int(state.top_k),
+                                 top_p=float(state.top_p), seed=int(state.seed)),
+        block_size=int(state.block_size), kv_splits=int(state.kv_splits), policy=state.policy,
+        max_new_tokens=limits.max_new_tokens, max_prompt_tokens=limits.max_prompt_tokens,
+    )
+
+
+def show_problem(problem: Problem) -> None:
+    st.warning(t("link_problem", param=problem.param, value=problem.value, fallback=problem.fallback,
+                 reason=t("reason_" + problem.reason)))
+
+
+def fit_to_budget(step: StepLimits) -> None:
+    """Clamp settings that would take a step over the host's memory budget, with a message (before the
+    sidebar's widgets exist: their values cannot be changed after)."""
+    state, problems = fit_state(current_state(), step)
+    for problem in problems:
+        ss["w_" + problem.param] = getattr(state, problem.param)
+    ss.problems = ss.get("problems", []) + problems

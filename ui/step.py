@@ -1,0 +1,197 @@
+"""The step's fragment: the step buttons, Play, the token stream, the chosen view and, in the lesson, the chapter's
+header, figure and text. A press, a view or head change and Play's ticks redraw it alone, never the sidebar.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, replace
+
+import streamlit as st
+
+import engine
+from ui import follow
+from ui.context import ViewContext
+from ui.lesson import CHAPTERS
+from ui.page_state import (current_state, go_to_chapter, request_full_run, run_lock, show_problem, ss, t, labels,
+                           write_link)
+from ui.runner import Runner
+from ui.state import VIEWS, clamp
+from ui.views import attention, costs, flow, kv_cache, lesson, prefix, split_kv, stepper
+from ui.views.common import CHAPTER_FIGURE, ChapterFigure
+
+log = logging.getLogger("kvscope")
+VIEW_MODULES = {"flow": flow, "attention": attention, "kv": kv_cache, "split": split_kv, "prefix": prefix,
+                "costs": costs}
+
+
+clock = time.monotonic  # Play's clock (tests set their own)
+CHAPTER_FIGURE_HEIGHT = {False: 480, True: 440}  # px: what the first screen has below the lesson's header
+
+
+def stepper_and_view(model: engine.Model, runner: Runner) -> None:
+    """The step, its view and (in the lesson) its chapter: a fragment, redrawn alone by a press of a step button,
+    a change of view, layer or head, and Play's ticks. A fault stays in this session: it is shown, and the
+    session can start again; the shared model and other sessions are untouched."""
+    follow.check(current_state())  # a follower who moved on their own is told at once, above the fragment
+    if ss.pop("full_rerun", False) or "pending_case" in ss:  # an article's case is loaded before any widget
+        st.rerun(scope="app")  # a control in here changed what the rest of the page shows
+    try:
+        with run_lock():  # a fragment's rerun does not pass through main
+            draw_step(model, runner)
+        return
+    except engine.KvscopeError as error:
+        message = t("bad_input", error=str(error))
+    except Exception as error:  # noqa: BLE001 — Streamlit's own control flow is BaseException, not caught
+        log.error("a step failed: %s", type(error).__name__, exc_info=True)  # no prompt text in the log
+        message = t("step_failed", error=f"{type(error).__name__}: {error}")
+    st.error(message)
+    st.button(t("reset_session"), key="b_reset_session", on_click=reset_session)
+
+
+def reset_session() -> None:
+    """Drop this browser session's run (its K/V blocks go back); the settings and link stay."""
+    runner = ss.pop("runner", None)
+    if runner is not None:
+        try:
+            runner.close()
+        except Exception:  # noqa: BLE001 — the run is being discarded anyway
+            log.warning("closing a failed run raised", exc_info=True)
+    ss.step = 0
+    request_full_run()  # the page builds the session's new run
+
+
+def draw_step(model: engine.Model, runner: Runner) -> None:
+    """The step counter, the step buttons and Play in one row, the token stream, then the chosen view (its main
+    figure first) and the step's text and candidates: at 1280×720 the main figure starts on the first screen.
+    In the lesson: the chapter's header, then its figure beside the step's controls and the chapter's text."""
+    chapter = CHAPTERS[ss.w_chapter - 1] if ss.get("w_chapter") else None
+    places = step_places(chapter)
+    step_buttons(places.buttons, runner, busy=True)
+    places.play.toggle(t("play"), key="w_playing", on_change=request_full_run)  # Play sets the fragment's timer
+    if ss.get("w_playing"):
+        if runner.finished and ss.step >= runner.generated:
+            ss.stop_playing = True
+            st.rerun(scope="app")
+        ss.step = play_step(ss.step, ss.w_pace)
+    else:
+        ss.pop("play_clock", None)  # a Play started later starts its own clock
+    requested = ss.step
+    ss.step = runner.advance_to(requested)
+    state, problems = clamp(current_state(), model.info.layers, model.info.q_heads)
+    for problem in problems:
+        ss["w_" + problem.param] = getattr(state, problem.param)
+    ctx = ViewContext(runner=runner, state=state, step=ss.step, trace=runner.trace(ss.step),
+                      stage=chapter.stage if chapter else None)
+    with places.controls:
+        if ss.step < requested:
+            st.warning(t("step_unreachable", step=requested, reached=ss.step, reason=runner.stop_reason))
+        for problem in problems:
+            show_problem(problem)
+        ss.counter_html = stepper.counter_html(ctx)
+        places.counter.html(ss.counter_html)
+    with places.beside:
+        stepper.render(ctx, lines=1 if chapter else None)
+        if chapter is not None:
+            lesson.panel(ctx)
+    st.radio(t("view"), VIEWS, key="w_view", horizontal=True, format_func=labels("view_"),
+             label_visibility="collapsed")  # hidden in the lesson: the chapter sets the view
+    view_place, details_place = st.container(), st.container()
+    with details_place:  # sent before the view's figures: the step's text is on screen first
+        stepper.details(ctx)
+    placed = CHAPTER_FIGURE.set(None if chapter is None else
+                                ChapterFigure(chapter.figure, places.chapter_figure, CHAPTER_FIGURE_HEIGHT[ctx.large]))
+    try:
+        with view_place:
+            VIEW_MODULES[ss.w_view].render(ctx)
+    finally:
+        CHAPTER_FIGURE.reset(placed)
+    step_buttons(places.buttons, runner)  # live again only once the screen shows this step, as the link does
+    write_link(current_state())
+
+
+@dataclass(frozen=True)
+class PlayClock:
+    start: float  # clock() when Play started, or when its pace or step last changed other than by its ticks
+    step: int  # the step then
+    pace: float
+    last: int  # the step Play's last tick set
+
+
+def play_step(step: int, pace: float) -> int:
+    """Play's next step: one more each tick, and more when ticks came late (a slow draw, a busy server), so that
+    the tokens keep the pace's clock. A step or pace changed by hand starts the clock again."""
+    now, playing = clock(), ss.get("play_clock")
+    if playing is None or playing.pace != pace or playing.last != step:
+        playing = PlayClock(now, step, pace, step)
+    nxt = max(step + 1, playing.step + 1 + int((now - playing.start) / pace + 1e-9))  # + rounding of floats
+    ss.play_clock = replace(playing, last=nxt)
+    return nxt
+
+
+@dataclass
+class StepPlaces:
+    controls: object  # the counter's line, the step buttons and Play, and the step's warnings
+    counter: object
+    buttons: object  # where `step_buttons` draws (busy first, live once the step is drawn)
+    play: object
+    beside: object  # the token stream (and the chapter's text in the lesson)
+    chapter_figure: object | None  # the lesson's place for the chapter's figure (key `chapter-figure`)
+
+
+def step_places(chapter) -> StepPlaces:
+    """Where the step's parts go. Free exploration: the counter, the step buttons with Play, the token stream, one
+    under the other. The lesson: the chapter's title; the counter beside the chapter buttons; the step buttons;
+    then the chapter's figure, and beside it the token stream and the chapter's text."""
+    if chapter is not None:
+        lesson.header(chapter, ss.w_lang)
+    controls = st.container()
+    with controls:
+        if chapter is None:
+            counter = header_place(st)
+        else:
+            counter_column, back, forward = st.columns([2.6, 1, 1], vertical_alignment="center")
+            counter = header_place(counter_column)
+            lesson.chapter_buttons(chapter, ss.w_lang, go_to_chapter, back, forward)
+        buttons_column, play_column = st.columns([4, 1], vertical_alignment="center")
+    buttons = buttons_column.empty()
+    if chapter is None:
+        return StepPlaces(controls, counter, buttons, play_column, controls, None)
+    figure_column, beside = st.columns([0.65, 0.35])  # the step picture needs 760 px
+    return StepPlaces(controls, counter, buttons, play_column, beside, figure_column.container(key="chapter-figure"))
+
+
+def header_place(parent):
+    """The step's header line, holding the last step's until this step's replaces it: it never blinks out (an
+    `st.empty` first would clear it on screen while the step is computed)."""
+    return parent.html(ss.counter_html) if "counter_html" in ss else parent.empty()
+
+
+def step_buttons(place, runner: Runner, busy: bool = False) -> None:
+    """Prefill, Back, Next, Reset, drawn in `place`. While a step is computed and drawn (`busy`) they are
+    greyed and their arrow keys unbound: Streamlit would merge or drop presses made during a run, so they
+    are refused visibly instead. Back and Next move by one from the step current when a press is handled."""
+    buttons = (("prefill", "b_prefill", (1, True), {"disabled": ss.step >= 1}),
+               ("back", "b_back", (-1, False), {"shortcut": "Left", "disabled": ss.step == 0}),
+               ("next", "b_next", (1, False),
+                {"shortcut": "Right", "disabled": runner.finished and ss.step >= runner.generated}),
+               ("reset", "b_reset", (0, True), {}))
+    columns = place.container().columns([1, 1, 1.4, 1])  # Next is the widest label, and pressed most
+    for column, (label, key, move_args, options) in zip(columns, buttons):
+        if busy:
+            column.button(t(label), key=key + "_busy", disabled=True, width="stretch")
+            continue
+        pressed = column.button(t(label), key=key, on_click=move, args=move_args, width="stretch", **options)
+        if pressed and not ss.pop("moved", False):
+            # No callback ran: a restarted server rebuilt this session from its link in this very run, and the
+            # server that drew the button (and knew its callback) is gone. The press still counts.
+            move(*move_args)
+            st.rerun()
+
+
+def move(amount: int, absolute: bool) -> None:
+    """A step button's press: go to step `amount`, or by `amount` from the current step."""
+    with run_lock():  # callbacks run before main, maybe while a stopped run is still stepping
+        ss.step = max(0, amount if absolute else ss.step + amount)
+        ss.moved = True

@@ -176,7 +176,7 @@ def store(request):
     """Each room store in turn: the in-process one and a real redis-server, emptied first."""
     import redis
 
-    from ui.store import MemoryStore, RedisStore
+    from ui.follow.store import MemoryStore, RedisStore
 
     if request.param == "memory":
         return MemoryStore()

@@ -1,4 +1,4 @@
-"""A real Redis server on loopback for the tests of rooms shared between app servers (ui/store.py)."""
+"""A real Redis server on loopback for the tests of rooms shared between app servers (ui/follow/store.py)."""
 
 import contextlib
 import os

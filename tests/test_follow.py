@@ -1,4 +1,4 @@
-"""Follow the teacher (ui/follow.py): a page opened with lead=1 shares a students' link; pages opened with it
+"""Follow the teacher (ui/follow/page.py): a page opened with lead=1 shares a students' link; pages opened with it
 follow the leader's state until they choose to explore on their own.
 
 AppTest pages in one process share the process's room store, as browser sessions on one server do; the
@@ -14,7 +14,8 @@ import pytest
 import redis
 
 from tests.app_helpers import assert_clean, keeps_working, shown_text, start, step_of
-from ui import follow, rooms, strings
+from ui import strings
+from ui.follow import page as follow, rooms
 from ui.state import AppState, parse_query
 
 

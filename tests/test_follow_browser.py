@@ -11,7 +11,8 @@ from playwright.sync_api import expect
 
 from tests.helpers import IDLE, WAIT_MS, link, press
 from tests.server import running_server, settled_text
-from ui import rooms, strings
+from ui import strings
+from ui.follow import rooms
 
 pytestmark = pytest.mark.browser
 
@@ -173,7 +174,7 @@ def test_a_follower_who_presses_next_is_told_at_once_and_stays_at_its_own_step(s
 
 
 def test_followers_move_with_the_leader_at_once_with_their_polls_slowed_right_down(slow_polls_server, pages):
-    """The leader's move reaches its followers on the same server by itself (ui/push.py), not by their polls."""
+    """The leader's move reaches its followers on the same server by itself (ui/follow/push.py), not by their polls."""
     leader, first, second = pages
     open_class(slow_polls_server, leader, (first, second))
     for step in ("1", "2", "3"):

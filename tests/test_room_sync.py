@@ -1,4 +1,4 @@
-"""The rooms' background thread (ui/room_sync.py) and one leader per room (ui/rooms.py), on a real redis-server
+"""The rooms' background thread (ui/follow/sync.py) and one leader per room (ui/follow/rooms.py), on a real redis-server
 that the tests pause (SIGSTOP), stop and start again on the same port, and on the in-process store."""
 
 import os
@@ -10,10 +10,10 @@ import pytest
 
 from tests.redis_server import redis_process
 from tests.server import free_port
-from ui import rooms
-from ui.room_sync import RETRY_MAX, RoomSync, Seen
-from ui.rooms import Rooms
-from ui.store import MemoryStore, RedisStore, StoreError
+from ui.follow import rooms
+from ui.follow.sync import RETRY_MAX, RoomSync, Seen
+from ui.follow.rooms import Rooms
+from ui.follow.store import MemoryStore, RedisStore, StoreError
 
 STATE = {"step": "3", "prompt": "Why is the sky blue?"}
 BACK_SECONDS = 2.0  # the brief: followers back in step within 2 s of the store's return

@@ -1,4 +1,4 @@
-"""Rooms (ui/rooms.py) over both stores (ui/store.py): the in-process MemoryStore and a real redis-server, as
+"""Rooms (ui/follow/rooms.py) over both stores (ui/follow/store.py): the in-process MemoryStore and a real redis-server, as
 two app servers behind a load balancer share it."""
 
 import threading
@@ -8,9 +8,9 @@ import pytest
 import redis
 
 from tests.helpers import Clock
-from ui import rooms
-from ui.rooms import Room, Rooms
-from ui.store import MemoryStore, RedisStore, StoreError, store_from_env
+from ui.follow import rooms
+from ui.follow.rooms import Room, Rooms
+from ui.follow.store import MemoryStore, RedisStore, StoreError, store_from_env
 
 STATE = {"step": "3", "view": "attention", "prompt": "Why is the sky blue?"}
 MOVED = {**STATE, "step": "4"}

@@ -12,7 +12,8 @@ import torch
 
 import engine
 from engine import timing
-from ui import cases, follow, memory, model_card, strings
+from ui import cases, memory, model_card, strings
+from ui.follow import page as follow
 from ui.classroom import ClassroomCache
 from ui.page_state import (current_state, fit_to_budget, follow_leader, go_to_chapter, labels, restore_lost_settings,
                            run_config, run_lock, show_problem, ss, start_from_link, t, write_link)

@@ -12,7 +12,8 @@ from dataclasses import fields, replace
 import streamlit as st
 
 import engine
-from ui import cases, follow, strings
+from ui import cases, strings
+from ui.follow import page as follow
 from ui.lesson import CHAPTERS
 from ui.runs import RunConfig
 from ui.settings import Limits, StepLimits, fit_state

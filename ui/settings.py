@@ -21,8 +21,8 @@ KVSCOPE_DTYPE              the weights' and KV cache's dtype: float32 (default) 
 KVSCOPE_STEP_MEMORY_MB     memory one step of one page may add over the loaded model, in MB (default 256); the
                            largest kv_splits, the smallest block size and the longest attention heatmap follow
                            from it (`StepLimits`), and what does not fit is refused or clamped with a message
-KVSCOPE_STORE              where "follow the teacher" rooms live (ui/store.py): unset, in this process (one
-                           server); redis://host:port/db, in Redis, shared by several app servers (ui/follow.py)
+KVSCOPE_STORE              where "follow the teacher" rooms live (ui/follow/store.py): unset, in this process (one
+                           server); redis://host:port/db, in Redis, shared by several app servers (ui/follow/page.py)
 
 The defaults fit Streamlit Community Cloud's free tier (2.7 GB) with 30 students at once; README's
 "Hosting" section has the measured figures.

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 import streamlit as st
 
 import engine
-from ui import follow
+from ui.follow import page as follow
 from ui.context import ViewContext
 from ui.lesson import CHAPTERS
 from ui.page_state import (current_state, go_to_chapter, request_full_run, run_lock, show_problem, ss, t, labels,

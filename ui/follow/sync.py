@@ -8,7 +8,7 @@ poll reads the room as the thread last read it (`watch`): the thread reads every
 A store that fails (down, paused, unreachable) is noticed once: the thread keeps what it could not send, says
 what went wrong (`error`) and tries again after `RETRY_FIRST`, doubling up to `RETRY_MAX`, so a returning store
 gets the leaders' latest states and the followers' reads within a fraction of a second. The store's own calls
-have a short timeout (`ui.store.RedisStore`); the thread alone waits for it.
+have a short timeout (`ui.follow.store.RedisStore`); the thread alone waits for it.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ui.rooms import Room, Rooms
-from ui.store import StoreError
+from ui.follow.rooms import Room, Rooms
+from ui.follow.store import StoreError
 
 READ_SECONDS = 0.25  # a watched room is read this often (a follower polls the result twice a second)
 RETRY_FIRST, RETRY_MAX = 0.1, 0.25  # seconds before trying a failing store again: doubles up to RETRY_MAX

@@ -1,4 +1,4 @@
-"""A small key-value store with expiry, shared by every page that follows a teacher (`ui.rooms`).
+"""A small key-value store with expiry, shared by every page that follows a teacher (`ui.follow.rooms`).
 
 One store per process: `MemoryStore` by default (one server), `RedisStore` when the host sets KVSCOPE_STORE to a
 redis:// URL (several servers behind a load balancer: a student on one server then follows a teacher on
@@ -79,7 +79,7 @@ class MemoryStore:
 class RedisStore:
     """The same operations on a Redis server (`url`: redis://host:port/db); every failure is a StoreError.
 
-    One try per call, with a short timeout: the caller (`ui.room_sync`, off the page's thread) decides when to
+    One try per call, with a short timeout: the caller (`ui.follow.sync`, off the page's thread) decides when to
     try again. (redis-py's own default retries three times with backoff: 6.5 s a call on a paused server.)"""
 
     def __init__(self, url: str, timeout_seconds: float = 0.5):

@@ -1,4 +1,4 @@
-"""Follow the teacher: the Streamlit side of `ui.rooms`, through the process's `ui.room_sync.RoomSync`.
+"""Follow the teacher: the Streamlit side of `ui.follow.rooms`, through the process's `ui.follow.sync.RoomSync`.
 
 A page opened with `lead=1` leads: it shows the students' link and its QR code, publishes its state on every
 draw (`publish`, from the page's link writer) and, every second, refreshes its room and says whether students can
@@ -15,6 +15,9 @@ following, as "Explore on my own" does, and only "Follow the teacher again" brin
 drawn (a run of the whole page or of the step's fragment alone) and once it is drawn, the page's state is
 compared with the one it took from the leader (`check`); one that differs reruns the whole page at once, whose
 banner then says so.
+
+One module for both sides (about 320 lines): the leader's and the follower's parts share the session keys below
+and the room's state as a link (`room_query`), and each side reads the other's checks.
 
 Session keys: follow_role ("lead" | "follow"), follow_secret and follow_page (leader: the room's secret, this
 page's own id), follow_claim (the leader's next publish claims the room), follow_code, follow_mode (follower:
@@ -36,13 +39,13 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 import segno
 import streamlit as st
 
-from ui import push, rooms
-from ui.room_sync import RoomSync, Seen
+from ui.follow import push, rooms
+from ui.follow.sync import RoomSync, Seen
 from ui.state import AppState, to_query
-from ui.store import StoreError, store_from_env
+from ui.follow.store import StoreError, store_from_env
 
 OWN = frozenset({"lang", "large"})  # a follower's own settings, never taken from the leader
-# A follower's page runs as soon as this server's RoomSync reads a new state of its room (`ui.push`); the poll is
+# A follower's page runs as soon as this server's RoomSync reads a new state of its room (`ui.follow.push`); the poll is
 # the safety net (a run that was asked for but lost), so it can be slow: a poll is a script run per follower.
 POLL_SECONDS = float(os.environ.get("KVSCOPE_FOLLOW_POLL_S") or 3.0)
 LEAD_SECONDS = 1.0  # the leader's heartbeat (well inside rooms.ROOM_TTL_SECONDS) and check of its status
@@ -87,7 +90,7 @@ def take_over(apply: Callable[[dict[str, str]], None]) -> None:
     if "follow_role" not in ss:
         begin(st.query_params.to_dict())
     if ss.get("follow_role") == "follow" and ss.get("follow_mode") in ("following", "waiting"):
-        refresh()  # a run pushed by the leader's move (`ui.push`) applies it in this run
+        refresh()  # a run pushed by the leader's move (`ui.follow.push`) applies it in this run
     pending = ss.pop("follow_pending", None)
     if pending is not None and ss.get("follow_role") == "follow":
         apply(pending)

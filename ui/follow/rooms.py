@@ -23,7 +23,7 @@ import re
 import secrets
 from dataclasses import dataclass
 
-from ui.store import Store
+from ui.follow.store import Store
 
 ROOM_TTL_SECONDS = 30.0
 SECRET_BYTES = 24  # token_urlsafe(24): 32 characters, 192 random bits
@@ -77,7 +77,7 @@ def lead_or_resume(given: str | None = None) -> tuple[str, str]:
 
 
 class Rooms:
-    """Open, resume, publish, read and end rooms in `store` (any `ui.store.Store`)."""
+    """Open, resume, publish, read and end rooms in `store` (any `ui.follow.store.Store`)."""
 
     def __init__(self, store: Store, ttl_seconds: float = ROOM_TTL_SECONDS):
         self.store = store

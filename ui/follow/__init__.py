@@ -1,0 +1,8 @@
+"""Follow the teacher: a leader's page publishes its state to a room, students' pages follow it.
+
+- `rooms`: codes, versioned published links, expiry, one leading page (plain Python);
+- `store`: the key-value store behind the rooms (in memory, or Redis for several servers);
+- `sync`: the process's background thread that makes every store call off the pages' runs;
+- `push`: a leader's move asks this server's following pages to run at once;
+- `page`: the Streamlit side: the leader's panel and heartbeat, the follower's banner, poll and checks.
+"""

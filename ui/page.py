@@ -79,31 +79,51 @@ def main() -> None:
 
 
 def draw_page() -> None:
-    """The whole page: settings, banners, then the step and its view in a fragment (`stepper_and_view`), which a
-    step press, a view or layer change, and Play's ticks redraw alone."""
+    """The whole page: first what must be settled before any widget exists (the state from the link or the
+    leader, the model, the session's run and what a chapter's case sets), then the drawing: settings, banners,
+    then the step and its view in a fragment (`stepper_and_view`), which a step press, a view or layer change,
+    and Play's ticks redraw alone."""
     limits = load_limits()
-    if "initialized" not in ss:
-        start_from_link(limits)
+    settle_state(limits)
     # The lesson needs the whole projector's width: its chapters are in the sidebar, closed until asked for.
     st.set_page_config(page_title="kvscope", page_icon="🔎", layout="wide",
                        initial_sidebar_state="collapsed" if ss.get("w_chapter") else "auto")
     st.html(CHROME_CSS)
     memory.tune_allocator()
+    model, failure = model_for(ss.w_model)  # a model's first load shows its stages
+    runner = prepare_run(model, limits) if model is not None else None
+    draw(limits, model, failure, runner)
+
+
+def settle_state(limits: Limits) -> None:
+    """The session's settings for this run, before any widget: from the link (the first run), what Streamlit
+    lost, the leader's state for a follower."""
+    if "initialized" not in ss:
+        start_from_link(limits)
     restore_lost_settings()
     follow.take_over(lambda query: follow_leader(query, limits))  # before any widget, as the link is
     if ss.pop("stop_playing", False):
         ss.w_playing = False
     ss.pop("full_rerun", None)  # this run is one
-    model, failure = model_for(ss.w_model)
-    runner = runner_for(model, limits) if model is not None else None
-    if runner is not None:
-        if ss.pop("forget_published", False):
-            runner.forget_published()
-        apply_pending_case(runner, limits)  # before the widgets: it sets the prompt and chat switch
-        if ss.w_chat and not runner.can_chat:  # a base model: its prompt goes in as it is
-            ss.w_chat = False
-            ss.problems = ss.get("problems", []) + [Problem("chat", "1", "0", "no_chat_template")]
-        fit_to_budget(step_limits(limits, model.info))
+
+
+def prepare_run(model: engine.Model, limits: Limits) -> Runner:
+    """The session's run, and what it changes in the settings before the widgets show them: a chapter's fresh
+    cache or case, the chat switch on a base model, the host's step budget."""
+    runner = runner_for(model, limits)
+    if ss.pop("forget_published", False):
+        runner.forget_published()
+    apply_pending_case(runner, limits)  # it sets the prompt and chat switch
+    if ss.w_chat and not runner.can_chat:  # a base model: its prompt goes in as it is
+        ss.w_chat = False
+        ss.problems = ss.get("problems", []) + [Problem("chat", "1", "0", "no_chat_template")]
+    fit_to_budget(step_limits(limits, model.info))
+    return runner
+
+
+def draw(limits: Limits, model: engine.Model | None, failure: str, runner: Runner | None) -> None:
+    """The page's widgets: header, banners and problems, the sidebar, then the step's fragment (or why there is
+    no model), the model card and the tagline."""
     in_lesson = bool(ss.get("w_chapter"))
     st.html(LAYOUT_CSS + (LARGE_CSS if ss.w_large else "") + (LESSON_CSS if in_lesson else ""))
     if not in_lesson:  # a lesson's header is its chapter's title
@@ -113,7 +133,8 @@ def draw_page() -> None:
         show_problem(problem)
     if limits.bad_dtype:
         st.warning(t("dtype_bad", value=limits.bad_dtype, allowed=" / ".join(DTYPES)))
-    sidebar(limits, can_think=runner is not None and runner.can_think, can_chat=runner is None or runner.can_chat)  # after the banner: it reaches the screen first
+    # After the banner: it reaches the screen first.
+    sidebar(limits, can_think=runner is not None and runner.can_think, can_chat=runner is None or runner.can_chat)
     if model is None:
         st.error(failure)
         st.button(t("use_default"), key="use_default", on_click=use_default_model)

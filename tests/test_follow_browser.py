@@ -77,6 +77,21 @@ def open_class(url: str, leader, followers, query: str = "") -> None:
         expect(follower.get_by_text(strings.t("follow_following"))).to_be_visible()
 
 
+def class_follows(leader, followers, steps: int, view: str) -> None:
+    """The leader presses → `steps` times from step 0, then picks `view`: after each move every follower shows
+    what the leader shows."""
+    for step in range(1, steps + 1):
+        now = leader_moves(leader, "b_next", step=str(step))
+        for follower in followers:
+            shows(follower, now)
+    leader.wait_for_selector(IDLE, timeout=WAIT_MS)
+    leader.locator(".st-key-w_view label", has_text=strings.t("view_" + view)).click()
+    leader.wait_for_function(f"() => new URL(location.href).searchParams.get('view') === '{view}'", timeout=WAIT_MS)
+    now = shown(leader)
+    for follower in followers:
+        shows(follower, now)
+
+
 @pytest.fixture
 def pages(browser):
     contexts = [browser.new_context(viewport={"width": 1280, "height": 720}) for _ in range(3)]
@@ -103,16 +118,7 @@ def test_two_followers_follow_the_leader_until_one_explores_on_its_own(server, p
         shows(follower, shown(leader))
         assert "lead" not in link(follower) and secret not in follower.content()
 
-    for step in ("1", "2", "3", "4"):
-        now = leader_moves(leader, "b_next", step=step)
-        for follower in (first, second):
-            shows(follower, now)
-    leader.wait_for_selector(IDLE, timeout=WAIT_MS)
-    leader.locator(".st-key-w_view label", has_text=strings.t("view_attention")).click()
-    leader.wait_for_function("() => new URL(location.href).searchParams.get('view') === 'attention'", timeout=WAIT_MS)
-    now = shown(leader)
-    for follower in (first, second):
-        shows(follower, now)
+    class_follows(leader, (first, second), steps=4, view="attention")
     for follower in (first, second):  # and once its draw has finished, its link says so too
         settled_text(follower)
         assert {k: link(follower).get(k) for k in ("step", "view")} == {"step": "4", "view": "attention"}
@@ -177,13 +183,4 @@ def test_followers_move_with_the_leader_at_once_with_their_polls_slowed_right_do
     """The leader's move reaches its followers on the same server by itself (ui/follow/push.py), not by their polls."""
     leader, first, second = pages
     open_class(slow_polls_server, leader, (first, second))
-    for step in ("1", "2", "3"):
-        now = leader_moves(leader, "b_next", step=step)
-        for follower in (first, second):
-            shows(follower, now)
-    leader.wait_for_selector(IDLE, timeout=WAIT_MS)
-    leader.locator(".st-key-w_view label", has_text=strings.t("view_kv")).click()
-    leader.wait_for_function("() => new URL(location.href).searchParams.get('view') === 'kv'", timeout=WAIT_MS)
-    now = shown(leader)
-    for follower in (first, second):
-        shows(follower, now)
+    class_follows(leader, (first, second), steps=3, view="kv")

@@ -39,6 +39,7 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout  # noqa: E402
 from playwright.sync_api import sync_playwright  # noqa: E402
 
 from tests.server import CHROMIUM, CHROMIUM_ARGS, ROOT, running_server, settled_text  # noqa: E402
+from ui import strings  # noqa: E402
 
 VIEWS = ("flow", "attention", "kv", "split", "prefix", "costs")
 TEXT = '() => document.querySelector(".st-key-generated code")?.textContent ?? ""'
@@ -224,6 +225,14 @@ def followers(browser, url: str, count: int, presses: int) -> None:
         time.sleep(1.0)
     print(f"  {count} followers: leader's own → {spread(own)}; last follower sent the step {spread(sent)}; "
           f"last follower shows it {spread(lags)}", flush=True)
+    alone = pages[0]  # a student steps on their own: told at once that the teacher's moves no longer move them
+    alone.locator("h1").first.click()
+    start = time.perf_counter()
+    alone.keyboard.press("ArrowRight")
+    alone.wait_for_function(f"() => document.body.innerText.includes({strings.t('follow_alone')!r})",
+                            timeout=WAIT_MS, polling="raf")
+    print(f"  a follower's own → until its banner says it left following: "
+          f"{1000 * (time.perf_counter() - start):.0f} ms", flush=True)
     for page in pages + [leader]:
         page.close()
 

@@ -73,6 +73,7 @@ def open_class(url: str, leader, followers, query: str = "") -> None:
     href = leader.locator(".st-key-follow-link a").get_attribute("href")
     for follower in followers:
         follower.goto(href)
+        settled_text(follower)  # a page's first draw (a new browser context loads Streamlit and Plotly: seconds)
         shows(follower, shown(leader))
         expect(follower.get_by_text(strings.t("follow_following"))).to_be_visible()
 

@@ -89,10 +89,15 @@ def draw_page() -> None:
     st.set_page_config(page_title="kvscope", page_icon="🔎", layout="wide",
                        initial_sidebar_state="collapsed" if ss.get("w_chapter") else "auto")
     st.html(CHROME_CSS)
+    # Everything shown above the step (a model's loading stages, the title, banners, problems, errors) goes in
+    # this one element, whose count varies from run to run: the step's elements keep their places in the page,
+    # and Streamlit never meets a keyed element of the step at a new place beside its old one (it would draw
+    # neither).
+    notices = st.container()
     memory.tune_allocator()
-    model, failure = model_for(ss.w_model)  # a model's first load shows its stages
+    model, failure = model_for(ss.w_model, notices)  # a model's first load shows its stages
     runner = prepare_run(model, limits) if model is not None else None
-    draw(limits, model, failure, runner)
+    draw(limits, model, failure, runner, notices)
 
 
 def settle_state(limits: Limits) -> None:
@@ -121,32 +126,34 @@ def prepare_run(model: engine.Model, limits: Limits) -> Runner:
     return runner
 
 
-def draw(limits: Limits, model: engine.Model | None, failure: str, runner: Runner | None) -> None:
+def draw(limits: Limits, model: engine.Model | None, failure: str, runner: Runner | None, notices) -> None:
     """The page's widgets: header, banners and problems, the sidebar, then the step's fragment (or why there is
     no model), the model card and the tagline."""
     in_lesson = bool(ss.get("w_chapter"))
     st.html(LAYOUT_CSS + (LARGE_CSS if ss.w_large else "") + (LESSON_CSS if in_lesson else ""))
-    if not in_lesson:  # a lesson's header is its chapter's title
-        st.title(t("title"))
-    follow.show(t)
-    for problem in ss.pop("problems", []):
-        show_problem(problem)
-    if limits.bad_dtype:
-        st.warning(t("dtype_bad", value=limits.bad_dtype, allowed=" / ".join(DTYPES)))
+    with notices:
+        if not in_lesson:  # a lesson's header is its chapter's title
+            st.title(t("title"))
+        follow.show(t)
+        for problem in ss.pop("problems", []):
+            show_problem(problem)
+        if limits.bad_dtype:
+            st.warning(t("dtype_bad", value=limits.bad_dtype, allowed=" / ".join(DTYPES)))
     # After the banner: it reaches the screen first.
     sidebar(limits, can_think=runner is not None and runner.can_think, can_chat=runner is None or runner.can_chat)
     if model is None:
-        st.error(failure)
-        st.button(t("use_default"), key="use_default", on_click=use_default_model)
+        with notices:
+            st.error(failure)
+            st.button(t("use_default"), key="use_default", on_click=use_default_model)
         return
     state = current_state()
     prompt, reasons = clean_prompt(state.prompt)
     for reason in reasons:
-        st.warning(t("prompt_cleaned", reason=t("reason_" + reason)))
+        notices.warning(t("prompt_cleaned", reason=t("reason_" + reason)))
     try:
         runner.configure(run_config(replace(state, prompt=prompt), limits))
     except engine.KvscopeError as error:
-        st.error(t("bad_input", error=str(error)))
+        notices.error(t("bad_input", error=str(error)))
         write_link(state)
         return
     play_controls(limits)
@@ -159,10 +166,10 @@ def draw(limits: Limits, model: engine.Model | None, failure: str, runner: Runne
 # -- the model and the run ----------------------------------------------------------------------
 
 
-def model_for(spec: str) -> tuple[engine.Model | None, str]:
+def model_for(spec: str, place) -> tuple[engine.Model | None, str]:
     """The shared model, or None and a message saying why it could not be loaded."""
     try:
-        return (load_model(spec) if spec in LOADED else load_with_stages(spec)), ""
+        return (load_model(spec) if spec in LOADED else load_with_stages(spec, place)), ""
     except (engine.KvscopeError, OSError, MemoryError) as error:
         return None, t("model_failed", model=spec, error=str(error) or type(error).__name__)
     except Exception as error:  # noqa: BLE001 — any loading fault is shown, never a traceback
@@ -170,9 +177,9 @@ def model_for(spec: str) -> tuple[engine.Model | None, str]:
         return None, t("model_failed", model=spec, error=f"{type(error).__name__}: {error}")
 
 
-def load_with_stages(spec: str) -> engine.Model:
+def load_with_stages(spec: str, parent) -> engine.Model:
     """Load a model this process has not loaded yet, saying what it is doing (17–49 s on a first start)."""
-    place = st.empty()
+    place = parent.empty()
     embedded_titles = {"embedded": "loading_embedded", "embedded-zh": "loading_embedded_zh"}  # no bare id in Chinese
     title = t(embedded_titles[spec]) if spec in embedded_titles else t("loading", model=spec)
     with place.container(), st.status(title, expanded=True):

@@ -61,3 +61,25 @@ def test_back_redraws_a_step_from_the_memo(builds, embedded_model):
     assert at.query_params["step"] == "3"
     assert len(builds) == 2  # steps 3 and 4; step 3 again came from the memo
     assert charts(at) == charts(start(**LINK))
+
+
+def test_a_memoized_figure_is_converted_for_the_wire_once(builds, embedded_model, monkeypatch):
+    """Plotly's to_dict (a deep copy and the arrays' encoding) ran for every figure on every draw: drawn again from
+    the memo, a figure is sent as the dict made when it was built."""
+    from plotly.basedatatypes import BaseFigure
+
+    conversions = []
+    real = BaseFigure.to_dict
+
+    def counted(fig):
+        conversions.append(type(fig).__name__)
+        return real(fig)
+
+    monkeypatch.setattr(BaseFigure, "to_dict", counted)
+    first = start(**LINK)
+    assert len(conversions) >= len(first.get("plotly_chart")) > 0  # each figure built once, converted once
+    conversions.clear()
+    second = start(**LINK)
+    assert_clean(second)
+    assert conversions == []
+    assert charts(second) == charts(first)

@@ -76,6 +76,22 @@ def test_the_phone_shows_title_and_next_without_scrolling_sideways(server, brows
         page.close()
 
 
+@pytest.mark.parametrize(("viewport", "lang"), [(PROJECTOR, "en"), (PROJECTOR, "zh"), (PHONE, "en")])
+def test_a_banner_under_the_title_leaves_the_title_whole(server, browser, viewport, lang):
+    """A link's problem shows as a banner between the title and the step: the banner starts below the title's text
+    (Streamlit pulls what follows a title up by its Markdown margin; a banner there covered half the title)."""
+    page = browser.new_page(viewport=viewport)
+    try:
+        page.goto(f"{server}/?step=2&temperature=abc&lang={lang}&large=1")
+        settled_text(page)
+        title, banner = box(page, "h1"), box(page, '[data-testid="stAlert"]')
+        assert banner["y"] >= title["y"] + title["height"], (title, banner)
+        header = box(page, ".kv-header")
+        assert header["y"] >= banner["y"] + banner["height"], (banner, header)
+    finally:
+        page.close()
+
+
 # -- the lesson on a projector ----------------------------------------------------------------------------------
 
 NOT_CUT = """() => [...document.querySelectorAll(

@@ -63,6 +63,9 @@ LAYOUT_CSS = """<style>
 }
 [data-testid="stMain"] [data-testid="stVerticalBlock"] { gap: 0.5rem; }
 [data-testid="stMain"] h1 { font-size: 1.3rem; padding: 0; line-height: 1.3; }
+/* A title's text pulls what follows 1rem up (Streamlit's margin under Markdown), which the step's header allows
+   for; a banner under the title would cover its lower half. */
+.st-key-notices [data-testid="stElementContainer"]:has([data-testid="stHeading"]):not(:last-child) { margin-bottom: 1.25rem; }
 [data-testid="stMain"] h3 { font-size: 1.15rem; padding-top: 0.25rem; }
 </style>"""
 LARGE_CSS = "<style>html { font-size: 125%; }</style>"  # every rem-sized text and control, a quarter larger
@@ -93,7 +96,7 @@ def draw_page() -> None:
     # this one element, whose count varies from run to run: the step's elements keep their places in the page,
     # and Streamlit never meets a keyed element of the step at a new place beside its old one (it would draw
     # neither).
-    notices = st.container()
+    notices = st.container(key="notices")
     memory.tune_allocator()
     model, failure = model_for(ss.w_model, notices)  # a model's first load shows its stages
     runner = prepare_run(model, limits) if model is not None else None

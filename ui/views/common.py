@@ -100,7 +100,8 @@ def figure(build: go.Figure | Callable[[], go.Figure], name: str, memo: tuple | 
 
 
 def prepared(fig: go.Figure, limit: int | None) -> tuple[str, go.Figure]:
-    """(title, figure without it): at most `limit` px tall with the title's text, its numbers compact."""
+    """(title, figure without it): at most `limit` px tall with the title's text, its numbers compact, its dict
+    made once (`Shown`)."""
     title = fig.layout.title.text
     if title:
         fig = untitled(fig)
@@ -109,7 +110,25 @@ def prepared(fig: go.Figure, limit: int | None) -> tuple[str, go.Figure]:
         if (fig.layout.height or 450) > limit:
             fig.update_layout(height=limit)
     compact(fig)
-    return title or "", fig
+    return title or "", Shown(fig)
+
+
+class Shown(go.Figure):
+    """A finished figure whose dict, what `st.plotly_chart` sends, is made once. Plotly's `to_dict` deep-copies
+    the whole figure and encodes its arrays on every call: most of the time a page took to draw a memoized figure
+    again (Back, a chapter revisited, every page of a class on one step). The dict is shared by the pages that show
+    the figure and only read: Streamlit serialises it as it is (trace ids, which Plotly's to_json would pop from
+    it, are taken out here)."""
+
+    def __init__(self, fig: go.Figure):
+        super().__init__()  # an empty figure: this one is only ever read through to_dict
+        shown = fig.to_dict()
+        for trace in shown["data"]:
+            trace.pop("uid", None)
+        self._shown = shown
+
+    def to_dict(self) -> dict:
+        return self._shown
 
 
 def compact(fig: go.Figure) -> None:

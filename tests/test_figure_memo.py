@@ -6,7 +6,7 @@ import json
 import pytest
 
 from tests.app_helpers import assert_clean, start
-from ui.views import attention, common
+from ui.views import attention, common, kv_cache
 
 LINK = dict(view="attention", step=3, layer=5, head=2, chat=0, prompt="The capital of France is")
 
@@ -83,3 +83,29 @@ def test_a_memoized_figure_is_converted_for_the_wire_once(builds, embedded_model
     assert_clean(second)
     assert conversions == []
     assert charts(second) == charts(first)
+
+
+def test_the_kv_views_figures_come_from_the_memo(embedded_model, monkeypatch):
+    """The paged-KV view's figures are memoized like the others': a second page on the same step builds none, the
+    next step builds the step's own (not the per-layer lengths, the same at every step), Back none."""
+    common._figures.clear()
+    built = []
+    for name in ("pool_figure", "layer_lengths_figure", "kv_values_figure", "occupancy_bar"):
+        real = getattr(kv_cache, name)
+        monkeypatch.setattr(kv_cache, name, lambda *a, _real=real, _name=name, **k: built.append(_name) or _real(*a, **k))
+    link = dict(view="kv", step=3, layer=5, head=2, chat=0, prompt="The capital of France is")
+    first = start(**link)
+    assert_clean(first)
+    assert sorted(built) == ["kv_values_figure", "layer_lengths_figure", "occupancy_bar", "pool_figure"]
+    built.clear()
+    second = start(**link)
+    assert built == []
+    assert charts(second) == charts(first)
+    second.button(key="b_next").click().run()
+    assert_clean(second)
+    assert sorted(built) == ["kv_values_figure", "occupancy_bar", "pool_figure"]  # the lengths: the same every step
+    built.clear()
+    second.button(key="b_back").click().run()
+    assert_clean(second)
+    assert second.query_params["step"] == "3"
+    assert built == []  # Back draws step 3 from the memo

@@ -101,7 +101,7 @@ def figure(build: go.Figure | Callable[[], go.Figure], name: str, memo: tuple | 
 
 def prepared(fig: go.Figure, limit: int | None) -> tuple[str, go.Figure]:
     """(title, figure without it): at most `limit` px tall with the title's text, its numbers compact, its dict
-    made once (`Shown`)."""
+    made once (`FrozenFigure`)."""
     title = fig.layout.title.text
     if title:
         fig = untitled(fig)
@@ -110,10 +110,10 @@ def prepared(fig: go.Figure, limit: int | None) -> tuple[str, go.Figure]:
         if (fig.layout.height or 450) > limit:
             fig.update_layout(height=limit)
     compact(fig)
-    return title or "", Shown(fig)
+    return title or "", FrozenFigure(fig)
 
 
-class Shown(go.Figure):
+class FrozenFigure(go.Figure):
     """A finished figure whose dict, what `st.plotly_chart` sends, is made once. Plotly's `to_dict` deep-copies
     the whole figure and encodes its arrays on every call: most of the time a page took to draw a memoized figure
     again (Back, a chapter revisited, every page of a class on one step). The dict is shared by the pages that show

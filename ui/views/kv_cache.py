@@ -6,7 +6,7 @@ import streamlit as st
 
 from ui.context import ViewContext
 from ui.strings import Shown
-from ui.views.common import Part, figure, layer_head_pickers, table, titled, words
+from ui.views.common import Part, figure, layer_head_pickers, memo_key, table, titled, words
 from ui.state import POOLS
 from viz.kv_cache import (block_table_frame, busy_pool_figure, difference_text, kv_bytes_table, kv_values_figure,
                           layer_lengths_figure, layer_lengths_frame, layer_lengths_table, lengths_default,
@@ -33,8 +33,9 @@ def render(ctx: ViewContext) -> None:
     c3.metric(ctx.t("bytes_total", dtype=info.dtype), fmt_size(info.kv_bytes(length)),
               help=ctx.t("bytes_help", per=Shown(fmt_int(info.kv_bytes_per_token)), element=info.element_bytes))
     if not busy:
-        figure(occupancy_bar(len(block_table), pool.cached_free, pool.blocks, ctx.t("pool_title", total=pool.blocks),
-                             ctx.large, words=words(ctx)), "pool-occupancy")
+        figure(lambda: occupancy_bar(len(block_table), pool.cached_free, pool.blocks,
+                                     ctx.t("pool_title", total=pool.blocks), ctx.large, words=words(ctx)),
+               "pool-occupancy", memo_key(ctx, "occupancy", len(block_table), pool.cached_free, pool.blocks))
     table(block_table_frame(block_table, length, size, ctx.labels, words(ctx)))
     st.markdown(ctx.t("stored", layers=info.layers, kv=info.kv_heads, d=info.head_dim))
     st.markdown(ctx.t("not_stored"))
@@ -50,8 +51,9 @@ def own_pool(ctx: ViewContext, pool) -> list[int]:
     """The run's own pool: its blocks and slots. Returns the run's block table."""
     trace = ctx.trace
     with st.container(key="main-figure"):  # blocks and slots first, then the numbers about them
-        figure(pool_figure(trace.block_table, trace.context_length, pool.block_size, pool.blocks, ctx.labels,
-                           ctx.t("blocks_title"), ctx.large, words=words(ctx)), "kv-blocks")
+        figure(lambda: pool_figure(trace.block_table, trace.context_length, pool.block_size, pool.blocks, ctx.labels,
+                                   ctx.t("blocks_title"), ctx.large, words=words(ctx)),
+               "kv-blocks", memo_key(ctx, "pool", pool.block_size, pool.blocks))
     return trace.block_table
 
 
@@ -61,9 +63,9 @@ def busy_pool(ctx: ViewContext) -> list[int]:
     with st.spinner(ctx.t("busy_computing")):
         picture = ctx.runner.busy_pool(ctx.step)
     with st.container(key="main-figure"):
-        figure(busy_pool_figure(picture.block_table, picture.length, ctx.runner.pool_state().block_size,
-                                picture.others, picture.num_blocks, ctx.t("busy_title"), ctx.large, words(ctx)),
-               "kv-busy-pool")
+        figure(lambda: busy_pool_figure(picture.block_table, picture.length, ctx.runner.pool_state().block_size,
+                                        picture.others, picture.num_blocks, ctx.t("busy_title"), ctx.large, words(ctx)),
+               "kv-busy-pool", memo_key(ctx, "busy"))
     others = picture.requests_before
     st.caption(ctx.t("busy_note", others=others, last=others - 1, freed=", ".join(map(str, picture.freed)),
                      layers=ctx.info.layers, diff=difference_text(picture.kv_max_diff)))
@@ -83,10 +85,11 @@ def kv_values(ctx: ViewContext, layer: int, head: int, length: int) -> None:
                    if held else ctx.t("kv_window_empty", layer=layer))
         if not held:
             return
-    values = (k if which == "K" else v)[:, kv_head].float().cpu().numpy()
-    figure(kv_values_figure(values, ctx.labels, ctx.t("values_title", which=which, layer=layer, kv=kv_head,
-                                                      head=head), ctx.large, words(ctx), start=start),
-           f"{which}-L{layer}-KV{kv_head}")
+    values = (k if which == "K" else v)[:, kv_head]
+    figure(lambda: kv_values_figure(values.float().cpu().numpy(), ctx.labels,
+                                    ctx.t("values_title", which=which, layer=layer, kv=kv_head, head=head), ctx.large,
+                                    words(ctx), start=start),
+           f"{which}-L{layer}-KV{kv_head}", memo_key(ctx, "values", layer, head, which))
 
 
 def layer_lengths(ctx: ViewContext, length: int) -> None:
@@ -99,8 +102,8 @@ def layer_lengths(ctx: ViewContext, length: int) -> None:
                    value=lengths_default(info, length), help=ctx.t("lengths_slider_help", n=length))
     frame = layer_lengths_frame(info, at)
     with place:
-        figure(layer_lengths_figure(frame, at, ctx.t("layer_lengths_title", n=at), ctx.large, words(ctx)),
-               "kv-layer-lengths")
+        figure(lambda: layer_lengths_figure(frame, at, ctx.t("layer_lengths_title", n=at), ctx.large, words(ctx)),
+               "kv-layer-lengths", memo_key(ctx, "layers", at, per_step=False))
         if info.sliding_window is None:
             st.markdown(ctx.t("window_none", n=at))
         else:

@@ -57,8 +57,9 @@ class PeakMemory:
 
 async def settled(page) -> str:
     """The step's text once the run has finished; a page that never shows it fails with what it shows. Thirty
-    first runs at once share the server's CPU: measured here, every page finished its first draw 210–310 s after
-    it opened, all near the end, so a wait of 300 s failed some runs (issue 21). Each wait is the page's WAIT_MS."""
+    first runs at once share the server's CPU: over ten runs here, pages finished their first draw 167–629 s after
+    they opened, all near the end of their run, so a wait of 300 s failed some runs (issue 21). Each wait is the
+    page's WAIT_MS."""
     try:
         await page.wait_for_selector(".st-key-generated code")
         await page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]')

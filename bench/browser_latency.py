@@ -8,7 +8,8 @@ followers' lag behind a leader's press; ← at the limits' worst case.
 With --before, the same measurements run first on the app of another checkout (e.g. a `git worktree` of the
 previous release), then on this one, in the same run: before/after figures from the same machine and minute.
 
-Per view, at about 200 cached tokens (median and p90 over the presses, after warm-up presses):
+Per view, at about 200 cached tokens, each view on its own run (its own seed: every → computes a step), median
+and p90 over the presses, after warm-up presses:
 - token: → until the header names the new step and the token it output (the first sign of the step on screen);
 - text: → until the new token's text is in the `generated` container (under the view);
 - drawn: → until the script run has finished (Streamlit idle) and the browser has painted two frames;
@@ -107,10 +108,12 @@ def press_step(page, wire: Wire, key: str = "ArrowRight") -> dict[str, float]:
 
 def views(browser, url: str, presses: int, warm: int) -> None:
     prompt = " ".join(["token"] * 190)  # about 200 cached tokens
-    for view in VIEWS:
+    for seed, view in enumerate(VIEWS, start=3):
+        # A seed per view: each view's presses compute their own steps. With one seed, every view after the
+        # first would show steps the first had already computed (pages with the same settings share a run).
         page = browser.new_page(viewport={"width": 1280, "height": 720})
         wire = Wire(page)
-        page.goto(f"{url}/?prompt={quote(prompt)}&chat=0&step=1&view={view}&temperature=1&seed=3")
+        page.goto(f"{url}/?prompt={quote(prompt)}&chat=0&step=1&view={view}&temperature=1&seed={seed}")
         settled_text(page)
         page.locator("h1").first.click()
         runs = [press_step(page, wire) for _ in range(warm + presses)][warm:]

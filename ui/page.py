@@ -87,6 +87,7 @@ def draw_page() -> None:
     then the step and its view in a fragment (`stepper_and_view`), which a step press, a view or layer change,
     and Play's ticks redraw alone."""
     limits = load_limits()
+    torch.set_num_threads(limits.threads)  # per thread, and each script run is a thread (KVSCOPE_THREADS: why 1)
     settle_state(limits)
     # The lesson needs the whole projector's width: its chapters are in the sidebar, closed until asked for.
     st.set_page_config(page_title="kvscope", page_icon="🔎", layout="wide",

@@ -270,3 +270,32 @@ def test_followed_part_leaves_out_the_followers_own_settings_only():
     for change in ({"step": 4}, {"view": "flow"}, {"temperature": 0.5}, {"chapter": 2}, {"prompt": "x"},
                    {"layer": 1}, {"policy": "radix"}):
         assert follow.followed_part(replace(state, **change)) != follow.followed_part(state), change
+
+
+class FakeSession:
+    """What `ui.follow.push` asks of a Streamlit session: the fragments it holds, its last client state, a rerun."""
+
+    def __init__(self, held: set[str]):
+        from streamlit.proto.ClientState_pb2 import ClientState
+
+        self._client_state = ClientState(query_string="follow=abc&step=3", fragment_id="poll")
+        self.held, self.asked = held, []
+
+    def has_fragment(self, fragment_id: str) -> bool:
+        return fragment_id in self.held
+
+    def request_rerun(self, state) -> None:
+        self.asked.append(state)
+
+
+def test_a_leaders_move_runs_a_followers_step_fragment_alone_while_the_session_holds_it():
+    """A follower whose step fragment is known runs that fragment alone; one whose fragment is gone (a run of the
+    whole page made a new one) or unknown runs its whole page. Each with the session's own link."""
+    from ui.follow import push
+
+    session = FakeSession(held={"step"})
+    for fragment_id in ("step", "gone", None):
+        push._run_page(session, fragment_id)
+    assert [state.fragment_id for state in session.asked] == ["step", "", ""]
+    assert {state.query_string for state in session.asked} == {"follow=abc&step=3"}
+    assert not any(state.is_auto_rerun for state in session.asked)

@@ -2,6 +2,7 @@
 one server). Each follower must show the leader's step and answer text within 5 s of each of the leader's moves.
 Needs Debian's chromium and the `playwright` package, as tests/test_browser.py."""
 
+import html
 import time
 from urllib.parse import parse_qs, urlparse
 
@@ -78,19 +79,43 @@ def open_class(url: str, leader, followers, query: str = "") -> None:
         expect(follower.get_by_text(strings.t("follow_following"))).to_be_visible()
 
 
-def class_follows(leader, followers, steps: int, view: str) -> None:
+class Received:
+    """What the server sent a page over its websocket since `clear`."""
+
+    def __init__(self, page):
+        self.frames: list[bytes] = []
+        page.on("websocket", lambda socket: socket.on("framereceived", lambda frame: self.frames.append(frame)))
+
+    def clear(self) -> None:
+        self.frames.clear()
+
+    def carries(self, text: str) -> bool:
+        return any(text.encode() in (f if isinstance(f, bytes) else f.encode()) for f in self.frames)
+
+
+def class_follows(leader, followers, steps: int, view: str, sent=None) -> None:
     """The leader presses → `steps` times from step 0, then picks `view`: after each move every follower shows
-    what the leader shows."""
+    what the leader shows. `sent` (a `Received`, of the first follower): a step's move sends that follower the new
+    step and no widget of the sidebar (its step alone ran, not the whole page), a change of view the sidebar too."""
     for step in range(1, steps + 1):
+        if sent is not None:
+            sent.clear()
         now = leader_moves(leader, "b_next", step=str(step))
         for follower in followers:
             shows(follower, now)
+        if sent is not None:
+            assert sent.carries('kv-counter">' + html.escape(now["counter"])), step  # the step's header came
+            assert not sent.carries("w_top_p"), step  # and no sidebar widget (top-p's key) with it
+    if sent is not None:
+        sent.clear()
     leader.wait_for_selector(IDLE, timeout=WAIT_MS)
     leader.locator(".st-key-w_view label", has_text=strings.t("view_" + view)).click()
     leader.wait_for_function(f"() => new URL(location.href).searchParams.get('view') === '{view}'", timeout=WAIT_MS)
     now = shown(leader)
     for follower in followers:
         shows(follower, now)
+    if sent is not None:
+        assert sent.carries("w_top_p")  # the view changed: the whole page ran, its sidebar with it
 
 
 @pytest.fixture
@@ -181,7 +206,10 @@ def test_a_follower_who_presses_next_is_told_at_once_and_stays_at_its_own_step(s
 
 
 def test_followers_move_with_the_leader_at_once_with_their_polls_slowed_right_down(slow_polls_server, pages):
-    """The leader's move reaches its followers on the same server by itself (ui/follow/push.py), not by their polls."""
+    """The leader's move reaches its followers on the same server by itself (ui/follow/push.py), not by their polls.
+    A move of the step runs a follower's step alone: what the follower is sent holds the new step and none of the
+    sidebar's widgets (a run of the whole page sends them all; a change of view still does)."""
     leader, first, second = pages
+    sent = Received(first)
     open_class(slow_polls_server, leader, (first, second))
-    class_follows(leader, (first, second), steps=3, view="kv")
+    class_follows(leader, (first, second), steps=3, view="kv", sent=sent)

@@ -38,10 +38,11 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import segno
 import streamlit as st
+from streamlit.runtime.scriptrunner_utils import script_run_context
 
 from ui.follow import push, rooms
 from ui.follow.sync import RoomSync, Seen
-from ui.state import AppState, to_query
+from ui.state import AppState, parse_query, to_query
 from ui.follow.store import StoreError, store_from_env
 
 OWN = frozenset({"lang", "large"})  # a follower's own settings, never taken from the leader
@@ -95,6 +96,38 @@ def take_over(apply: Callable[[dict[str, str]], None]) -> None:
     if pending is not None and ss.get("follow_role") == "follow":
         apply(pending)
         ss.follow_fresh = True  # the next `check` sees the leader's state as this page fitted it
+
+
+def take_step() -> None:
+    """At the top of the step's fragment of a following page (a run of the fragment alone, asked for by the
+    leader's move, or the fragment within a run of the page): the leader's state as this server last read it. A
+    change of the step alone is applied here; any other change is applied by a run of the whole page, before any
+    widget exists (`take_over`)."""
+    if ss.get("follow_role") != "follow" or ss.get("follow_mode") not in ("following", "waiting"):
+        return
+    following = ss.follow_mode == "following"
+    # A waiting page that follows again changes its banner too: the leader's move then runs the whole page.
+    push.listen_step(current_fragment_id() if following else None)
+    refresh()
+    pending = ss.get("follow_pending")
+    if pending is None:
+        return
+    if following and "follow_shown" in ss and without_step(pending) == without_step(ss.follow_shown):
+        ss.step = parse_query(pending)[0].step
+        del ss.follow_pending
+        ss.follow_fresh = True  # the next `check` keeps this step as the leader's
+    else:
+        st.rerun(scope="app")
+
+
+def without_step(query: dict[str, str]) -> dict[str, str]:
+    return {name: value for name, value in query.items() if name != "step"}
+
+
+def current_fragment_id() -> str | None:
+    """The id of the fragment running now (Streamlit has no public call for it: see `ui.follow.push`)."""
+    thread_state = getattr(script_run_context, "ThreadState", None)
+    return getattr(thread_state.get(), "fragment_id", None) if thread_state is not None else None
 
 
 def followed_part(state: AppState) -> dict:

@@ -87,7 +87,9 @@ def draw_page() -> None:
     then the step and its view in a fragment (`stepper_and_view`), which a step press, a view or layer change,
     and Play's ticks redraw alone."""
     limits = load_limits()
-    torch.set_num_threads(limits.threads)  # per thread, and each script run is a thread (KVSCOPE_THREADS: why 1)
+    # Torch keeps this per thread, and a new thread (a later run, a fragment's) starts from the value set last:
+    # every pass computes with the host's count (KVSCOPE_THREADS, in ui/settings.py: why one).
+    torch.set_num_threads(limits.threads)
     settle_state(limits)
     # The lesson needs the whole projector's width: its chapters are in the sidebar, closed until asked for.
     st.set_page_config(page_title="kvscope", page_icon="🔎", layout="wide",

@@ -21,6 +21,10 @@ link names the chapter and the page is idle. Followers: one leader page and N fo
 and each follower's counter must show the leader's step: the median and p90 over presses of the last
 follower's lag. Worst (`--parts worst`, not in the default parts): per view, a page opens the link with block
 size 1, a 382-token prompt and step 128, and presses ← (token and drawn as above); then the server's peak RSS.
+Socket followers (`--parts sockets`, not in the default parts): the leader in Chromium and `--followers` followers
+that are websocket sessions without a browser (`SocketFollower`: they open the students' link and only record what
+the server sends): until the last follower was sent the new step, the server's whole share of following, with no
+follower page drawing on this machine's cores.
 Run by hand, not in CI.
 """
 
@@ -30,14 +34,17 @@ import argparse
 import html
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from playwright.sync_api import TimeoutError as PlaywrightTimeout  # noqa: E402
 from playwright.sync_api import sync_playwright  # noqa: E402
+from streamlit.proto.BackMsg_pb2 import BackMsg  # noqa: E402
+from websockets.sync.client import connect  # noqa: E402
 
 from tests.server import CHROMIUM, CHROMIUM_ARGS, ROOT, running_server, settled_text  # noqa: E402
 from ui import strings  # noqa: E402
@@ -240,6 +247,78 @@ def followers(browser, url: str, count: int, presses: int) -> None:
         page.close()
 
 
+class SocketFollower:
+    """A follower without a browser: a Streamlit session over a websocket that asks for the page at `query` (as a
+    browser's first message does) and records when each message from the server arrived. It draws nothing."""
+
+    def __init__(self, url: str, query: str):
+        self.frames: list[tuple[float, bytes]] = []
+        self._lock = threading.Lock()
+        opening = BackMsg()
+        opening.rerun_script.query_string = query
+        self._socket = connect(f"ws://{urlsplit(url).netloc}/_stcore/stream", subprotocols=["streamlit"],
+                               max_size=None, legacy=True)  # closed by `close`, not a with block
+        self._socket.send(opening.SerializeToString())
+        threading.Thread(target=self._receive, daemon=True).start()
+
+    def _receive(self) -> None:
+        try:
+            for data in self._socket:
+                with self._lock:
+                    self.frames.append((time.perf_counter(), data))
+        except Exception:  # noqa: BLE001 — closed at the end of the bench
+            pass
+
+    def sent_after(self, start: float, text: str) -> float | None:
+        """When a message from `start` on first carried `text`."""
+        marker = text.encode()
+        with self._lock:
+            return next((at for at, data in self.frames if at >= start and marker in data), None)
+
+    def close(self) -> None:
+        self._socket.close()
+
+
+def socket_followers(browser, url: str, count: int, presses: int) -> None:
+    """A leader page and `count` `SocketFollower`s: per press, the leader's own → until its counter moved, and until
+    the server had sent the new counter to the last follower."""
+    leader = browser.new_page(viewport={"width": 1280, "height": 720})
+    leader.goto(f"{url}/?lead=1&step=1")
+    settled_text(leader)
+    link = leader.locator(".st-key-follow-link a").get_attribute("href")
+    target = counter(leader)
+    followers = []
+    for _ in range(count):
+        followers.append(SocketFollower(url, urlsplit(link).query))
+        deadline = time.perf_counter() + WAIT_MS / 1000  # one after another, as the browser bench opens them
+        while followers[-1].sent_after(0, 'kv-counter">' + html.escape(target)) is None:
+            assert time.perf_counter() < deadline, "a follower never showed the leader's step"
+            time.sleep(0.05)
+    time.sleep(2.0)
+    leader.locator("h1").first.click()
+    own, sent = [], []
+    for _ in range(presses):
+        before = counter(leader)
+        start = time.perf_counter()
+        leader.keyboard.press("ArrowRight")
+        leader.wait_for_function(f"() => document.querySelector('.kv-counter')?.textContent !== {before!r}",
+                                 timeout=WAIT_MS, polling="raf")
+        own.append(1000 * (time.perf_counter() - start))
+        marker = 'kv-counter">' + html.escape(counter(leader))
+        deadline = start + WAIT_MS / 1000
+        while (arrivals := [f.sent_after(start, marker) for f in followers]).count(None):
+            assert time.perf_counter() < deadline, "a follower was never sent the leader's step"
+            time.sleep(0.02)
+        sent.append(1000 * (max(arrivals) - start))
+        leader.wait_for_function(IDLE, timeout=WAIT_MS)
+        time.sleep(2.0)  # the followers' runs end too
+    print(f"  {count} socket followers: leader's own → {spread(own)}; last follower sent the step {spread(sent)}",
+          flush=True)
+    for follower in followers:
+        follower.close()
+    leader.close()
+
+
 def play(browser, url: str, tokens: int = 60) -> None:
     """Play at the fastest pace the host allows (0.3 s a token): tokens shown ÷ time, against the pace."""
     page = browser.new_page(viewport={"width": 1280, "height": 720})
@@ -280,6 +359,8 @@ def measure(root: Path, args) -> None:
                 play(browser, url)
             if "follow" in args.parts and args.followers:
                 followers(browser, url, args.followers, args.presses)
+            if "sockets" in args.parts and args.followers:
+                socket_followers(browser, url, args.followers, args.presses)
             browser.close()
 
 

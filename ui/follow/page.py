@@ -182,6 +182,7 @@ def follow_seen(seen: Seen, take_any: bool = False) -> None:
     `take_any`) becomes pending, and a waiting page that takes it says it follows again."""
     if seen.room is None:
         ss.follow_mode, ss.follow_error = "waiting", seen.error
+        push.listen_step(None)  # following again changes the banner: the leader's next move runs the whole page
         return
     applied = (seen.room.version, seen.room.query)  # the version alone restarts at 1 on an emptied store
     if not take_any and ss.follow_mode == "following" and ss.get("follow_seen") == applied:

@@ -17,6 +17,13 @@ def start(**params) -> AppTest:
     return at.run()
 
 
+def open_whole_view(at: AppTest) -> AppTest:
+    """In the lesson: open the whole view under the chapter (its other figures, tables, controls and the text), as
+    a click on its expander does."""
+    at.session_state["x_whole_view"] = True
+    return at.run()
+
+
 def shown_text(at: AppTest) -> str:
     """The plain text inside the container keyed `generated`."""
     texts = [c.value for c in at.code]

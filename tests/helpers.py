@@ -46,6 +46,16 @@ def press(page, key: str) -> None:
     widget(page, key).get_by_role("button").first.click()  # .first: a help icon is a button too
 
 
+def open_whole_view_in(page) -> None:
+    """In the lesson: click the whole view under the chapter open, and wait until its parts are drawn."""
+    idle(page)
+    parts = ".st-key-x_whole_view [data-testid='stElementContainer']"
+    closed = page.locator(parts).count()  # its controls only
+    widget(page, "x_whole_view").locator("summary").click()
+    page.wait_for_function(f"() => document.querySelectorAll({parts!r}).length > {closed}", timeout=WAIT_MS)
+    idle(page)
+
+
 def link(page) -> dict[str, str]:
     return {name: values[0] for name, values in parse_qs(urlparse(page.url).query).items()}
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from engine.busy_pool import BusyPoolReplay
-from tests.app_helpers import assert_clean, start
+from tests.app_helpers import assert_clean, open_whole_view, start
 from tests.runs import decode
 from ui.lesson import CHAPTERS
 from ui.strings import figure_words
@@ -63,9 +63,11 @@ def test_the_embedded_model_in_chapter_9s_state(embedded_model):
 
 
 def test_chapter_9_opens_on_the_busy_pool_with_a_scattered_table(embedded_model):
-    at = start(chapter=PAGING.number)
+    at = open_whole_view(start(chapter=PAGING.number))  # the block table is in the view under the chapter
     assert_clean(at)
     state, _ = parse_query(dict(at.query_params.items()))
     assert state.pool == "busy" and at.radio(key="w_pool").value == "busy"
-    physical = [int(p) for p in at.dataframe[0].value.iloc[:, 1]]  # the block table's physical column
+    words = figure_words("en")
+    block_table = next(d.value for d in at.dataframe if words["bt_physical"] in d.value.columns)
+    physical = [int(p) for p in block_table[words["bt_physical"]]]
     assert not contiguous(physical) and len(set(physical)) == len(physical)

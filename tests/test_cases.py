@@ -8,9 +8,9 @@ verdicts and counts and the first difference must be the rules' results on the t
 import pytest
 from playwright.sync_api import expect
 
-from tests.app_helpers import assert_clean, start
+from tests.app_helpers import assert_clean, open_whole_view, start
 from tests.server import browser_page, settled_text
-from tests.helpers import metric_value, press, until_link, widget
+from tests.helpers import metric_value, open_whole_view_in, press, until_link, widget
 from tests.test_runner import case_expectation
 from ui import strings
 from ui.cases import CASE_BLOCK_SIZE, CASES
@@ -65,14 +65,16 @@ def test_the_case_buttons_give_the_articles_result_every_time(embedded_model):
 @pytest.mark.parametrize("chapter", sorted(CASE_OF_CHAPTER))
 def test_a_chapters_link_gives_the_articles_result_every_time(chapter, embedded_model):
     for _ in range(ROUNDS):
-        assert_shows_case(start(chapter=chapter), embedded_model.tokenizer, CASE_OF_CHAPTER[chapter])
+        assert_shows_case(open_whole_view(start(chapter=chapter)), embedded_model.tokenizer, CASE_OF_CHAPTER[chapter])
     # a link naming its step (a teacher's, a follower's) keeps it: the case is the prompt, not a step
-    assert_shows_case(start(chapter=chapter, step=3), embedded_model.tokenizer, CASE_OF_CHAPTER[chapter], step=3)
+    assert_shows_case(open_whole_view(start(chapter=chapter, step=3)), embedded_model.tokenizer,
+                      CASE_OF_CHAPTER[chapter], step=3)
 
 
 def test_the_chapter_buttons_give_the_articles_result_every_time(embedded_model):
-    """PageDown / PageUp are the buttons' shortcuts: 11 → 12 → 13 → 14 and back, three times."""
-    at = start(chapter=11)
+    """PageDown / PageUp are the buttons' shortcuts: 11 → 12 → 13 → 14 and back, three times (the whole view under
+    each chapter opened once, at the start: it stays open)."""
+    at = open_whole_view(start(chapter=11))
     for _ in range(ROUNDS):
         for key, arrives in (("b_chapter_next", 12), ("b_chapter_next", 13), ("b_chapter_next", 14),
                              ("b_chapter_back", 13), ("b_chapter_back", 12), ("b_chapter_back", 11)):
@@ -84,7 +86,7 @@ def test_the_chapter_buttons_give_the_articles_result_every_time(embedded_model)
 
 
 def test_the_chapter_list_gives_the_articles_result_every_time(embedded_model):
-    at = start(chapter=3)
+    at = open_whole_view(start(chapter=3))
     for _ in range(ROUNDS):
         for number in (13, 12, 3):  # the other case, then another chapter, between two openings of each
             at.radio(key="chapter_list").set_value(number).run()
@@ -130,6 +132,7 @@ def test_page_down_and_page_up_in_a_browser(server, embedded_model):
     """A presenter's clicker: 12, PageDown to 13 and 14, PageUp back to 13 and 12, three times."""
     with browser_page() as page:
         page.goto(f"{server}/?chapter=12")
+        open_whole_view_in(page)  # once: it stays open from chapter to chapter
         page_shows_case(page, embedded_model.tokenizer, "case1")
         for _ in range(ROUNDS):
             for key, arrives in (("PageDown", 13), ("PageDown", 14), ("PageUp", 13), ("PageUp", 12)):

@@ -10,7 +10,7 @@ import pytest
 from playwright.sync_api import expect
 
 import engine
-from tests.app_helpers import VIEW_TITLES, assert_clean, start
+from tests.app_helpers import VIEW_TITLES, assert_clean, open_whole_view, start
 from tests.test_app import english_left
 from tests.runs import decode
 from tests.helpers import WAIT_MS, press
@@ -243,6 +243,39 @@ def test_the_tokens_chapter_explains_byte_level_bpe_when_a_character_spans_sever
     assert strings.t("bpe_explained") not in [c.value for c in plain.container("chapter").caption]
 
 
+def drawn_parts(at) -> tuple[int, int]:
+    """Charts and tables (st.table and st.dataframe) on the page, but for the model card's at the foot."""
+    card = next(e for e in at.expander if e.label == strings.t("card_title"))
+    return len(at.get("plotly_chart")), len(at.table) + len(at.dataframe) - len(card.table) - len(card.dataframe)
+
+
+def test_the_whole_view_under_a_chapter_is_built_only_once_opened_and_then_stays_open(embedded_model):
+    """A chapter draws its own figure, the step's text and its controls; the view's other figures and tables (and
+    the costs view's timing, measured when shown) only once the whole view under it is opened, which then stays
+    open from chapter to chapter, both ways."""
+    at = start(chapter=1)
+    closed = {}
+    for chapter in CHAPTERS:
+        if chapter.number > 1:
+            at.button(key="b_chapter_next").click().run()
+        assert_clean(at)
+        assert at.query_params["chapter"] == str(chapter.number)
+        closed[chapter.number] = drawn_parts(at)
+        assert sum(closed[chapter.number]) == 1, (chapter.key, closed[chapter.number])  # the chapter's figure alone
+        assert strings.t("decode_step") not in [m.label for m in at.metric], chapter.key  # nothing timed
+        assert at.code, chapter.key  # the text so far
+    at = open_whole_view(at)
+    for chapter in reversed(CHAPTERS):
+        if chapter.number < len(CHAPTERS):
+            at.button(key="b_chapter_back").click().run()
+        assert_clean(at)
+        assert at.query_params["chapter"] == str(chapter.number)
+        charts, tables = drawn_parts(at)
+        assert charts >= closed[chapter.number][0] and charts + tables > 1 + sum(closed[chapter.number]), chapter.key
+        if chapter.view == "costs":
+            assert strings.t("decode_step") in [m.label for m in at.metric], chapter.key  # measured, shown
+
+
 def test_a_revisited_chapter_reads_the_run_its_first_visit_computed(embedded_model, monkeypatch):
     """PageDown through the lesson, a case included, then PageUp back: every chapter's run is built on its first
     visit only (the store's count of builds does not move on the way back), and shows the same step's token.
@@ -272,7 +305,7 @@ def test_the_split_chapter_quotes_the_head_its_figure_shows(link, embedded_model
     import math
 
     chapter = next(c for c in CHAPTERS if c.key == "split_kv")
-    at = start(chapter=chapter.number, **link)
+    at = open_whole_view(start(chapter=chapter.number, **link))
     assert_clean(at)
     layer, head = at.number_input(key="w_layer").value, at.number_input(key="w_head").value
     if link:
@@ -296,4 +329,4 @@ def test_the_split_chapter_quotes_the_head_its_figure_shows(link, embedded_model
     scores = [sum(k * q for k, q in zip(key, EXAMPLE_QUERY)) / math.sqrt(2) for key in EXAMPLE_KEYS]
     weights = [math.exp(s) / sum(math.exp(x) for x in scores) for s in scores]
     out = [sum(w * v[d] for w, v in zip(weights, EXAMPLE_VALUES)) for d in range(2)]
-    assert f"unsplit [{out[0]:.3f}, {out[1]:.3f}]" in text and "example below the figure is our own" in text, text
+    assert f"unsplit [{out[0]:.3f}, {out[1]:.3f}]" in text and "example in the whole view below is our own" in text, text

@@ -19,7 +19,7 @@ from ui.page_state import (current_state, go_to_chapter, request_full_run, run_l
 from ui.runner import Runner
 from ui.state import VIEWS, clamp
 from ui.views import attention, costs, flow, kv_cache, lesson, prefix, split_kv, stepper
-from ui.views.common import CHAPTER_FIGURE, ChapterFigure
+from ui.views.common import CHAPTER_FIGURE, ChapterFigure, opened
 
 log = logging.getLogger("kvscope")
 VIEW_MODULES = {"flow": flow, "attention": attention, "kv": kv_cache, "split": split_kv, "prefix": prefix,
@@ -66,7 +66,8 @@ def reset_session() -> None:
 def draw_step(model: engine.Model, runner: Runner) -> None:
     """The step counter, the step buttons and Play in one row, the token stream, then the chosen view (its main
     figure first) and the step's text and candidates: at 1280×720 the main figure starts on the first screen.
-    In the lesson: the chapter's header, then its figure beside the step's controls and the chapter's text."""
+    In the lesson: the chapter's header, then its figure beside the step's controls and the chapter's text, the
+    text so far, and the whole view under them, closed: a chapter change draws the chapter's figure, not five."""
     chapter = CHAPTERS[ss.w_chapter - 1] if ss.get("w_chapter") else None
     places = step_places(chapter)
     step_buttons(places.buttons, runner, busy=True)
@@ -98,12 +99,18 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
             lesson.panel(ctx)
     st.radio(t("view"), VIEWS, key="w_view", horizontal=True, format_func=labels("view_"),
              label_visibility="collapsed")  # hidden in the lesson: the chapter sets the view
-    view_place, details_place = st.container(), st.container()
-    with details_place:  # sent before the view's figures: the step's text is on screen first
-        stepper.details(ctx)
-    placed = CHAPTER_FIGURE.set(None if chapter is None else
-                                ChapterFigure(chapter.figure, places.chapter_figure, CHAPTER_FIGURE_HEIGHT[ctx.large]))
+    if chapter is None:
+        view_place, details_place = st.container(), st.container()
+        placed = CHAPTER_FIGURE.set(None)
+    else:  # under the chapter, the text so far, then the view's other parts: built only while opened
+        details_place = st.container()
+        whole = opened(t("lesson_whole_view"), "x_whole_view")
+        view_place = whole.container()
+        placed = CHAPTER_FIGURE.set(ChapterFigure(chapter.figure, *places.chapter_figure,
+                                                  CHAPTER_FIGURE_HEIGHT[ctx.large], whole.open))
     try:
+        with details_place:  # sent before the view's figures: the step's text is on screen first
+            stepper.details(ctx)
         with view_place:
             VIEW_MODULES[ss.w_view].render(ctx)
     finally:
@@ -138,7 +145,7 @@ class StepPlaces:
     buttons: object  # where `step_buttons` draws (busy first, live once the step is drawn)
     play: object
     beside: object  # the token stream (and the chapter's text in the lesson)
-    chapter_figure: object | None  # the lesson's place for the chapter's figure (key `chapter-figure`)
+    chapter_figure: tuple | None  # the lesson's places for the chapter's figure and, under it, its controls
 
 
 def step_places(chapter) -> StepPlaces:
@@ -160,7 +167,8 @@ def step_places(chapter) -> StepPlaces:
     if chapter is None:
         return StepPlaces(controls, counter, buttons, play_column, controls, None)
     figure_column, beside = st.columns([0.65, 0.35])  # the step picture needs 760 px
-    return StepPlaces(controls, counter, buttons, play_column, beside, figure_column.container(key="chapter-figure"))
+    return StepPlaces(controls, counter, buttons, play_column, beside,
+                      (figure_column.container(key="chapter-figure"), figure_column.container(key="chapter-controls")))
 
 
 def header_place(parent):

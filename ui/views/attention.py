@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from ui.context import ViewContext
-from ui.views.common import Part, figure, layer_head_pickers, memo_key, titled, words
+from ui.views.common import Part, figure, layer_head_pickers, memo_key, shown, titled, words
 from viz.attention import gqa_figure, head_grid_figure, heatmap_figure, newest_row_figure
 
 
@@ -14,35 +14,40 @@ def render(ctx: ViewContext) -> None:
     if not titled(ctx, "attention_title"):
         return
     main = Part("heatmap", key="main-figure")  # the heatmap first; its pickers under it
-    layer, head = layer_head_pickers(ctx)
-    show_scores = st.toggle(ctx.t("show_scores"), key="w_scores")
-    probs, scores = ctx.runner.full_attention(ctx.step, layer, head)
-    matrix = (scores if show_scores else probs).numpy()
+    with main.under:
+        layer, head = layer_head_pickers(ctx)
+        show_scores = st.toggle(ctx.t("show_scores"), key="w_scores")
     value = "s = q·k/√d" if show_scores else "a = softmax(s)"
     labels = ctx.labels
-    window = info.window(layer)
-    with main:
-        figure(lambda: heatmap_figure(matrix, labels, ctx.t("heatmap_title", layer=layer, head=head,
-                                                            kv=head // info.gqa_group),
-                                      ctx.large, value_name=value, zmin=None if show_scores else 0.0, words=words(ctx),
-                                      sliding_window=window),
-               f"attention-L{layer}-H{head}", memo_key(ctx, "heatmap", layer, head, show_scores))
-        st.caption(ctx.t("heatmap_note", n=matrix.shape[0]))
+    if main.shown:
+        probs, scores = ctx.runner.full_attention(ctx.step, layer, head)
+        matrix = (scores if show_scores else probs).numpy()
+        with main:
+            figure(lambda: heatmap_figure(matrix, labels, ctx.t("heatmap_title", layer=layer, head=head,
+                                                                kv=head // info.gqa_group),
+                                          ctx.large, value_name=value, zmin=None if show_scores else 0.0,
+                                          words=words(ctx), sliding_window=info.window(layer)),
+                   f"attention-L{layer}-H{head}", memo_key(ctx, "heatmap", layer, head, show_scores))
+            st.caption(ctx.t("heatmap_note", n=matrix.shape[0]))
     if info.sliding_window is not None:
         layer_kinds_note(ctx, layer)
     trace = ctx.trace
     newest = (trace.scores if show_scores else trace.attention)[layer, :, -1].numpy()  # (q_heads, L) as computed
-    figure(lambda: newest_row_figure(newest[head], labels[: newest.shape[1]], ctx.t("newest_title", head=head),
-                                     ctx.large, value),
-           f"newest-row-L{layer}-H{head}", memo_key(ctx, "newest", layer, head, show_scores))
-    with Part("heads"):
-        figure(lambda: head_grid_figure(trace.attention[layer, :, -1].numpy(), labels[: newest.shape[1]],
-                                        info.gqa_group, ctx.t("heads_title", layer=layer), ctx.large),
-               f"heads-L{layer}", memo_key(ctx, "heads", layer))
-    with Part("gqa"):
-        figure(lambda: gqa_figure(info.q_heads, info.kv_heads, ctx.t("gqa_title", q=info.q_heads, kv=info.kv_heads,
-                                                                     group=info.gqa_group), ctx.large),
-               "gqa", memo_key(ctx, "gqa", per_step=False))
+    if shown():
+        figure(lambda: newest_row_figure(newest[head], labels[: newest.shape[1]], ctx.t("newest_title", head=head),
+                                         ctx.large, value),
+               f"newest-row-L{layer}-H{head}", memo_key(ctx, "newest", layer, head, show_scores))
+    if shown("heads"):
+        with Part("heads"):
+            figure(lambda: head_grid_figure(trace.attention[layer, :, -1].numpy(), labels[: newest.shape[1]],
+                                            info.gqa_group, ctx.t("heads_title", layer=layer), ctx.large),
+                   f"heads-L{layer}", memo_key(ctx, "heads", layer))
+    if shown("gqa"):
+        with Part("gqa"):
+            figure(lambda: gqa_figure(info.q_heads, info.kv_heads, ctx.t("gqa_title", q=info.q_heads,
+                                                                         kv=info.kv_heads, group=info.gqa_group),
+                                      ctx.large),
+                   "gqa", memo_key(ctx, "gqa", per_step=False))
 
 
 def layer_kinds_note(ctx: ViewContext, layer: int) -> None:

@@ -33,7 +33,9 @@ class ChapterFigure:
 
     part: str
     place: object  # a Streamlit container (key `chapter-figure`)
+    under: object  # where the controls that set it go (key `chapter-controls`)
     height: int
+    whole_view: bool = True  # the rest of the view is open under the chapter (else only `part` is built)
 
 
 CHAPTER_FIGURE: ContextVar[ChapterFigure | None] = ContextVar("chapter_figure", default=None)  # set by the page
@@ -41,24 +43,39 @@ _MAX_HEIGHT: ContextVar[int | None] = ContextVar("max_height", default=None)  # 
 TITLE_TEXT_HEIGHT = 72  # px a figure's title takes above it as text: two lines at large text, with its margins
 
 
+def shown(part: str | None = None) -> bool:
+    """Whether to build `part` of the view (None: what belongs to no part: its other tables, text, metrics). In
+    the lesson, while the whole view under the chapter is closed, only the chapter's own part is built: a chapter
+    change then draws one figure, not the view's four or five. Controls are drawn either way (cheap, and their
+    values live on)."""
+    chosen = CHAPTER_FIGURE.get()
+    return chosen is None or chosen.whole_view or chosen.part == part
+
+
 class Part:
-    """A place for one part of a view (a figure and what belongs to it), made where the view wants it and
-    entered with `with` when filled: the chapter's own place when the lesson names this part as its figure,
-    else a container here (keyed `key`, e.g. the view's "main-figure")."""
+    """A place for one part of a view (a figure and what belongs to it), made where the view wants it: the
+    chapter's own place when the lesson names this part as its figure, else a container here (keyed `key`, e.g.
+    the view's "main-figure"). Entered with `with` to draw the figure; the controls that set it go `under` it, so
+    a chapter shows them beside its figure. `shown`: whether the figure is built at all (`shown` above)."""
 
     def __init__(self, name: str, key: str | None = None):
         chosen = CHAPTER_FIGURE.get()
         self.height = chosen.height if chosen is not None and chosen.part == name else None
-        self.place = chosen.place if self.height else st.container(key=key)
+        if self.height:
+            self._top, self.under = chosen.place, chosen.under
+        else:
+            place = st.container(key=key)
+            self._top, self.under = place.container(), place.container()
+        self.shown = shown(name)
         self._token = None
 
     def __enter__(self) -> Part:
         self._token = _MAX_HEIGHT.set(self.height)
-        self.place.__enter__()
+        self._top.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.place.__exit__(*exc)
+        self._top.__exit__(*exc)
         _MAX_HEIGHT.reset(self._token)
 
 

@@ -8,7 +8,7 @@ import streamlit as st
 from engine.reference_models import reference_info
 from engine.timing import DecodeTiming, crossover_batch, crossover_context, decode_step_bytes, weight_bytes_read
 from ui.context import ViewContext
-from ui.views.common import Part, figure, memo_key, table, words
+from ui.views.common import Part, figure, memo_key, shown, table, words
 from viz.costs import (context_growth_figure, context_growth_frame, kv_read_figure, per_token_figure,
                        step_bytes_figure, step_times_figure, steps_frame, steps_table)
 from viz.style import fmt_ms, fmt_size
@@ -28,24 +28,36 @@ def render(ctx: ViewContext) -> None:
         st.info(ctx.t("need_prefill"))
     else:
         step_bytes(ctx, traces[-1].context_length)
-        per_token(ctx, traces[-1].context_length)
-        frame = steps_frame(traces, info)
-        figure(lambda: step_times_figure(frame, ctx.t("times_title"), ctx.large, w), "step-times",
-               memo_key(ctx, "times"))
-        if (frame["phase"] == "decode").any():
-            figure(lambda: kv_read_figure(frame, info.layers, ctx.t("reads_title", layers=info.layers), ctx.large, w),
-                   "kv-read-per-step", memo_key(ctx, "reads"))
-        table(steps_table(frame, w))
-        st.caption(ctx.t("costs_note", layers=info.layers))
+        if shown():
+            per_token(ctx, traces[-1].context_length)
+            frame = steps_frame(traces, info)
+            figure(lambda: step_times_figure(frame, ctx.t("times_title"), ctx.large, w), "step-times",
+                   memo_key(ctx, "times"))
+            if (frame["phase"] == "decode").any():
+                figure(lambda: kv_read_figure(frame, info.layers, ctx.t("reads_title", layers=info.layers),
+                                              ctx.large, w),
+                       "kv-read-per-step", memo_key(ctx, "reads"))
+            table(steps_table(frame, w))
+            st.caption(ctx.t("costs_note", layers=info.layers))
     limit = info.context_limit
     lengths = sorted({max(1, limit * i // 16) for i in range(17)})
     n = len(ctx.runner.prompt_ids)
-    with Part("growth"):  # the chart and the slider that cuts the prompt
-        figure(lambda: context_growth_figure(context_growth_frame(info, lengths), limit, ctx.t("growth_title"),
-                                             ctx.large, w),
-               "context-growth", memo_key(ctx, "growth", per_step=False))
+    growth = Part("growth")  # the chart, and under it the slider that cuts the prompt
+    if growth.shown:
+        with growth:
+            figure(lambda: context_growth_figure(context_growth_frame(info, lengths), limit, ctx.t("growth_title"),
+                                                 ctx.large, w),
+                   "context-growth", memo_key(ctx, "growth", per_step=False))
+    with growth.under:
         keep = (st.slider(ctx.t("truncate_keep"), 1, n, key="w_keep", value=max(1, n // 2), persist_state="session")
                 if n > 2 else None)
+        if growth.shown:
+            truncation(ctx, limit, n, keep)
+
+
+def truncation(ctx: ViewContext, limit: int, n: int, keep: int | None) -> None:
+    """The context limit, and what cutting the prompt to its last `keep` tokens would keep and save."""
+    info = ctx.info
     st.markdown(ctx.t("limit_text", limit=limit, n=n, app_limit=ctx.runner.config.max_prompt_tokens,
                       kib=info.kv_bytes_per_token / 1024))
     if keep is not None:
@@ -59,8 +71,11 @@ def step_bytes(ctx: ViewContext, context: int) -> None:
     """What one decode step reads for a batch of B requests (the slider), this model beside Qwen3-0.6B."""
     info, qwen = ctx.info, reference_info(REFERENCE)
     chart = Part("step_bytes", key="main-figure")  # the figure first; its slider under it
-    batch = st.slider(ctx.t("batch_slider"), 1, MAX_BATCH, key="w_batch", value=1, persist_state="session",
-                      help=ctx.t("batch_help"))
+    with chart.under:
+        batch = st.slider(ctx.t("batch_slider"), 1, MAX_BATCH, key="w_batch", value=1, persist_state="session",
+                          help=ctx.t("batch_help"))
+    if not chart.shown:
+        return
     models = [(ctx.t("bytes_this_model"), info), (f"{REFERENCE} ({qwen.dtype})", qwen)]
     with chart:
         figure(lambda: step_bytes_figure(models, batch, context, ctx.t("step_bytes_title", batch=batch,

@@ -8,7 +8,7 @@ import streamlit as st
 
 from ui import strings
 from ui.context import ViewContext
-from ui.views.common import Part, figure, memo_key, titled, words
+from ui.views.common import Part, figure, memo_key, shown, titled, words
 from viz.flow import flow_rows, residual_figure, vector_figure
 from viz.step_picture import MIN_WIDTH, step_figure
 
@@ -22,14 +22,25 @@ def render(ctx: ViewContext) -> None:
     if not titled(ctx, "flow_title"):
         return
     trace = ctx.trace
-    with Part("picture", key="main-figure"), st.container(key="step-picture"):  # the picture of the step first
-        st.html(PICTURE_CSS)
-        figure(lambda: step_figure(trace, info, ctx.stage, picture_title(ctx), ctx.large, words(ctx)), "one-step",
-               memo_key(ctx, "picture"))
-    with Part("residuals"):
-        figure(lambda: residual_figure(trace.residual.numpy(), ctx.t("residual_title", adds=2 * info.layers),
-                                       ctx.large, words(ctx)),
-               "residual-stream", memo_key(ctx, "residuals"))
+    if shown("picture"):
+        with Part("picture", key="main-figure"), st.container(key="step-picture"):  # the picture of the step first
+            st.html(PICTURE_CSS)
+            figure(lambda: step_figure(trace, info, ctx.stage, picture_title(ctx), ctx.large, words(ctx)), "one-step",
+                   memo_key(ctx, "picture"))
+    if shown("residuals"):
+        with Part("residuals"):
+            figure(lambda: residual_figure(trace.residual.numpy(), ctx.t("residual_title", adds=2 * info.layers),
+                                           ctx.large, words(ctx)),
+                   "residual-stream", memo_key(ctx, "residuals"))
+    if shown():
+        dual_path(ctx)
+    if shown("vectors"):
+        vectors(ctx)
+
+
+def dual_path(ctx: ViewContext) -> None:
+    """The step's stages as a table (shapes, what happens), then the new id's two paths."""
+    info, trace = ctx.info, ctx.trace
     rows = []
     post = len(info.layer_norms) == 4  # Gemma 3: each branch's output is normalised too, before its add
     for r in flow_rows(trace, info):
@@ -46,14 +57,19 @@ def render(ctx: ViewContext) -> None:
     with right:
         st.markdown(ctx.t("path_embedding", id=trace.token_id, vocab=info.vocab, hidden=info.hidden))
     st.caption(ctx.t("flow_note"))
+
+
+def vectors(ctx: ViewContext) -> None:
+    """The last layer's output beside the next step's input: two different vectors."""
+    info, trace = ctx.info, ctx.trace
     # GPT-2's next input is its token row plus a learned position row; RoPE families take the token row alone.
     next_label = ctx.t("vec_next_learned" if info.positions == "learned" else "vec_next", id=trace.token_id,
                        position=trace.positions[-1] + 1)
-    vectors = {ctx.t("vec_final"): trace.final_hidden.numpy(), next_label: trace.next_input_embedding.numpy()}
+    shown_vectors = {ctx.t("vec_final"): trace.final_hidden.numpy(), next_label: trace.next_input_embedding.numpy()}
     with Part("vectors"):
-        figure(lambda: vector_figure(vectors, ctx.t("vectors_title"), ctx.large, words(ctx)), "final-vs-next-input",
-               memo_key(ctx, "vectors"))
-        different = float(np.abs(vectors[ctx.t("vec_final")] - vectors[next_label]).max())
+        figure(lambda: vector_figure(shown_vectors, ctx.t("vectors_title"), ctx.large, words(ctx)),
+               "final-vs-next-input", memo_key(ctx, "vectors"))
+        different = float(np.abs(shown_vectors[ctx.t("vec_final")] - shown_vectors[next_label]).max())
         st.caption(ctx.t("vectors_note", diff=different))
 
 

@@ -6,7 +6,7 @@ import streamlit as st
 
 from ui.context import ViewContext
 from ui.strings import Shown
-from ui.views.common import Part, figure, layer_head_pickers, memo_key, table, titled, words
+from ui.views.common import Part, figure, layer_head_pickers, memo_key, shown, table, titled, words
 from ui.state import POOLS
 from viz.kv_cache import (block_table_frame, busy_pool_figure, difference_text, kv_bytes_table, kv_values_figure,
                           layer_lengths_figure, layer_lengths_frame, layer_lengths_table, lengths_default,
@@ -18,15 +18,29 @@ def render(ctx: ViewContext) -> None:
     info = ctx.info
     if not titled(ctx, "kv_title"):
         return
-    trace = ctx.trace
     pool = ctx.runner.pool_state()
-    length = trace.context_length
-    size = pool.block_size
+    length = ctx.trace.context_length
     picture = Part("pool")  # the figure first; the choice of pool under it (the first screen is the figure's)
-    busy = st.radio(ctx.t("pool_choice"), POOLS, key="w_pool", horizontal=True, help=ctx.t("pool_choice_help"),
-                    format_func=lambda p: ctx.t("pool_" + p)) == "busy"
-    with picture:
-        block_table = busy_pool(ctx) if busy else own_pool(ctx, pool)
+    with picture.under:
+        busy = st.radio(ctx.t("pool_choice"), POOLS, key="w_pool", horizontal=True, help=ctx.t("pool_choice_help"),
+                        format_func=lambda p: ctx.t("pool_" + p)) == "busy"
+    if picture.shown:
+        with picture:
+            block_table = busy_pool(ctx) if busy else own_pool(ctx, pool)
+    if shown():
+        blocks(ctx, block_table, pool, busy)
+    layer, head = layer_head_pickers(ctx)
+    kv_values(ctx, layer, head, length)
+    layer_lengths(ctx, length)
+    if shown():
+        st.markdown(ctx.t("bytes_title"))
+        table(kv_bytes_table(info, length, words(ctx)))
+        st.caption(ctx.t("private_cache"))
+
+
+def blocks(ctx: ViewContext, block_table: list[int], pool, busy: bool) -> None:
+    """The cache's numbers, the pool's occupancy (the run's own pool), the block table, what is stored."""
+    info, length, size = ctx.info, ctx.trace.context_length, pool.block_size
     c1, c2, c3 = st.columns(3)
     c1.metric(ctx.t("cached_positions"), length)
     c2.metric(ctx.t("blocks_used"), f"{len(block_table)} × {size}")
@@ -39,12 +53,6 @@ def render(ctx: ViewContext) -> None:
     table(block_table_frame(block_table, length, size, ctx.labels, words(ctx)))
     st.markdown(ctx.t("stored", layers=info.layers, kv=info.kv_heads, d=info.head_dim))
     st.markdown(ctx.t("not_stored"))
-    layer, head = layer_head_pickers(ctx)
-    kv_values(ctx, layer, head, length)
-    layer_lengths(ctx, length)
-    st.markdown(ctx.t("bytes_title"))
-    table(kv_bytes_table(info, length, words(ctx)))
-    st.caption(ctx.t("private_cache"))
 
 
 def own_pool(ctx: ViewContext, pool) -> list[int]:
@@ -77,8 +85,10 @@ def kv_values(ctx: ViewContext, layer: int, head: int, length: int) -> None:
     its window (in whole blocks) starts."""
     info = ctx.info
     kv_head = head // info.gqa_group
-    k, v, start = ctx.runner.cached_kv(layer, length)
     which = st.radio(ctx.t("k_or_v"), ["K", "V"], horizontal=True, key="w_kv")
+    if not shown():
+        return
+    k, v, start = ctx.runner.cached_kv(layer, length)
     if info.window(layer) is not None and start:
         held = len(k)
         st.caption(ctx.t("kv_window_held", layer=layer, first=start, last=start + held - 1, w=info.window(layer))
@@ -98,16 +108,20 @@ def layer_lengths(ctx: ViewContext, length: int) -> None:
     global, and a table per layer."""
     info = ctx.info
     place = Part("layers")  # the figure first; its slider under it
-    at = st.slider(ctx.t("lengths_slider"), 1, info.context_limit, key="w_lengths_at",
-                   value=lengths_default(info, length), help=ctx.t("lengths_slider_help", n=length))
+    with place.under:
+        at = st.slider(ctx.t("lengths_slider"), 1, info.context_limit, key="w_lengths_at",
+                       value=lengths_default(info, length), help=ctx.t("lengths_slider_help", n=length))
     frame = layer_lengths_frame(info, at)
-    with place:
-        figure(lambda: layer_lengths_figure(frame, at, ctx.t("layer_lengths_title", n=at), ctx.large, words(ctx)),
-               "kv-layer-lengths", memo_key(ctx, "layers", at, per_step=False))
-        if info.sliding_window is None:
-            st.markdown(ctx.t("window_none", n=at))
-        else:
-            kept, every = window_saving(info, at)
-            st.markdown(ctx.t("window_saved", n=at, all=fmt_size(every), w=info.sliding_window, kept=fmt_size(kept),
-                              saved=fmt_size(every - kept), percent=100 * (every - kept) / every))
-    table(layer_lengths_table(frame, words(ctx)))
+    if place.shown:
+        with place:
+            figure(lambda: layer_lengths_figure(frame, at, ctx.t("layer_lengths_title", n=at), ctx.large, words(ctx)),
+                   "kv-layer-lengths", memo_key(ctx, "layers", at, per_step=False))
+            if info.sliding_window is None:
+                st.markdown(ctx.t("window_none", n=at))
+            else:
+                kept, every = window_saving(info, at)
+                st.markdown(ctx.t("window_saved", n=at, all=fmt_size(every), w=info.sliding_window,
+                                  kept=fmt_size(kept), saved=fmt_size(every - kept),
+                                  percent=100 * (every - kept) / every))
+    if shown():
+        table(layer_lengths_table(frame, words(ctx)))

@@ -6,7 +6,7 @@ import streamlit as st
 
 from ui.cases import CASE_BLOCK_SIZE
 from ui.context import ViewContext
-from ui.views.common import Part, figure, memo_key, table, words
+from ui.views.common import Part, figure, memo_key, shown, table, words
 from viz.prefix import alignment_frame, alignment_table, policies_figure, policy_frame, policy_table
 from viz.tokens import position_label
 
@@ -18,31 +18,37 @@ def render(ctx: ViewContext) -> None:
     c1, c2 = st.columns(2)
     c1.button(ctx.t("case1"), key="case1", on_click=load_case, args=("case1",))
     c2.button(ctx.t("case2"), key="case2", on_click=load_case, args=("case2",))
-    main = Part("policies", key="main-figure")  # the headline first, the introduction under it
-    st.markdown(ctx.t("prefix_intro"))
+    main = Part("policies", key="main-figure") if shown("policies") else None  # the headline first
+    if shown():
+        st.markdown(ctx.t("prefix_intro"))
     if ctx.step == 0:
         st.info(ctx.t("need_prefill"))
         return
     n = len(ctx.runner.prompt_ids)
-    with main:  # the headline: the three policies side by side
-        ordered = policies_side_by_side(ctx)
-    st.caption(ctx.t("case_block_note", size=ctx.state.block_size, case_size=CASE_BLOCK_SIZE) + " "
-               + ctx.t("policies_note"))
-    with st.expander(ctx.t("policies_title")):
-        table(policy_table(policy_frame({p: r.reused_tokens for p, r in ordered.items()}, n), words(ctx)))
-    this_run(ctx, n)
-    st.caption(ctx.t("evictions", count=ctx.runner.evictions(), kept=ctx.runner.history.limit))
+    if main is not None:
+        with main:  # the headline: the three policies side by side
+            ordered = policies_side_by_side(ctx)
+    if shown():
+        st.caption(ctx.t("case_block_note", size=ctx.state.block_size, case_size=CASE_BLOCK_SIZE) + " "
+                   + ctx.t("policies_note"))
+        with st.expander(ctx.t("policies_title")):
+            table(policy_table(policy_frame({p: r.reused_tokens for p, r in ordered.items()}, n), words(ctx)))
+    if shown("alignment"):
+        this_run(ctx, n)
+    if shown():
+        st.caption(ctx.t("evictions", count=ctx.runner.evictions(), kept=ctx.runner.history.limit))
 
 
 def this_run(ctx: ViewContext, n: int) -> None:
     """What this run's prefill reused, and the alignment with the closest published prompt."""
     hit = ctx.runner.prefix_hit()
     closest = ctx.runner.closest_cached()  # the same history the policy comparison replays
-    st.markdown(ctx.t("this_run", policy=ctx.t("policy_" + hit.policy)))
-    m1, m2, m3 = st.columns(3)
-    m1.metric(ctx.t("reused"), hit.reused_tokens)
-    m2.metric(ctx.t("computed"), hit.computed_tokens)
-    m3.metric(ctx.t("first_difference"), "–" if closest is None else closest[1])
+    if shown():
+        st.markdown(ctx.t("this_run", policy=ctx.t("policy_" + hit.policy)))
+        m1, m2, m3 = st.columns(3)
+        m1.metric(ctx.t("reused"), hit.reused_tokens)
+        m2.metric(ctx.t("computed"), hit.computed_tokens)
+        m3.metric(ctx.t("first_difference"), "–" if closest is None else closest[1])
     if closest is None:
         st.caption(ctx.t("nothing_cached"))
         return

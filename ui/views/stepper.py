@@ -9,7 +9,7 @@ import json
 import streamlit as st
 
 from ui.context import ViewContext
-from ui.views.common import figure, memo_key, opened, words
+from ui.views.common import figure, memo_key, opened, shown, words
 from viz.candidates import candidates_figure, candidates_table
 from viz.tokens import (position_label, reads_as, splits_characters, token_chip_styles, token_frame, token_legend_html,
                          token_stream_html)
@@ -84,14 +84,14 @@ def render(ctx: ViewContext, lines: int | None = None) -> None:
 
 
 def details(ctx: ViewContext) -> None:
-    """Under the view: the text so far, and the candidates for this step's output token."""
+    """Under the view: the text so far, and the candidates for this step's output token (in the lesson, the text
+    alone until the whole view is opened)."""
+    if not shown():
+        text_so_far(ctx)
+        return
     left, right = st.columns([3, 2])
     with left:
-        prompt, answer = ctx.runner.texts(ctx.step)
-        with st.container(key="generated"):
-            # st.code keeps the text exactly (st.text would dedent and strip it); it drops one leading
-            # and one trailing newline, so we add them.
-            st.code("\n" + prompt + answer + "\n", language=None, wrap_lines=True)
+        text_so_far(ctx)
         if st.toggle(ctx.t("show_template"), key="w_show_template", help=ctx.t("show_template_help")):
             wrapped_prompt(ctx)
     with right:
@@ -107,6 +107,15 @@ def details(ctx: ViewContext) -> None:
                 figure(lambda: candidates_figure(ctx.trace, ctx.t("candidates_fig"), ctx.large, words(ctx), labels),
                        "candidates", memo_key(ctx, "candidates"))
         downloads(ctx)
+
+
+def text_so_far(ctx: ViewContext) -> None:
+    """The prompt and the answer so far, as plain text (container `generated`)."""
+    prompt, answer = ctx.runner.texts(ctx.step)
+    with st.container(key="generated"):
+        # st.code keeps the text exactly (st.text would dedent and strip it); it drops one leading and one
+        # trailing newline, so we add them.
+        st.code("\n" + prompt + answer + "\n", language=None, wrap_lines=True)
 
 
 def wrapped_prompt(ctx: ViewContext) -> None:

@@ -56,6 +56,20 @@ def open_whole_view_in(page) -> None:
     idle(page)
 
 
+class Received:
+    """What the server sent a page over its websocket since `clear`."""
+
+    def __init__(self, page):
+        self.frames: list[bytes] = []
+        page.on("websocket", lambda socket: socket.on("framereceived", lambda frame: self.frames.append(frame)))
+
+    def clear(self) -> None:
+        self.frames.clear()
+
+    def carries(self, text: str) -> bool:
+        return any(text.encode() in (f if isinstance(f, bytes) else f.encode()) for f in self.frames)
+
+
 def link(page) -> dict[str, str]:
     return {name: values[0] for name, values in parse_qs(urlparse(page.url).query).items()}
 

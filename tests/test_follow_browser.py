@@ -10,7 +10,7 @@ import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import expect
 
-from tests.helpers import IDLE, WAIT_MS, link, press
+from tests.helpers import IDLE, WAIT_MS, Received, link, press
 from tests.server import running_server, settled_text
 from ui import strings
 from ui.follow import rooms
@@ -77,20 +77,6 @@ def open_class(url: str, leader, followers, query: str = "") -> None:
         settled_text(follower)  # a page's first draw (a new browser context loads Streamlit and Plotly: seconds)
         shows(follower, shown(leader))
         expect(follower.get_by_text(strings.t("follow_following"))).to_be_visible()
-
-
-class Received:
-    """What the server sent a page over its websocket since `clear`."""
-
-    def __init__(self, page):
-        self.frames: list[bytes] = []
-        page.on("websocket", lambda socket: socket.on("framereceived", lambda frame: self.frames.append(frame)))
-
-    def clear(self) -> None:
-        self.frames.clear()
-
-    def carries(self, text: str) -> bool:
-        return any(text.encode() in (f if isinstance(f, bytes) else f.encode()) for f in self.frames)
 
 
 def class_follows(leader, followers, steps: int, view: str, sent=None) -> None:

@@ -13,7 +13,7 @@ import engine
 from tests.app_helpers import VIEW_TITLES, assert_clean, open_whole_view, start
 from tests.test_app import english_left
 from tests.runs import decode
-from tests.helpers import WAIT_MS, press
+from tests.helpers import WAIT_MS, Received, press
 from tests.server import browser_page, settled_text
 from ui import strings
 from ui.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
@@ -187,29 +187,39 @@ def shows_chapter(page, number: int) -> None:
 
 @pytest.mark.browser
 def test_keys_buttons_and_the_list_move_through_the_chapters(server):
+    """A chapter that keeps the sidebar's settings runs the step alone (no sidebar widget is sent: top-p's key);
+    the list in the sidebar, drawn before those moves, still goes to any chapter; a chapter with other settings
+    (a case, another split count) runs the whole page."""
     with browser_page() as page:
+        sent = Received(page)
         page.goto(f"{server}/")
         settled_text(page)
         press(page, "b_lesson_start")
         chapter_in_link(page, 1)
         shows_chapter(page, 1)
         page.locator("h1").first.click()  # focus on the page, not a field, as a presenter's clicker would
+        sent.clear()
         page.keyboard.press("PageDown")
         chapter_in_link(page, 2)
         shows_chapter(page, 2)
+        assert sent.carries("kv-counter") and not sent.carries("w_top_p")
         page.keyboard.press("PageUp")
         chapter_in_link(page, 1)
         press(page, "b_chapter_next")
         chapter_in_link(page, 2)
         open_sidebar(page)
-        page.locator(".st-key-chapter_list label").filter(has_text=CHAPTERS[11].part("title", "en")).click()
+        page.locator(".st-key-b_toc_1 button").click()  # the chapter the sidebar was last drawn on
+        chapter_in_link(page, 1)
+        page.locator(".st-key-b_toc_12 button").click()
         chapter_in_link(page, 12)  # the article's Case 1, loaded on entering
         shows_chapter(page, 12)
         params = dict(p.split("=", 1) for p in page.url.split("?", 1)[1].split("&"))
         assert (params["view"], params["block_size"], params["step"]) == ("prefix", "4", "1")
+        sent.clear()
         press(page, "b_chapter_back")
         chapter_in_link(page, 11)
         assert "view=split" in page.url and "kv_splits=4" in page.url
+        assert sent.carries("w_top_p")
         open_sidebar(page)
         press(page, "b_lesson_leave")
         chapter_in_link(page, None)
@@ -227,7 +237,7 @@ def test_play_keeps_the_chapter_current_and_the_list_still_moves(embedded_model)
     text = lesson_text(at)
     assert f"{trace.token_id}," in text and f"position {trace.positions[-1]}." in text, text
     at.toggle(key="w_playing").set_value(False).run()
-    at.radio(key="chapter_list").set_value(7).run()
+    at.button(key="b_toc_7").click().run()
     assert_clean(at)
     state, _ = parse_query(dict(at.query_params.items()))
     assert (state.chapter, state.view, state.step) == (7, "attention", 4)

@@ -72,6 +72,7 @@ LARGE_CSS = "<style>html { font-size: 125%; }</style>"  # every rem-sized text a
 # In the lesson the chapter sets the view (its selector is hidden) and its title is the page's: a compact header.
 LESSON_CSS = """<style>
 .st-key-w_view { display: none; }
+.st-key-chapter_toc button { justify-content: flex-start; text-align: left; }  /* the chapters, a table of contents */
 [data-testid="stMainBlockContainer"] { padding-top: 3.9rem; }  /* the title clears Streamlit's header bar (3.75rem) */
 </style>"""
 

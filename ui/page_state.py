@@ -75,12 +75,23 @@ def apply_link(params: dict[str, str], limits: Limits, mine: frozenset[str] = fr
         enter_chapter(state.chapter, keep=frozenset(params))  # the link's own values stay
 
 
+SIDEBAR_SETTINGS = ("block_size", "kv_splits", "prompt", "chat")  # what a chapter may set that the sidebar shows
+
+
 def go_to_chapter(number: int) -> None:
-    """A lesson control's press: chapter `number` (0 leaves the lesson, keeping the page as it is). The chapter
-    sets the sidebar's settings too, so the whole page is drawn again."""
+    """A lesson control's press: chapter `number` (0 leaves the lesson, keeping the page as it is). A chapter that
+    keeps the sidebar's settings redraws the step's fragment alone (most do: only the view, step and stage change);
+    entering or leaving the lesson, an article's case, and a chapter with another block size or split count draw
+    the whole page again."""
     with run_lock():
+        in_lesson, shown = bool(ss.get("w_chapter")), sidebar_settings()
         enter_chapter(number)
-        request_full_run()
+        if not (in_lesson and number) or sidebar_settings() != shown or "pending_case" in ss:
+            request_full_run()
+
+
+def sidebar_settings() -> list:
+    return [ss.get("w_" + name) for name in SIDEBAR_SETTINGS]
 
 
 def enter_chapter(number: int, keep: frozenset[str] = frozenset()) -> None:

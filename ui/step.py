@@ -40,6 +40,9 @@ def stepper_and_view(model: engine.Model, runner: Runner) -> None:
         st.rerun(scope="app")  # a control in here changed what the rest of the page shows
     try:
         with run_lock():  # a fragment's rerun does not pass through main
+            if ss.pop("forget_published", False):  # a chapter entered in this fragment: its run, from an empty cache
+                runner.forget_published()
+                runner.configure(runner.config)
             draw_step(model, runner)
         return
     except engine.KvscopeError as error:

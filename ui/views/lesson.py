@@ -178,10 +178,12 @@ def sidebar(number: int, lang: str, go_to) -> None:
         st.button(t("lesson_start"), key="b_lesson_start", on_click=go_to, args=(1,), width="stretch",
                   help=t("lesson_start_help"))
         return
-    titles = {c.number: f"{c.number}. {c.part('title', lang)}" for c in CHAPTERS}
-    # Its own key, set from the chapter each run: `w_chapter` must outlive runs that do not draw the list.
-    st.session_state.chapter_list = number
-    st.radio(t("lesson_chapters"), list(titles), key="chapter_list", format_func=titles.get,
-             on_change=lambda: go_to(st.session_state.chapter_list))
+    # Buttons, not a radio marking the chapter shown: a chapter that keeps the sidebar's settings redraws the step
+    # alone, and a radio would go on marking the chapter left (a press on it would then change nothing).
+    st.markdown(f"**{t('lesson_chapters')}**")
+    with st.container(key="chapter_toc"):
+        for chapter in CHAPTERS:
+            st.button(f"{chapter.number}. {chapter.part('title', lang)}", key=f"b_toc_{chapter.number}",
+                      on_click=go_to, args=(chapter.number,), type="tertiary")
     st.button(t("lesson_leave"), key="b_lesson_leave", on_click=go_to, args=(0,), width="stretch",
               help=t("lesson_leave_help"))

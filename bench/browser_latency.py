@@ -78,8 +78,13 @@ class Wire:
 
     def arrived(self, text: str) -> float | None:
         """When the first frame since watching began carried `text` (None: none did)."""
-        marker = text.encode()
-        return next((at for at, payload in self.frames if marker in payload), None)
+        return first_carrying(self.frames, text)
+
+
+def first_carrying(frames: list[tuple[float, bytes]], text: str, since: float = 0.0) -> float | None:
+    """When the first of `frames` ((arrival, payload), in order) from `since` on carried `text` (None: none did)."""
+    marker = text.encode()
+    return next((at for at, payload in frames if at >= since and marker in payload), None)
 
 
 def spread(values: list[float]) -> str:
@@ -271,9 +276,8 @@ class SocketFollower:
 
     def sent_after(self, start: float, text: str) -> float | None:
         """When a message from `start` on first carried `text`."""
-        marker = text.encode()
         with self._lock:
-            return next((at for at, data in self.frames if at >= start and marker in data), None)
+            return first_carrying(self.frames, text, start)
 
     def close(self) -> None:
         self._socket.close()

@@ -84,9 +84,9 @@ def go_to_chapter(number: int) -> None:
     entering or leaving the lesson, an article's case, and a chapter with another block size or split count draw
     the whole page again."""
     with run_lock():
-        in_lesson, shown = bool(ss.get("w_chapter")), sidebar_settings()
+        in_lesson, settings_before = bool(ss.get("w_chapter")), sidebar_settings()
         enter_chapter(number)
-        if not (in_lesson and number) or sidebar_settings() != shown or "pending_case" in ss:
+        if not (in_lesson and number) or sidebar_settings() != settings_before or "pending_case" in ss:
             request_full_run()
 
 

@@ -35,7 +35,7 @@ class ChapterFigure:
     place: object  # a Streamlit container (key `chapter-figure`)
     under: object  # where the controls that set it go (key `chapter-controls`)
     height: int
-    whole_view: bool = True  # the rest of the view is open under the chapter (else only `part` is built)
+    whole_view: bool  # the rest of the view is open under the chapter (else only `part` is built)
 
 
 CHAPTER_FIGURE: ContextVar[ChapterFigure | None] = ContextVar("chapter_figure", default=None)  # set by the page

@@ -18,14 +18,14 @@ def render(ctx: ViewContext) -> None:
     c1, c2 = st.columns(2)
     c1.button(ctx.t("case1"), key="case1", on_click=load_case, args=("case1",))
     c2.button(ctx.t("case2"), key="case2", on_click=load_case, args=("case2",))
-    main = Part("policies", key="main-figure") if shown("policies") else None  # the headline first
+    main = Part("policies", key="main-figure")  # the headline first, the introduction under it
     if shown():
         st.markdown(ctx.t("prefix_intro"))
     if ctx.step == 0:
         st.info(ctx.t("need_prefill"))
         return
     n = len(ctx.runner.prompt_ids)
-    if main is not None:
+    if main.shown:
         with main:  # the headline: the three policies side by side
             ordered = policies_side_by_side(ctx)
     if shown():

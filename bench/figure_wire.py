@@ -47,8 +47,7 @@ def main() -> None:
     for view in VIEWS:
         common._figures.clear()  # noqa: SLF001 — the figures this page builds
         start(view=view, prompt=PROMPT, chat=0, step=8, temperature=1, seed=3)
-        with common._figures_lock:  # noqa: SLF001
-            shown = [fig for _, fig in common._figures.values()]  # noqa: SLF001
+        shown = [fig for _, fig in common._figures.values()]  # noqa: SLF001
         plain = [go.Figure(fig.to_dict()) for fig in shown]  # the same figures as Plotly builds them
         before = sum(wire_ms(fig, args.repeats) for fig in plain)
         after = sum(wire_ms(fig, args.repeats) for fig in shown)

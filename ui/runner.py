@@ -17,7 +17,7 @@ from engine.prefix_cache import PolicyReuse, PromptHistory
 from engine.prompt import PromptSegment, has_chat_template, prompt_segments, template_can_think
 from engine.split_kv import split_demo
 from engine.timing import DecodeTiming, measure_decode
-from engine.tokens import TokenCell, candidate_cells, token_cells
+from engine.tokens import TokenCell, token_cells
 from engine.trace import PrefixHit, SplitKVTrace, StepTrace
 from ui.classroom import ClassroomCache
 from ui.runs import Run, RunConfig, RunStore
@@ -167,8 +167,7 @@ class Runner:
 
     def texts(self, step: int) -> tuple[str, str]:
         """The prompt as the model read it, and the answer text after `step` tokens."""
-        prompt = self.model.tokenizer.decode(self.session.prompt_ids)
-        return prompt, self.session.text_after(min(step, len(self.session.generated)))
+        return self.run.prompt_text, self.session.text_after(min(step, len(self.session.generated)))
 
     def full_attention(self, step: int, layer: int, head: int):
         """Probabilities and scores (n, n) of one head of `layer` over the sequence step `step` attended."""
@@ -205,14 +204,13 @@ class Runner:
         return self.session.stop_reason
 
     def cells(self, step: int) -> list[TokenCell]:
-        """The prompt's tokens and the first `step` generated ones, one cell each."""
-        return token_cells(self.model.tokenizer, self.session.prompt_ids, self.session.generated[:step])
+        """The prompt's tokens and the first `step` generated ones, one cell each (shared: only read)."""
+        return self.run.cells(step)
 
     def candidate_cells(self, step: int, candidate_ids: list[int]) -> list[TokenCell]:
         """The candidates for token `step` (1-based), each as the cell it would become after the tokens before
         it: a candidate finishing a character those left unfinished belongs to that character's group."""
-        context = (self.session.prompt_ids + self.session.generated)[:len(self.session.prompt_ids) + step - 1]
-        return candidate_cells(self.model.tokenizer, context, candidate_ids)
+        return self.run.candidate_cells(step, candidate_ids)
 
     def prompt_cells(self, ids: list[int]) -> list[TokenCell]:
         """Cells for another prompt's ids (e.g. the cached prompt a new one is aligned with)."""

@@ -6,6 +6,7 @@ Plain Python (no Streamlit). `step` counts generated tokens: 0 is the prompt alo
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from cachetools import LRUCache
 
 import engine
 from engine.busy_pool import BusyPoolPicture, BusyPoolReplay
+from engine.tokens import TokenCell, candidate_cells, token_cells
 from engine.trace import StepTrace
 
 CAPTURE = engine.Capture(attention_budget=1_000_000)  # a prefill keeps at most 4 MB each of probs and scores
@@ -74,6 +76,8 @@ class Run:
         self.session = session
         self._rebuilt = Memo()  # step → its rebuilt trace
         self._attention = Memo()  # (layer, head) → (probs, scores)
+        self._cells = Memo()  # tokens generated → the token cells
+        self._candidates = Memo()  # (step, candidate ids) → their cells
         self._busy: BusyPoolReplay | None = None  # this run replayed in a busy pool, as far as a page asked
         self._busy_pictures: list[BusyPoolPicture] = []  # step s's picture at s − 1 (plain data)
 
@@ -96,10 +100,28 @@ class Run:
         if not trace.is_slim:
             return trace
         with self.lock:
-            rebuilt = self._rebuilt.get(step)
-            if rebuilt is None:
-                rebuilt = self._rebuilt.put(step, self.session.rebuild(step - 1))
-            return rebuilt
+            return self._rebuilt.made(step, lambda: self.session.rebuild(step - 1))
+
+    @functools.cached_property
+    def prompt_text(self) -> str:
+        """The prompt as the model read it (its template's text included)."""
+        return self.model.tokenizer.decode(self.session.prompt_ids)
+
+    def cells(self, step: int) -> list[TokenCell]:
+        """The prompt's tokens and the first `step` generated ones, one cell each: made once for every page that
+        draws this step (a class following one teacher), and only read by them."""
+        session = self.session
+        count = min(step, len(session.generated))  # a step not reached yet is never kept under its number
+        return self._cells.made(count, lambda: token_cells(self.model.tokenizer, session.prompt_ids,
+                                                           session.generated[:count]))
+
+    def candidate_cells(self, step: int, candidate_ids: list[int]) -> list[TokenCell]:
+        """The candidates for token `step` (1-based), each as the cell it would become after the tokens before it
+        (see `engine.tokens.candidate_cells`); made once for every page that draws them, and only read."""
+        session = self.session
+        context = (session.prompt_ids + session.generated)[:len(session.prompt_ids) + step - 1]
+        return self._candidates.made((step, tuple(candidate_ids)),
+                                     lambda: candidate_cells(self.model.tokenizer, context, candidate_ids))
 
     def full_attention(self, step: int, layer: int, head: int):
         """Probabilities and scores (n, n) of one head of `layer` over the sequence step `step` attended.
@@ -237,11 +259,11 @@ class RunStore:
 
 
 class Memo:
-    """A least-recently-used memo of MEMO values that pages may read while others add to it (the store sizes runs
+    """A least-recently-used memo of `size` values that pages may read while others add to it (the store sizes runs
     without their locks)."""
 
-    def __init__(self):
-        self._values: LRUCache = LRUCache(MEMO)
+    def __init__(self, size: int = MEMO):
+        self._values: LRUCache = LRUCache(size)
         self._lock = threading.Lock()
 
     def get(self, key):
@@ -253,9 +275,19 @@ class Memo:
             self._values[key] = value
         return value
 
+    def made(self, key, build: Callable):
+        """The value kept under `key`, or `build()`'s, kept (built outside the lock: pages asking at once may each
+        build it, and one is kept)."""
+        value = self.get(key)
+        return self.put(key, build()) if value is None else value
+
     def values(self) -> list:
         with self._lock:
             return list(self._values.values())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._values.clear()
 
 
 def _grow(matrix, row, future: float):

@@ -4,19 +4,19 @@ view a lesson chapter can name as its figure."""
 from __future__ import annotations
 
 import html
-import threading
 import weakref
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 
-import cachetools
 import numpy as np
+import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
 from ui import strings
 from ui.context import ViewContext
+from ui.runs import Memo
 from viz.attention import focused_head
 from viz.style import untitled
 
@@ -79,9 +79,9 @@ class Part:
         _MAX_HEIGHT.reset(self._token)
 
 
-FIGURES_KEPT = 64  # built figures the server keeps: every page of a class on one step, and the steps just left
-_figures: cachetools.LRUCache = cachetools.LRUCache(FIGURES_KEPT)  # memo key + height limit → (title, figure)
-_figures_lock = threading.Lock()
+# Built figures and tables the server keeps: every page of a class on one step, and the steps just left.
+_figures = Memo(64)  # memo key + height limit → (title, figure)
+_tables = Memo(32)  # memo key → table
 
 
 def memo_key(ctx: ViewContext, *parts, per_step: bool = True) -> tuple:
@@ -100,15 +100,11 @@ def figure(build: go.Figure | Callable[[], go.Figure], name: str, memo: tuple | 
     the column). With `memo` (`memo_key`), `build` is a function run once for every page that shows the same
     figure: a class following one teacher, a step drawn again (Back, a chapter revisited)."""
     limit = _MAX_HEIGHT.get()
-    key = None if memo is None else (*memo, limit)
-    with _figures_lock:
-        ready = _figures.get(key) if key is not None else None
-    if ready is None:
-        ready = prepared(build() if callable(build) else build, limit)
-        if key is not None:
-            with _figures_lock:
-                _figures[key] = ready
-    title, fig = ready  # shared between pages: only read from here on
+
+    def made() -> tuple[str, go.Figure]:
+        return prepared(build() if callable(build) else build, limit)
+
+    title, fig = made() if memo is None else _figures.made((*memo, limit), made)  # shared between pages: only read
     if title:
         st.markdown(f'<p class="kv-figure-title" style="font-weight:600;margin:0.4rem 0 1rem 0;line-height:1.35">'
                     f"{html.escape(title)}</p>", unsafe_allow_html=True)
@@ -162,6 +158,12 @@ def opened(label: str, key: str):
     """An expander whose content is built only while it is open (opening it redraws the step): what most pages
     never open costs no step anything."""
     return st.expander(label, key=key, on_change="rerun")
+
+
+def shared_table(build: Callable[[], pd.DataFrame], memo: tuple) -> pd.DataFrame:
+    """`build()`'s table, made once for every page that shows it (`memo`: `memo_key`), as `figure` makes figures;
+    shared between pages: only read."""
+    return _tables.made(memo, build)
 
 
 def table(frame, key: str | None = None) -> None:

@@ -8,7 +8,7 @@ import streamlit as st
 
 from ui import strings
 from ui.context import ViewContext
-from ui.views.common import Part, figure, memo_key, shown, titled, words
+from ui.views.common import Part, figure, memo_key, shared_table, shown, titled, words
 from viz.flow import flow_rows, residual_figure, vector_figure
 from viz.step_picture import MIN_WIDTH, step_figure
 
@@ -41,15 +41,7 @@ def render(ctx: ViewContext) -> None:
 def dual_path(ctx: ViewContext) -> None:
     """The step's stages as a table (shapes, what happens), then the new id's two paths."""
     info, trace = ctx.info, ctx.trace
-    rows = []
-    post = len(info.layer_norms) == 4  # Gemma 3: each branch's output is normalised too, before its add
-    for r in flow_rows(trace, info):
-        facts = {k: ctx.t("yes" if v else "no") if isinstance(v, bool) else v for k, v in r.facts.items()}
-        note = "flow_note_" + r.key
-        note += "_post" if post and note + "_post" in strings.ENGLISH else ""
-        rows.append({ctx.t("flow_stage"): ctx.t("flow_stage_" + r.key, **facts), ctx.t("flow_shape"): r.shape,
-                     ctx.t("flow_note_col"): ctx.t(note, **facts)})
-    st.table(pd.DataFrame(rows).set_index(ctx.t("flow_stage")))
+    st.table(shared_table(lambda: stages_table(ctx), memo_key(ctx, "stages")))
     new = ctx.cells[-1]
     left, right = st.columns(2)
     with left:
@@ -57,6 +49,20 @@ def dual_path(ctx: ViewContext) -> None:
     with right:
         st.markdown(ctx.t("path_embedding", id=trace.token_id, vocab=info.vocab, hidden=info.hidden))
     st.caption(ctx.t("flow_note"))
+
+
+def stages_table(ctx: ViewContext) -> pd.DataFrame:
+    """The step's stages, a row each: what it does and the shape it makes, in the page's language."""
+    info = ctx.info
+    rows = []
+    post = len(info.layer_norms) == 4  # Gemma 3: each branch's output is normalised too, before its add
+    for r in flow_rows(ctx.trace, info):
+        facts = {k: ctx.t("yes" if v else "no") if isinstance(v, bool) else v for k, v in r.facts.items()}
+        note = "flow_note_" + r.key
+        note += "_post" if post and note + "_post" in strings.ENGLISH else ""
+        rows.append({ctx.t("flow_stage"): ctx.t("flow_stage_" + r.key, **facts), ctx.t("flow_shape"): r.shape,
+                     ctx.t("flow_note_col"): ctx.t(note, **facts)})
+    return pd.DataFrame(rows).set_index(ctx.t("flow_stage"))
 
 
 def vectors(ctx: ViewContext) -> None:

@@ -9,7 +9,7 @@ import json
 import streamlit as st
 
 from ui.context import ViewContext
-from ui.views.common import figure, memo_key, opened, shown, words
+from ui.views.common import figure, memo_key, opened, shared_table, shown, words
 from viz.candidates import candidates_figure, candidates_table
 from viz.tokens import (position_label, reads_as, splits_characters, token_chip_styles, token_frame, token_legend_html,
                          token_stream_html)
@@ -100,7 +100,8 @@ def details(ctx: ViewContext) -> None:
         st.markdown(f"**{ctx.t('candidates_title', token=reads_as(ctx.cells[-1]))}**")
         ids = [c.token_id for c in ctx.trace.candidates]
         labels = [position_label(c) for c in ctx.runner.candidate_cells(ctx.step, ids)]  # "解²⁄₂", never "�"
-        frame = candidates_table(ctx.trace, words(ctx), labels)  # the drawn ✓ first: a narrow column never hides it
+        # the drawn ✓ first: a narrow column never hides it
+        frame = shared_table(lambda: candidates_table(ctx.trace, words(ctx), labels), memo_key(ctx, "candidates"))
         st.dataframe(frame, hide_index=True, key="candidates", height=36 * (len(frame) + 1) + 4)
         with opened(ctx.t("candidates_fig"), "x_candidates") as box:
             if box.open:

@@ -24,7 +24,8 @@ size 1, a 382-token prompt and step 128, and presses ← (token and drawn as abo
 Socket followers (`--parts sockets`, not in the default parts): the leader in Chromium and `--followers` followers
 that are websocket sessions without a browser (`SocketFollower`: they open the students' link and only record what
 the server sends): until the last follower was sent the new step, the server's whole share of following, with no
-follower page drawing on this machine's cores.
+follower page drawing on this machine's cores; and the leader's own → before any follower joined, against its own
+with them.
 Run by hand, not in CI.
 """
 
@@ -283,6 +284,16 @@ class SocketFollower:
         self._socket.close()
 
 
+def leader_press(leader) -> float:
+    """→ on the leader's page until its counter moved, in ms."""
+    before = counter(leader)
+    start = time.perf_counter()
+    leader.keyboard.press("ArrowRight")
+    leader.wait_for_function(f"() => document.querySelector('.kv-counter')?.textContent !== {before!r}",
+                             timeout=WAIT_MS, polling="raf")
+    return 1000 * (time.perf_counter() - start)
+
+
 def socket_followers(browser, url: str, count: int, presses: int) -> None:
     """A leader page and `count` `SocketFollower`s: per press, the leader's own → until its counter moved, and until
     the server had sent the new counter to the last follower."""
@@ -290,6 +301,12 @@ def socket_followers(browser, url: str, count: int, presses: int) -> None:
     leader.goto(f"{url}/?lead=1&step=1")
     settled_text(leader)
     link = leader.locator(".st-key-follow-link a").get_attribute("href")
+    leader.locator("h1").first.click()
+    alone = []  # the same leader with nobody following yet
+    for _ in range(presses):
+        alone.append(leader_press(leader))
+        leader.wait_for_function(IDLE, timeout=WAIT_MS)
+        time.sleep(1.0)
     target = counter(leader)
     followers = []
     for _ in range(count):
@@ -302,12 +319,8 @@ def socket_followers(browser, url: str, count: int, presses: int) -> None:
     leader.locator("h1").first.click()
     own, sent = [], []
     for _ in range(presses):
-        before = counter(leader)
         start = time.perf_counter()
-        leader.keyboard.press("ArrowRight")
-        leader.wait_for_function(f"() => document.querySelector('.kv-counter')?.textContent !== {before!r}",
-                                 timeout=WAIT_MS, polling="raf")
-        own.append(1000 * (time.perf_counter() - start))
+        own.append(leader_press(leader))
         marker = 'kv-counter">' + html.escape(counter(leader))
         deadline = start + WAIT_MS / 1000
         while (arrivals := [f.sent_after(start, marker) for f in followers]).count(None):
@@ -316,8 +329,9 @@ def socket_followers(browser, url: str, count: int, presses: int) -> None:
         sent.append(1000 * (max(arrivals) - start))
         leader.wait_for_function(IDLE, timeout=WAIT_MS)
         time.sleep(2.0)  # the followers' runs end too
-    print(f"  {count} socket followers: leader's own → {spread(own)}; last follower sent the step {spread(sent)}",
-          flush=True)
+    print(f"  leader alone → {spread(alone)}; with {count} socket followers: leader's own → {spread(own)} "
+          f"({statistics.median(own) / statistics.median(alone):.2f} × alone), last follower sent the step "
+          f"{spread(sent)}", flush=True)
     for follower in followers:
         follower.close()
     leader.close()

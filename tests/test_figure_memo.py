@@ -109,3 +109,29 @@ def test_the_kv_views_figures_come_from_the_memo(embedded_model, monkeypatch):
     assert_clean(second)
     assert second.query_params["step"] == "3"
     assert built == []  # Back draws step 3 from the memo
+
+
+def test_pages_on_the_same_step_build_its_tables_and_token_cells_once(embedded_model, monkeypatch):
+    """What every page of a class draws on each step besides the figures (the step's stages and candidates as tables,
+    the token cells of the stream and the header) is made once per step for all of them, and shows the same."""
+    from ui import runs
+    from ui.views import flow, stepper
+
+    common._tables.clear()
+    built = []
+    for module, name in ((flow, "stages_table"), (stepper, "candidates_table"), (runs, "token_cells"),
+                         (runs, "candidate_cells")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name, **k: built.append(_name) or _real(*a, **k))
+    link = dict(view="flow", step=3, chat=0, prompt="The capital of France is")
+    first = start(**link)
+    assert_clean(first)
+    assert sorted(set(built)) == ["candidate_cells", "candidates_table", "stages_table", "token_cells"]
+    built.clear()
+    second = start(**link)  # another student's page on the same step of the same run
+    assert_clean(second)
+    assert built == []
+    assert second.table[0].value.equals(first.table[0].value)
+    assert second.dataframe[0].value.equals(first.dataframe[0].value)
+    second.button(key="b_next").click().run()  # the next step: its own tables and cells
+    assert {"stages_table", "candidates_table", "token_cells", "candidate_cells"} <= set(built)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import plotly.graph_objects as go
 import streamlit as st
 
@@ -160,10 +161,10 @@ def opened(label: str, key: str):
     return st.expander(label, key=key, on_change="rerun")
 
 
-def shared_table(build: Callable[[], pd.DataFrame], memo: tuple) -> pd.DataFrame:
-    """`build()`'s table, made once for every page that shows it (`memo`: `memo_key`), as `figure` makes figures;
-    shared between pages: only read."""
-    return _tables.made(memo, build)
+def shared_table(build: Callable[[], pd.DataFrame], memo: tuple) -> pa.Table:
+    """`build()`'s table, made once for every page that shows it (`memo`: `memo_key`), as `figure` makes figures,
+    and already in Arrow, as Streamlit would convert it for each page; shared between pages: only read."""
+    return _tables.made(memo, lambda: pa.Table.from_pandas(build()))
 
 
 def table(frame, key: str | None = None) -> None:

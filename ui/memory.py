@@ -4,8 +4,9 @@ Each Streamlit session runs in its own thread; glibc's allocator gives threads t
 keeps freed buffers (a prefill's attention scores, say) mapped in them. Fewer arenas and a fixed mmap
 threshold send large buffers straight back to the system when freed.
 
-Streamlit runs a full cycle collection after every script run, a fragment's too (a follower's poll, twice a
-second); `freeze_long_lived` keeps that collection from walking the loaded models' objects every time.
+Streamlit's full cycle collection after every script run is turned off (`.streamlit/config.toml`: one per
+follower on each move of the teacher); `freeze_long_lived` keeps Python's own full collections, and the class
+pool's when it is full, from walking the loaded models' objects every time.
 """
 
 import ctypes

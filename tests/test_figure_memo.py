@@ -123,7 +123,7 @@ def test_pages_on_the_same_step_build_its_tables_and_token_cells_once(embedded_m
                          (runs, "candidate_cells")):
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name, **k: built.append(_name) or _real(*a, **k))
-    link = dict(view="flow", step=3, chat=0, prompt="The capital of France is")
+    link = dict(view="flow", step=3, chat=0, prompt="Each table is made once")  # a run no other test made
     first = start(**link)
     assert_clean(first)
     assert sorted(set(built)) == ["candidate_cells", "candidates_table", "stages_table", "token_cells"]

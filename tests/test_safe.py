@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 
-import ui.runner
+import ui.runs
 from tests.app_helpers import start
 from ui import safe
 
@@ -98,14 +98,14 @@ def test_a_model_id_from_a_link_shows_as_text_when_it_fails_to_load(monkeypatch,
 
 def test_the_models_own_token_shows_as_text(monkeypatch, embedded_model):
     """A generated token is the model's output: in the flow view's two paths and the candidates' title."""
-    real = ui.runner.token_cells
+    real = ui.runs.token_cells
 
     def cells_with_markup(*args):
         cells = real(*args)
         return cells[:-1] + [replace(cells[-1], text=PHISHING)]
 
-    monkeypatch.setattr(ui.runner, "token_cells", cells_with_markup)
-    at = start(step=1, view="flow")
+    monkeypatch.setattr(ui.runs, "token_cells", cells_with_markup)  # where a run makes its cells, once per step
+    at = start(step=1, view="flow", prompt="Whose token is this?")  # a run no other test made
     assert not at.exception
     shown = markdown_shown(at)
     assert sum(safe.text(PHISHING) in m for m in shown) >= 2, shown  # "Why …?" and "Path 1 → the user"

@@ -86,7 +86,7 @@ _tables = Memo(32)  # memo key → table
 
 
 def memo_key(ctx: ViewContext, *parts, per_step: bool = True) -> tuple:
-    """What names one figure of a view: the run (pages with the same settings and prompt history share one), the
+    """What names one figure (or table) of a view: the run (pages with the same settings and prompt history share one), the
     step (unless the figure is the same at every step), everything else the link sets, the chapter's stage, and
     `parts` (what else the view read: pickers, toggles, sliders). The run is held weakly: a figure never keeps a
     dropped run alive, nor matches a newer one."""

@@ -118,10 +118,12 @@ class Run:
     def candidate_cells(self, step: int, candidate_ids: list[int]) -> list[TokenCell]:
         """The candidates for token `step` (1-based), each as the cell it would become after the tokens before it
         (see `engine.tokens.candidate_cells`); made once for every page that draws them, and only read."""
-        session = self.session
-        context = (session.prompt_ids + session.generated)[:len(session.prompt_ids) + step - 1]
-        return self._candidates.made((step, tuple(candidate_ids)),
-                                     lambda: candidate_cells(self.model.tokenizer, context, candidate_ids))
+        def made() -> list[TokenCell]:
+            session = self.session
+            context = (session.prompt_ids + session.generated)[:len(session.prompt_ids) + step - 1]
+            return candidate_cells(self.model.tokenizer, context, candidate_ids)
+
+        return self._candidates.made((step, tuple(candidate_ids)), made)
 
     def full_attention(self, step: int, layer: int, head: int):
         """Probabilities and scores (n, n) of one head of `layer` over the sequence step `step` attended.

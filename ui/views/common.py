@@ -86,10 +86,10 @@ _tables = Memo(32)  # memo key → table
 
 
 def memo_key(ctx: ViewContext, *parts, per_step: bool = True) -> tuple:
-    """What names one figure (or table) of a view: the run (pages with the same settings and prompt history share one), the
-    step (unless the figure is the same at every step), everything else the link sets, the chapter's stage, and
-    `parts` (what else the view read: pickers, toggles, sliders). The run is held weakly: a figure never keeps a
-    dropped run alive, nor matches a newer one."""
+    """What names one figure (or table) of a view: the run (pages with the same settings and prompt history share
+    one), the step (unless the figure is the same at every step), everything else the link sets, the chapter's
+    stage, and `parts` (what else the view read: pickers, toggles, sliders). The run is held weakly: a figure never
+    keeps a dropped run alive, nor matches a newer one."""
     step = ctx.step if per_step else None
     return (weakref.ref(ctx.runner.run), step, replace(ctx.state, step=0), ctx.stage, *parts)
 

@@ -133,7 +133,7 @@ def test_empty_prompt_is_refused_before_the_template(tokenizer):
 
 def chip_count(at, text: str) -> int:
     """Token chips in the token stream that read exactly `text` (escaped as the stream escapes it)."""
-    stream = next(m.value for m in at.markdown if 'class="kv-stream"' in m.value)
+    stream = next(h.value for h in at.get("html") if 'class="kv-stream"' in h.value)
     return stream.count(">" + text.replace("<", "&lt;").replace(">", "&gt;") + "</span>")
 
 

@@ -67,6 +67,9 @@ LAYOUT_CSS = """<style>
    for; a banner under the title would cover its lower half. */
 .st-key-notices [data-testid="stElementContainer"]:has([data-testid="stHeading"]):not(:last-child) { margin-bottom: 1.25rem; }
 [data-testid="stMain"] h3 { font-size: 1.15rem; padding-top: 0.25rem; }
+/* The token stream is set as HTML, not Markdown: it keeps the -1rem under it that Markdown has, and the page's
+   first screen was laid out with. */
+.st-key-token-stream { margin-bottom: -1rem; }
 </style>"""
 LARGE_CSS = "<style>html { font-size: 125%; }</style>"  # every rem-sized text and control, a quarter larger
 # In the lesson the chapter sets the view (its selector is hidden) and its title is the page's: a compact header.

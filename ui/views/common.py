@@ -57,20 +57,31 @@ class Part:
     """A place for one part of a view (a figure and what belongs to it), made where the view wants it: the
     chapter's own place when the lesson names this part as its figure, else a container here (keyed `key`, e.g.
     the view's "main-figure"). Entered with `with` to draw the figure; the controls that set it go `under` it, so
-    a chapter shows them beside its figure. `shown`: whether the figure is built at all (`shown` above)."""
+    a chapter shows them beside its figure. `shown`: whether the figure is built at all (`shown` above).
+    A part whose controls are drawn before its figure holds two places, the figure's above theirs; any other is
+    one container (each element is a message to every page on the step, and a React element in each browser)."""
 
     def __init__(self, name: str, key: str | None = None):
         chosen = CHAPTER_FIGURE.get()
         self.height = chosen.height if chosen is not None and chosen.part == name else None
         if self.height:
-            self._top, self.under = chosen.place, chosen.under
+            self._place, self._top, self._under = None, chosen.place, chosen.under
         else:
-            place = st.container(key=key)
-            self._top, self.under = place.container(), place.container()
+            self._place, self._top, self._under = st.container(key=key), None, None
         self.shown = shown(name)
         self._token = None
 
+    @property
+    def under(self):
+        if self._under is None:
+            if self._top is None:  # the figure is not drawn yet: it gets its place above the controls
+                self._top = self._place.container()
+            self._under = self._place.container()  # else after the figure, in the part's own place
+        return self._under
+
     def __enter__(self) -> Part:
+        if self._top is None:  # nothing drawn under it yet
+            self._top = self._place
         self._token = _MAX_HEIGHT.set(self.height)
         self._top.__enter__()
         return self

@@ -67,15 +67,14 @@ def untitled(fig: go.Figure) -> go.Figure:
     """`fig` without its title (changed in place, a copy costs tens of ms; returned), for a page that shows the
     title as text above it (text wraps; a Plotly title does not, and was cut at a projector's large text and on a
     phone). The top margin loses the title's room, and the height with it, so the plot keeps its size."""
-    out = fig
-    top = out.layout.margin.t
+    top = fig.layout.margin.t
     if top is None:
-        return out.update_layout(title=dict(text=""))
+        return fig.update_layout(title=dict(text=""))
     new_top = max(4, top - TITLE_ROOM)
-    out.update_layout(title=dict(text=""), margin=dict(t=new_top))
-    if out.layout.height:
-        out.update_layout(height=out.layout.height - (top - new_top))
-    return out
+    changes = dict(title=dict(text=""), margin=dict(t=new_top))  # one update: each is a pass of Plotly's checks
+    if fig.layout.height:
+        changes["height"] = fig.layout.height - (top - new_top)
+    return fig.update_layout(**changes)
 
 
 # Every figure is drawn on plotly_white's layout. Its per-trace defaults are left out (each trace here sets its own

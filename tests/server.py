@@ -101,7 +101,8 @@ def stop(process: subprocess.Popen) -> None:
 
 
 def settled_text(page) -> str:
-    """Wait for the script run to finish, then read the text container (sync Playwright page)."""
-    page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=120_000)
+    """Wait for the script run that draws the text container to finish, then read it (sync Playwright page). In
+    this order: a page just opened is "notRunning" before its first run starts."""
     page.wait_for_selector(".st-key-generated code", timeout=120_000)
+    page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=120_000)
     return page.eval_on_selector(".st-key-generated code", "el => el.textContent")

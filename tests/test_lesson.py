@@ -298,20 +298,14 @@ def test_a_revisited_chapter_reads_the_run_its_first_visit_computed(embedded_mod
         if number > 9:
             at.button(key="b_chapter_next").click().run()
         assert_clean(at)
-        seen[number] = shown_tokens(at)
+        seen[number] = at.query_params["step"], at.session_state["runner"].session.generated[:]
     built = store.built
     for number in range(12, 8, -1):  # back to 9: all visited
         at.button(key="b_chapter_back").click().run()
         assert_clean(at)
         assert at.query_params["chapter"] == str(number)
-        assert shown_tokens(at) == seen[number]
+        assert (at.query_params["step"], at.session_state["runner"].session.generated[:]) == seen[number]
     assert store.built == built
-
-
-def shown_tokens(at) -> tuple[str, list[int]]:
-    """The step a page shows and the tokens generated up to it (its run may hold the step after too: ui.ahead)."""
-    step = at.query_params["step"]
-    return step, at.session_state["runner"].session.generated[:int(step)]
 
 
 @pytest.mark.parametrize("link", [{}, {"layer": 3, "head": 2}], ids=["focused head", "head from the link"])

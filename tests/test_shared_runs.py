@@ -7,7 +7,6 @@ import torch
 
 import engine
 from tests.app_helpers import shown_text, start
-from ui import ahead
 from ui.runner import Runner
 from ui.runs import RunStore
 from tests.test_runner import config
@@ -164,10 +163,8 @@ def test_two_browser_sessions_on_one_link_share_one_run(monkeypatch):
     calls = EngineCalls(monkeypatch)
     link = dict(prompt="Shared by the whole class", chat=0, step=5)
     first = start(**link)
-    ahead.settled()  # the first page's next step, computed while it shows step 5
     after_first = (calls.prefills, calls.steps)
     second = start(**link)
-    ahead.settled()
     assert not first.exception and not second.exception
     assert after_first[0] >= 1 and (calls.prefills, calls.steps) == after_first  # the second page computed nothing
     assert shown_text(second) == shown_text(first)
@@ -199,28 +196,3 @@ def test_the_store_keeps_no_build_lock_for_keys_read_before_or_failed():
             store.get(key, fail)
     assert store.built == 5 and len(store.keys) == 5
     assert store._building == {}  # noqa: SLF001 — the leak this guards against lived there
-
-
-def test_the_step_after_the_one_shown_is_computed_ahead_and_next_only_draws_it(monkeypatch):
-    calls = EngineCalls(monkeypatch)
-    link = dict(prompt="The next token is ready before the press", chat=0, step=3)
-    at = start(**link)
-    ahead.settled()
-    assert at.session_state.runner.generated == 4  # step 4, computed while the page shows step 3
-    computed = calls.steps
-    at.button(key="b_next").click().run()
-    ahead.settled()
-    assert not at.exception and at.query_params["step"] == "4"
-    assert at.session_state.runner.generated == 5 and calls.steps == computed + 1  # only step 5, ahead again
-    assert shown_text(at) == shown_text(start(**link | dict(step=4)))  # the same step a press computes
-
-
-def test_nothing_is_computed_ahead_on_the_class_cache_or_at_the_prompt(monkeypatch):
-    calls = EngineCalls(monkeypatch)
-    at = start(prompt="Nothing ahead at step zero", chat=0, step=0)
-    ahead.settled()
-    assert (calls.prefills, calls.steps) == (0, 0)  # the prefill waits for its press
-    monkeypatch.setenv("KVSCOPE_SHARED_PREFIX_CACHE", "1")
-    at = start(prompt="Nothing ahead on the class's cache", chat=0, step=2)
-    ahead.settled()
-    assert at.session_state.runner.generated == 2

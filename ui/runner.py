@@ -19,7 +19,6 @@ from engine.split_kv import split_demo
 from engine.timing import DecodeTiming, measure_decode
 from engine.tokens import TokenCell, token_cells
 from engine.trace import PrefixHit, SplitKVTrace, StepTrace
-from ui import ahead
 from ui.classroom import ClassroomCache
 from ui.runs import Run, RunConfig, RunStore
 from ui.settings import Limits, step_limits
@@ -161,12 +160,6 @@ class Runner:
         if self.runs is not None:
             self.runs.trim()  # the run may have grown
         return reached
-
-    def compute_next(self, step: int) -> None:
-        """With the page drawn at decode step `step`, compute step + 1 in the background (`ui.ahead`), if the run
-        has not. Only a run of the store's: one on the class's cache takes its blocks from every page's pool."""
-        if self.runs is not None and step >= 1 and self.generated == step and not self.finished:
-            ahead.ask(self.run, step + 1)
 
     def trace(self, step: int) -> StepTrace | None:
         """The trace that produced token `step` (1-based), with its tensors (rebuilt if it was slimmed)."""

@@ -120,7 +120,6 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
         CHAPTER_FIGURE.reset(placed)
     step_buttons(places.buttons, runner)  # live again only once the screen shows this step, as the link does
     write_link(current_state())
-    runner.compute_next(ss.step)  # while the class looks at this step: → then only draws
 
 
 @dataclass(frozen=True)

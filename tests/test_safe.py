@@ -109,7 +109,7 @@ def test_the_models_own_token_shows_as_text(monkeypatch, embedded_model):
     assert not at.exception
     shown = markdown_shown(at)
     assert sum(safe.text(PHISHING) in m for m in shown) >= 2, shown  # "Why …?" and "Path 1 → the user"
-    assert not any("](https://evil" in m for m in shown if "kv-stream" not in m)
+    assert not any("](https://evil" in m for m in shown)
 
 
 PLOTLY_TAGS = re.compile(r"<\s*/?\s*(a|b|i|br|span|sub|sup|em|s|u)\b", re.IGNORECASE)

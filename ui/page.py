@@ -23,6 +23,7 @@ from ui.settings import DTYPES, Limits, load_limits, step_limits
 from ui.state import LANGS, POLICIES, AppState, Problem, bounds, clean_prompt, language_defaults
 from ui.step import stepper_and_view
 from ui.views import lesson
+from ui.views.flow import PICTURE_CSS
 
 log = logging.getLogger("kvscope")
 
@@ -51,17 +52,18 @@ CHROME_CSS = '<style>[data-testid="stStatusWidget"] { visibility: hidden; }</sty
 # padding above and beside the page, tighter gaps, a one-line title, smaller view headings.
 LAYOUT_CSS = """<style>
 [data-testid="stMainBlockContainer"] { padding: 2.5rem 2rem 3rem 2rem; }
+.st-key-dual-path > [data-testid="stElementContainer"] { flex: 1 1 0; min-width: 0; }  /* halves, or on a phone: */
 @media (max-width: 640px) {  /* a phone: the header holds the sidebar's button, the title goes below it */
   [data-testid="stMainBlockContainer"] { padding: 4rem 1rem 3rem 1rem; }
-  /* the four step buttons stay one row (Streamlit stacks columns on a phone): the step's figure reaches the screen */
-  [data-testid="stHorizontalBlock"]:has(> [data-testid="stColumn"] > [data-testid="stVerticalBlock"] > [class*="st-key-b_next"]) {
-    flex-wrap: nowrap; gap: 0.25rem; }
-  [data-testid="stHorizontalBlock"]:has(> [data-testid="stColumn"] > [data-testid="stVerticalBlock"] > [class*="st-key-b_next"]) > [data-testid="stColumn"] {
-    min-width: 0 !important; width: auto !important; flex: 1 1 0 !important; }
+  .st-key-dual-path > [data-testid="stElementContainer"] { flex-basis: 100%; }  /* one under the other */
+  [class*="st-key-step-buttons"] { gap: 0.25rem; }  /* the four step buttons: one row, its labels get the room */
   [data-testid="stMain"] button kbd { display: none; }  /* a phone has no arrow keys: the label gets the room */
   [data-testid="stMain"] button { padding-left: 0.35rem; padding-right: 0.35rem; }
 }
 [data-testid="stMain"] [data-testid="stVerticalBlock"] { gap: 0.5rem; }
+/* The step buttons share their row 1 : 1 : 1.4 : 1 whatever their labels' lengths: Next, pressed most, the widest. */
+[class*="st-key-step-buttons"] > [data-testid="stElementContainer"] { flex: 1 1 0; min-width: 0; }
+[class*="st-key-step-buttons"] > [class*="st-key-b_next"] { flex-grow: 1.4; }
 [data-testid="stMain"] h1 { font-size: 1.3rem; padding: 0; line-height: 1.3; }
 /* A title's text pulls what follows 1rem up (Streamlit's margin under Markdown), which the step's header allows
    for; a banner under the title would cover its lower half. */
@@ -140,7 +142,7 @@ def draw(limits: Limits, model: engine.Model | None, failure: str, runner: Runne
     """The page's widgets: header, banners and problems, the sidebar, then the step's fragment (or why there is
     no model), the model card and the tagline."""
     in_lesson = bool(ss.get("w_chapter"))
-    st.html(LAYOUT_CSS + (LARGE_CSS if ss.w_large else "") + (LESSON_CSS if in_lesson else ""))
+    st.html(LAYOUT_CSS + PICTURE_CSS + (LARGE_CSS if ss.w_large else "") + (LESSON_CSS if in_lesson else ""))
     with notices:
         if not in_lesson:  # a lesson's header is its chapter's title
             st.title(t("title"))

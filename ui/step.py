@@ -189,12 +189,14 @@ def step_buttons(place, runner: Runner, busy: bool = False) -> None:
                ("next", "b_next", (1, False),
                 {"shortcut": "Right", "disabled": runner.finished and ss.step >= runner.generated}),
                ("reset", "b_reset", (0, True), {}))
-    columns = place.container().columns([1, 1, 1.4, 1])  # Next is the widest label, and pressed most
-    for column, (label, key, move_args, options) in zip(columns, buttons):
+    # One row that never wraps (a phone keeps it): one element, where columns were five (each is a message to
+    # every page of a class, twice a step). Next is the widest (page CSS), being pressed most.
+    row = place.container(horizontal=True, wrap=False, key="step-buttons-busy" if busy else "step-buttons")
+    for label, key, move_args, options in buttons:
         if busy:
-            column.button(t(label), key=key + "_busy", disabled=True, width="stretch")
+            row.button(t(label), key=key + "_busy", disabled=True, width="stretch")
             continue
-        pressed = column.button(t(label), key=key, on_click=move, args=move_args, width="stretch", **options)
+        pressed = row.button(t(label), key=key, on_click=move, args=move_args, width="stretch", **options)
         if pressed and not ss.pop("moved", False):
             # No callback ran: a restarted server rebuilt this session from its link in this very run, and the
             # server that drew the button (and knew its callback) is gone. The press still counts.

@@ -13,7 +13,7 @@ from viz.flow import flow_rows, residual_figure, vector_figure
 from viz.step_picture import MIN_WIDTH, step_figure
 
 # Narrower than MIN_WIDTH (a phone) the picture keeps its size and scrolls sideways rather than squeezing its words
-# together; the page itself does not widen.
+# together; the page itself does not widen. Part of the page's style (`ui.page`), not sent again with every step.
 PICTURE_CSS = f"<style>.st-key-step-picture [data-testid='stFullScreenFrame'] {{ min-width: {MIN_WIDTH}px; }}</style>"
 
 
@@ -24,7 +24,6 @@ def render(ctx: ViewContext) -> None:
     trace = ctx.trace
     if shown("picture"):
         with Part("picture", key="main-figure"), st.container(key="step-picture"):  # the picture of the step first
-            st.html(PICTURE_CSS)
             figure(lambda: step_figure(trace, info, ctx.stage, picture_title(ctx), ctx.large, words(ctx)), "one-step",
                    memo_key(ctx, "picture"))
     if shown("residuals"):
@@ -41,13 +40,12 @@ def render(ctx: ViewContext) -> None:
 def dual_path(ctx: ViewContext) -> None:
     """The step's stages as a table (shapes, what happens), then the new id's two paths."""
     info, trace = ctx.info, ctx.trace
-    st.table(shared_table(lambda: stages_table(ctx), memo_key(ctx, "stages")))
+    # hide_index named: Streamlit would convert the Arrow table to pandas on every draw to see if it has an index
+    st.table(shared_table(lambda: stages_table(ctx), memo_key(ctx, "stages")), hide_index=False)
     new = ctx.cells[-1]
-    left, right = st.columns(2)
-    with left:
-        st.markdown(ctx.t("path_text", id=trace.token_id, text=new.text, piece=trace.text or "∅"))
-    with right:
-        st.markdown(ctx.t("path_embedding", id=trace.token_id, vocab=info.vocab, hidden=info.hidden))
+    paths = st.container(horizontal=True, key="dual-path")  # halves (page CSS): one element where columns are three
+    paths.markdown(ctx.t("path_text", id=trace.token_id, text=new.text, piece=trace.text or "∅"))
+    paths.markdown(ctx.t("path_embedding", id=trace.token_id, vocab=info.vocab, hidden=info.hidden))
     st.caption(ctx.t("flow_note"))
 
 

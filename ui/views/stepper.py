@@ -134,8 +134,8 @@ def wrapped_prompt(ctx: ViewContext) -> None:
 def downloads(ctx: ViewContext) -> None:
     """The files are built only when clicked (a trace's JSON runs to megabytes)."""
     trace, cells = ctx.trace, ctx.cells
-    left, right = st.columns(2)
-    left.download_button(ctx.t("download_trace"), lambda: json.dumps(trace.to_dict(), ensure_ascii=False),
+    row = st.container(horizontal=True)
+    row.download_button(ctx.t("download_trace"), lambda: json.dumps(trace.to_dict(), ensure_ascii=False),
                          file_name=f"kvscope-step-{ctx.step}.json", mime="application/json", key="dl_trace")
-    right.download_button(ctx.t("download_tokens"), lambda: token_frame(cells).to_csv(index=False),
+    row.download_button(ctx.t("download_tokens"), lambda: token_frame(cells).to_csv(index=False),
                           file_name=f"kvscope-tokens-step-{ctx.step}.csv", mime="text/csv", key="dl_tokens")

@@ -135,3 +135,40 @@ def test_pages_on_the_same_step_build_its_tables_and_token_cells_once(embedded_m
     assert second.dataframe[0].value.equals(first.dataframe[0].value)
     second.button(key="b_next").click().run()  # the next step: its own tables and cells
     assert {"stages_table", "candidates_table", "token_cells", "candidate_cells"} <= set(built)
+
+
+@pytest.mark.parametrize("view, module_name, names, every_step", [
+    ("kv", "kv_cache", ("block_table_frame", "kv_bytes_table", "layer_lengths_table"),
+     ("block_table_frame", "kv_bytes_table")),  # the per-layer lengths: the same at every step
+    ("split", "split_kv", ("split_table",), ("split_table",)),
+    ("costs", "costs", ("steps_table",), ("steps_table",)),
+])
+def test_the_views_tables_are_made_once_for_every_page_on_a_step(view, module_name, names, every_step, embedded_model,
+                                                                 monkeypatch):
+    """The paged-KV, split-KV and costs views' tables, like the figures: a second page on the same step makes none
+    and shows the same, the next step makes its own, Back none."""
+    import importlib
+
+    module = importlib.import_module(f"ui.views.{module_name}")
+    common._tables.clear()
+    built = []
+    for name in names:
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name, **k: built.append(_name) or _real(*a, **k))
+    link = dict(view=view, step=3, layer=5, head=2, chat=0, prompt=f"The {view} view's tables are made once")
+    first = start(**link)
+    assert_clean(first)
+    assert sorted(built) == sorted(names)
+    built.clear()
+    second = start(**link)
+    assert_clean(second)
+    assert built == []
+    for mine, theirs in zip(second.dataframe, first.dataframe, strict=True):
+        assert mine.value.equals(theirs.value)
+    second.button(key="b_next").click().run()
+    assert_clean(second)
+    assert sorted(built) == sorted(every_step)
+    built.clear()
+    second.button(key="b_back").click().run()
+    assert_clean(second)
+    assert built == []

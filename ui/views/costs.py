@@ -8,7 +8,7 @@ import streamlit as st
 from engine.reference_models import reference_info
 from engine.timing import DecodeTiming, crossover_batch, crossover_context, decode_step_bytes, weight_bytes_read
 from ui.context import ViewContext
-from ui.views.common import Part, figure, memo_key, shown, table, words
+from ui.views.common import Part, figure, memo_key, shared_table, shown, table, words
 from viz.costs import (context_growth_figure, context_growth_frame, kv_read_figure, per_token_figure,
                        step_bytes_figure, step_times_figure, steps_frame, steps_table)
 from viz.style import fmt_ms, fmt_size
@@ -37,7 +37,7 @@ def render(ctx: ViewContext) -> None:
                 figure(lambda: kv_read_figure(frame, info.layers, ctx.t("reads_title", layers=info.layers),
                                               ctx.large, w),
                        "kv-read-per-step", memo_key(ctx, "reads"))
-            table(steps_table(frame, w))
+            table(shared_table(lambda: steps_table(frame, w), memo_key(ctx, "steps")))
             st.caption(ctx.t("costs_note", layers=info.layers))
     limit = info.context_limit
     lengths = sorted({max(1, limit * i // 16) for i in range(17)})

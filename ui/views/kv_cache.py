@@ -6,7 +6,7 @@ import streamlit as st
 
 from ui.context import ViewContext
 from ui.strings import Shown
-from ui.views.common import Part, figure, layer_head_pickers, memo_key, shown, table, titled, words
+from ui.views.common import Part, figure, layer_head_pickers, memo_key, shared_table, shown, table, titled, words
 from ui.state import POOLS
 from viz.kv_cache import (block_table_frame, busy_pool_figure, difference_text, kv_bytes_table, kv_values_figure,
                           layer_lengths_figure, layer_lengths_frame, layer_lengths_table, lengths_default,
@@ -34,7 +34,7 @@ def render(ctx: ViewContext) -> None:
     layer_lengths(ctx, length)
     if shown():
         st.markdown(ctx.t("bytes_title"))
-        table(kv_bytes_table(info, length, words(ctx)))
+        table(shared_table(lambda: kv_bytes_table(info, length, words(ctx)), memo_key(ctx, "bytes")))
         st.caption(ctx.t("private_cache"))
 
 
@@ -50,7 +50,8 @@ def blocks(ctx: ViewContext, block_table: list[int], pool, busy: bool) -> None:
         figure(lambda: occupancy_bar(len(block_table), pool.cached_free, pool.blocks,
                                      ctx.t("pool_title", total=pool.blocks), ctx.large, words=words(ctx)),
                "pool-occupancy", memo_key(ctx, "occupancy", len(block_table), pool.cached_free, pool.blocks))
-    table(block_table_frame(block_table, length, size, ctx.labels, words(ctx)))
+    table(shared_table(lambda: block_table_frame(block_table, length, size, ctx.labels, words(ctx)),
+                       memo_key(ctx, "block-table", busy)))
     st.markdown(ctx.t("stored", layers=info.layers, kv=info.kv_heads, d=info.head_dim))
     st.markdown(ctx.t("not_stored"))
 
@@ -111,10 +112,10 @@ def layer_lengths(ctx: ViewContext, length: int) -> None:
     with place.under:
         at = st.slider(ctx.t("lengths_slider"), 1, info.context_limit, key="w_lengths_at",
                        value=lengths_default(info, length), help=ctx.t("lengths_slider_help", n=length))
-    frame = layer_lengths_frame(info, at)
     if place.shown:
         with place:
-            figure(lambda: layer_lengths_figure(frame, at, ctx.t("layer_lengths_title", n=at), ctx.large, words(ctx)),
+            figure(lambda: layer_lengths_figure(layer_lengths_frame(info, at), at, ctx.t("layer_lengths_title", n=at),
+                                                ctx.large, words(ctx)),
                    "kv-layer-lengths", memo_key(ctx, "layers", at, per_step=False))
             if info.sliding_window is None:
                 st.markdown(ctx.t("window_none", n=at))
@@ -124,4 +125,5 @@ def layer_lengths(ctx: ViewContext, length: int) -> None:
                                   kept=fmt_size(kept), saved=fmt_size(every - kept),
                                   percent=100 * (every - kept) / every))
     if shown():
-        table(layer_lengths_table(frame, words(ctx)))
+        table(shared_table(lambda: layer_lengths_table(layer_lengths_frame(info, at), words(ctx)),
+                           memo_key(ctx, "layers", at, per_step=False)))

@@ -6,7 +6,7 @@ import streamlit as st
 
 from engine.split_kv import worked_example
 from ui.context import ViewContext
-from ui.views.common import Part, figure, layer_head_pickers, memo_key, opened, shown, table, words
+from ui.views.common import Part, figure, layer_head_pickers, memo_key, opened, shared_table, shown, table, words
 from viz.split_kv import merge_table, split_figure, split_table, vector_text, worked_example_frame
 
 
@@ -33,7 +33,7 @@ def render(ctx: ViewContext) -> None:
         c1.metric(ctx.t("splits"), len(split.ranges))
         c2.metric(ctx.t("cached_positions"), ctx.trace.context_length)
         c3.metric(ctx.t("max_diff"), f"{split.max_abs_diff[at].item():.1e}")
-        table(split_table(split, *at, words(ctx)))
+        table(shared_table(lambda: split_table(split, *at, words(ctx)), memo_key(ctx, "split-table", layer, head)))
     if main.shown:
         with main:
             figure(lambda: split_figure(split, *at, ctx.t("split_fig", layer=layer, head=head), ctx.large,
@@ -42,7 +42,8 @@ def render(ctx: ViewContext) -> None:
     if shown():
         with opened(ctx.t("merge_table"), "x_merge") as box:
             if box.open:
-                table(merge_table(split, *at, words(ctx)))
+                table(shared_table(lambda: merge_table(split, *at, words(ctx)),
+                                   memo_key(ctx, "merge", layer, head)))
 
 
 def introduction(ctx: ViewContext) -> None:

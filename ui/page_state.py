@@ -114,8 +114,14 @@ def enter_chapter(number: int, keep: frozenset[str] = frozenset()) -> None:
         ss.focused_head_chosen = False  # open on a head with a pattern worth talking about
 
 
+SETTING_KEYS = tuple((f.name, "w_" + f.name) for f in fields(AppState) if f.name != "step")  # name → widget key
+_UNSET = object()
+
+
 def current_state() -> AppState:
-    values = {f.name: ss["w_" + f.name] for f in fields(AppState) if f.name != "step" and "w_" + f.name in ss}
+    """The page's state from its widgets (a setting whose widget is not drawn yet keeps its default). Read a few
+    times per run of every page: one look-up per setting (each goes through Streamlit's session proxy)."""
+    values = {name: value for name, key in SETTING_KEYS if (value := ss.get(key, _UNSET)) is not _UNSET}
     return AppState(step=ss.step, **values)
 
 

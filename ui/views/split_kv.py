@@ -52,7 +52,7 @@ def introduction(ctx: ViewContext) -> None:
     with st.expander(ctx.t("example_title"), expanded=ctx.trace is None):
         example = worked_example()
         st.markdown(ctx.t("example_setup", q=example.query, keys=example.keys, values=example.values))
-        table(worked_example_frame(example, words(ctx)))
+        table(shared_table(lambda: worked_example_frame(example, words(ctx)), memo_key(ctx, "example", per_step=False)))
         st.markdown(ctx.t("example_result", merged=vector_text(example.merged, 3),
                           unsplit=vector_text(example.unsplit, 3),
                           diff=max(abs(a - b) for a, b in zip(example.merged, example.unsplit))))

@@ -56,6 +56,9 @@ LAYOUT_CSS = """<style>
 @media (max-width: 640px) {  /* a phone: the header holds the sidebar's button, the title goes below it */
   [data-testid="stMainBlockContainer"] { padding: 4rem 1rem 3rem 1rem; }
   .st-key-dual-path > [data-testid="stElementContainer"] { flex-basis: 100%; }  /* one under the other */
+  /* the view's radio wraps to two lines and would sit on the stream box's border; a legend of two lines too */
+  [data-testid="stMain"] .st-key-token-stream { margin-bottom: 0; }
+  .kv-legend { margin-bottom: 0.3rem; }
   [class*="st-key-step-buttons"] { gap: 0.25rem; }  /* the four step buttons: one row, its labels get the room */
   [data-testid="stMain"] button kbd { display: none; }  /* a phone has no arrow keys: the label gets the room */
   [data-testid="stMain"] button { padding-left: 0.35rem; padding-right: 0.35rem; }
@@ -70,13 +73,14 @@ LAYOUT_CSS = """<style>
 .st-key-notices [data-testid="stElementContainer"]:has([data-testid="stHeading"]):not(:last-child) { margin-bottom: 1.25rem; }
 [data-testid="stMain"] h3 { font-size: 1.15rem; padding-top: 0.25rem; }
 /* The token stream is set as HTML, not Markdown: it keeps the -1rem under it that Markdown has, and the page's
-   first screen was laid out with. */
+   first screen was laid out with (the view's radio, one line on a wide screen, has room above its options). */
 .st-key-token-stream { margin-bottom: -1rem; }
 </style>"""
 LARGE_CSS = "<style>html { font-size: 125%; }</style>"  # every rem-sized text and control, a quarter larger
 # In the lesson the chapter sets the view (its selector is hidden) and its title is the page's: a compact header.
 LESSON_CSS = """<style>
 .st-key-w_view { display: none; }
+.st-key-token-stream { margin-bottom: 0; }  /* the chapter's text under the strip, not on its border */
 .st-key-chapter_toc button { justify-content: flex-start; text-align: left; }  /* the chapters, a table of contents */
 [data-testid="stMainBlockContainer"] { padding-top: 3.9rem; }  /* the title clears Streamlit's header bar (3.75rem) */
 </style>"""

@@ -30,6 +30,15 @@ def charts(at) -> list[dict]:
     return [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
 
 
+def count_calls(monkeypatch, functions) -> list[str]:
+    """The names of `functions` ((module, name) pairs), one entry per call, as the page makes them."""
+    built = []
+    for module, name in functions:
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name, **k: built.append(_name) or _real(*a, **k))
+    return built
+
+
 def test_pages_on_the_same_step_of_one_run_build_each_figure_once(builds, embedded_model):
     first = start(**LINK)
     assert_clean(first)
@@ -89,10 +98,8 @@ def test_the_kv_views_figures_come_from_the_memo(embedded_model, monkeypatch):
     """The paged-KV view's figures are memoized like the others': a second page on the same step builds none, the
     next step builds the step's own (not the per-layer lengths, the same at every step), Back none."""
     common._figures.clear()
-    built = []
-    for name in ("pool_figure", "layer_lengths_figure", "kv_values_figure", "occupancy_bar"):
-        real = getattr(kv_cache, name)
-        monkeypatch.setattr(kv_cache, name, lambda *a, _real=real, _name=name, **k: built.append(_name) or _real(*a, **k))
+    built = count_calls(monkeypatch, [(kv_cache, name) for name in ("pool_figure", "layer_lengths_figure",
+                                                                    "kv_values_figure", "occupancy_bar")])
     link = dict(view="kv", step=3, layer=5, head=2, chat=0, prompt="The capital of France is")
     first = start(**link)
     assert_clean(first)
@@ -118,11 +125,8 @@ def test_pages_on_the_same_step_build_its_tables_and_token_cells_once(embedded_m
     from ui.views import flow, stepper
 
     common._tables.clear()
-    built = []
-    for module, name in ((flow, "stages_table"), (stepper, "candidates_table"), (runs, "token_cells"),
-                         (runs, "candidate_cells")):
-        real = getattr(module, name)
-        monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name, **k: built.append(_name) or _real(*a, **k))
+    built = count_calls(monkeypatch, ((flow, "stages_table"), (stepper, "candidates_table"), (runs, "token_cells"),
+                                      (runs, "candidate_cells")))
     link = dict(view="flow", step=3, chat=0, prompt="Each table is made once")  # a run no other test made
     first = start(**link)
     assert_clean(first)
@@ -151,10 +155,7 @@ def test_the_views_tables_are_made_once_for_every_page_on_a_step(view, module_na
 
     module = importlib.import_module(f"ui.views.{module_name}")
     common._tables.clear()
-    built = []
-    for name in names:
-        real = getattr(module, name)
-        monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name, **k: built.append(_name) or _real(*a, **k))
+    built = count_calls(monkeypatch, [(module, name) for name in names])
     link = dict(view=view, step=3, layer=5, head=2, chat=0, prompt=f"The {view} view's tables are made once")
     first = start(**link)
     assert_clean(first)

@@ -126,7 +126,7 @@ def group_chip_html(cells: list[TokenCell], inputs: range, words: Words = ENGLIS
                     [token_tip(c, words) for c in cells])
     parts = "".join(f'<span class="kv-token kv-part kv-{c.kind}{" kv-input" if c.position in inputs else ""}" '
                     f'title="{html.escape(token_tip(c, words), quote=True)}"></span>' for c in cells)
-    tip = html.escape(tip, quote=True).replace("\n", "&#10;")  # line breaks as references: the chip stays one line of HTML
+    tip = html.escape(tip, quote=True).replace("\n", "&#10;")  # as references: one line of HTML
     return (f'<span class="kv-chip kv-group kv-tip {kind}{unfinished}" tabindex="0" title="{tip}">'
             f'<span class="kv-char">{html.escape(visible(group.text))}</span>'
             f'<span class="kv-parts">{parts}</span></span>')

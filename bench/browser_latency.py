@@ -94,28 +94,43 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(ordered):6.0f} ms (p90 {p90:6.0f})"
 
 
-def changed(read: str) -> str:
-    """A check that what `read` reads is there and differs from before (a blanked placeholder is not news)."""
-    return "(before) => { const now = (" + read + ")(); return now !== '' && now !== before; }"
+# Times a press on the page's own clock: from the key's arrival (keydown) to the first animation frame at which the
+# header, then the text, showed the step, and one frame after the run ended (idle). A frame's callback runs just
+# before it is painted, so what it sees is on screen in that frame. Waiting for each in turn from here instead
+# would time when this script could ask again: a long task (Plotly drawing) delays the question, not the screen.
+WATCH = """([header, text]) => {
+  const readHeader = """ + HEADER + """, readText = """ + TEXT + """, idle = """ + IDLE + """;
+  const changed = (now, before) => now !== "" && now !== before;  // a blanked placeholder is not news
+  const times = {start: null, token: null, text: null, idle: null, drawn: null};
+  window.kvPress = times;
+  addEventListener("keydown", () => { times.start ??= performance.now(); }, {capture: true, once: true});
+  const frame = () => {
+    const now = performance.now();
+    if (times.start !== null) {
+      if (times.token === null && changed(readHeader(), header)) times.token = now;
+      if (times.token !== null && times.text === null && changed(readText(), text)) times.text = now;
+      if (times.idle !== null) times.drawn = now;
+      else if (times.text !== null && idle()) times.idle = now;
+    }
+    if (times.drawn === null) requestAnimationFrame(frame);
+  };
+  requestAnimationFrame(frame);
+}"""
 
 
 def press_step(page, wire: Wire, key: str = "ArrowRight") -> dict[str, float]:
-    """One → (or `key`) press on a settled page: times to text, to drawn, to the last message, and the bytes
-    received."""
-    before, header_before = page.evaluate(TEXT), page.evaluate(HEADER)
+    """One → (or `key`) press on a settled page: times to token, text and drawn (on the page's clock, `WATCH`),
+    to the last message (on this script's), and the bytes received."""
+    page.evaluate(WATCH, [page.evaluate(HEADER), page.evaluate(TEXT)])
     sent_before = wire.bytes
     page.wait_for_timeout(50)
     start = time.perf_counter()
     page.keyboard.press(key)
-    page.wait_for_function(changed(HEADER), arg=header_before, timeout=WAIT_MS, polling="raf")
-    token = time.perf_counter()
-    page.wait_for_function(changed(TEXT), arg=before, timeout=WAIT_MS, polling="raf")
-    text = time.perf_counter()
-    page.wait_for_function(IDLE, timeout=WAIT_MS, polling="raf")
-    page.evaluate(PAINTED)
-    drawn = time.perf_counter()
+    page.wait_for_function("() => window.kvPress.drawn !== null", timeout=WAIT_MS, polling=100)
     page.wait_for_timeout(300)  # late messages of this run still count as this press's
-    return {"token": 1000 * (token - start), "text": 1000 * (text - start), "drawn": 1000 * (drawn - start), "server": 1000 * (wire.last - start),
+    times = page.evaluate("window.kvPress")
+    return {"token": times["token"] - times["start"], "text": times["text"] - times["start"],
+            "drawn": times["drawn"] - times["start"], "server": 1000 * (wire.last - start),
             "bytes": wire.bytes - sent_before}
 
 

@@ -173,3 +173,23 @@ def test_the_views_tables_are_made_once_for_every_page_on_a_step(view, module_na
     second.button(key="b_back").click().run()
     assert_clean(second)
     assert built == []
+
+
+def test_a_step_drawn_from_the_memo_lets_the_browser_paint_its_text_before_the_figures(embedded_model, monkeypatch):
+    """Back to a step whose figures are made: they would reach the browser with the step's text, and their drawing
+    would hold the text's paint back. The first figure waits until `PAINT_GAP` after the text; no other does."""
+    import streamlit as st
+
+    events = []
+    monkeypatch.setattr(common, "sleep", lambda seconds: events.append(seconds))
+    for name in ("code", "plotly_chart"):
+        real = getattr(st, name)
+        monkeypatch.setattr(st, name, lambda *a, _real=real, _name=name, **k: events.append(_name) or _real(*a, **k))
+    at = start(**LINK)
+    at.button(key="b_next").click().run()
+    events.clear()
+    at.button(key="b_back").click().run()
+    assert_clean(at)
+    waits = [e for e in events if isinstance(e, float)]
+    assert len(waits) == 1 and 0 < waits[0] <= common.PAINT_GAP, events
+    assert events.index("code") < events.index(waits[0]) < events.index("plotly_chart"), events

@@ -19,7 +19,7 @@ from ui.page_state import (current_state, go_to_chapter, request_full_run, run_l
 from ui.runner import Runner
 from ui.state import VIEWS, clamp
 from ui.views import attention, costs, flow, kv_cache, lesson, prefix, split_kv, stepper
-from ui.views.common import CHAPTER_FIGURE, ChapterFigure, opened
+from ui.views.common import CHAPTER_FIGURE, TEXT_SENT, ChapterFigure, opened
 
 log = logging.getLogger("kvscope")
 VIEW_MODULES = {"flow": flow, "attention": attention, "kv": kv_cache, "split": split_kv, "prefix": prefix,
@@ -111,13 +111,17 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
         view_place = whole.container()
         placed = CHAPTER_FIGURE.set(ChapterFigure(chapter.figure, *places.chapter_figure,
                                                   CHAPTER_FIGURE_HEIGHT[ctx.large], whole.open))
+    sent = None
     try:
         with details_place:  # sent before the view's figures: the step's text is on screen first
             stepper.details(ctx)
+        sent = TEXT_SENT.set(time.perf_counter())
         with view_place:
             VIEW_MODULES[ss.w_view].render(ctx)
     finally:
         CHAPTER_FIGURE.reset(placed)
+        if sent is not None:
+            TEXT_SENT.reset(sent)
     step_buttons(places.buttons, runner)  # live again only once the screen shows this step, as the link does
     write_link(current_state())
 

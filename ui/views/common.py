@@ -8,6 +8,7 @@ import weakref
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
+from time import perf_counter, sleep
 
 import numpy as np
 import pandas as pd
@@ -40,6 +41,12 @@ class ChapterFigure:
 
 
 CHAPTER_FIGURE: ContextVar[ChapterFigure | None] = ContextVar("chapter_figure", default=None)  # set by the page
+# When the step's header and text were sent (set by the page; read by the run's first figure, `paint_first`).
+TEXT_SENT: ContextVar[float | None] = ContextVar("text_sent", default=None)
+# Streamlit's frontend applies the messages that arrive together in one render, and Plotly draws a figure in it
+# before anything is painted: figures already made (Back, a follower's step) came with the text and held its paint
+# back by their drawing (250-400 ms here). Measured on this machine: 40 ms was not always enough, 60-80 were.
+PAINT_GAP = 0.06
 _MAX_HEIGHT: ContextVar[int | None] = ContextVar("max_height", default=None)  # inside the chapter's part
 TITLE_TEXT_HEIGHT = 72  # px a figure's title takes above it as text: two lines at large text, with its margins
 
@@ -117,11 +124,24 @@ def figure(build: go.Figure | Callable[[], go.Figure], name: str, memo: tuple | 
         return prepared(build() if callable(build) else build, limit)
 
     title, fig = made() if memo is None else _figures.made((*memo, limit), made)  # shared between pages: only read
+    paint_first()
     if title:
         st.markdown(f'<p class="kv-figure-title" style="font-weight:600;margin:0.4rem 0 1rem 0;line-height:1.35">'
                     f"{html.escape(title)}</p>", unsafe_allow_html=True)
     st.plotly_chart(fig, width="stretch", config={"toImageButtonOptions": {"format": "png", "filename": name},
                                                    "displaylogo": False})
+
+
+def paint_first() -> None:
+    """Before the step's first figure: the browser has until `PAINT_GAP` after the step's text was sent to paint
+    it (a figure built in that time waits no more)."""
+    sent = TEXT_SENT.get()
+    if sent is None:
+        return
+    TEXT_SENT.set(None)
+    wait = PAINT_GAP - (perf_counter() - sent)
+    if wait > 0:
+        sleep(wait)
 
 
 def prepared(fig: go.Figure, limit: int | None) -> tuple[str, go.Figure]:

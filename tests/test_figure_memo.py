@@ -180,11 +180,8 @@ def test_a_step_drawn_from_the_memo_lets_the_browser_paint_its_text_before_the_f
     would hold the text's paint back. The first figure waits until `PAINT_GAP` after the text; no other does."""
     import streamlit as st
 
-    events = []
-    monkeypatch.setattr(common, "sleep", lambda seconds: events.append(seconds))
-    for name in ("code", "plotly_chart"):
-        real = getattr(st, name)
-        monkeypatch.setattr(st, name, lambda *a, _real=real, _name=name, **k: events.append(_name) or _real(*a, **k))
+    events = count_calls(monkeypatch, [(st, "code"), (st, "plotly_chart")])
+    monkeypatch.setattr(common, "sleep", events.append)  # the waits, in order with the calls
     at = start(**LINK)
     at.button(key="b_next").click().run()
     events.clear()

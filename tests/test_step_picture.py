@@ -106,9 +106,14 @@ def test_the_picture_shows_the_steps_own_values(runs, embedded_model, index):
 
 
 def lit(fig) -> set[str]:
-    """The stages drawn in the highlight colour (boxes, lines, arrow heads)."""
+    """The stages drawn in the highlight colour (boxes, lines, arrow heads: filled triangles sized in px)."""
     found = {s.name for s in fig.layout.shapes if s.line.color == HIGHLIGHT}
-    return found | {a.name.split(":")[0] for a in fig.layout.annotations if a.showarrow and a.arrowcolor == HIGHLIGHT}
+    return found | {s.name for s in heads(fig) if s.fillcolor == HIGHLIGHT}
+
+
+def heads(fig) -> list:
+    """The arrows' heads: the shapes sized in px, anchored at an arrow's last point."""
+    return [s for s in fig.layout.shapes if s.xsizemode == "pixel"]
 
 
 def test_each_stage_is_the_only_one_highlighted(runs):
@@ -122,6 +127,32 @@ def test_each_stage_is_the_only_one_highlighted(runs):
             assert named <= set(STAGES) | {FRAME}
     with pytest.raises(ValueError, match="kv_write"):
         step_figure(traces[0], model.info, "kv-write")
+
+
+def points(path: str) -> list[tuple[float, float]]:
+    """The points of a path "M x,y L x,y …" (closed or not)."""
+    return [tuple(map(float, p.split(","))) for p in path.removeprefix("M ").removesuffix(" Z").split(" L ")]
+
+
+def test_every_arrow_ends_in_a_head_pointing_along_its_last_segment(runs):
+    """Each arrow's head sits at its last point with its base behind the tip, on the way the last segment came; the
+    highlighted stage's heads are the longer ones."""
+    model, _, traces = runs("embedded")
+    fig = step_figure(traces[2], model.info, "kv_read")
+    lines = [s for s in fig.layout.shapes if s.type == "path" and s.xsizemode != "pixel"]
+    heads_at = {(s.xanchor, s.yanchor, s.name): s for s in heads(fig)}
+    assert len(heads_at) == len(lines) == len(heads(fig))
+    lengths = {True: set(), False: set()}
+    for line in lines:
+        (tail_x, tail_y), (tip_x, tip_y) = points(line.path)[-2:]
+        head = heads_at[(tip_x, tip_y, line.name)]
+        tip, (ax, ay), (bx, by) = points(head.path)
+        middle_x, middle_y = (ax + bx) / 2, (ay + by) / 2  # px from the tip; x right and y up, as the data's
+        assert tip == (0, 0) and (middle_x == 0) == (tip_x == tail_x) and (middle_y == 0) == (tip_y == tail_y)
+        assert middle_x * (tip_x - tail_x) <= 0 and middle_y * (tip_y - tail_y) <= 0
+        assert head.fillcolor == line.line.color and head.opacity == line.opacity
+        lengths[line.name == "kv_read"].add(abs(middle_x) + abs(middle_y))
+    assert lengths[True] and min(lengths[True]) > max(lengths[False]) > 0
 
 
 def picture_spec(at) -> dict:
@@ -169,7 +200,7 @@ def test_dimmed_parts_stay_readable_while_the_stage_stands_out(runs):
                 assert contrast_ratio(a.font.color, "#ffffff") >= 4.5, (a.name, a.font.color)
         dimmed = [s for s in fig.layout.shapes if s.name not in (stage, FRAME)]
         assert dimmed and all(s.opacity >= 0.55 for s in dimmed), stage
-        lit_width = min(s.line.width for s in fig.layout.shapes if s.name == stage)
+        lit_width = min(s.line.width for s in fig.layout.shapes if s.name == stage and s.xsizemode != "pixel")
         assert lit_width > max(s.line.width for s in dimmed), stage
 
 

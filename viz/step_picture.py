@@ -352,7 +352,7 @@ def draw_box(fig: Drawing, box: Box, color: str, width: float, opacity: float, t
 def draw_arrow(fig: Drawing, arrow: Arrow, color: str, width: float, opacity: float) -> None:
     """The polyline as one path shape, and its head: a triangle at the last point, pointing along the last segment
     (horizontal or vertical), sized in px. Plotly's own arrow head is an annotation's, and the browser drew the
-    picture's 16 of them in about half its time (bench/figure_draw.py)."""
+    picture's 16 of them in about a third of its time (bench/figure_draw.py)."""
     points = arrow.points
     line_width = max(width - 1, 1.5)
     path = "M " + " L ".join(f"{x},{y}" for x, y in points)

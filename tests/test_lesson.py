@@ -153,6 +153,18 @@ def test_a_malformed_chapter_falls_back_with_a_message(value, embedded_model):
     assert any("chapter" in w.value for w in at.warning), [w.value for w in at.warning]
 
 
+def test_a_link_to_a_chapter_with_another_view_opens_the_chapters_view_and_figure(embedded_model):
+    """The chapter sets the view (its selector is hidden in the lesson): a hand-edited link naming another view still
+    shows the chapter's figure, not an empty place; the link's other values stay."""
+    chapter = CHAPTERS[8]  # paging: its figure is the pool, in the paged-KV view
+    at = start(chapter=chapter.number, view="flow", step=5)
+    assert_clean(at)
+    state, _ = parse_query(dict(at.query_params.items()))
+    assert (state.chapter, state.view, state.step) == (chapter.number, chapter.view, 5)
+    assert strings.t(VIEW_TITLES[chapter.view]) in [s.value for s in at.subheader]
+    assert at.get("plotly_chart"), "the chapter's figure is drawn"
+
+
 def test_leaving_the_lesson_keeps_the_page_as_it_is(embedded_model):
     at = start(chapter=9)  # paging: kv view, step 6, blocks of 4
     at.button(key="b_lesson_leave").click().run()

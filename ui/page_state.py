@@ -96,13 +96,14 @@ def sidebar_settings() -> list:
 
 def enter_chapter(number: int, keep: frozenset[str] = frozenset()) -> None:
     """Put the page in chapter `number`'s state: its view, step, block size and split count, and the article's
-    case where it has one. Settings named in `keep` stay as they are; the prompt and sampling are the class's."""
+    case where it has one. Settings named in `keep` stay as they are, but for the view: the lesson hides the view's
+    selector, and its figure is the chapter's. The prompt and sampling are the class's."""
     ss.w_chapter = number
     if not number:
         return
     chapter = CHAPTERS[number - 1]
     for name, value in {"view": chapter.view, "step": chapter.step, **chapter.settings}.items():
-        if name not in keep:
+        if name not in keep or name == "view":
             ss[name if name == "step" else "w_" + name] = value
     if chapter.case:
         ss.pending_case = chapter.case

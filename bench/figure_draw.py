@@ -22,12 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import plotly  # noqa: E402
 import plotly.io  # noqa: E402
 
-from tests.app_helpers import start  # noqa: E402
+from bench.figure_wire import page_figures  # noqa: E402
 from tests.server import chromium  # noqa: E402
 from ui.state import VIEWS  # noqa: E402
-from ui.views import common  # noqa: E402
 
-PROMPT = " ".join(["token"] * 190)
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 DRAW = """async ([first, next, repeats]) => {
     const place = document.getElementById('figure'), times = {newPlot: [], react: []};
@@ -46,10 +44,8 @@ DRAW = """async ([first, next, repeats]) => {
 
 
 def figures(view: str, step: int) -> list[str]:
-    """The JSON of the figures the page draws for `view` at `step`, in the order it builds them."""
-    common._figures.clear()  # noqa: SLF001 — the figures this page builds
-    start(view=view, prompt=PROMPT, chat=0, step=step, temperature=1, seed=3, large=1)
-    return [plotly.io.to_json(fig, validate=False) for _, fig in common._figures.values()]  # noqa: SLF001
+    """The JSON of the figures the page draws for `view` at `step` with large text, in the order it builds them."""
+    return [plotly.io.to_json(fig, validate=False) for fig in page_figures(view, step, large=1)]
 
 
 def describe(spec: str) -> str:

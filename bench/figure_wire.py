@@ -40,14 +40,20 @@ def wire_ms(fig: go.Figure, repeats: int) -> float:
     return statistics.median(times)
 
 
+def page_figures(view: str, step: int = 8, **link) -> list[go.Figure]:
+    """The figures a page opened on `view` at `step` (about 200 cached tokens; `link`: more of its link) builds,
+    in the order it builds them, as the server's memo holds them."""
+    common._figures.clear()  # noqa: SLF001 — the figures this page builds
+    start(view=view, prompt=PROMPT, chat=0, step=step, temperature=1, seed=3, **link)
+    return [fig for _, fig in common._figures.values()]  # noqa: SLF001
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
     for view in VIEWS:
-        common._figures.clear()  # noqa: SLF001 — the figures this page builds
-        start(view=view, prompt=PROMPT, chat=0, step=8, temperature=1, seed=3)
-        shown = [fig for _, fig in common._figures.values()]  # noqa: SLF001
+        shown = page_figures(view)
         plain = [go.Figure(fig.to_dict()) for fig in shown]  # the same figures as Plotly builds them
         before = sum(wire_ms(fig, args.repeats) for fig in plain)
         after = sum(wire_ms(fig, args.repeats) for fig in shown)

@@ -23,9 +23,10 @@ follower's lag. Worst (`--parts worst`, not in the default parts): per view, a p
 size 1, a 382-token prompt and step 128, and presses ← (token and drawn as above); then the server's peak RSS.
 Socket followers (`--parts sockets`, not in the default parts): the leader in Chromium and `--followers` followers
 that are websocket sessions without a browser (`SocketFollower`: they open the students' link and only record what
-the server sends): until the last follower was sent the new step, the server's whole share of following, with no
-follower page drawing on this machine's cores; and the leader's own → before any follower joined, against its own
-with them.
+the server sends): until the first, the median and the last follower was sent the new step (the last: the server's
+whole share of following), with no follower page drawing on this machine's cores; the server's CPU time a press
+(steadier than any time on a shared VM: what one more follower costs); and the leader's own → before any follower
+joined, against its own with them.
 Run by hand, not in CI.
 """
 
@@ -42,11 +43,13 @@ from urllib.parse import quote, urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import psutil  # noqa: E402
 from playwright.sync_api import TimeoutError as PlaywrightTimeout  # noqa: E402
 from playwright.sync_api import sync_playwright  # noqa: E402
 from streamlit.proto.BackMsg_pb2 import BackMsg  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
 
+from bench.class_open import cpu_seconds  # noqa: E402
 from tests.server import CHROMIUM, CHROMIUM_ARGS, ROOT, running_server, settled_text  # noqa: E402
 from ui import strings  # noqa: E402
 
@@ -309,18 +312,21 @@ def leader_press(leader) -> float:
     return 1000 * (time.perf_counter() - start)
 
 
-def socket_followers(browser, url: str, count: int, presses: int) -> None:
-    """A leader page and `count` `SocketFollower`s: per press, the leader's own → until its counter moved, and until
-    the server had sent the new counter to the last follower."""
+def socket_followers(browser, url: str, count: int, presses: int, server) -> None:
+    """A leader page and `count` `SocketFollower`s: per press, the leader's own → until its counter moved, until the
+    server had sent the new counter to the first, the median and the last follower, and the server's CPU time
+    from the press until the last was sent (alone: until its run ended), against the leader's alone."""
     leader = browser.new_page(viewport={"width": 1280, "height": 720})
     leader.goto(f"{url}/?lead=1&step=1")
     settled_text(leader)
     link = leader.locator(".st-key-follow-link a").get_attribute("href")
     leader.locator("h1").first.click()
-    alone = []  # the same leader with nobody following yet
+    alone, alone_cpu = [], []  # the same leader with nobody following yet
     for _ in range(presses):
+        before = cpu_seconds(server)
         alone.append(leader_press(leader))
         leader.wait_for_function(IDLE, timeout=WAIT_MS)
+        alone_cpu.append(1000 * (cpu_seconds(server) - before))
         time.sleep(1.0)
     target = counter(leader)
     followers = []
@@ -332,8 +338,9 @@ def socket_followers(browser, url: str, count: int, presses: int) -> None:
             time.sleep(0.05)
     time.sleep(2.0)
     leader.locator("h1").first.click()
-    own, sent = [], []
+    own, first, middle, last, cpu = [], [], [], [], []
     for _ in range(presses):
+        before = cpu_seconds(server)
         start = time.perf_counter()
         own.append(leader_press(leader))
         marker = 'kv-counter">' + html.escape(counter(leader))
@@ -341,12 +348,19 @@ def socket_followers(browser, url: str, count: int, presses: int) -> None:
         while (arrivals := [f.sent_after(start, marker) for f in followers]).count(None):
             assert time.perf_counter() < deadline, "a follower was never sent the leader's step"
             time.sleep(0.02)
-        sent.append(1000 * (max(arrivals) - start))
+        cpu.append(1000 * (cpu_seconds(server) - before))
+        arrivals = sorted(1000 * (at - start) for at in arrivals)
+        first.append(arrivals[0])
+        middle.append(statistics.median(arrivals))
+        last.append(arrivals[-1])
         leader.wait_for_function(IDLE, timeout=WAIT_MS)
         time.sleep(2.0)  # the followers' runs end too
+    per_follower = (statistics.median(cpu) - statistics.median(alone_cpu)) / count
     print(f"  leader alone → {spread(alone)}; with {count} socket followers: leader's own → {spread(own)} "
-          f"({statistics.median(own) / statistics.median(alone):.2f} × alone), last follower sent the step "
-          f"{spread(sent)}", flush=True)
+          f"({statistics.median(own) / statistics.median(alone):.2f} × alone); the step sent to the first follower "
+          f"{spread(first)}, the median one {spread(middle)}, the last {spread(last)}; the server's CPU a press "
+          f"{statistics.median(alone_cpu):.0f} ms alone, {statistics.median(cpu):.0f} ms with them "
+          f"({per_follower:.1f} ms a follower)", flush=True)
     for follower in followers:
         follower.close()
     leader.close()
@@ -393,7 +407,7 @@ def measure(root: Path, args) -> None:
             if "follow" in args.parts and args.followers:
                 followers(browser, url, args.followers, args.presses)
             if "sockets" in args.parts and args.followers:
-                socket_followers(browser, url, args.followers, args.presses)
+                socket_followers(browser, url, args.followers, args.presses, psutil.Process(process.pid))
             browser.close()
 
 

@@ -15,7 +15,7 @@ import redis
 
 from tests.app_helpers import assert_clean, keeps_working, shown_text, start, step_of
 from ui import strings
-from ui.follow import page as follow, rooms
+from ui.follow import page as follow, rooms, turns
 from ui.state import AppState, parse_query
 
 
@@ -299,3 +299,23 @@ def test_a_leaders_move_runs_a_followers_step_fragment_alone_while_the_session_h
     assert [state.fragment_id for state in session.asked] == ["step", "", ""]
     assert {state.query_string for state in session.asked} == {"follow=abc&step=3"}
     assert not any(state.is_auto_rerun for state in session.asked)
+
+
+def test_a_following_page_draws_the_teachers_step_in_its_turn_and_no_other_page_takes_one(leader, monkeypatch):
+    """`ui.follow.turns`: a class's pages draw the teacher's step one at a time; the teacher's page and a student
+    exploring on their own never wait for a turn."""
+    asked, real = [], turns.turn
+    monkeypatch.setattr(turns, "turn", lambda wanted=True: asked.append(wanted) or real(wanted))
+    follower = start(follow=code_in(follow_link(leader)))
+    assert asked and all(asked)  # its first draw follows the teacher
+    asked.clear()
+    leader.button(key="b_next").click().run()
+    assert asked and not any(asked)  # the teacher's own draws
+    settle()
+    asked.clear()
+    follower.run()
+    assert step_of(follower) == step_of(leader) and asked and all(asked)
+    follower.button(key="b_follow_leave").click().run()
+    asked.clear()
+    follower.button(key="b_next").click().run()
+    assert step_of(follower) == step_of(leader) + 1 and asked and not any(asked)

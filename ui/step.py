@@ -12,6 +12,7 @@ import streamlit as st
 
 import engine
 from ui.follow import page as follow
+from ui.follow import turns
 from ui.context import ViewContext
 from ui.lesson import CHAPTERS
 from ui.page_state import (current_state, go_to_chapter, request_full_run, run_lock, show_problem, ss, t, labels,
@@ -43,7 +44,8 @@ def stepper_and_view(model: engine.Model, runner: Runner) -> None:
             if ss.pop("forget_published", False):  # a chapter entered in this fragment: its run, from an empty cache
                 runner.forget_published()
                 runner.configure(runner.config)
-            draw_step(model, runner)
+            with turns.turn(follow.following()):  # a class's pages draw the teacher's step one at a time
+                draw_step(model, runner)
         return
     except engine.KvscopeError as error:
         message = t("bad_input", error=str(error))

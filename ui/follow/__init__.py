@@ -4,5 +4,6 @@
 - `store`: the key-value store behind the rooms (in memory, or Redis for several servers);
 - `sync`: the process's background thread that makes every store call off the pages' runs;
 - `push`: a leader's move asks this server's following pages to run at once;
+- `turns`: ... which then draw the teacher's step one at a time;
 - `page`: the Streamlit side: the leader's panel and heartbeat, the follower's banner, poll and checks.
 """

@@ -192,6 +192,11 @@ def follow_seen(seen: Seen, take_any: bool = False) -> None:
     ss.pop("follow_error", None)
 
 
+def following() -> bool:
+    """This page follows the teacher now (not on its own, not waiting for the room)."""
+    return ss.get("follow_role") == "follow" and ss.get("follow_mode") == "following"
+
+
 def link_params() -> dict[str, str]:
     """What this session's own link carries besides its state: the leader's secret or the follower's code."""
     role = ss.get("follow_role")

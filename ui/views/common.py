@@ -18,6 +18,7 @@ import streamlit as st
 
 from ui import strings
 from ui.context import ViewContext
+from ui.follow import turns
 from ui.runs import Memo
 from viz.attention import focused_head
 from viz.style import untitled
@@ -141,7 +142,8 @@ def paint_first() -> None:
     TEXT_SENT.set(None)
     wait = PAINT_GAP - (perf_counter() - sent)
     if wait > 0:
-        sleep(wait)
+        with turns.aside():  # a follower's turn goes to the next follower meanwhile
+            sleep(wait)
 
 
 def prepared(fig: go.Figure, limit: int | None) -> tuple[str, go.Figure]:

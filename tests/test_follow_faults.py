@@ -80,7 +80,7 @@ def timed_next(leader, step: int) -> tuple[float, dict]:
     try:
         leader.wait_for_function(f"() => new URL(location.href).searchParams.get('step') === '{step}' && "
                                  f"document.querySelector('{IDLE}') !== null", timeout=WAIT_MS)
-    except PlaywrightTimeout:  # seen once (CI): the leader at step 4 after one press from 1; what it showed tells why
+    except PlaywrightTimeout:  # seen once (CI): the leader two steps on (`ui.step.move`); what it showed tells why
         raise AssertionError(f"the leader did not show step {step}, its run finished: it is at {leader.url} and "
                              f"showed {record(leader)[-20:]}") from None
     return time.perf_counter() - started, shown(leader)

@@ -1,4 +1,4 @@
-"""kvscope's decode engine: pure PyTorch, no UI. See README.md for the API."""
+"""kvscope's decode engine: pure PyTorch, no UI. See docs/engine-api.md for the API."""
 
 from engine import split_kv
 from engine.errors import (

@@ -1,4 +1,4 @@
-"""The bad-input catalogue (README, "Hosting"): every case shows a clear message, never a traceback,
+"""The bad-input catalogue (docs/hosting.md, "Bad input"): every case shows a clear message, never a traceback,
 and the page keeps working afterwards."""
 
 from urllib.parse import parse_qs  # as Streamlit decodes a page's link

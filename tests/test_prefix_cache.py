@@ -15,7 +15,7 @@ CASE_2 = "解释什么是大语言模型"
 
 
 def expected_reuse(policy, cached, new, block_size):
-    """Each policy's rule, written from DESIGN.md, for one cached prompt and one new prompt."""
+    """Each policy's rule, written from docs/engine-api.md, for one cached prompt and one new prompt."""
     e = 0
     while e < min(len(cached), len(new)) and cached[e] == new[e]:
         e += 1

@@ -48,7 +48,7 @@ def test_the_folder_holds_qwen3_0_6b_shapes_in_bfloat16(qwen3_shaped_dir):
     assert dtypes == {"BF16"}
     assert "lm_head.weight" not in names  # tied: the embedding table is the output matrix too
     assert total == 596_049_920  # Qwen3-0.6B's parameter count, embeddings counted once
-    assert 2 * total / 1e9 == pytest.approx(1.19, abs=0.005)  # bf16 weights, GB (README "Hosting")
+    assert 2 * total / 1e9 == pytest.approx(1.19, abs=0.005)  # bf16 weights, GB (docs/models.md)
 
 
 def test_the_trained_tokenizer_has_chinese_merges_and_qwen3_ids(qwen3_shaped):

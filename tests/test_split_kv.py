@@ -66,7 +66,8 @@ def test_worked_example_reproduces_exactly():
     assert ex.weight == pytest.approx([wi / sum(w) for wi in w], abs=1e-15)
     assert ex.merged == pytest.approx(merged, abs=1e-15)
     assert ex.unsplit == pytest.approx(unsplit, abs=1e-15)
-    assert [f"{x:.3f}" for x in ex.merged] == [f"{x:.3f}" for x in ex.unsplit] == ["1.125", "-0.144"]  # as README quotes
+    # the figures docs/engine-api.md quotes
+    assert [f"{x:.3f}" for x in ex.merged] == [f"{x:.3f}" for x in ex.unsplit] == ["1.125", "-0.144"]
 
 
 def generate(model, kv_splits, steps=20):

@@ -1,6 +1,6 @@
 """The lesson: the chapters of ui/lesson.toml, in order, each the state it puts the page in.
 
-A chapter covers one or more teaching points of DESIGN.md; its text (English and Chinese) quotes the
+A chapter covers one or more teaching points (docs/teaching.md); its text (English and Chinese) quotes the
 loaded model's own numbers through placeholders that `ui.views.lesson.facts` fills.
 """
 

@@ -1,7 +1,7 @@
 """The model card: the loaded model's shapes beside the articles' toy model and Qwen3-0.6B.
 
 Every number of the "this model" column comes from the engine's ModelInfo; the articles' two models are
-written out as the articles give them (DESIGN.md T1–T3, T7). One function formats all three columns, so a
+written out as the articles give them (docs/teaching.md, T1–T3, T7). One function formats all three columns, so a
 model of Qwen3-0.6B's shape shows exactly the articles' figures.
 """
 

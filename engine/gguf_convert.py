@@ -11,13 +11,13 @@ The config and the tokenizer are transformers' own readings of the GGUF's metada
 
 from __future__ import annotations
 
-import json
 import re
-import struct
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from engine.safetensors_stream import write_streamed
 
 # GGUF tensor names (llama.cpp's) → transformers' Gemma 3 names; `{}` is the layer number.
 GEMMA3_NAMES = {
@@ -37,7 +37,6 @@ GEMMA3_NAMES = {
     "blk.{}.ffn_up.weight": "model.layers.{}.mlp.up_proj.weight",
     "blk.{}.ffn_down.weight": "model.layers.{}.mlp.down_proj.weight",
 }
-SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16"}
 
 
 def hf_name(gguf_name: str) -> str:
@@ -71,29 +70,9 @@ def write_safetensors(gguf: Path, target: Path, dtype: torch.dtype) -> None:
     from gguf import GGUFReader
 
     reader = GGUFReader(gguf)
-    size = torch.finfo(dtype).bits // 8
-    header: dict = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    for tensor in reader.tensors:
-        shape = [int(n) for n in reversed(tensor.shape)]
-        nbytes = int(np.prod(shape)) * size
-        header[hf_name(tensor.name)] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": shape,
-                                        "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
-    with open(target, "wb") as out:
-        out.write(struct.pack("<Q", len(text)))
-        out.write(text)
-        for tensor in reader.tensors:
-            name = hf_name(tensor.name)
-            written = 0
-            for chunk in tensor_values(tensor, name, dtype):
-                out.write(chunk.view(torch.uint8).numpy().data)
-                written += chunk.numel() * size
-            start, end = header[name]["data_offsets"]
-            if written != end - start:
-                raise ValueError(f"{tensor.name}: {written} bytes dequantized, {end - start} expected")
+    tensors = {hf_name(tensor.name): tensor for tensor in reader.tensors}
+    shapes = {name: [int(n) for n in reversed(tensor.shape)] for name, tensor in tensors.items()}
+    write_streamed(target, shapes, dtype, lambda name: tensor_values(tensors[name], name, dtype))
 
 
 def convert_gemma3(gguf: Path, folder: Path, dtype: torch.dtype, name_or_path: str) -> None:

@@ -34,17 +34,17 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return torch.device(device)
 
 
-def resolve_source(spec: str) -> str | embedded.InMemory:
-    """The folder or hub id that `spec` names (for the embedded model, possibly the model in memory);
-    raises ModelNotFoundError for anything else."""
+def resolve_source(spec: str, dtype: torch.dtype = torch.float32) -> str | embedded.InMemory:
+    """The folder or hub id that `spec` names (for an embedded model, its converted folder in `dtype`, or
+    possibly the model in memory); raises ModelNotFoundError for anything else."""
     if not isinstance(spec, str) or not spec.strip():
         raise ModelNotFoundError("no model given: use 'embedded', 'embedded-zh', a local folder or a hub id like "
                                  "'Qwen/Qwen3-0.6B'")
     spec = spec.strip()
     if spec == EMBEDDED:
-        return embedded.embedded_source()
+        return embedded.embedded_source(dtype)
     if spec == embedded.ZH:
-        return embedded.zh_source()
+        return embedded.zh_source(dtype)
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -61,7 +61,7 @@ def load_model(spec: str = EMBEDDED, device: str | torch.device = "auto", dtype:
     Raises ModelNotFoundError when nothing can be read under `spec`, and UnsupportedModelError when
     its architecture is not one of SUPPORTED_FAMILIES (or uses a feature the engine does not model).
     """
-    source = resolve_source(spec)
+    source = resolve_source(spec, dtype)
     target = resolve_device(device)
     if isinstance(source, embedded.InMemory):  # the cache could not be written: converted in this process
         # float32 as converted; another dtype gets a copy, so the model kept for later loads stays float32.

@@ -1,0 +1,65 @@
+"""The embedded models held in bfloat16, as the app holds them by default (KVSCOPE_DTYPE): their weights are
+the float32 conversion rounded once, read from a folder of their own (mapped, never a float32 copy cast in
+each process), and the engine on them equals transformers in bfloat16 on the same folder."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+import engine
+from engine import embedded
+from engine.pages import file_backed_ranges
+from tests.test_bf16 import assert_within_one_rounding
+from tests.test_exactness import hf_model
+
+SOURCES = {"embedded": embedded.embedded_source, embedded.ZH: embedded.zh_source}
+PROMPTS = {"embedded": "The KV cache holds", embedded.ZH: "什么是KV缓存？KV缓存是"}
+STEPS = 4
+
+
+@pytest.mark.parametrize("spec", SOURCES)
+def test_the_bfloat16_folder_is_the_float32_conversion_rounded_once(spec):
+    full, half = Path(SOURCES[spec]()), Path(SOURCES[spec](torch.bfloat16))
+    assert half != full and embedded.verified(half) and half.name.endswith("-bfloat16")
+    assert json.loads((half / "config.json").read_text())["dtype"] == "bfloat16"
+    others = {p.name for p in full.iterdir()} - {embedded.MANIFEST, embedded.WEIGHTS, "config.json"}
+    assert others and all((half / name).read_bytes() == (full / name).read_bytes() for name in others)
+    with safe_open(full / embedded.WEIGHTS, "pt") as ours, safe_open(half / embedded.WEIGHTS, "pt") as rounded:
+        assert set(ours.keys()) == set(rounded.keys())
+        for key in ours.keys():
+            value = rounded.get_tensor(key)
+            assert value.dtype == torch.bfloat16 and torch.equal(value, ours.get_tensor(key).to(torch.bfloat16)), key
+
+
+@pytest.fixture(scope="module")
+def bf16_zh() -> engine.Model:
+    return engine.load_model(embedded.ZH, device="cpu", dtype=torch.bfloat16)
+
+
+def test_a_bfloat16_model_reads_its_embedding_table_from_the_mapped_file(bf16_zh):
+    """Gemma's 262,144 × 640 table is its largest tensor: held once, as a view of the bfloat16 file's mapping
+    (no float32 table read and cast: that would be 0.67 GB more at load)."""
+    table = bf16_zh.weights.embed_tokens
+    assert table.dtype == torch.bfloat16 and bf16_zh.info.dtype == "bfloat16"
+    start = table.data_ptr()
+    end = start + table.numel() * table.element_size()
+    assert any(low <= start and end <= high for low, high in file_backed_ranges())
+
+
+@pytest.mark.parametrize("spec", SOURCES)
+def test_engine_equals_transformers_in_bfloat16_on_the_embedded_models(spec, bf16_zh):
+    model = bf16_zh if spec == embedded.ZH else engine.load_model(spec, device="cpu", dtype=torch.bfloat16)
+    hf = hf_model(SOURCES[spec](torch.bfloat16), torch.bfloat16)
+    session = engine.DecodeSession(model, PROMPTS[spec], max_new_tokens=STEPS + 1)
+    trace = session.prefill()
+    ids = list(session.prompt_ids)
+    with torch.inference_mode():
+        for step in range(STEPS):
+            theirs = hf(input_ids=torch.tensor([ids])).logits[0, -1]
+            assert_within_one_rounding(trace.logits, theirs, f"{spec} step {step} logits")
+            assert trace.token_id == int(theirs.argmax()), f"{spec} step {step}: greedy tokens differ"
+            ids.append(trace.token_id)
+            trace = session.step()

@@ -6,9 +6,17 @@
 Starts, as the caller's own processes on loopback: a `redis-server` (no persistence) that the app processes
 share for the teacher's follow rooms (`KVSCOPE_STORE`), N `streamlit run serve.py`, and nginx from
 deploy/nginx.conf (cookie-sticky; its files in a run folder). Prints `kvscope: <url>` once every app answers
-its health check and nginx answers; an app process that exits is started again on its port (its pages
-reconnect and rebuild from their link); Ctrl-C or TERM stops everything. Needs Debian's `nginx` and
-`redis-server` packages (see .ci/run).
+its health check and nginx answers. Then it keeps the class served:
+
+- an app process that exits is started again on its port (its pages reconnect and rebuild from their link);
+  one that exits again within CRASH_LOOP_SECONDS of that stops the script (it cannot start);
+- a redis-server that exits is started again on its port, the apps and nginx left as they are: pages keep
+  working, and only following the teacher pauses. The new Redis is empty, but each teacher's page publishes
+  its room again within a second (its heartbeat) and the followers follow again by themselves (ui/follow/).
+  One that exits again within CRASH_LOOP_SECONDS is started after 1 s, then 2, 4… up to REDIS_WAIT_MAX;
+- nginx exiting stops the script and everything it started: no page could be served.
+
+Ctrl-C or TERM stops everything. Needs Debian's `nginx` and `redis-server` packages (see .ci/run).
 """
 
 import argparse
@@ -31,6 +39,9 @@ NGINX = shutil.which("nginx") or "/usr/sbin/nginx"  # Debian installs it outside
 REDIS = shutil.which("redis-server") or "/usr/bin/redis-server"
 START_SECONDS = 180  # an app imports torch and transformers before it answers (longer on a busy machine)
 CRASH_LOOP_SECONDS = 30  # an app started again that exits this soon cannot start: stop rather than loop
+# Redis holds only the rooms, which the teachers' pages publish again: the script waits for one that keeps failing
+# (its port taken, its folder gone) rather than give up on the whole class, 1 s then twice as long each time.
+REDIS_WAIT_FIRST, REDIS_WAIT_MAX = 1.0, 30.0
 
 
 @dataclass
@@ -153,14 +164,31 @@ def on_signal(signum, frame) -> None:
     raise Stopped(signal.Signals(signum).name)
 
 
-def supervise(apps: list[Child], fixed: list[Child]) -> None:
-    """Run until a signal: start again an app that exits; stop if redis or nginx exits (nothing could serve)."""
+def start(child: Child) -> None:
+    child.start()
+    print(f"kvscope: started {child.name} (pid {child.process.pid})", flush=True)
+
+
+def supervise(apps: list[Child], redis: Child, nginx: Child, redis_port: int) -> None:
+    """Run until a signal: start again an app or redis that exits; stop if nginx exits (nothing could serve)."""
     restarted: list[Child] = []
+    redis_wait = 0.0  # before starting redis again: none after it ran a while, growing while it keeps exiting
+    redis_due: float | None = None  # when redis, found exited, is started again
     while True:
         time.sleep(1)
-        for child in fixed:
-            if not child.running():
-                raise RuntimeError(f"{child.name} exited (code {child.process.returncode}); see {child.log}")
+        if not nginx.running():
+            raise RuntimeError(f"nginx exited (code {nginx.process.returncode}); see {nginx.log}")
+        if not redis.running() and redis_due is None:
+            # The apps keep serving meanwhile: their room thread retries the store on its own (ui/follow/sync.py).
+            soon = time.time() - redis.started_at < CRASH_LOOP_SECONDS
+            redis_wait = min(max(REDIS_WAIT_FIRST, 2 * redis_wait), REDIS_WAIT_MAX) if soon else 0.0
+            redis_due = time.time() + redis_wait
+            when = f"in {redis_wait:.0f} s" if redis_wait else "now"
+            print(f"kvscope: redis exited (code {redis.process.returncode}; see {redis.log}); starting it again "
+                  f"on port {redis_port} {when}, empty (the teachers' pages publish their rooms again)", flush=True)
+        if redis_due is not None and time.time() >= redis_due:
+            redis_due = None
+            start(redis)
         for app in apps:
             if not app.running():
                 if app in restarted and time.time() - app.started_at < CRASH_LOOP_SECONDS:
@@ -168,7 +196,7 @@ def supervise(apps: list[Child], fixed: list[Child]) -> None:
                                        f"see {app.log}")
                 restarted.append(app)
                 print(f"kvscope: {app.name} exited (code {app.process.returncode}); starting it again", flush=True)
-                app.start()
+                start(app)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -207,8 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     try:
         for child in children:
-            child.start()
-            print(f"kvscope: started {child.name} (pid {child.process.pid})", flush=True)
+            start(child)
         wait_for("redis", lambda: redis_answers(redis_port), children)
         for app, port in zip(apps, app_ports):
             wait_for(app.name, lambda port=port: answers(f"http://127.0.0.1:{port}/_stcore/health"), children)
@@ -218,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvscope: {url}  (app servers: {args.servers}; logs in {run_dir}; Ctrl-C stops)", flush=True)
         if host != args.address:
             print(f"kvscope: students open this machine's address, port {args.port}", flush=True)
-        supervise(apps, [redis, nginx])
+        supervise(apps, redis, nginx, redis_port)
     except Stopped as signal_name:
         print(f"kvscope: {signal_name}; stopping", flush=True)
         return 0

@@ -1,5 +1,6 @@
 """More than one server: scripts/serve_class.py's nginx keeps each browser on one app process by its
-`kvscope_server` cookie, every app serves, and stopping the script stops every process it started.
+`kvscope_server` cookie, every app serves, a killed Redis is started again while every page goes on being served
+and the rooms' followers follow again, and stopping the script stops every process it started.
 
 One deployment (redis, two app processes, nginx) for the module, on free loopback ports chosen here, so the
 test knows independently which port is which app. nginx's access log (deploy/nginx.conf) records, per request,
@@ -23,7 +24,9 @@ from playwright.sync_api import expect
 
 from tests.server import ROOT, chromium, free_port, settled_text
 from tests.helpers import expected, link, press, until_link
-from tests.test_follow_browser import leader_moves, shows
+from tests.test_follow_browser import FOLLOW_MS, leader_moves, shows
+from tests.test_follow_faults import DOWN, LEAD_DOWN, open_class, pages, timed_next  # noqa: F401 (pages: a fixture)
+from tests.test_room_sync import wait_for
 from ui import strings
 
 pytestmark = pytest.mark.browser
@@ -31,19 +34,22 @@ pytestmark = pytest.mark.browser
 COOKIE = "kvscope_server"
 PROMPT = "Name three colours."
 START_SECONDS = 240  # two app processes import torch at once on a small machine
+REDIS_BACK_SECONDS = 10  # the script notices a dead Redis within 1 s; starts it again at once, or 1 s on (backoff)
+BACK_MS = 5_000  # the issue: the rooms' followers back in step within 5 s of Redis' return
 
 
 @dataclass
 class Deployment:
     url: str
     ports: dict[str, int]  # app name → its loopback port, as passed to the script
+    redis_port: int
     run_dir: Path
     script: subprocess.Popen
     output: Path
 
-    def started_pids(self) -> list[int]:
-        """The pids the script says it started ("started <name> (pid N)")."""
-        return [int(pid) for pid in re.findall(r"started \S+ \(pid (\d+)\)", self.output.read_text())]
+    def started(self) -> dict[str, int]:
+        """Each child's pid as the script last said it started it ("started <name> (pid N)"; again after a restart)."""
+        return {name: int(pid) for name, pid in re.findall(r"started (\S+) \(pid (\d+)\)", self.output.read_text())}
 
     def served(self) -> list[tuple[str, int]]:
         """(cookie sent, port nginx connected to) for every proxied request so far; the last port if it tried
@@ -93,10 +99,11 @@ def wait_for_url(script: subprocess.Popen, output: Path) -> str:
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
     folder = tmp_path_factory.mktemp("servers")
-    ports = {"app1": free_port(), "app2": free_port()}
+    ports, redis_port = {"app1": free_port(), "app2": free_port()}, free_port()
     output = folder / "script.txt"
     command = [sys.executable, str(ROOT / "scripts" / "serve_class.py"), "--port", str(free_port()),
-               "--servers", "2", "--app-ports", *map(str, ports.values()), "--run-dir", str(folder / "run")]
+               "--servers", "2", "--app-ports", *map(str, ports.values()), "--redis-port", str(redis_port),
+               "--run-dir", str(folder / "run")]
     with open(output, "w") as out:
         script = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=out,
                                   stderr=subprocess.STDOUT)
@@ -104,7 +111,7 @@ def deployment(tmp_path_factory):
     try:
         url = wait_for_url(script, output)
         started = descendants(script.pid)  # now, while they are still the script's children
-        yield Deployment(url, ports, folder / "run", script, output)
+        yield Deployment(url, ports, redis_port, folder / "run", script, output)
     finally:
         leftovers = started | descendants(script.pid)
         if script.poll() is None:
@@ -131,6 +138,25 @@ def cookie_of(context) -> str:
 
 def counter(page) -> str:
     return page.locator(".kv-counter").inner_text()
+
+
+def redis_answers(port: int) -> bool:
+    import redis
+
+    try:
+        return redis.Redis(port=port, socket_timeout=1, socket_connect_timeout=1).ping()
+    except redis.RedisError:
+        return False
+
+
+def assert_every_app_serves(deployment: Deployment) -> None:
+    """The page and the health check, through nginx, from each app (its cookie)."""
+    for name in deployment.ports:
+        for path in ("/", "/_stcore/health"):
+            request = urllib.request.Request(deployment.url + path, headers={"Cookie": f"{COOKIE}={name}"})
+            with urllib.request.urlopen(request, timeout=30) as response:
+                assert response.status == 200, (name, path)
+    assert_each_request_reached_its_cookie(deployment)
 
 
 def assert_each_request_reached_its_cookie(deployment: Deployment) -> None:
@@ -226,9 +252,56 @@ def test_an_unknown_cookie_is_drawn_again(deployment):
     assert given and given.group(1) in deployment.ports
 
 
+def test_a_killed_redis_is_started_again_on_its_port_and_every_app_goes_on_serving(deployment):
+    """kill -9 the script's redis-server: the script stays up and says so, a new one answers on the same port, and
+    nginx and both apps (not restarted) serve the page and its health check."""
+    before = deployment.started()
+    os.kill(before["redis"], signal.SIGKILL)
+    wait_for(lambda: deployment.started()["redis"] != before["redis"] and redis_answers(deployment.redis_port),
+             REDIS_BACK_SECONDS, "a new redis-server answering on the same port")
+    assert deployment.script.poll() is None
+    assert "kvscope: redis exited" in deployment.output.read_text()
+    now = deployment.started()
+    assert not alive(before["redis"]) and alive(now["redis"])
+    assert {name: pid for name, pid in now.items() if name != "redis"} == \
+           {name: pid for name, pid in before.items() if name != "redis"}
+    assert all(alive(pid) for pid in now.values())
+    assert_every_app_serves(deployment)
+
+
+def test_followers_on_both_servers_are_back_in_step_within_5_s_of_a_killed_redis_return(deployment, pages):
+    """The teacher (on app1) moves while Redis is down: the script is held (SIGSTOP) so that it starts no Redis
+    until the move is made, as a Redis that takes a while to come back. The new Redis is empty; the teacher's page
+    publishes its room again and both followers, one beside the teacher (app1) and one that reads the room through
+    Redis alone (app2), show the teacher's step and say they follow again within 5 s of Redis' return."""
+    leader, beside, across = pages
+    first, other = list(deployment.ports)[:2]
+    for page, name in zip(pages, (first, first, other)):
+        page.context.add_cookies([{"name": COOKIE, "value": name, "url": deployment.url}])
+    open_class(deployment.url, leader, [beside, across])
+    os.kill(deployment.script.pid, signal.SIGSTOP)
+    try:
+        os.kill(deployment.started()["redis"], signal.SIGKILL)
+        for page, says in ((beside, DOWN), (across, DOWN), (leader, LEAD_DOWN)):
+            expect(page.get_by_text(says)).to_be_visible(timeout=FOLLOW_MS)  # each page saw the store go
+        _, now = timed_next(leader, 2)  # held by the teacher's page alone: Redis never had it
+        assert_every_app_serves(deployment)
+    finally:
+        os.kill(deployment.script.pid, signal.SIGCONT)
+    wait_for(lambda: redis_answers(deployment.redis_port), REDIS_BACK_SECONDS, "Redis started again")
+    returned = time.monotonic()
+    for follower in (beside, across):
+        left_ms = max(1, BACK_MS - round(1000 * (time.monotonic() - returned)))
+        shows(follower, now, timeout_ms=left_ms)
+        expect(follower.get_by_text(strings.t("follow_rejoined"))).to_be_visible(timeout=left_ms)
+    _, now = timed_next(leader, 3)  # and the room goes on in the new Redis
+    for follower in (beside, across):
+        shows(follower, now)
+
+
 def test_stopping_the_script_stops_everything_it_started(deployment):
     """Last in the module: TERM, as Ctrl-C or a service manager sends."""
-    started = set(deployment.started_pids())
+    started = set(deployment.started().values())
     below = descendants(deployment.script.pid)
     assert len(started) == 4 and started <= below  # redis, two apps, nginx; nginx's worker is below its master
     deployment.script.send_signal(signal.SIGTERM)

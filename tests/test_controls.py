@@ -13,7 +13,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.app_helpers import VIEW_TITLES
-from tests.helpers import WAIT_MS, idle, link, metric_value, press, until_link, widget
+from tests.helpers import WAIT_MS, idle, link, metric_value, open_whole_view_in, press, until_link, widget
 from tests.server import running_server, settled_text
 from ui import strings
 from ui.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
@@ -214,6 +214,99 @@ def test_play_and_pace(server, page):
     stopped = link(page)["step"]
     time.sleep(2.5)
     assert link(page)["step"] == stopped  # stopped: no more ticks
+
+
+# -- the step and chapter buttons' keys, whatever was clicked last ------------------------------------
+# Each control below is a click and the wait for what it changed to be drawn (a key pressed during that run would
+# meet greyed buttons, whose keys are unbound).
+
+
+def click_then_key(page, click, drawn, key: str, **arrives) -> None:
+    """Click a control, wait until the page has drawn what it changed, press `key`: the link then says `arrives`."""
+    click()
+    drawn()
+    idle(page)
+    page.keyboard.press(key)
+    until_link(page, **arrives)
+
+
+def nothing() -> None:
+    """The wait after a click that starts no run (an expander whose content is always built)."""
+
+
+def view_radio(page, view: str, lang: str):
+    label = widget(page, "w_view").locator("label", has_text=strings.t("view_" + view, lang))
+    return label.click, lambda: until_link(page, view=view)
+
+
+def layer_picker(page):
+    """The layer picker's + (− on the last layer)."""
+    picker = widget(page, "w_layer")
+    layer = int(picker.locator("input").input_value())
+    up = picker.get_by_test_id("stNumberInputStepUp")
+    move = 1 if up.is_enabled() else -1
+    button = up if move == 1 else picker.get_by_test_id("stNumberInputStepDown")
+    return button.click, lambda: until_link(page, layer=str(layer + move))
+
+
+def scores_on(page):
+    return lambda: toggle(page, "w_scores"), lambda: text_on_page(page, "s = q·k/√d")
+
+
+def batch_slider(page, at: float):
+    """A mouse click on the batch slider's track at `at` of its length (the thumb jumps there)."""
+    track = widget(page, "w_batch").locator('[data-rac][data-orientation="horizontal"]').last
+
+    def click():
+        box = track.bounding_box()
+        track.click(position={"x": box["width"] * at, "y": box["height"] / 2})
+
+    def drawn():  # the step's bytes for that batch: "B = 16 at …"
+        page.wait_for_function("b => new RegExp('B = ' + b + '\\\\D').test(document.body.textContent)",
+                               arg=int(slider_value(page, "w_batch")), timeout=WAIT_MS)
+
+    return click, drawn
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_arrow_keys_step_whatever_control_was_clicked_last(server, page, lang):
+    """→ and ← (the step buttons' badges) step after a click on the view radio, the layer picker, a toggle, an
+    expander or a slider (a clicked radio used to take → as its own); in the prompt's text area → moves the caret
+    and does not step."""
+    open_page(page, server, **({"lang": lang} if lang != "en" else {}))
+    press(page, "b_prefill")
+    until_link(page, step="1")
+    click_then_key(page, *view_radio(page, "attention", lang), "ArrowRight", step="2")
+    click_then_key(page, *layer_picker(page), "ArrowRight", step="3")
+    click_then_key(page, *scores_on(page), "ArrowLeft", step="2")
+    card = page.locator('[data-testid="stExpander"]', has_text=strings.t("card_title", lang)).locator("summary")
+    click_then_key(page, card.click, nothing, "ArrowRight", step="3")
+    click_then_key(page, *view_radio(page, "costs", lang), "ArrowRight", step="4")
+    click_then_key(page, *batch_slider(page, 0.25), "ArrowRight", step="5")
+    click_then_key(page, *batch_slider(page, 0.75), "ArrowLeft", step="4")
+    prompt = widget(page, "w_prompt").locator("textarea")
+    prompt.click()
+    prompt.evaluate("el => el.setSelectionRange(0, 0)")
+    prompt.press("ArrowRight")
+    assert prompt.evaluate("el => el.selectionStart") == 1  # the caret moved: no shortcut took the key
+    idle(page)
+    assert link(page)["step"] == "4"
+
+
+def test_lesson_keys_step_and_change_chapters_whatever_control_was_clicked_last(server, page):
+    """In the lesson: → and ← after the whole view's expander, its layer picker and toggle; PageDown and PageUp
+    after the layer picker, the answer's expander and the chapter's slider."""
+    open_page(page, server, chapter=6)
+    step = int(link(page)["step"])
+    click_then_key(page, lambda: open_whole_view_in(page), nothing, "ArrowRight", chapter="6", step=str(step + 1))
+    click_then_key(page, *layer_picker(page), "ArrowRight", chapter="6", step=str(step + 2))
+    click_then_key(page, *scores_on(page), "ArrowLeft", chapter="6", step=str(step + 1))
+    click_then_key(page, *layer_picker(page), "PageDown", chapter="7")
+    click_then_key(page, widget(page, "chapter").locator("summary").click, nothing, "PageUp", chapter="6")
+    open_page(page, server, chapter=10)
+    step = int(link(page)["step"])
+    click_then_key(page, *batch_slider(page, 0.25), "ArrowRight", chapter="10", step=str(step + 1))
+    click_then_key(page, *batch_slider(page, 0.75), "PageDown", chapter="11")
 
 
 # -- views and their own controls ---------------------------------------------------------------

@@ -12,7 +12,7 @@ import torch
 
 import engine
 from engine import timing
-from ui import cases, memory, model_card, strings
+from ui import cases, keys, memory, model_card, strings
 from ui.follow import page as follow
 from ui.classroom import ClassroomCache
 from ui.page_state import (current_state, fit_to_budget, follow_leader, go_to_chapter, labels, restore_lost_settings,
@@ -105,6 +105,7 @@ def draw_page() -> None:
     st.set_page_config(page_title="kvscope", page_icon="🔎", layout="wide",
                        initial_sidebar_state="collapsed" if ss.get("w_chapter") else "auto")
     st.html(CHROME_CSS)
+    keys.release_focus_after_clicks()  # → / ← and PageDown / PageUp: the buttons' shortcuts, after any click
     # Everything shown above the step (a model's loading stages, the title, banners, problems, errors) goes in
     # this one element, whose count varies from run to run: the step's elements keep their places in the page,
     # and Streamlit never meets a keyed element of the step at a new place beside its old one (it would draw

@@ -65,7 +65,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch
     split = None
     if kv_splits > 1:
         ranges = split_ranges(length, kv_splits)
-        merged, last = merge_online(scores, vh.unsqueeze(1), kv_splits)  # (kv_heads, group, T, D); last row's splits
+        # In float32 whatever the model's dtype, as FlashDecoding kernels keep their running max, sums and
+        # outputs: in bfloat16 each exp and sum would round, and the merge drift from unsplit by more than one
+        # rounding of the output the layer goes on with.
+        merged, last = merge_online(scores.float(), vh.float().unsqueeze(1), kv_splits)  # (kv_heads, group, T, D)
         split = SplitRecord(
             ranges=ranges,
             partials=Partials(*(x.reshape(q_heads, *x.shape[2:]) for x in (last.max_score, last.exp_sum, last.output))),

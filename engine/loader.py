@@ -24,6 +24,13 @@ SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "gpt2", "gemma3_text")
 # transformers' names of Gemma 3's layer types, as our layer kinds
 LAYER_KINDS = {"full_attention": "global", "sliding_attention": "local"}
 GEMMA_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+AUTO = "auto"  # a model's own dtype (`held_dtype`): what the app asks for by default
+# The dtype each embedded model is held in under AUTO. SmolLM2 stays float32: its weights are small (0.54 GB), and
+# in bfloat16 its tokens drift with how a prompt is split between a prefix hit and the positions computed (the
+# matmul kernels round differently for a different number of rows; a warm run and a cold one parted within 40
+# tokens in 6 of 10 runs measured), which would break "a link rebuilds the same tokens". Gemma 3 270M is held in
+# bfloat16: its float32 copy (1.07 GB) does not fit a small host beside SmolLM2, and its runs did not part so.
+EMBEDDED_DTYPES = {EMBEDDED: torch.float32, embedded.ZH: torch.bfloat16}
 # owner/name, as the hub spells repository ids; nothing that could climb out of a folder.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 
@@ -55,12 +62,15 @@ def resolve_source(spec: str, dtype: torch.dtype = torch.float32) -> str | embed
     raise ModelNotFoundError(f"no model folder or hub id {spec!r}: use 'embedded', a local folder or a hub id")
 
 
-def load_model(spec: str = EMBEDDED, device: str | torch.device = "auto", dtype: torch.dtype = torch.float32) -> Model:
-    """Load a decoder-only model of a supported family.
+def load_model(spec: str = EMBEDDED, device: str | torch.device = "auto",
+               dtype: torch.dtype | str = torch.float32) -> Model:
+    """Load a decoder-only model of a supported family, its weights in `dtype` (AUTO: `held_dtype`).
 
     Raises ModelNotFoundError when nothing can be read under `spec`, and UnsupportedModelError when
     its architecture is not one of SUPPORTED_FAMILIES (or uses a feature the engine does not model).
     """
+    if dtype == AUTO and isinstance(spec, str) and spec.strip() in EMBEDDED_DTYPES:
+        dtype = EMBEDDED_DTYPES[spec.strip()]
     source = resolve_source(spec, dtype)
     target = resolve_device(device)
     if isinstance(source, embedded.InMemory):  # the cache could not be written: converted in this process
@@ -107,7 +117,7 @@ def _layer_windows(config) -> tuple[int | None, ...]:
     return tuple(config.sliding_window if kind == "sliding_attention" else None for kind in config.layer_types)
 
 
-def _read(spec: str, source: str, dtype: torch.dtype):
+def _read(spec: str, source: str, dtype: torch.dtype | str):
     """(config, tokenizer, transformers model) from a folder or hub id; the family is checked before the weights."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -118,12 +128,21 @@ def _read(spec: str, source: str, dtype: torch.dtype):
     except OSError as error:
         raise ModelNotFoundError(f"cannot read model {spec!r}: {_first_line(error)}") from error
     _check_supported(spec, config)
+    if dtype == AUTO:
+        dtype = held_dtype(config)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
         hf = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=False)
     except OSError as error:
         raise ModelNotFoundError(f"cannot read model {spec!r}: {_first_line(error)}") from error
     return config, tokenizer, hf
+
+
+def held_dtype(config) -> torch.dtype:
+    """The dtype a model is held in when AUTO is asked: bfloat16 when its checkpoint was saved in bfloat16 (as
+    Qwen3-0.6B is: float32 would double its 1.19 GB), else float32. The embedded models: EMBEDDED_DTYPES."""
+    saved = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "")
+    return torch.bfloat16 if saved.removeprefix("torch.") == "bfloat16" else torch.float32
 
 
 def _check_supported(spec: str, config) -> None:

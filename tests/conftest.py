@@ -14,6 +14,7 @@ import torch  # noqa: E402
 
 import engine  # noqa: E402
 from engine import embedded  # noqa: E402
+from engine.loader import AUTO  # noqa: E402
 
 HIDDEN, LAYERS, CONTEXT = 64, 2, 256
 GEMMA_WINDOW = 8  # shorter than every test prompt: the local layers' window slides during the prefill
@@ -107,13 +108,14 @@ def tiny_model(tiny_model_dir):
 
 @pytest.fixture(scope="session")
 def embedded_model(embedded_folder) -> engine.Model:
-    return engine.load_model("embedded", device="cpu")
+    """SmolLM2 (`embedded`) as the app holds it by default (float32: `engine.loader.EMBEDDED_DTYPES`)."""
+    return engine.load_model("embedded", device="cpu", dtype=AUTO)
 
 
 @pytest.fixture(scope="session")
 def embedded_zh_model() -> engine.Model:
-    """Gemma 3 270M (`embedded-zh`): the model a page in Chinese opens on."""
-    return engine.load_model(embedded.ZH, device="cpu")
+    """Gemma 3 270M (`embedded-zh`) as the app holds it by default (bfloat16): the model a page in Chinese opens on."""
+    return engine.load_model(embedded.ZH, device="cpu", dtype=AUTO)
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +156,7 @@ def qwen3_shaped_dir(tmp_path_factory) -> str:
     return str(make_qwen3_shaped(tmp_path_factory.mktemp("qwen3-0.6b-shaped")))
 
 
-QWEN3_SHAPED_DTYPE = torch.float32  # the engine's dtype for it in the tests (bfloat16 once the loader fits it)
+QWEN3_SHAPED_DTYPE = torch.bfloat16  # as the app holds it (KVSCOPE_DTYPE=auto: it is saved in bfloat16)
 
 
 @pytest.fixture(scope="session")

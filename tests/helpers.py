@@ -21,11 +21,13 @@ class Clock:
         return self.now
 
 
-def expected(model, prompt: str, steps: int, chat: bool = True, **sampling) -> str:
+def expected(model, prompt: str, steps: int, chat: bool = True, kv_splits: int = 1, block_size: int | None = None,
+             **sampling) -> str:
     """The text a page shows at step `steps` (the prompt as the tokenizer decodes it, then the answer so far),
-    computed by the engine directly."""
+    computed by the engine directly with the page's settings (in bfloat16 a run in splits can draw other
+    tokens than one unsplit: the merge rounds once where unsplit attention rounds its probabilities)."""
     session = engine.DecodeSession(model, prompt, chat=chat, sampling=engine.Sampling(**sampling),
-                                   max_new_tokens=256)
+                                   max_new_tokens=256, kv_splits=kv_splits, block_size=block_size)
     session.prefill()
     for _ in range(steps - 1):
         session.step()

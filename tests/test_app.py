@@ -53,7 +53,7 @@ def test_a_link_restores_the_exact_state(embedded_model):
     at = start(**params)  # a Chinese page on SmolLM2 (named: a Chinese page's default is embedded-zh)
     assert_clean(at)
     assert shown_text(at) == expected(embedded_model, "Name three colours.", 6, temperature=0.8, top_k=20,
-                                           top_p=0.9, seed=5)
+                                           top_p=0.9, seed=5, kv_splits=3, block_size=4)
     for key, value in params.items():
         if key != "step":
             assert str(at.session_state["w_" + key]) == str(value) or at.session_state["w_" + key] == value

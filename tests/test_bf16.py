@@ -136,9 +136,10 @@ def test_qwen3_shaped_bf16_loads_and_steps_within_the_peak_bound(qwen3_shaped_bf
     assert figures["tokens"] == greedy_ids(qwen3_shaped_bf16, PROMPT_IDS, 9)
 
 
-@pytest.mark.parametrize("given, dtype, bad", [(None, "float32", ""), ("bfloat16", "bfloat16", ""),
+@pytest.mark.parametrize("given, dtype, bad", [(None, "auto", ""), ("bfloat16", "bfloat16", ""),
                                                (" BFloat16 ", "bfloat16", ""), ("float32", "float32", ""),
-                                               ("float64", "float32", "float64"), ("bf16", "float32", "bf16")])
+                                               (" Float32", "float32", ""), ("AUTO", "auto", ""),
+                                               ("float64", "auto", "float64"), ("bf16", "auto", "bf16")])
 def test_kvscope_dtype_setting(given, dtype, bad):
     from ui.settings import load_limits
 
@@ -153,10 +154,12 @@ def own_copy(folder: str, tmp_path) -> str:
     return shutil.copytree(folder, tmp_path / "model")
 
 
-@pytest.mark.parametrize("setting, dtype, element", [("bfloat16", "bfloat16", 2), ("float64", "float32", 4)])
+@pytest.mark.parametrize("setting, dtype, element", [("bfloat16", "bfloat16", 2), ("float32", "float32", 4),
+                                                     ("auto", "float32", 4), ("float64", "float32", 4)])
 def test_the_app_runs_the_hosts_dtype_and_its_kv_bytes(setting, dtype, element, monkeypatch, tmp_path, tiny_model_dir):
     """KVSCOPE_DTYPE reaches the loaded model: the KV view's bytes name the dtype and count its element size
-    (the config's shapes × 2 bytes in bfloat16); a value not understood is said so, and float32 runs."""
+    (the config's shapes × 2 bytes in bfloat16); a value not understood is said so, and the default, auto, runs
+    (this model was saved in float32, so float32)."""
     from transformers import AutoConfig
 
     from tests.app_helpers import assert_clean, start
@@ -173,7 +176,7 @@ def test_the_app_runs_the_hosts_dtype_and_its_kv_bytes(setting, dtype, element, 
     assert metric.label == f"K/V bytes ({dtype})"
     assert metric.help.startswith(f"{per_token:,} bytes per token"), metric.help
     warnings = [w.value for w in at.warning if "KVSCOPE_DTYPE" in w.value]
-    assert bool(warnings) == (setting != dtype), warnings
+    assert bool(warnings) == (setting == "float64"), warnings
     if warnings:
-        assert setting in warnings[0] and "float32" in warnings[0]
+        assert setting in warnings[0] and "the default, auto, is used" in warnings[0]
     assert_clean(at)

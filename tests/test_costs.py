@@ -90,6 +90,32 @@ def test_peak_bandwidth_is_a_plausible_rate():
     assert 1e8 < peak_read_bandwidth(megabytes=16, tries=2) < 1e13  # between 0.1 GB/s and 10 TB/s
 
 
+def test_the_bandwidth_probe_runs_once_per_server_and_again_on_request(tiny_model, monkeypatch):
+    """Thirty pages timing their steps must not each allocate the probe's tensor: the first measurement of the
+    process probes, later ones reuse its figure; "Measure again" probes anew and the better figure stays."""
+    import engine.timing as timing
+
+    figures = iter([5e9, 9e9, 7e9])
+    probes = []
+    monkeypatch.setattr(timing, "_bandwidths", {})
+    monkeypatch.setattr(timing, "peak_read_bandwidth", lambda device: probes.append(device) or next(figures))
+    model = tiny_model("llama")
+    first = measure_decode(model, prompt=4, context=6, steps=2, untimed=1, prefills=1)
+    second = measure_decode(model, prompt=5, context=9, steps=2, untimed=1, prefills=1)
+    assert probes == ["cpu"] and first.bandwidth == second.bandwidth == 5e9
+    again = measure_decode(model, prompt=5, context=9, steps=2, untimed=1, prefills=1, bandwidth_again=True)
+    worse = measure_decode(model, prompt=5, context=9, steps=2, untimed=1, prefills=1, bandwidth_again=True)
+    assert probes == ["cpu"] * 3 and again.bandwidth == worse.bandwidth == 9e9
+
+
+def test_the_probe_fits_within_a_steps_memory_budget():
+    """The probe's tensor is allocated while a page waits: within the default per-step budget, with room."""
+    from engine.timing import BANDWIDTH_MIB
+    from ui.settings import load_limits
+
+    assert BANDWIDTH_MIB * 2**20 <= load_limits({}).step_memory_mb * 10**6 / 2
+
+
 def floor_shown(timing: DecodeTiming) -> float | None:
     """The floor bar the per-token figure draws (its third bar), if any."""
     bars = per_token_figure(timing).data

@@ -11,6 +11,7 @@ from safetensors import safe_open
 
 import engine
 from engine import embedded
+from engine.loader import AUTO
 from engine.pages import file_backed_ranges
 from tests.test_bf16 import assert_within_one_rounding
 from tests.test_exactness import hf_model
@@ -63,3 +64,44 @@ def test_engine_equals_transformers_in_bfloat16_on_the_embedded_models(spec, bf1
             assert trace.token_id == int(theirs.argmax()), f"{spec} step {step}: greedy tokens differ"
             ids.append(trace.token_id)
             trace = session.step()
+
+
+def test_auto_holds_smollm2_in_float32_and_gemma_in_bfloat16(bf16_zh):
+    """The app's default: each embedded model in its own dtype (engine.loader.EMBEDDED_DTYPES)."""
+    assert engine.load_model("embedded", device="cpu", dtype=AUTO).info.dtype == "float32"
+    zh = engine.load_model(embedded.ZH, device="cpu", dtype=AUTO)
+    assert zh.info.dtype == "bfloat16"
+    assert torch.equal(zh.weights.embed_tokens, bf16_zh.weights.embed_tokens)
+
+
+@pytest.mark.parametrize("saved, held", [(torch.float32, "float32"), (torch.bfloat16, "bfloat16")])
+def test_auto_holds_another_model_in_the_dtype_it_was_saved_in(saved, held, tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(tiny_model_dir("qwen3"), dtype=saved).save_pretrained(tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((Path(tiny_model_dir("qwen3")) / name).read_bytes())
+    assert engine.load_model(str(tmp_path), device="cpu", dtype=AUTO).info.dtype == held
+
+
+@pytest.mark.parametrize("prompt", ["什么是KV缓存？KV缓存是", "解释什么是Transformer", "解释什么是Transformer，举个例子",
+                                    "解释什么是大语言模型"])
+def test_gemma_in_bfloat16_gives_a_prefix_hit_the_cold_runs_tokens(prompt, bf16_zh):
+    """Why Gemma may be held in bfloat16 and SmolLM2 not: a run whose prompt is partly a prefix hit computes the
+    rest in fewer rows, and bfloat16 matmuls round differently then; on SmolLM2 that parted warm and cold runs
+    within 40 tokens, which would make a page and its own link disagree. On Gemma, the lesson's prompts (the
+    article's cases among them) give a warm run the cold run's 24 greedy tokens."""
+    from engine.prefix_cache import PrefixCache
+
+    cache = PrefixCache(bf16_zh, policy="radix", block_size=4)
+    first = engine.DecodeSession(bf16_zh, prompt, prefix_cache=cache, max_new_tokens=2)
+    first.prefill()
+    first.close()
+    warm = engine.DecodeSession(bf16_zh, prompt, prefix_cache=cache, max_new_tokens=24)
+    cold = engine.DecodeSession(bf16_zh, prompt, max_new_tokens=24)
+    assert warm.prefill().prefix.reused_tokens > 0
+    cold.prefill()
+    while not cold.finished:
+        warm.step()
+        cold.step()
+    assert warm.generated == cold.generated

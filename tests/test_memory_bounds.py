@@ -123,3 +123,22 @@ def test_app_clamps_split_counts_over_the_budget_with_a_message(monkeypatch):
     warnings = " ".join(w.value for w in at.warning).replace("\\", "")  # shown as escaped Markdown
     assert "kv_splits" in warnings and "KVSCOPE_STEP_MEMORY_MB" in warnings, warnings
     assert at.session_state["w_kv_splits"] < 64
+
+
+@pytest.mark.parametrize("view, params", [("attention", {}), ("kv", {"pool": "busy"}), ("costs", {})])
+def test_a_server_short_of_memory_leaves_out_its_costliest_figures_and_says_so(view, params, monkeypatch):
+    """A host whose memory the server nearly fills (here: one said to have 1 MB) gets pages that say what they
+    leave out and go on working, never a failed step; with room, nothing is left out."""
+    from tests.app_helpers import assert_clean, start, step_of
+    from ui import strings
+
+    said = strings.t("short_of_memory", left_out="").split(",")[0]  # "The server is short of memory just now"
+    for host_mb, short in (("1", True), ("10000000", False)):
+        monkeypatch.setenv("KVSCOPE_MEMORY_MB", host_mb)
+        at = start(view=view, step=2, **params)
+        assert_clean(at)
+        infos = [i.value for i in at.info if said in i.value]
+        assert bool(infos) == short, (host_mb, [i.value for i in at.info])
+        at.button(key="b_next").click().run()
+        assert_clean(at)
+        assert step_of(at) == 3

@@ -196,3 +196,72 @@ def test_the_store_keeps_no_build_lock_for_keys_read_before_or_failed():
             store.get(key, fail)
     assert store.built == 5 and len(store.keys) == 5
     assert store._building == {}  # noqa: SLF001 — the leak this guards against lived there
+
+
+def test_runs_no_page_asked_for_in_a_while_are_dropped_and_freed(tiny_model):
+    """A class that left: its tabs' runs go from the store once idle (a page still reading keeps its run
+    fresh), and nothing else holds them once the page is gone."""
+    import gc
+    import weakref
+
+    from ui import memory
+
+    now = [0.0]
+    model, store = tiny_model("llama"), RunStore(10**9, idle_seconds=300, clock=lambda: now[0])
+    stays, leaves = pages(model, store)
+    stays.configure(config(prompt="stays"))
+    leaves.configure(config(prompt="leaves"))
+    left = weakref.ref(leaves.run)
+    now[0] = 200.0
+    stays.configure(config(prompt="stays"))  # an open page's next run reads its run
+    now[0] = 301.0
+    assert store.expire() == 1 and [key[0].prompt for key in store.keys] == ["stays"]
+    del leaves  # the closed tab's session goes
+    gc.collect()
+    assert left() is None
+    now[0] = 501.0
+    assert store.expire() == 1 and store.keys == []
+    assert stays.advance_to(2) == 2  # an open page keeps the run it holds, idle or not
+    memory.sweep()  # the server's sweep runs without a Streamlit runtime too
+
+
+def test_the_sweep_forgets_closed_tabs_sessions_then_runs_the_clean_ups(monkeypatch):
+    """Streamlit 1.67 keeps a closed tab's session in a TTL cache that forgets it only when next written; the
+    sweep expires it (through the runtime's session manager, as ui/memory.py reaches it), then runs each clean-up."""
+    import weakref
+    from types import SimpleNamespace
+
+    from cachetools import TTLCache
+    from streamlit.runtime import Runtime
+    from streamlit.runtime.memory_session_storage import MemorySessionStorage
+
+    from ui import memory
+
+    now = [0.0]
+    storage = MemorySessionStorage()
+    storage._cache = TTLCache(maxsize=128, ttl=120, timer=lambda: now[0])  # Streamlit's TTL on a clock we move
+    class Session:  # what a kept session holds: its page's run, among the rest
+        id = "closed tab"
+
+    session = Session()
+    storage.save(SimpleNamespace(session=session))
+    kept = weakref.ref(session)
+    del session
+    runtime = SimpleNamespace(_session_mgr=SimpleNamespace(_session_storage=storage))
+    monkeypatch.setattr(Runtime, "exists", staticmethod(lambda: True))
+    monkeypatch.setattr(Runtime, "instance", classmethod(lambda cls: runtime))
+    cleaned = []
+    monkeypatch.setattr(memory, "_sweeps", [lambda: cleaned.append(1) or 0])
+    now[0] = 121.0  # expired, yet held until the cache is next touched
+    assert kept() is not None
+    memory.sweep()
+    assert kept() is None and cleaned == [1]
+
+
+def test_streamlit_keeps_closed_sessions_where_the_sweep_looks():
+    """The pinned Streamlit's session manager holds its storage as `_session_storage` (ui/memory.py)."""
+    import inspect
+
+    from streamlit.runtime.websocket_session_manager import WebsocketSessionManager
+
+    assert "self._session_storage = session_storage" in inspect.getsource(WebsocketSessionManager.__init__)

@@ -12,6 +12,7 @@ import torch
 
 import engine
 from engine import timing
+from engine.loader import AUTO
 from ui import cases, keys, memory, model_card, strings
 from ui.follow import page as follow
 from ui.classroom import ClassroomCache
@@ -31,8 +32,10 @@ log = logging.getLogger("kvscope")
 @st.cache_resource(show_spinner=False, max_entries=3)
 def read_model(spec: str) -> engine.Model:
     """Config, tokenizer and weights (the embedded model's are converted on the server's first start), in the
-    host's dtype (KVSCOPE_DTYPE: fixed for the process, so the model's spec alone names the cached copy)."""
-    return engine.load_model(spec, dtype=getattr(torch, load_limits().dtype))
+    host's dtype (KVSCOPE_DTYPE, by default each model's own: fixed for the process, so the model's spec alone
+    names the cached copy)."""
+    dtype = load_limits().dtype
+    return engine.load_model(spec, dtype=dtype if dtype == AUTO else getattr(torch, dtype))
 
 
 @st.cache_resource(show_spinner=False, max_entries=3)
@@ -155,7 +158,7 @@ def draw(limits: Limits, model: engine.Model | None, failure: str, runner: Runne
         for problem in ss.pop("problems", []):
             show_problem(problem)
         if limits.bad_dtype:
-            st.warning(t("dtype_bad", value=limits.bad_dtype, allowed=" / ".join(DTYPES)))
+            st.warning(t("dtype_bad", value=limits.bad_dtype, allowed=" / ".join(DTYPES), used=limits.dtype))
     # After the banner: it reaches the screen first.
     sidebar(limits, can_think=runner is not None and runner.can_think, can_chat=runner is None or runner.can_chat)
     if model is None:
@@ -235,8 +238,10 @@ def classroom_cache(spec: str, tokens: int, lease_seconds: int) -> ClassroomCach
 
 @st.cache_resource(show_spinner=False, max_entries=3)
 def run_store(spec: str, max_bytes: int) -> RunStore:
-    """The runs pages share, one store per model for the server."""
-    return RunStore(max_bytes)
+    """The runs pages share, one store per model for the server; the server's sweeper drops its idle runs."""
+    store = RunStore(max_bytes)
+    memory.sweep_regularly(store.expire)
+    return store
 
 
 def runner_for(model: engine.Model, limits: Limits) -> Runner:

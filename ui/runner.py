@@ -19,6 +19,7 @@ from engine.split_kv import split_demo
 from engine.timing import DecodeTiming, measure_decode
 from engine.tokens import TokenCell, token_cells
 from engine.trace import PrefixHit, SplitKVTrace, StepTrace
+from ui import memory
 from ui.classroom import ClassroomCache
 from ui.runs import Run, RunConfig, RunStore
 from ui.settings import Limits, step_limits
@@ -36,6 +37,7 @@ class Runner:
         self.cache_tokens = cache_tokens  # the pool's size in positions, whatever the block size
         self.keep_full_traces = keep_full_traces
         self.max_attention_tokens = step_limits(limits, model.info).max_attention_tokens  # the host's step memory
+        self.limits = limits
         self.classroom = classroom
         self.runs = runs if classroom is None else None
         self.lock = threading.RLock()  # this page's own state
@@ -61,6 +63,8 @@ class Runner:
         with self.lock:
             if config == self.config and self.run is not None:
                 self._resume()
+                if self.runs is not None:
+                    self.runs.touch(self.run)  # read by an open page: not idle
                 return
             self.close()
             if self.classroom is not None:
@@ -169,6 +173,10 @@ class Runner:
         """The prompt as the model read it, and the answer text after `step` tokens."""
         return self.run.prompt_text, self.session.text_after(min(step, len(self.session.generated)))
 
+    def short_of_memory(self) -> bool:
+        """Whether the server is too close to the host's memory for this page's costliest figures (ui.memory)."""
+        return memory.short_of_memory(self.limits.memory_mb, self.limits.step_memory_mb)
+
     def full_attention(self, step: int, layer: int, head: int):
         """Probabilities and scores (n, n) of one head of `layer` over the sequence step `step` attended."""
         n = len(self.session.prompt_ids) + max(0, step - 1)
@@ -242,10 +250,11 @@ class Runner:
         """This run's first `step` steps replayed in a pool other requests used first: where its blocks land."""
         return self.run.busy_pool(step)
 
-    def decode_timing(self, prompt: int, context: int) -> DecodeTiming:
+    def decode_timing(self, prompt: int, context: int, bandwidth_again: bool = False) -> DecodeTiming:
         """Steady timings of this model's prefill of `prompt` tokens and decode steps at `context` positions,
-        measured now beside the peak read bandwidth (a scratch pool: the run is untouched)."""
-        return measure_decode(self.model, prompt, context)
+        measured now beside the server's peak read bandwidth (measured anew with `bandwidth_again`; a scratch
+        pool: the run is untouched)."""
+        return measure_decode(self.model, prompt, context, bandwidth_again=bandwidth_again)
 
     def pool_state(self) -> PoolState:
         """The KV pool this run's blocks come from (read under the pool's lock: it may be shared)."""

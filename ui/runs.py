@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +40,10 @@ Seeds = tuple[tuple[int, ...], ...]  # prompts (token ids) a run's prefix cache 
 RunKey = tuple[RunConfig, Seeds]
 SEED_CAPTURE = engine.Capture(attention=False, residuals=False)  # a seed prompt's prefill only fills the cache
 MEMO = 4  # rebuilt steps and attention heatmaps a run keeps for the pages reading it
+# A run no page has asked for this long is dropped from the store: a class that left (tabs closed) hands its runs
+# back within minutes instead of holding them until the store fills. A page reads its run on every press, and a
+# page left open keeps the run it holds.
+IDLE_SECONDS = 300
 
 
 class Run:
@@ -211,11 +216,14 @@ class RunStore:
     keeps the run it reads even after the store dropped it; the store only stops handing it out.
     """
 
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int, idle_seconds: float = IDLE_SECONDS, clock: Callable[[], float] = time.monotonic):
         self.max_bytes = max_bytes
+        self.idle_seconds = idle_seconds
         self.built = 0  # runs built so far
-        self._lock = threading.Lock()  # guards the two dicts below
+        self._clock = clock
+        self._lock = threading.Lock()  # guards the three dicts below
         self._runs: OrderedDict[RunKey, Run] = OrderedDict()
+        self._read_at: dict[RunKey, float] = {}
         self._building: dict[RunKey, threading.Lock] = {}
 
     def get(self, key: RunKey, build: Callable[[], Run]) -> Run:
@@ -227,10 +235,12 @@ class RunStore:
                     run = self._runs.get(key)
                     if run is not None:
                         self._runs.move_to_end(key)
+                        self._read_at[key] = self._clock()
                         return run
                 run = build()  # may raise (a prompt too long): nothing is stored
                 with self._lock:
                     self._runs[key] = run
+                    self._read_at[key] = self._clock()
                     self.built += 1
         finally:
             with self._lock:  # a key's build lock lives while it is asked for, not for every key ever read
@@ -250,7 +260,26 @@ class RunStore:
                 if total <= self.max_bytes:
                     break
                 if self._runs.pop(key, None) is not None:
+                    self._read_at.pop(key, None)
                     total -= sizes[key]
+
+    def touch(self, run: Run) -> None:
+        """`run` was read by a page that holds it: it is not idle (a no-op once the store dropped it)."""
+        with self._lock:
+            for key in self._read_at:
+                if self._runs[key] is run:
+                    self._read_at[key] = self._clock()
+                    return
+
+    def expire(self) -> int:
+        """Drop the runs no page has asked for in `idle_seconds` (the pages of closed tabs; a page still open keeps
+        the run it reads); returns how many were dropped. Called every so often by the server's sweeper."""
+        cutoff = self._clock() - self.idle_seconds
+        with self._lock:
+            idle = [key for key, read_at in self._read_at.items() if read_at <= cutoff]
+            for key in idle:
+                del self._runs[key], self._read_at[key]
+        return len(idle)
 
     @property
     def keys(self) -> list[RunKey]:

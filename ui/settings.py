@@ -15,9 +15,10 @@ KVSCOPE_SHARED_CACHE_TOKENS K/V positions in that shared pool (default 8192)
 KVSCOPE_LEASE_SECONDS      a student's run in that shared pool not used for this long gives its blocks
                            back; it is rebuilt when the student returns (default 600)
 KVSCOPE_MIN_PACE           fastest autoplay, seconds per token (default 0.3)
-KVSCOPE_DTYPE              the weights' and KV cache's dtype: float32 (default) or bfloat16 (half the memory; a
-                           Qwen3-0.6B saved in bfloat16 then loads within 1.6 GiB). Any other value: float32,
-                           and the page says the setting was not understood
+KVSCOPE_DTYPE              the weights' and KV cache's dtype: auto (default: each model its own, `engine.loader.
+                           held_dtype`: SmolLM2 float32, Gemma 3 270M bfloat16, so both and a class fit a 2.7 GB
+                           host; another model bfloat16 when saved so), float32 or bfloat16 for every model. Any
+                           other value: auto, and the page says the setting was not understood
 KVSCOPE_THREADS            torch threads one pass of one page computes with (default 1). On a shared server the
                            passes of several pages (and, on a laptop, the browser) run at once: with 2 threads on 2
                            busy cores a decode step took 266 ms, with 1 thread 116 ms, a 200-token prefill 1.8 s
@@ -26,6 +27,10 @@ KVSCOPE_THREADS            torch threads one pass of one page computes with (def
 KVSCOPE_STEP_MEMORY_MB     memory one step of one page may add over the loaded model, in MB (default 256); the
                            largest kv_splits, the smallest block size and the longest attention heatmap follow
                            from it (`StepLimits`), and what does not fit is refused or clamped with a message
+KVSCOPE_MEMORY_MB          the host's memory, in MB (default 0: the container's limit, if it has one). When the
+                           server holds so much that one more heavy step would pass it, pages leave out their
+                           costliest figures and say so (ui/memory.py `short_of_memory`) instead of risking the
+                           process
 KVSCOPE_STORE              where "follow the teacher" rooms live (ui/follow/store.py): unset, in this process (one
                            server); redis://host:port/db, in Redis, shared by several app servers (ui/follow/page.py)
 
@@ -60,15 +65,16 @@ class Limits:
     lease_seconds: int = 600
     min_pace: float = 0.3
     step_memory_mb: int = 256
+    memory_mb: int = 0  # the host's memory; 0: the container's limit, if any
     threads: int = 1
-    dtype: str = "float32"  # one of DTYPES
-    bad_dtype: str = ""  # KVSCOPE_DTYPE as given when it was not one of DTYPES (float32 is used)
+    dtype: str = "auto"  # one of DTYPES
+    bad_dtype: str = ""  # KVSCOPE_DTYPE as given when it was not one of DTYPES (the default is used)
 
     def model_allowed(self, spec: str) -> bool:
         return self.allow_any_model or spec in self.models
 
 
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("auto", "float32", "bfloat16")  # the first is the default
 
 
 def _dtype(env) -> tuple[str, str]:
@@ -105,6 +111,7 @@ def load_limits(env=os.environ) -> Limits:
         lease_seconds=_int(env, "KVSCOPE_LEASE_SECONDS", Limits.lease_seconds, 10, 7 * 24 * 3600),
         min_pace=pace,
         step_memory_mb=_int(env, "KVSCOPE_STEP_MEMORY_MB", Limits.step_memory_mb, 16, 1_000_000),
+        memory_mb=_int(env, "KVSCOPE_MEMORY_MB", Limits.memory_mb, 0, 10_000_000),
         threads=_int(env, "KVSCOPE_THREADS", Limits.threads, 1, 1024),
         dtype=dtype,
         bad_dtype=bad_dtype,

@@ -19,9 +19,12 @@ def render(ctx: ViewContext) -> None:
         show_scores = st.toggle(ctx.t("show_scores"), key="w_scores")
     value = "s = q·k/√d" if show_scores else "a = softmax(s)"
     labels = ctx.labels
-    if main.shown:
+    if main.shown and ctx.runner.short_of_memory():  # the newest row below still shows where this head looked
+        with main:
+            st.info(ctx.t("short_of_memory", left_out=ctx.t("left_out_heatmap")))
+    elif main.shown:
         probs, scores = ctx.runner.full_attention(ctx.step, layer, head)
-        matrix = (scores if show_scores else probs).numpy()
+        matrix = (scores if show_scores else probs).float().numpy()  # bfloat16 widens exactly
         with main:
             figure(lambda: heatmap_figure(matrix, labels, ctx.t("heatmap_title", layer=layer, head=head,
                                                                 kv=head // info.gqa_group),
@@ -32,14 +35,15 @@ def render(ctx: ViewContext) -> None:
     if info.sliding_window is not None:
         layer_kinds_note(ctx, layer)
     trace = ctx.trace
-    newest = (trace.scores if show_scores else trace.attention)[layer, :, -1].numpy()  # (q_heads, L) as computed
+    # (q_heads, L) as computed
+    newest = (trace.scores if show_scores else trace.attention)[layer, :, -1].float().numpy()
     if shown():
         figure(lambda: newest_row_figure(newest[head], labels[: newest.shape[1]], ctx.t("newest_title", head=head),
                                          ctx.large, value),
                f"newest-row-L{layer}-H{head}", memo_key(ctx, "newest", layer, head, show_scores))
     if shown("heads"):
         with Part("heads"):
-            figure(lambda: head_grid_figure(trace.attention[layer, :, -1].numpy(), labels[: newest.shape[1]],
+            figure(lambda: head_grid_figure(trace.attention[layer, :, -1].float().numpy(), labels[: newest.shape[1]],
                                             info.gqa_group, ctx.t("heads_title", layer=layer), ctx.large),
                    f"heads-L{layer}", memo_key(ctx, "heads", layer))
     if shown("gqa"):

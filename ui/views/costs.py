@@ -93,8 +93,8 @@ def step_bytes(ctx: ViewContext, context: int) -> None:
 @st.cache_data(ttl=MEASURE_TTL_S, max_entries=16, show_spinner=False)
 def _timing(_ctx: ViewContext, model: str, prompt: int, context: int, again: int) -> DecodeTiming:
     """One measurement per (model, lengths) for MEASURE_TTL_S, shared by the pages asking; `again` counts a
-    page's "measure again" presses, so a press measures anew."""
-    return _ctx.runner.decode_timing(prompt, context)
+    page's "measure again" presses, so a press measures anew (the server's bandwidth too)."""
+    return _ctx.runner.decode_timing(prompt, context, bandwidth_again=again > 0)
 
 
 def per_token(ctx: ViewContext, context: int) -> None:
@@ -102,6 +102,9 @@ def per_token(ctx: ViewContext, context: int) -> None:
     again = st.session_state.get("measure_again", 0)
     prompt = len(ctx.runner.prompt_ids)
     at = max(prompt, context - context % TIMING_EVERY)  # a step press does not start a new measurement
+    if ctx.runner.short_of_memory():  # a measurement's scratch pool and passes: left for a quieter moment
+        st.info(ctx.t("short_of_memory", left_out=ctx.t("left_out_timing")))
+        return
     with st.spinner(ctx.t("measuring")):
         timing = _timing(ctx, ctx.info.name, prompt, at, again)
     figure(lambda: per_token_figure(timing, ctx.t("per_token_title"), ctx.large, words(ctx)), "per-token",

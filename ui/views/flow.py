@@ -28,7 +28,8 @@ def render(ctx: ViewContext) -> None:
                    memo_key(ctx, "picture"))
     if shown("residuals"):
         with Part("residuals"):
-            figure(lambda: residual_figure(trace.residual.numpy(), ctx.t("residual_title", adds=2 * info.layers),
+            figure(lambda: residual_figure(trace.residual.float().numpy(),
+                                           ctx.t("residual_title", adds=2 * info.layers),
                                            ctx.large, words(ctx)),
                    "residual-stream", memo_key(ctx, "residuals"))
     if shown():
@@ -69,7 +70,8 @@ def vectors(ctx: ViewContext) -> None:
     # GPT-2's next input is its token row plus a learned position row; RoPE families take the token row alone.
     next_label = ctx.t("vec_next_learned" if info.positions == "learned" else "vec_next", id=trace.token_id,
                        position=trace.positions[-1] + 1)
-    shown_vectors = {ctx.t("vec_final"): trace.final_hidden.numpy(), next_label: trace.next_input_embedding.numpy()}
+    shown_vectors = {ctx.t("vec_final"): trace.final_hidden.float().numpy(),
+                     next_label: trace.next_input_embedding.float().numpy()}
     with Part("vectors"):
         figure(lambda: vector_figure(shown_vectors, ctx.t("vectors_title"), ctx.large, words(ctx)),
                "final-vs-next-input", memo_key(ctx, "vectors"))

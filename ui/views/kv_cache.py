@@ -24,6 +24,9 @@ def render(ctx: ViewContext) -> None:
     with picture.under:
         busy = st.radio(ctx.t("pool_choice"), POOLS, key="w_pool", horizontal=True, help=ctx.t("pool_choice_help"),
                         format_func=lambda p: ctx.t("pool_" + p)) == "busy"
+    if busy and ctx.runner.short_of_memory():  # the replay's pool is a second run's worth: the own pool instead
+        st.info(ctx.t("short_of_memory", left_out=ctx.t("left_out_busy_pool")))
+        busy = False
     if picture.shown:
         with picture:
             block_table = busy_pool(ctx) if busy else own_pool(ctx, pool)

@@ -42,6 +42,8 @@ import torch
 
 from engine.errors import CacheFullError, InvalidSettingError
 
+DEFAULT_BLOCK_SIZE = 16  # positions per KV block when neither the caller nor a prefix cache says
+
 
 def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, element_bytes: int) -> int:
     """What the cache stores per token: 2 (K and V) × layers × kv_heads × head_dim × bytes per element."""

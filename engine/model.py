@@ -16,11 +16,10 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention import attend
-from engine.kv_cache import BlockPool, BlockTable, kv_bytes_per_token
+from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockPool, BlockTable, kv_bytes_per_token
 from engine.layers import linear, mlp, norm, project_qkv
 from engine.recorder import ForwardRecord, StepRecorder
 from engine.rope import Rope, apply_rope
-from engine.settings import DEFAULT_BLOCK_SIZE
 from engine.trace import Capture
 from engine.weights import LayerWeights, Weights
 

@@ -31,8 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from engine.errors import InvalidSettingError
-from engine.kv_cache import BlockPool, BlockTable
-from engine.settings import DEFAULT_BLOCK_SIZE
+from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockPool, BlockTable
 from engine.trace import PrefixHit
 
 POLICIES = ("block", "radix", "whole")

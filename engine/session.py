@@ -25,13 +25,13 @@ from dataclasses import replace
 
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import SessionStateError
-from engine.kv_cache import BlockPool, BlockTable
+from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockPool, BlockTable
 from engine.model import Model
 from engine.prefix_cache import PrefixCache
 from engine.prompt import tokenize_prompt
 from engine.recorder import ForwardRecord
 from engine.sampler import Sampling, candidates, sample
-from engine.settings import DEFAULT_BLOCK_SIZE, check_prefix_cache, check_prompt_fits, check_settings
+from engine.settings import check_prefix_cache, check_prompt_fits, check_settings
 from engine.stopwatch import Stopwatch
 from engine.trace import Capture, StepTrace
 

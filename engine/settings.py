@@ -15,8 +15,6 @@ if TYPE_CHECKING:
     from engine.model import Model
     from engine.prefix_cache import PrefixCache
 
-DEFAULT_BLOCK_SIZE = 16  # positions per KV block when neither the caller nor a prefix cache says
-
 
 def check_settings(block_size: int, max_new_tokens: int, keep_full_traces: int, kv_splits: int) -> None:
     """KV block size, answer length, traces kept whole and KV splits: each an integer in its range."""

@@ -20,10 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.kv_cache import BlockTable
+from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockTable
 from engine.model import Model, ModelInfo
 from engine.session import DecodeSession
-from engine.settings import DEFAULT_BLOCK_SIZE
 from engine.trace import Capture
 
 WARM_UP_PROMPT_TOKENS = 24

@@ -11,9 +11,9 @@ import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
+from engine.kv_cache import DEFAULT_BLOCK_SIZE
 from engine.prefix_cache import POLICIES
 from engine.sampler import TEMPERATURE_FLOOR
-from engine.settings import DEFAULT_BLOCK_SIZE
 from ui.lesson import CHAPTERS
 from viz.words import LANGUAGES as LANGS
 

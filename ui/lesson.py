@@ -10,7 +10,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.settings import DEFAULT_BLOCK_SIZE
+from engine.kv_cache import DEFAULT_BLOCK_SIZE
 from viz.words import LANGUAGES
 
 TEXT_PARTS = ("title", "body", "look", "claim", "question", "answer")

@@ -33,6 +33,8 @@ The server's /proc/<pid>/status is read every 100 ms (VmRSS, RssAnon, RssFile). 
   weights, the Python heap, K/V; file-backed: mapped libraries and files);
 - peak: the highest sampled RSS, when (seconds since the server started, and the phase: followers joining,
   explorers opening, class) and its anon/file split; VmHWM (the kernel's high-water mark, between samples too);
+- server's CPU during the presses: its CPU seconds ÷ the presses' wall time (cores kept busy), and in brackets
+  everything else's on this machine (the bench's sockets, Chromium, other work: a host runs only the server);
 - teacher → token / drawn: from the key's arrival in the teacher's page to the header showing the new step /
   the run finished and painted (bench/browser_latency.py's `press_step`), p50 and p90 over the presses;
 - followers' lag: from the teacher's key press to each follower being sent the new step's header (the server's
@@ -67,11 +69,13 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import psutil  # noqa: E402
 from streamlit.proto.Alert_pb2 import Alert  # noqa: E402
 from streamlit.proto.BackMsg_pb2 import BackMsg  # noqa: E402
 from streamlit.proto.ForwardMsg_pb2 import ForwardMsg  # noqa: E402
 
 from bench.browser_latency import SocketFollower, Wire, counter, press_step  # noqa: E402
+from bench.class_open import CpuSplit  # noqa: E402
 from tests.server import ROOT, chromium, running_server, settled_text  # noqa: E402
 from tests.test_load import LIMIT_BYTES  # noqa: E402
 from ui.settings import APP_MAX_KV_SPLITS, load_limits  # noqa: E402
@@ -323,6 +327,7 @@ class ClassRun:
     greyed: int = 0  # explorers' presses not made: Next greyed (the answer ended)
     lost: int = 0  # explorers' presses whose step never came
     errors: list[str] = field(default_factory=list)  # why
+    cpu: tuple = ()  # CPU seconds during the presses: the server's, everything else's; and the seconds they took
 
 
 def page_clock(page) -> float:
@@ -430,11 +435,13 @@ def run_class(root: Path, label: str, args, prompts: dict, late_step: int) -> Cl
         threads = [threading.Thread(target=explore, args=(s, args.presses, start + rng.uniform(0, args.pace),
                                                           args.pace, result), daemon=True)
                    for s in students if s.seat.role != "follower"]
-        for thread in threads:
-            thread.start()
-        teach(page, wire, [s for s in students if s.seat.role == "follower"], args.presses, args.pace, result)
-        for thread in threads:
-            thread.join(timeout=WAIT_S * 2)
+        with CpuSplit(psutil.Process(process.pid)) as cpu:
+            for thread in threads:
+                thread.start()
+            teach(page, wire, [s for s in students if s.seat.role == "follower"], args.presses, args.pace, result)
+            for thread in threads:
+                thread.join(timeout=WAIT_S * 2)
+        result.cpu = (*cpu.used, time.perf_counter() - start)
         time.sleep(1)
         result.peak, result.class_peak, result.hwm = memory.peak(), memory.peak("class"), memory.read()["VmHWM"]
         for student in students:
@@ -484,6 +491,8 @@ def rows(run: ClassRun) -> dict[str, str]:
         "peak RSS (when)": peak_text(run.peak),
         "peak RSS during the presses": peak_text(run.class_peak),
         "VmHWM, and of the host's 2.7 GiB": f"{run.hwm / MIB:.0f} MiB, {run.hwm * 1024 / LIMIT_BYTES:.0%}",
+        "server's CPU during the presses (the rest)": f"{run.cpu[0] / run.cpu[2]:.2f} cores "
+        f"({run.cpu[1] / run.cpu[2]:.2f}) of {psutil.cpu_count()}",
         "teacher → next token shown, p50 / p90": ms([t["token"] for t in run.teacher]),
         "teacher → step drawn, p50 / p90": ms([t["drawn"] for t in run.teacher]),
         "explorers → step sent, p50 / p90": ms([shown for shown, _ in explored]),
@@ -503,7 +512,7 @@ def report(run: ClassRun) -> None:
     for error in run.errors:
         print(f"  lost: {error[:300]}")
     for name, value in rows(run).items():
-        print(f"  {name:40s} {value}", flush=True)
+        print(f"  {name:44s} {value}", flush=True)
 
 
 def table(runs: list[ClassRun]) -> str:

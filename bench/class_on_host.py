@@ -29,8 +29,9 @@ Before the class: the teacher's page loads `embedded`, one Chinese page loads `e
 one after another and the explorers open their links all at once.
 
 The server's /proc/<pid>/status is read every 100 ms (VmRSS, RssAnon, RssFile). Printed:
-- idle: the server after both models loaded, before any student: RSS, and what holds it (anonymous memory:
-  weights, the Python heap, K/V; file-backed: mapped libraries and files);
+- idle: the server after both models loaded, before any student: RSS, and what holds it (anonymous: the
+  interpreter's and torch's heaps, weights copied or cast while loading, K/V, traces, figures; file-backed: mapped
+  libraries and mapped weight files);
 - peak: the highest sampled RSS, when (seconds since the server started, and the phase: followers joining,
   explorers opening, class) and its anon/file split; VmHWM (the kernel's high-water mark, between samples too);
 - server's CPU during the presses: its CPU seconds ÷ the presses' wall time (cores kept busy), and in brackets

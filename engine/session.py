@@ -43,7 +43,9 @@ class DecodeSession:
     by the tokenizer's chat template (with the generation prompt); `think` turns on the thinking of a
     template that has the switch (Qwen3: off by default, its answer then starts after an empty think block).
     keep_full_traces: how many of the latest steps keep their heavy tensors (attention, logits,
-    residuals); older traces are slimmed, so a long run's memory stays bounded.
+    residuals); older traces are slimmed, so a long run's memory stays bounded. full_trace_bytes: fewer of them
+    when theirs would pass these bytes (the newest always keeps its own): a step in many KV splits keeps a
+    split record several megabytes large.
     kv_splits: attention reads the cached K/V in this many splits and merges them (FlashDecoding).
     prefix_cache: reuse (and later publish) prompt K/V; block_size then defaults to the cache's.
     """
@@ -60,6 +62,7 @@ class DecodeSession:
         max_new_tokens: int = 256,
         capture: Capture | None = None,
         keep_full_traces: int = 32,
+        full_trace_bytes: int | None = None,
         kv_splits: int = 1,
         prefix_cache: PrefixCache | None = None,
     ):
@@ -72,6 +75,7 @@ class DecodeSession:
         self.sampling = sampling or Sampling()
         self.capture = capture or Capture()
         self.keep_full_traces = keep_full_traces
+        self.full_trace_bytes = full_trace_bytes
         self.max_new_tokens = max_new_tokens
         self.kv_splits = kv_splits
         self.prefix_cache = prefix_cache
@@ -255,15 +259,28 @@ class DecodeSession:
         )
         trace.timings_ms = clock.timings_ms()
         self.traces.append(trace)
-        if len(self.traces) > self.keep_full_traces:
-            old = len(self.traces) - self.keep_full_traces - 1
-            self.traces[old] = self.traces[old].slimmed()
+        self._slim_old_traces()
         with self.pool.lock:  # last, once nothing can fail: a sliding window's old blocks go back to the pool
             self.table.slide()
         if self.table.window is not None:  # what the step leaves in the sliding-window layers' table
             trace.window_block_table = list(self.table.window.blocks)
             trace.window_start = self.table.window.first_position
         return trace
+
+    def _slim_old_traces(self) -> None:
+        """Keep the tensors of the latest `keep_full_traces` steps, and of no more than fit in `full_trace_bytes`
+        (the newest always keeps its own); slim the older ones (`rebuild` gives them back)."""
+        kept = held = 0
+        for index in range(len(self.traces) - 1, -1, -1):
+            trace = self.traces[index]
+            if trace.is_slim:
+                break  # every older one is slim already
+            held += trace.nbytes
+            if kept and (kept >= self.keep_full_traces
+                         or self.full_trace_bytes is not None and held > self.full_trace_bytes):
+                self.traces[index] = trace.slimmed()
+            else:
+                kept += 1
 
     def _heavy_fields(self, record: ForwardRecord, token_id: int, position: int) -> dict:
         """A trace's tensors (`StepTrace.HEAVY`) from one forward pass and the id it drew for `position`."""

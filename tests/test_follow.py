@@ -301,21 +301,21 @@ def test_a_leaders_move_runs_a_followers_step_fragment_alone_while_the_session_h
     assert not any(state.is_auto_rerun for state in session.asked)
 
 
-def test_a_following_page_draws_the_teachers_step_in_its_turn_and_no_other_page_takes_one(leader, monkeypatch):
-    """`ui.follow.turns`: a class's pages draw the teacher's step one at a time; the teacher's page and a student
-    exploring on their own never wait for a turn."""
+def test_each_page_draws_in_the_turn_of_its_role(leader, monkeypatch):
+    """`ui.follow.turns`: a follower draws the teacher's step in a follower's turn, the teacher's page in the
+    leader's, and a student who left to explore in an explorer's."""
     asked, real = [], turns.turn
-    monkeypatch.setattr(turns, "turn", lambda wanted=True: asked.append(wanted) or real(wanted))
+    monkeypatch.setattr(turns, "turn", lambda role, waiting=None: asked.append(role) or real(role, waiting))
     follower = start(follow=code_in(follow_link(leader)))
-    assert asked and all(asked)  # its first draw follows the teacher
+    assert asked and set(asked) == {turns.FOLLOWER}  # its first draw follows the teacher
     asked.clear()
     leader.button(key="b_next").click().run()
-    assert asked and not any(asked)  # the teacher's own draws
+    assert asked and set(asked) == {turns.LEADER}  # the teacher's own draws
     settle()
     asked.clear()
     follower.run()
-    assert step_of(follower) == step_of(leader) and asked and all(asked)
+    assert step_of(follower) == step_of(leader) and asked and set(asked) == {turns.FOLLOWER}
     follower.button(key="b_follow_leave").click().run()
     asked.clear()
     follower.button(key="b_next").click().run()
-    assert step_of(follower) == step_of(leader) + 1 and asked and not any(asked)
+    assert step_of(follower) == step_of(leader) + 1 and asked and set(asked) == {turns.EXPLORER}

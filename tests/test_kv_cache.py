@@ -217,6 +217,21 @@ def test_rebuilding_an_old_step_is_one_forward_pass_equal_to_the_original(kv_spl
     session.step()  # and the run goes on as if nothing happened
 
 
+def test_kept_traces_stay_within_their_bytes_and_the_newest_always_keeps_its_own(tiny_model):
+    model = tiny_model("llama")
+    session = engine.DecodeSession(model, PROMPT, kv_splits=3, keep_full_traces=8, max_new_tokens=20)
+    session.prefill()
+    step = session.step().nbytes
+    session.full_trace_bytes = int(2.5 * step)  # room for two steps' tensors, not three
+    originals = [copy.copy(session.step()) for _ in range(6)]
+    full = [index for index, trace in enumerate(session.traces) if not trace.is_slim]
+    assert full == [len(session.traces) - 2, len(session.traces) - 1], full
+    assert_same_trace(session.rebuild(len(session.traces) - 3), originals[-3])  # a slimmed one comes back whole
+    session.full_trace_bytes = 1  # less than one step's: the newest keeps its own
+    session.step()
+    assert [trace.is_slim for trace in session.traces[-2:]] == [True, False]
+
+
 def test_rebuilding_a_prefill_after_a_prefix_hit_reads_the_reused_kv(tiny_model, monkeypatch):
     model = tiny_model("llama")
     cache = engine.PrefixCache(model, policy="radix", block_size=4, capacity_blocks=64)

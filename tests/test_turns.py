@@ -1,90 +1,134 @@
-"""Followers' runs take turns (`ui.follow.turns`): one draws at a time, a waiting one gives its turn away, a turn
-not had in time is not waited for, and a page that does not follow never waits. Threads stand for runs; each
-records when its block began and ended."""
+"""Pages draw by turns (`ui.follow.turns`): the leader never waits, followers draw one at a time, explorers only
+while the class is quiet (and are told when they wait), a page that only waits gives its turn away, and nobody
+waits for ever. Threads stand for page runs; each blocks in its turn until the test lets it go."""
 
 import threading
-import time
 
 import pytest
 
 from ui.follow import turns
+from ui.follow.turns import EXPLORER, FOLLOWER, LEADER
 
-HOLD = 0.2  # seconds a run holds its block
-
-
-def run_in_thread(body) -> threading.Thread:
-    thread = threading.Thread(target=body)
-    thread.start()
-    return thread
+WAIT = 5.0  # seconds: a bound for a test that would otherwise hang, never a pace
 
 
-def drawing(events: list, name: str, wanted: bool = True, hold: float = HOLD):
-    def body():
-        with turns.turn(wanted):
-            events.append((name, "begin"))
-            time.sleep(hold)
-            events.append((name, "end"))
-    return body
+class Page:
+    """A page run in a thread: takes a turn of `role`, says it began, holds it until `finish` is set."""
+
+    def __init__(self, role: str, aside: bool = False):
+        self.role, self.aside = role, aside
+        self.began, self.finish, self.told, self.back = (threading.Event() for _ in range(4))
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        with turns.turn(self.role, self.told.set):
+            self.began.set()
+            if self.aside:
+                with turns.aside():
+                    self.finish.wait(WAIT)
+                self.back.set()
+            self.finish.wait(WAIT)
+
+    def done(self):
+        self.finish.set()
+        self.thread.join(WAIT)
+        assert not self.thread.is_alive()
 
 
-def test_one_follower_draws_at_a_time():
-    events = []
-    threads = [run_in_thread(drawing(events, name)) for name in "abc"]
-    for thread in threads:
-        thread.join()
-    assert [kind for _, kind in events] == ["begin", "end"] * 3, events
+def queued(role: str, count: int = 1) -> None:
+    """Wait until `count` runs of `role` wait for a turn (the test's threads got there)."""
+    with turns._changed:  # noqa: SLF001
+        assert turns._changed.wait_for(lambda: turns._queued[role] >= count, WAIT)  # noqa: SLF001
 
 
-def test_a_page_that_does_not_follow_never_waits_for_a_turn():
-    events = []
-    follower = run_in_thread(drawing(events, "follower"))
-    time.sleep(0.05)
-    run_in_thread(drawing(events, "teacher", wanted=False, hold=0)).join()
-    follower.join()
-    assert events.index(("teacher", "end")) < events.index(("follower", "end")), events
+def test_followers_draw_one_at_a_time():
+    first = Page(FOLLOWER)
+    assert first.began.wait(WAIT)
+    second = Page(FOLLOWER)
+    queued(FOLLOWER)
+    assert not second.began.is_set() and second.told.is_set()
+    first.done()
+    assert second.began.wait(WAIT)
+    second.done()
 
 
-def test_a_run_that_only_waits_gives_its_turn_to_the_next_and_takes_one_back_after():
-    events = []
-
-    def waiting():
-        with turns.turn():
-            events.append(("waiter", "begin"))
-            with turns.aside():
-                events.append(("waiter", "aside"))
-                time.sleep(2 * HOLD)
-            events.append(("waiter", "back"))
-            time.sleep(HOLD)
-            events.append(("waiter", "end"))
-
-    waiter = run_in_thread(waiting)
-    time.sleep(0.05)
-    other = run_in_thread(drawing(events, "other", hold=3 * HOLD))  # holds its turn past the waiter's wait
-    waiter.join()
-    other.join()
-    assert events.index(("other", "begin")) < events.index(("waiter", "back")), events  # drew while it waited
-    assert events.index(("other", "end")) < events.index(("waiter", "back")), events  # then waited for its turn
+def test_the_leader_never_waits_and_explorers_wait_while_it_draws():
+    follower = Page(FOLLOWER)
+    assert follower.began.wait(WAIT)
+    leader = Page(LEADER)
+    assert leader.began.wait(WAIT) and not leader.told.is_set()  # beside a drawing follower, at once
+    explorer = Page(EXPLORER)
+    queued(EXPLORER)
+    assert explorer.told.is_set() and not explorer.began.is_set()
+    follower.done()
+    assert not explorer.began.wait(0.2)  # the leader still draws
+    leader.done()
+    assert explorer.began.wait(WAIT)
+    explorer.done()
 
 
-def test_a_turn_not_had_in_time_is_not_waited_for_and_is_not_given_back_twice(monkeypatch):
-    monkeypatch.setattr(turns, "TURN_WAIT", 0.1)
-    events = []
-    stuck = run_in_thread(drawing(events, "stuck", hold=5 * HOLD))
-    time.sleep(0.05)
-    started = time.perf_counter()
-    run_in_thread(drawing(events, "late", hold=0)).join()
-    assert time.perf_counter() - started < 3 * HOLD, events  # it drew without its turn
-    stuck.join()
-    monkeypatch.undo()  # a turn is waited for as long as ever again
-    events.clear()
-    threads = [run_in_thread(drawing(events, name)) for name in "ab"]  # still one turn, not two
-    for thread in threads:
-        thread.join()
-    assert [kind for _, kind in events] == ["begin", "end"] * 2, events
+def test_an_explorer_waits_for_followers_waiting_their_turn_then_explorers_draw_side_by_side():
+    drawing_follower = Page(FOLLOWER)
+    assert drawing_follower.began.wait(WAIT)
+    waiting_follower = Page(FOLLOWER)
+    queued(FOLLOWER)
+    explorer = Page(EXPLORER)
+    queued(EXPLORER)
+    drawing_follower.done()
+    assert waiting_follower.began.wait(WAIT) and not explorer.began.is_set()
+    waiting_follower.done()
+    assert explorer.began.wait(WAIT)
+    others = [Page(EXPLORER) for _ in range(turns.EXPLORERS)]
+    assert others[0].began.wait(WAIT)  # EXPLORERS at once
+    queued(EXPLORER)
+    assert sum(page.began.is_set() for page in others) == turns.EXPLORERS - 1
+    explorer.done()
+    assert all(page.began.wait(WAIT) for page in others)
+    for page in others:
+        page.done()
+
+
+def test_nobody_waits_past_its_patience(monkeypatch):
+    monkeypatch.setattr(turns, "EXPLORER_WAIT", 0.05)
+    monkeypatch.setattr(turns, "TURN_WAIT", 0.05)
+    leader = Page(LEADER)
+    assert leader.began.wait(WAIT)
+    explorer, follower = Page(EXPLORER), Page(FOLLOWER)
+    assert explorer.began.wait(WAIT) and explorer.told.is_set()  # drew anyway, told first
+    blocked = Page(FOLLOWER)
+    assert follower.began.wait(WAIT) and blocked.began.wait(WAIT)  # the second follower drew anyway too
+    for page in (leader, explorer, follower, blocked):
+        page.done()
+
+
+def test_a_follower_that_only_waits_gives_its_turn_away_and_the_leaders_aside_keeps_its_own():
+    waiter = Page(FOLLOWER, aside=True)
+    assert waiter.began.wait(WAIT)
+    other = Page(FOLLOWER)
+    assert other.began.wait(WAIT)  # drew while the waiter waited
+    waiter.finish.set()
+    assert not waiter.back.wait(0.2)  # then waits for its turn back
+    other.done()
+    assert waiter.back.wait(WAIT)
+    waiter.done()
+    leader = Page(LEADER, aside=True)
+    assert leader.began.wait(WAIT)
+    explorer = Page(EXPLORER)
+    queued(EXPLORER)  # the leader's paint gap is not a gap for a student's heavy step
+    leader.done()
+    assert explorer.began.wait(WAIT)
+    explorer.done()
+
+
+def test_a_thread_takes_no_second_turn():
+    with turns.turn(FOLLOWER):
+        with turns.turn(EXPLORER):
+            assert turns.drawing() == {LEADER: 0, FOLLOWER: 1, EXPLORER: 0}
 
 
 @pytest.fixture(autouse=True)
 def no_turn_left_held():
     yield
-    assert turns._turns.acquire(timeout=1), "a turn was never given back"  # noqa: SLF001
-    turns._turns.release()  # noqa: SLF001
+    assert turns.drawing() == {LEADER: 0, FOLLOWER: 0, EXPLORER: 0}
+    assert turns._queued == {FOLLOWER: 0, EXPLORER: 0}  # noqa: SLF001

@@ -39,6 +39,10 @@ class RunConfig:
 Seeds = tuple[tuple[int, ...], ...]  # prompts (token ids) a run's prefix cache holds before its own prefill
 RunKey = tuple[RunConfig, Seeds]
 SEED_CAPTURE = engine.Capture(attention=False, residuals=False)  # a seed prompt's prefill only fills the cache
+# A run's traces that keep their tensors hold at most this (with the newest always): ordinary steps keep all
+# KVSCOPE_FULL_TRACES of theirs (SmolLM2: ~1.5 MB a step at 500 positions; Gemma, its 262,144 logits: ~2.5 MB), a
+# step in 64 KV splits (~6.5 MB, its split record) three, so a class's heaviest links hold a third of what they did.
+TRACE_BYTES = 24 * 10**6
 MEMO = 4  # rebuilt steps and attention heatmaps a run keeps for the pages reading it
 # A run no page has asked for this long is dropped from the store: a class that left (tabs closed) hands its runs
 # back within minutes instead of holding them until the store fills. A page reads its run on every press, and a
@@ -73,7 +77,7 @@ class Run:
         session = engine.DecodeSession(
             model, config.prompt, chat=config.chat, think=config.think, sampling=config.sampling,
             block_size=config.block_size, max_new_tokens=config.max_new_tokens, kv_splits=config.kv_splits,
-            prefix_cache=cache, keep_full_traces=keep_full_traces, capture=CAPTURE)
+            prefix_cache=cache, keep_full_traces=keep_full_traces, full_trace_bytes=TRACE_BYTES, capture=CAPTURE)
         if len(session.prompt_ids) > config.max_prompt_tokens:
             session.close()
             raise engine.PromptTooLongError(f"the prompt is {len(session.prompt_ids)} tokens; this app allows "

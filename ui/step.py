@@ -44,7 +44,11 @@ def stepper_and_view(model: engine.Model, runner: Runner) -> None:
             if ss.pop("forget_published", False):  # a chapter entered in this fragment: its run, from an empty cache
                 runner.forget_published()
                 runner.configure(runner.config)
-            with turns.turn(follow.following()):  # a class's pages draw the teacher's step one at a time
+            role = turns.LEADER if follow.leading() else turns.FOLLOWER if follow.following() else turns.EXPLORER
+            told = []  # an explorer is told while the class goes first; the notice goes once its turn comes
+            with turns.turn(role, lambda: told.append(st.empty()) or told[0].caption(t("waiting_for_class"))):
+                for notice in told:
+                    notice.empty()
                 draw_step(model, runner)
         return
     except engine.KvscopeError as error:

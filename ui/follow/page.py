@@ -192,6 +192,11 @@ def follow_seen(seen: Seen, take_any: bool = False) -> None:
     ss.pop("follow_error", None)
 
 
+def leading() -> bool:
+    """This page leads a room (the teacher's)."""
+    return ss.get("follow_role") == "lead"
+
+
 def following() -> bool:
     """This page follows the teacher now (not on its own, not waiting for the room)."""
     return ss.get("follow_role") == "follow" and ss.get("follow_mode") == "following"

@@ -127,25 +127,53 @@ def kv_read_figure(frame: pd.DataFrame, layers: int, title: str = "", large: boo
     return finish(fig, title, large, height=320)
 
 
+def growth_lengths(info: ModelInfo) -> list[int]:
+    """The lengths the growth chart is drawn at: sixteenths of the model's limit, and its sliding window, where a
+    local layer's K/V stops growing (so the chart bends where the model does)."""
+    limit = info.context_limit
+    window = info.sliding_window
+    return sorted({max(1, limit * i // 16) for i in range(17)} | ({window} if window and window < limit else set()))
+
+
+def attention_scores(info: ModelInfo, length: int) -> int:
+    """Attention scores a prefill of `length` positions computes: every query head of every layer scores each
+    position against the keys it reads, all earlier ones (a global layer, n(n+1)/2 in all) or at most a local
+    layer's window (past the window, `window` more a position: linear)."""
+    total = 0
+    for layer in range(info.layers):
+        window = info.window(layer)
+        if window is None or length <= window:
+            total += length * (length + 1) // 2
+        else:
+            total += window * (window + 1) // 2 + (length - window) * window
+    return info.q_heads * total
+
+
 def context_growth_frame(info: ModelInfo, lengths: list[int]) -> pd.DataFrame:
-    """KV memory grows linearly with length; attention scores (work) quadratically."""
+    """KV memory grows linearly with length (past a sliding window, in the global layers only); attention scores
+    (work) quadratically (a local layer's, past its window, linearly)."""
     return pd.DataFrame({
         "tokens": lengths,
         "KV cache MiB": [info.kv_bytes(n) / 2**20 for n in lengths],
-        "attention scores (millions)": [info.layers * info.q_heads * n * (n + 1) / 2 / 1e6 for n in lengths],
+        "attention scores (millions)": [attention_scores(info, n) / 1e6 for n in lengths],
     })
 
 
 def context_growth_figure(frame: pd.DataFrame, limit: int, title: str = "", large: bool = False,
-                          words: Words = ENGLISH) -> go.Figure:
+                          words: Words = ENGLISH, window: int | None = None) -> go.Figure:
+    """The growth chart; with a sliding `window`, its lines bend there and a dotted line marks it."""
     fig = go.Figure()
-    fig.add_scatter(x=frame["tokens"], y=frame["KV cache MiB"], name=words["growth_kv"], mode="lines",
+    kv_name, scores_name = (words["growth_kv"], words["growth_scores"]) if window is None else (
+        words["growth_kv_window"].format(w=f"{window:,}"), words["growth_scores_window"])
+    fig.add_scatter(x=frame["tokens"], y=frame["KV cache MiB"], name=kv_name, mode="lines",
                     line=dict(color=OKABE_ITO["blue"]), hovertemplate="%{x:,}: %{y:,.1f} MiB")
-    fig.add_scatter(x=frame["tokens"], y=frame["attention scores (millions)"], name=words["growth_scores"],
+    fig.add_scatter(x=frame["tokens"], y=frame["attention scores (millions)"], name=scores_name,
                     mode="lines", yaxis="y2", line=dict(color=OKABE_ITO["orange"]),
                     hovertemplate="%{x:,}: %{y:,.1f} " + words["millions"])
     fig.add_vline(x=limit, line_dash="dash", annotation_text=words["context_limit"].format(limit=f"{limit:,}"),
                   annotation_position="bottom left")  # where the lines are low: they end at the top right
+    if window is not None and window < limit:
+        fig.add_vline(x=window, line_dash="dot", line_color=OKABE_ITO["grey"])
     fig.update_layout(xaxis=dict(title=words["tokens"]), yaxis=dict(title="MiB", rangemode="tozero"),
                       yaxis2=dict(title=words["millions"], overlaying="y", side="right", rangemode="tozero"))
     return legend_above(finish(fig, title, large, height=380), bool(title), large)

@@ -9,8 +9,8 @@ from engine.reference_models import reference_info
 from engine.timing import DecodeTiming, crossover_batch, crossover_context, decode_step_bytes, weight_bytes_read
 from ui.context import ViewContext
 from ui.views.common import Part, figure, memo_key, shared_table, shown, table, words
-from viz.costs import (context_growth_figure, context_growth_frame, kv_read_figure, per_token_figure,
-                       step_bytes_figure, step_times_figure, steps_frame, steps_table)
+from viz.costs import (attention_scores, context_growth_figure, context_growth_frame, growth_lengths, kv_read_figure,
+                       per_token_figure, step_bytes_figure, step_times_figure, steps_frame, steps_table)
 from viz.style import fmt_ms, fmt_size
 
 REFERENCE = "Qwen3-0.6B"  # the articles' model, beside the loaded one
@@ -40,13 +40,14 @@ def render(ctx: ViewContext) -> None:
             table(shared_table(lambda: steps_table(frame, w), memo_key(ctx, "steps")))
             st.caption(ctx.t("costs_note", layers=info.layers))
     limit = info.context_limit
-    lengths = sorted({max(1, limit * i // 16) for i in range(17)})
+    window = info.sliding_window
     n = len(ctx.runner.prompt_ids)
     growth = Part("growth")  # the chart, and under it the slider that cuts the prompt
     if growth.shown:
         with growth:
-            figure(lambda: context_growth_figure(context_growth_frame(info, lengths), limit, ctx.t("growth_title"),
-                                                 ctx.large, w),
+            figure(lambda: context_growth_figure(context_growth_frame(info, growth_lengths(info)), limit,
+                                                 ctx.t("growth_title" if window is None else "growth_title_window"),
+                                                 ctx.large, w, window),
                    "context-growth", memo_key(ctx, "growth", per_step=False))
     with growth.under:
         keep = (st.slider(ctx.t("truncate_keep"), 1, n, key="w_keep", value=max(1, n // 2), persist_state="session")
@@ -63,7 +64,7 @@ def truncation(ctx: ViewContext, limit: int, n: int, keep: int | None) -> None:
     if keep is not None:
         st.markdown(ctx.t("truncate_result", dropped=n - keep, keep=keep,
                           kib=info.kv_bytes(keep) / 1024,
-                          work=100 * keep * (keep + 1) / (n * (n + 1))))
+                          work=100 * attention_scores(info, keep) / attention_scores(info, n)))
         st.code("…" + ctx.runner.prompt_tail_text(keep), language=None, wrap_lines=True)
 
 

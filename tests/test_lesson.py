@@ -1,15 +1,20 @@
-"""The lesson: every chapter opens from its link in both languages, puts the page in the state it claims,
-and quotes the model's own numbers (computed here from model.info and an engine run of our own, not from
-the chapter's text); a real browser moves through the chapters with PageDown / PageUp, the buttons and the
-list, and leaves the lesson keeping the page as it is."""
+"""The lesson: every chapter opens from its link in both languages and on both embedded models, puts the page in
+the state it claims, quotes the model's own numbers (computed here from model.info and an engine run of our own,
+not from the chapter's text), and asks only questions whose premise holds on that run; a real browser moves
+through the chapters with PageDown / PageUp, the buttons and the list, and leaves the lesson keeping the page as
+it is."""
 
+import math
 import re
+from dataclasses import dataclass
 from functools import cache
 
 import pytest
 from playwright.sync_api import expect
 
 import engine
+from engine.prompt import has_chat_template
+from engine.tokens import token_cells
 from tests.app_helpers import VIEW_TITLES, assert_clean, open_whole_view, start
 from tests.test_app import english_left
 from tests.runs import decode
@@ -18,8 +23,9 @@ from tests.server import browser_page, settled_text
 from ui import strings
 from ui.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
 from ui.lesson import CHAPTERS
-from ui.state import default_prompt, parse_query
+from ui.state import default_prompt, language_defaults, parse_query
 from viz.style import fmt_size
+from viz.tokens import position_label
 
 def lesson_text(at) -> str:
     """The lesson's header (the chapter's title) and its panel, where the chapter's text and numbers are."""
@@ -46,57 +52,153 @@ def case_reuse(model: engine.Model, case: str) -> dict:
     return out
 
 
-def expected_numbers(chapter, model: engine.Model, lang: str) -> list[str]:
-    """The numbers this chapter must quote, as the page formats them."""
-    info = model.info
-    element = model.weights.embed_tokens.element_size()
-    kv = 2 * info.layers * info.kv_heads * info.head_dim * element
+# The pages a class opens: Chinese on Gemma 3 270M (its default), English on SmolLM2 (its default) and on Gemma 3.
+PAGES = [("embedded", "en"), ("embedded-zh", "zh"), ("embedded-zh", "en")]
+FIXTURES = {"embedded": "embedded_model", "embedded-zh": "embedded_zh_model"}
+
+
+def page_link(model_name: str, lang: str) -> dict:
+    """The link of a page in `lang` on `model_name` (the model named only where it is not the language's own)."""
+    return {"lang": lang} | ({} if language_defaults(lang).model == model_name else {"model": model_name})
+
+
+def page_chat(model: engine.Model, lang: str) -> bool:
+    """The chat switch such a page runs with: the language's default, off on a model without a template."""
+    return language_defaults(lang).chat and has_chat_template(model.tokenizer)
+
+
+def plain(markdown: str) -> str:
+    r"""Markdown's escapes undone (a token "<bos>" is written "\<bos\>"): the text a reader sees."""
+    return re.sub(r"\\(.)", r"\1", markdown)
+
+
+@dataclass
+class Run:
+    """What the chapter's run is, computed here from the engine: the numbers its text must quote and the facts
+    its questions' premises are checked against."""
+
+    model: engine.Model
+    n: int  # prompt tokens
+    context: int  # positions the chapter's step reads
+    trace: object | None  # the chapter's step (None for a case: its prefill runs on a prefix cache)
+    ids: list[int]  # the sequence the chapter's step reads
+    shown: list[int] | None = None  # the tokens on the page: the prompt and the step's tokens
+    reuse: dict | None = None  # a case: tokens each policy reuses
+    cached: list[int] | None = None  # a case: the cached prompt's ids
+
+    @property
+    def info(self):
+        return self.model.info
+
+    @property
+    def window(self) -> int | None:
+        return next((w for w in self.info.layer_windows if w is not None), None)
+
+    def kv_at(self, length: int) -> int:
+        """Every layer's K/V at `length` positions: a sliding-window layer keeps at most its window."""
+        info = self.info
+        element = self.model.weights.embed_tokens.element_size()
+        windows = info.layer_windows or (None,) * info.layers
+        return 2 * info.kv_heads * info.head_dim * element * sum(length if w is None else min(length, w)
+                                                                 for w in windows)
+
+    def scores(self, length: int) -> int:
+        """Attention scores a prefill of `length` computes: each query against the keys its layer reads, counted."""
+        windows = self.info.layer_windows or (None,) * self.info.layers
+        per_window = {w: sum(min(i, w or i) for i in range(1, length + 1)) for w in set(windows)}
+        return self.info.q_heads * sum(per_window[w] for w in windows)
+
+    @property
+    def keep(self) -> int:  # the truncation slider's first position: the last half of the prompt
+        return max(1, self.n // 2)
+
+
+def run_of(chapter, model: engine.Model, lang: str) -> Run:
     if chapter.case:
         tokenizer = model.tokenizer
         cached, new = tokenizer.encode(CASE_CACHED), tokenizer.encode(CASES[chapter.case])
-        reuse = case_reuse(model, chapter.case)
-        first = next(i for i, (a, b) in enumerate(zip(cached + [-1], new + [-2])) if a != b)
-        numbers = [reuse["whole"], reuse["block"], reuse["radix"]]
-        return [str(x) for x in numbers + ([first] if chapter.case == "case2" else [len(cached), len(new)])]
-    chat = parse_query({"lang": lang})[0].chat  # the language's default: off for the Chinese (base) model
+        return Run(model, len(new), len(new), None, new, case_reuse(model, chapter.case), cached)
     session, trace = own_trace(model, default_prompt(lang), chapter.step, chapter.settings["block_size"],
-                               chapter.settings["kv_splits"], chat)
+                               chapter.settings["kv_splits"], page_chat(model, lang))
     n, context = len(session.prompt_ids), trace.context_length
-    per_position = 2 * info.kv_heads * info.head_dim * element  # K and V of one position in one layer
+    return Run(model, n, context, trace, session.prompt_ids + session.generated[:context - n],
+               shown=session.prompt_ids + session.generated[:chapter.step])
 
-    def kv_at(length):  # every layer's K/V at `length` positions: a sliding-window layer keeps at most its window
-        windows = info.layer_windows or (None,) * info.layers
-        return per_position * sum(length if w is None else min(length, w) for w in windows)
+
+def expected_numbers(chapter, run: Run, at) -> list[str]:
+    """The numbers this chapter must quote, as the page formats them."""
+    info, trace, n, context, kv_at = run.info, run.trace, run.n, run.context, run.kv_at
+    element = run.model.weights.embed_tokens.element_size()
+    kv = 2 * info.layers * info.kv_heads * info.head_dim * element
+    window = run.window
+    past = [f"{window:,}"] if window and context > window else []  # the clause that says a window has slid
+    if chapter.case:
+        first = next(i for i, (a, b) in enumerate(zip(run.cached + [-1], run.ids + [-2])) if a != b)
+        reuse = run.reuse
+        labels = [position_label(c) for c in token_cells(run.model.tokenizer, run.cached, [])]  # the table's
+        numbers = [reuse["whole"], reuse["block"], reuse["radix"]]
+        if chapter.case == "case2":  # the tokens both prompts begin with, and what this run's policy reused
+            return [str(x) for x in numbers + [first, " · ".join(labels[:first])]]
+        return [str(x) for x in numbers + [len(run.cached), len(run.ids), " · ".join(labels)]]
+    layer = int(at.session_state["w_layer"]) if "w_layer" in at.session_state else 0
+
     numbers = {
         "tokens": lambda: [f"{info.vocab:,}", info.hidden, n],
-        "prefill": lambda: [n, info.layers, f"{kv:,}", f"id {trace.token_id}", f"{context * kv / 1024:,.1f}"],
+        "prefill": lambda: [n, info.layers, f"{kv:,}", f"id {trace.token_id}", f"{kv_at(context) / 1024:,.1f}", *past],
         "decode": lambda: [info.layers, f"{info.hidden} × {info.vocab:,}", trace.token_id, trace.positions[-1]],
-        "two_paths": lambda: [trace.token_id, info.hidden],
-        "residual": lambda: [info.layers, 2 * info.layers],
-        "attention": lambda: [f"√{info.head_dim}", context],
-        "gqa": lambda: [f"{info.q_heads} × {info.head_dim} = {info.q_heads * info.head_dim}",
+        "two_paths": lambda: [trace.token_id, info.hidden] + (  # Gemma scales its embeddings by √hidden
+            [f"√{info.hidden} ≈ {math.sqrt(info.hidden):.1f}"] if info.family == "gemma3_text" else []),
+        "residual": lambda: [info.layers, 2 * info.layers] + ([len(info.layer_norms)] if post_norms(run) else []),
+        "attention": lambda: [f"q·k_j/√{round(1 / run.model.attention_scales[layer] ** 2):,}", f"{context:,}"],
+        "gqa": lambda: [f"{info.q_heads} × {info.head_dim} = {info.q_heads * info.head_dim:,}",
                         f"{2 * info.layers * info.q_heads * info.head_dim * element:,}", info.kv_heads],
-        "kv_cache": lambda: [f"2 × {info.layers} × {info.kv_heads} × {info.head_dim} × {element} = {kv:,}", context],
-        "paging": lambda: [len(trace.block_table), context, "0 → "],
-        "long_context": lambda: [f"{kv_at(context) / 2**20:,.2f}", context, info.layers,
-                                 *crossovers(info, context, kv_at)],
+        "kv_cache": lambda: [f"2 × {info.layers} × {info.kv_heads} × {info.head_dim} × {element} = {kv:,}",
+                             f"{kv_at(context) / 1024:,.1f}", *past],
+        "paging": lambda: [len(trace.block_table), context, "0 → ", math.ceil(n / chapter.settings["block_size"])],
+        "long_context": lambda: [f"{kv_at(context) / 2**20:,.2f}", context, info.layers, *past,
+                                 *crossovers(info, context, kv_at)]
+                                + ([] if kv_at(2 * context) == 2 * kv_at(context) else [f"{kv_at(2 * context) / 2**20:,.2f}"]),
         "split_kv": lambda: [len(trace.split.ranges), f"{trace.split.max_abs_diff.max().item():.1e}"],
-        "context_window": lambda: [f"{info.context_limit:,}", f"{kv:,}"],
+        "context_window": lambda: growth_numbers(run),
         "sliding_window": lambda: window_numbers(info, context, kv_at),
     }[chapter.key]()
     return [str(x) for x in numbers]
 
 
+def post_norms(run: Run) -> bool:
+    """Whether each branch's output is normalised before its add (Gemma 3), from the weights themselves."""
+    return run.model.weights.layers[0].attention_output_norm is not None
+
+
+def growth_numbers(run: Run) -> list[str]:
+    """Chapter 14: its growth chart's numbers, computed here (tests/test_lesson.py checks the chart's data equal
+    them): K/V and attention scores at the limit, and with a sliding window where and how the K/V bends; and what
+    keeping the last half of the prompt keeps (the truncation slider's first position)."""
+    info, kv_at, limit, window = run.info, run.kv_at, run.info.context_limit, run.window
+    out = [f"{limit:,}", f"{info.kv_bytes_per_token:,}", f"{kv_at(limit) / 2**20:,.1f}",
+           f"{run.scores(limit) / 1e6:,.0f}"]
+    if window:
+        out += [f"{window:,}", f"{kv_at(window) / 2**20:,.1f}", f"{kv_at(window + 1) - kv_at(window):,}",
+                f"{limit * info.kv_bytes_per_token / 2**20:,.1f}",
+                f"{info.layers * info.q_heads * limit * (limit + 1) / 2 / 1e6:,.0f}"]
+    if run.n >= 2:
+        n, keep = run.n, run.keep
+        out += [f"{kv_at(keep) / 1024:,.1f}", f"{kv_at(n) / 1024:,.1f}", f"{100 * kv_at(keep) / kv_at(n):.0f}%",
+                f"{100 * run.scores(keep) / run.scores(n):.0f}%"]
+    return out
+
+
 def window_numbers(info, context: int, kv_at) -> list[str]:
     """The sliding-window chapter: at four windows' length (the run's, without windows), the K/V every layer global
-    would take and (with windows) what this model's take, its count of local and global layers and the window."""
+    would take and (with windows) what this model's take, its count of local and global layers and the window;
+    without windows, its K/V at its limit."""
     window = next((w for w in info.layer_windows if w is not None), None)
     at = min(info.context_limit, 4 * window) if window else context
     every = [f"{at:,}", fmt_size(at * kv_at(1))]  # kv_at(1): one position in every layer
     if window is None:
-        return every
+        return every + [fmt_size(info.context_limit * kv_at(1)), f"{info.context_limit:,}"]
     local = sum(w is not None for w in info.layer_windows)
-    return every + [fmt_size(kv_at(at)), str(local), str(info.layers - local), str(window)]
+    return every + [fmt_size(kv_at(at)), str(local), str(info.layers - local), str(window), f"{context:,}"]
 
 
 def crossovers(info, context: int, kv_at) -> list[str]:
@@ -112,13 +214,103 @@ def crossovers(info, context: int, kv_at) -> list[str]:
             first(lambda b: b * context * qwen_kv > qwen), f"{weights / 2**20:,.0f}"]
 
 
-@pytest.mark.parametrize("lang", ["en", "zh"])
+def causal(run: Run, at) -> bool:
+    """The attention chapter's heatmap, recomputed by the engine for the shown layer: every query's weights on
+    later positions are zero (the top-right triangle is empty)."""
+    import torch
+
+    layer = int(at.session_state["w_layer"])
+    probs, _ = run.model.full_attention(run.ids, layer)
+    return bool((torch.triu(probs.float(), diagonal=1) == 0).all())
+
+
+def premises(chapter, run: Run, at) -> dict[tuple[str, str | None], bool]:
+    """(part, variant) → whether the premise of that text of the chapter (None: its own, else a variant's) holds on
+    the run. A text not listed states nothing that depends on the run (a question about a hypothetical, a fact of
+    every model)."""
+    info, n, context, window, kv_at = run.info, run.n, run.context, run.window, run.kv_at
+    if chapter.key == "prefill":
+        return {(part, None): n >= 2 for part in ("question", "answer")} | {
+            (part, "one_token"): n == 1 for part in ("question", "answer")}
+    if chapter.key == "residual":
+        return {("body", None): not post_norms(run), ("body", "post_norms"): post_norms(run)}
+    if chapter.key == "attention":
+        return {("question", None): causal(run, at), ("answer", None): causal(run, at)}
+    if chapter.key == "gqa":
+        return {(part, None): info.q_heads > info.kv_heads for part in ("question", "answer")} | {
+            (part, "mha"): info.q_heads == info.kv_heads for part in ("question", "answer")}
+    if chapter.key == "long_context":
+        doubles = kv_at(2 * context) == 2 * kv_at(context)
+        return {("answer", None): doubles, ("answer", "window_doubling"): not doubles}
+    if chapter.key == "prefix_case1":
+        reuse, cached = run.reuse, len(run.cached)
+        fewer = reuse["block"] < reuse["radix"]
+        agree = reuse["whole"] == reuse["radix"] == reuse["block"] == cached
+        return {(part, None): fewer for part in ("question", "answer")} | {
+            (part, "all_agree"): agree for part in ("question", "answer")}
+    if chapter.key == "context_window":
+        past = window is not None and n > window
+        halves = 40 <= 100 * kv_at(run.keep) / kv_at(n) <= 60 and 20 <= 100 * run.scores(run.keep) / run.scores(n) <= 35
+        return {("body", None): window is None, ("look", None): window is None,
+                ("body", "windowed"): window is not None, ("look", "windowed"): window is not None,
+                ("question", None): n >= 2, ("question", "one_token"): n < 2, ("answer", "one_token"): n < 2,
+                ("answer", None): n >= 2 and not past and halves, ("answer", "past_window"): n >= 2 and past,
+                ("answer", "rough"): n >= 2 and not past}
+    if chapter.key == "sliding_window":
+        has = window is not None
+        return {("look", None): has and context > window, ("look", "inside_window"): has and context <= window,
+                ("look", "no_window"): not has} | {(part, None): has for part in ("claim", "question", "answer")} | {
+                (part, "no_window"): not has for part in ("claim", "question", "answer")}
+    return {}
+
+
+def shown_parts(at, lang: str) -> dict[str, str]:
+    """The chapter's parts as the panel shows them (Markdown), each without its label."""
+    body, look, claim, question, answer = [m.value for m in at.container("chapter").markdown]
+    labels = {"look": "lesson_look", "claim": "lesson_claim", "question": "lesson_question"}
+    shown = dict(body=body, look=look, claim=claim, question=question, answer=answer)
+    for part, key in labels.items():
+        prefix = f"**{strings.t(key, lang)}** "
+        assert shown[part].startswith(prefix), (part, shown[part])
+        shown[part] = shown[part][len(prefix):]
+    return shown
+
+
+def template_pattern(template: str) -> re.Pattern:
+    """A chapter's template as a pattern its filled text matches: each placeholder any text."""
+    return re.compile(".*?".join(re.escape(piece) for piece in re.split(r"{[^{}]*}", template)), re.S)
+
+
+def shown_variant(chapter, part: str, lang: str, text: str) -> list[str | None]:
+    """Which of the chapter's texts for `part` (its own: None, or a variant's) `text` is."""
+    own = chapter.text[lang]
+    candidates = [None] + [v for v in getattr(chapter, "variants", ()) if part in own[v]]
+    return [v for v in candidates if template_pattern(own[v][part] if v else own[part]).fullmatch(text)]
+
+
+def split_note_holds(run: Run, answer: str) -> None:
+    """Chapter 3's answer names one token of the run: a character it split over several tokens, or a token of
+    several characters; the run's own cells (the engine's grouping) must bear it out."""
+    quoted = re.search(r"“([^”]+)”\D*(\d+)", plain(answer))
+    if quoted is None:
+        return  # the run has no such token: the answer says nothing of it
+    text, count = quoted.group(1), int(quoted.group(2))
+    cells = token_cells(run.model.tokenizer, run.shown[:run.n], run.shown[run.n:])
+    assert any(c.group.text == text and c.group.size == count for c in cells) or any(
+        c.text.strip() == text and len(text) == count for c in cells), (text, count)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: f"{p[0]}-{p[1]}")
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.key)
-def test_every_chapter_opens_from_its_link_in_its_state_with_the_models_numbers(chapter, lang, request):
-    # A page in Chinese opens on the Chinese embedded model (Gemma 3 270M), one in English on SmolLM2.
-    model = request.getfixturevalue("embedded_model" if lang == "en" else "embedded_zh_model")
-    at = start(chapter=chapter.number, lang=lang)
+def test_every_chapter_tells_the_truth_of_its_run(chapter, page, request):
+    """Every chapter opens from its link in its state, with no warning; the numbers in its text are the run's
+    (and its figure's: tests below check the figures' data equal the same numbers), and every part of it that
+    holds only on some runs (a question's premise, a sentence about a window) holds on this one."""
+    model_name, lang = page
+    model = request.getfixturevalue(FIXTURES[model_name])
+    at = start(chapter=chapter.number, **page_link(model_name, lang))
     assert_clean(at)
+    assert not at.warning, [w.value for w in at.warning]  # nobody's link asked for anything the model lacks
     state, problems = parse_query(dict(at.query_params.items()))
     assert not problems and state.chapter == chapter.number
     block_size = CASE_BLOCK_SIZE if chapter.case else chapter.settings["block_size"]
@@ -130,8 +322,17 @@ def test_every_chapter_opens_from_its_link_in_its_state_with_the_models_numbers(
     text = lesson_text(at)
     assert chapter.part("title", lang) in text
     assert "{" not in text and "–" not in text  # every placeholder was filled with a number of this step
-    missing = [number for number in expected_numbers(chapter, model, lang) if number not in text]
+    run = run_of(chapter, model, lang)
+    missing = [number for number in expected_numbers(chapter, run, at) if number not in plain(text)]
     assert not missing, (missing, text)
+    shown = shown_parts(at, lang)
+    holds = premises(chapter, run, at)
+    for part, shown_text in shown.items():
+        which = shown_variant(chapter, part, lang, shown_text)
+        assert len(which) == 1, (part, which, shown_text)
+        assert holds.get((part, which[0]), True), (f"the {part} shown does not hold on this run", shown_text)
+    if chapter.key == "decode":
+        split_note_holds(run, shown["answer"])
     if lang == "zh":
         assert not english_left([text]), english_left([text])
 
@@ -141,9 +342,60 @@ def test_chapters_tell_different_things_and_cover_every_teaching_point():
     assert len(set(bodies)) == len(bodies) and len(CHAPTERS) >= 10
     assert {p for c in CHAPTERS for p in c.points} == {f"T{i}" for i in range(1, 15)}
     for c in CHAPTERS:  # the same placeholders in both languages: a number is never missing in one of them
-        for part in ("body", "look", "claim", "question", "answer"):
-            names = [set(re.findall(r"{(\w+)", c.part(part, lang))) for lang in ("en", "zh")]
-            assert names[0] == names[1], (c.key, part)
+        for variant in (None, *c.variants):
+            texts = [c.text[lang][variant] if variant else c.text[lang] for lang in ("en", "zh")]
+            assert {k for k, v in texts[0].items() if isinstance(v, str)} == {
+                k for k, v in texts[1].items() if isinstance(v, str)}, (c.key, variant)  # the same parts
+            for part in ("body", "look", "claim", "question", "answer"):
+                if part not in texts[0]:
+                    continue
+                names = [set(re.findall(r"{(\w+)", text[part])) for text in texts]
+                assert names[0] == names[1], (c.key, variant, part)
+
+
+def test_every_variant_is_checked_against_its_run():
+    """A chapter's variant replaces its own text only where the run calls for it: each one that says something
+    about the run (its question's premise) has that premise in `premises`, so a new variant comes with its check."""
+    unchecked = {"prefix_case1": {"compare"}, "context_window": set()}  # "compare" asks about whatever the counts are
+    checked = {"prefill": {"one_token"}, "residual": {"post_norms"}, "gqa": {"mha"},
+               "long_context": {"window_doubling"}, "prefix_case1": {"all_agree"},
+               "context_window": {"windowed", "rough", "past_window", "one_token"},
+               "sliding_window": {"inside_window", "no_window"}}
+    for c in CHAPTERS:
+        assert set(c.variants) == checked.get(c.key, set()) | unchecked.get(c.key, set()), c.key
+
+
+def test_the_growth_chart_is_the_chapters_numbers(embedded_model, embedded_zh_model):
+    """Chapter 14's chart (the costs view's growth figure) draws the numbers its text quotes: the K/V and the
+    attention scores at the model's limit, and on Gemma 3 a point at the window, where the K/V line bends, and
+    scores that grow only linearly past it in the local layers (computed here, counting each query's keys)."""
+    from viz.costs import context_growth_frame, growth_lengths
+
+    chapter = next(c for c in CHAPTERS if c.key == "context_window")
+    for model in (embedded_model, embedded_zh_model):
+        run = run_of(chapter, model, "en")
+        info = model.info
+        frame = context_growth_frame(info, growth_lengths(info)).set_index("tokens")
+        for length in {info.context_limit, run.window or info.context_limit, 1}:
+            assert frame.loc[length, "KV cache MiB"] == run.kv_at(length) / 2**20, (info.name, length)
+            assert frame.loc[length, "attention scores (millions)"] == pytest.approx(run.scores(length) / 1e6), length
+        if run.window:
+            per_token = frame["KV cache MiB"].diff() / frame.index.to_series().diff()
+            assert per_token.loc[run.window] > 3 * per_token.loc[info.context_limit]  # the bend
+
+
+def test_a_lone_byte_chip_is_explained(embedded_model):
+    """On SmolLM2, Case 2's first answer token can be a character's first bytes (⟨ef bc⟩ of "，"): where the run's
+    last token leaves a character unfinished (the engine's grouping), the chapter says what the chip is."""
+    chapter = next(c for c in CHAPTERS if c.key == "prefix_case2")
+    session, _ = decode(embedded_model, CASES["case2"], 0, chat=False, block_size=CASE_BLOCK_SIZE)
+    cells = token_cells(embedded_model.tokenizer, session.prompt_ids, session.generated[:1])
+    at = start(chapter=chapter.number)
+    captions = [c.value for c in at.container("chapter").caption]
+    if cells[-1].group.state == "unfinished":
+        assert any(cells[-1].group.text in plain(c) for c in captions), captions
+    else:
+        assert not captions, captions
 
 
 @pytest.mark.parametrize("value", ["abc", "99", "-1", "2.5"])

@@ -2,6 +2,11 @@
 
 A chapter covers one or more teaching points (docs/teaching.md); its text (English and Chinese) quotes the
 loaded model's own numbers through placeholders that `ui.views.lesson.facts` fills.
+
+A chapter's text may hold variants: a table under its language (`[chapter.en.all_agree]`) whose parts replace
+the chapter's own where the run makes them the true ones (e.g. on a model whose three prefix-cache policies agree,
+a question about why they do, not about why one reuses less). `ui.views.lesson.variants` names the variants a
+run calls for; a part comes from the first of them that has it, else from the chapter's own text.
 """
 
 from __future__ import annotations
@@ -29,10 +34,20 @@ class Chapter:
     stage: str | None  # the part of one step's picture it highlights (viz.step_picture.STAGES)
     settings: dict[str, int | str]  # block_size, kv_splits and the KV view's pool this chapter runs with
     case: str | None  # the article's prefix-cache case it loads ("case1", "case2")
-    text: dict[str, dict[str, str]]  # language → part (TEXT_PARTS) → template
+    text: dict[str, dict]  # language → part (TEXT_PARTS) → template, and variant → part → template
 
-    def part(self, name: str, lang: str) -> str:
-        return self.text.get(lang, self.text["en"])[name]
+    def part(self, name: str, lang: str, variants: tuple[str, ...] | list[str] = ()) -> str:
+        """Part `name` in `lang`: from the first of `variants` that has it, else the chapter's own."""
+        text = self.text.get(lang, self.text["en"])
+        for variant in variants:
+            if name in text.get(variant, {}):
+                return text[variant][name]
+        return text[name]
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        """The names of the chapter's variants (the same in every language: tests/test_lesson.py)."""
+        return tuple(name for name, value in self.text["en"].items() if isinstance(value, dict))
 
 
 def read_chapters(path: Path = Path(__file__).with_name("lesson.toml")) -> tuple[Chapter, ...]:

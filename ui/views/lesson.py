@@ -14,9 +14,11 @@ from ui.strings import Shown
 from ui.context import ViewContext
 from ui.lesson import CHAPTERS, Chapter
 from ui.views.common import shown_layer_head
+from viz.costs import attention_scores, context_growth_frame, growth_lengths
 from viz.kv_cache import difference_text, lengths_default, window_saving
 from viz.split_kv import vector_text
 from viz.style import fmt_size
+from viz.tokens import position_label
 
 
 class _Missing:
@@ -37,7 +39,8 @@ def fill(template: str, facts: dict) -> str:
 
 
 def facts(ctx: ViewContext) -> dict:
-    """The loaded model's and this step's own numbers, by the names the chapters' placeholders use."""
+    """The loaded model's and this step's own numbers, by the names the chapters' placeholders use, and the facts
+    `variants` reads to choose the sentences that hold on this run."""
     info, trace, runner = ctx.info, ctx.trace, ctx.runner
     n = len(runner.prompt_ids)
     out = dict(
@@ -46,20 +49,35 @@ def facts(ctx: ViewContext) -> dict:
         concat=info.q_heads * info.head_dim, kv_bytes=info.kv_bytes_per_token, dtype=info.dtype,
         mha_bytes=kv_bytes_per_token(info.layers, info.q_heads, info.head_dim, info.element_bytes),
         element=info.element_bytes, limit=info.context_limit, n=n, n_tokens=ctx.t("count_tokens", n=n),
-        n_but_one=n - 1, step=ctx.step, block_size=ctx.state.block_size,
+        n_but_one=n - 1, step=ctx.step, block_size=ctx.state.block_size, norms=len(info.layer_norms),
         positions_note=ctx.t("lesson_positions_learned" if info.positions == "learned" else "lesson_positions_rope"),
+        embed_note=embed_note(ctx), policy=ctx.t("policy_" + ctx.state.policy),
+        kv_half_heads=info.kv_heads // 2, kv_half_bytes=info.kv_bytes_per_token // 2,
     )
+    out.update(model_window_facts(info))
+    out.update(growth_facts(ctx, n))
     if trace is not None:
         context = trace.context_length
         out.update(id=trace.token_id, token=ctx.cells[-1].text, inputs=len(trace.input_ids),
                    context=context, position=trace.positions[-1], blocks=len(trace.block_table),
-                   kv_kib=info.kv_bytes(context) / 1024, read_mib=info.kv_bytes(context) / 2**20)
+                   kv_kib=info.kv_bytes(context) / 1024, read_mib=info.kv_bytes(context) / 2**20,
+                   read_double_mib=info.kv_bytes(2 * context) / 2**20,
+                   kv_doubles=info.kv_bytes(2 * context) == 2 * info.kv_bytes(context),
+                   past_window=info.sliding_window is not None and context > info.sliding_window,
+                   split_note=split_note(ctx))
+        out.update(window_clause=ctx.t("lesson_window_clause", local=out["local"], window=out["window"])
+                   if out["past_window"] else "")
         out.update(cost_facts(info, context))
+        out.update(alone_note=ctx.t("lesson_alone_beyond" if out["cross_context"] > info.context_limit
+                                    else "lesson_alone_within", cross_context=out["cross_context"],
+                                    limit=info.context_limit, context=context))
         out.update(window_facts(ctx, context))
         if ctx.state.pool == "busy":
             out.update(busy_facts(runner.busy_pool(ctx.step)))
         if trace.split is not None:
             out.update(split_facts(ctx))
+        if ctx.state.view == "attention" and trace.attention is not None:
+            out.update(attention_facts(ctx, context))
         out.update(inputs_tokens=ctx.t("count_tokens", n=len(trace.input_ids)))
     hit = runner.prefix_hit()
     if hit is not None:
@@ -67,10 +85,130 @@ def facts(ctx: ViewContext) -> dict:
                    reuse_note=ctx.t("lesson_reuse_note", reused=hit.reused_tokens, computed=hit.computed_tokens)
                    if hit.reused_tokens else "")
     closest = runner.closest_cached()
-    if closest is not None:
-        out.update(cached_n=len(closest[0]), first=closest[1])
-        out.update({policy: reuse.reused_tokens for policy, reuse in runner.policy_reuse().items()})
+    if closest is not None and hit is not None:
+        out.update(prefix_facts(ctx, closest, hit))
     return out
+
+
+def embed_note(ctx: ViewContext) -> str:
+    """Where the model scales the embedding row it looks up (Gemma: by √hidden), the words that say so."""
+    scale = ctx.runner.model.weights.embed_scale
+    return ctx.t("lesson_embed_scaled", hidden=ctx.info.hidden, scale=float(scale)) if scale is not None else ""
+
+
+def split_note(ctx: ViewContext) -> str:
+    """A token of this run that is not one whole character: a character split over several tokens, or else a
+    token holding several characters (a special token of the template aside)."""
+    cells = [c for c in reversed(ctx.cells) if c.kind != "prompt"] + [c for c in ctx.cells if c.kind == "prompt"]
+    for cell in cells:  # the answer's first, the newest first
+        if cell.group.size > 1 and cell.group.whole:
+            return ctx.t("lesson_split_character", text=cell.group.text, count=cell.group.size)
+    for cell in cells:
+        text = cell.text.strip()
+        if cell.group.whole and len(text) > 1 and not (text.startswith("<") and text.endswith(">")):
+            return ctx.t("lesson_split_token", text=text, count=len(text))
+    return ""
+
+
+def model_window_facts(info) -> dict:
+    """The model's sliding window: its size and its local and global layers (a model without one: 0 local)."""
+    kinds = info.layer_kinds
+    return dict(window=info.sliding_window or 0, local=kinds.count("local"), global_=kinds.count("global"),
+                global_bytes=(info.kv_bytes(info.sliding_window + 1) - info.kv_bytes(info.sliding_window))
+                if info.sliding_window else info.kv_bytes_per_token)
+
+
+def growth_facts(ctx: ViewContext, n: int) -> dict:
+    """The context chapter: the growth chart's own numbers (its K/V and scores at the window and at the limit,
+    `viz.costs.context_growth_frame` at its lengths), what every layer global would take at the limit, and what
+    the truncation slider under the chart shows at its first position (the prompt's last half kept)."""
+    info = ctx.info
+    frame = context_growth_frame(info, growth_lengths(info)).set_index("tokens")
+    limit, window = info.context_limit, info.sliding_window
+    keep = max(1, n // 2)
+    out = dict(kv_limit_mib=frame.loc[limit, "KV cache MiB"], scores_limit=frame.loc[limit, "attention scores (millions)"],
+               all_limit_mib=limit * info.kv_bytes_per_token / 2**20,
+               all_scores_limit=info.layers * info.q_heads * limit * (limit + 1) / 2 / 1e6,
+               keep=keep, keep_tokens=ctx.t("count_tokens", n=keep), kv_n_kib=info.kv_bytes(n) / 1024,
+               kv_keep_kib=info.kv_bytes(keep) / 1024, kv_keep_pct=100 * info.kv_bytes(keep) / info.kv_bytes(n),
+               work_keep_pct=100 * attention_scores(info, keep) / attention_scores(info, n),
+               prompt_past_window=window is not None and n > window)
+    if window is not None and window in frame.index:
+        out.update(kv_window_mib=frame.loc[window, "KV cache MiB"])
+    return out
+
+
+def attention_facts(ctx: ViewContext, context: int) -> dict:
+    """The attention chapters: the divisor of the shown layer's scores (1/√head_dim for most models; Gemma's
+    query_pre_attn_scalar may differ), and whether that layer's window has begun to slide."""
+    layer, _ = shown_layer_head(ctx)
+    scale = ctx.runner.model.attention_scales[layer]
+    square = 1 / scale**2
+    divisor = f"/√{round(square):,}" if abs(square - round(square)) < 1e-3 * square else f" × {scale:.4g}"
+    window = ctx.info.window(layer)
+    return dict(score_divisor=Shown(divisor), shown_layer=layer,
+                layer_window_note=ctx.t("lesson_layer_window", layer=layer, window=window, context=context)
+                if window is not None and context > window else "")
+
+
+def prefix_facts(ctx: ViewContext, closest: tuple[list[int], int], hit) -> dict:
+    """The prefix-cache chapters: the cached prompt's tokens as this model cuts them, the tokens both prompts
+    share, what each policy reuses, and what the alignment table's reused column (this run's policy) shows."""
+    cached, first = closest
+    runner = ctx.runner
+    reuse = {policy: r.reused_tokens for policy, r in runner.policy_reuse().items()}
+    cached_labels = [position_label(c) for c in runner.prompt_cells(cached)]
+    radix, block = reuse["radix"], reuse["block"]
+    size = ctx.state.block_size
+    policy = ctx.t("policy_" + hit.policy)
+    if hit.reused_tokens >= radix:
+        table_note = ctx.t("lesson_table_all", policy=policy, reused=hit.reused_tokens)
+    else:  # the block policy (whole blocks only) or the whole-prompt rule (a whole cached prompt only)
+        table_note = ctx.t("lesson_table_less_" + ("block" if hit.policy == "block" else "whole"), policy=policy,
+                           reused=hit.reused_tokens, radix=radix, size=size, full_blocks=radix // size,
+                           full=radix // size * size)
+    extends = ctx.t("lesson_case1_extends", cached_n=len(cached)) if radix >= len(cached) else ctx.t(
+        "lesson_case1_joint", radix=radix)  # the tokenizer may cut the joint of the two texts differently
+    return dict(cached_n=len(cached), first=first, **reuse, extends_note=extends,
+                cached_tokens=" · ".join(cached_labels), shared_tokens=" · ".join(ctx.labels[:first]),
+                partial=radix - radix // size * size, full_blocks=radix // size, table_note=table_note)
+
+
+def variants(chapter: Chapter, numbers: dict) -> list[str]:
+    """The chapter's variants (ui/lesson.toml) whose sentences hold on this run, first the one to use."""
+    choose = VARIANTS.get(chapter.key)
+    return [name for name in (choose(numbers) if choose else ()) if name]
+
+
+def _prefix_case1(f: dict) -> tuple[str | None, ...]:
+    """Case 1's question: why block reuses less (when it does), why all three agree (when each reuses the whole
+    cached prompt), or else a comparison that holds whatever the counts."""
+    if "radix" not in f:
+        return ()
+    if f["block"] < f["radix"]:
+        return ()
+    return ("all_agree" if f["whole"] == f["radix"] == f["block"] == f["cached_n"] else "compare",)
+
+
+def _context_window(f: dict) -> tuple[str | None, ...]:
+    """The growth chapter: its chart bends at a sliding window; its answer's "halves" and "about a quarter" only
+    where the truncation slider's first position (the last half kept) shows them."""
+    halving = ("one_token" if f["n"] < 2 else "past_window" if f["prompt_past_window"] else
+               None if 40 <= f["kv_keep_pct"] <= 60 and 20 <= f["work_keep_pct"] <= 35 else "rough")
+    return ("windowed" if f["window"] else None, halving)
+
+
+# chapter key → the variants its run calls for (from `facts`)
+VARIANTS = {
+    "prefill": lambda f: ("one_token" if f["n"] == 1 else None,),
+    "residual": lambda f: ("post_norms" if f["norms"] == 4 else None,),
+    "gqa": lambda f: ("mha" if f["group"] == 1 else None,),
+    "long_context": lambda f: (None if f.get("kv_doubles", True) else "window_doubling",),
+    "prefix_case1": _prefix_case1,
+    "context_window": _context_window,
+    "sliding_window": lambda f: ("no_window",) if not f["window"] else (
+        "past_window" if f.get("past_window") else "inside_window",),
+}
 
 
 def cost_facts(info, context: int) -> dict:
@@ -96,13 +234,15 @@ def window_facts(ctx: ViewContext, context: int) -> dict:
     kinds = info.layer_kinds
     window = info.sliding_window
     if window is None:
-        note = ctx.t("lesson_window_none", layers=info.layers, at=at, all_at=Shown(fmt_size(every)))
+        note = ctx.t("lesson_window_none", name=info.name, layers=info.layers, at=at, all_at=Shown(fmt_size(every)),
+                    kv_bytes=info.kv_bytes_per_token)
     else:
         inside = ctx.t("lesson_window_inside" if context <= window else "lesson_window_past")
         note = ctx.t("lesson_window_local", local=kinds.count("local"), window=window, global_=kinds.count("global"),
                      context=context, inside=inside, at=at, all_at=Shown(fmt_size(every)),
                      kept_at=Shown(fmt_size(kept)), percent_at=100 * (every - kept) / every)
-    return dict(window_note=note, window_at=at)
+    return dict(window_note=note, window_at=at, all_at=Shown(fmt_size(every)), kept_at=Shown(fmt_size(kept)),
+                limit_all=Shown(fmt_size(info.context_limit * info.kv_bytes_per_token)))
 
 
 def busy_facts(picture) -> dict:
@@ -110,7 +250,8 @@ def busy_facts(picture) -> dict:
     table = picture.block_table
     shown = ", ".join(f"{logical} → {physical}" for logical, physical in enumerate(table[:4]))
     return dict(busy_map=Shown(shown + (", …" if len(table) > 4 else "")),
-                busy_diff=Shown(difference_text(picture.kv_max_diff)), busy_others=picture.requests_before)
+                busy_diff=Shown(difference_text(picture.kv_max_diff)), busy_others=picture.requests_before,
+                busy_finished=len(picture.freed))
 
 
 def split_facts(ctx: ViewContext) -> dict:
@@ -151,23 +292,43 @@ def chapter_buttons(chapter: Chapter, lang: str, go_to, back, forward) -> None:
                    disabled=chapter.number == len(CHAPTERS), shortcut="PageDown", width="stretch")
 
 
+def stalled(number: int, lang: str, message: str, go_to, use_lesson_prompt) -> None:
+    """A chapter whose run cannot start (the class's prompt is too long for this server, say): its header, why,
+    the way to the lesson's own prompt, and the chapter buttons: the lesson stays open, in the page's language."""
+    chapter = CHAPTERS[number - 1]
+    header(chapter, lang)
+    back, forward = st.columns(2)
+    chapter_buttons(chapter, lang, go_to, back, forward)
+    st.error(message)
+    st.button(strings.t("lesson_use_prompt", lang), key="b_lesson_prompt", on_click=use_lesson_prompt,
+              help=strings.t("lesson_use_prompt_help", lang))
+
+
 def panel(ctx: ViewContext) -> None:
     """The chapter's explanation with this model's and this step's numbers, the article's claim beside them, and
-    a question for the class, in a box of its own height that scrolls."""
+    a question for the class, in a box of its own height that scrolls. Where a sentence or a question holds only
+    on some runs, the chapter's variant that holds on this one (`variants`)."""
     chapter, lang = current(ctx), ctx.state.lang
     with st.container(key="chapter", height=PANEL_HEIGHT[ctx.large], border=True):
         if ctx.trace is None:
             st.info(ctx.t("need_prefill"))
             return
         numbers = facts(ctx)
-        st.markdown(fill(chapter.part("body", lang), numbers))
+        chosen = variants(chapter, numbers)
+
+        def text(part: str) -> str:
+            return fill(chapter.part(part, lang, chosen), numbers)
+
+        st.markdown(text("body"))
         if chapter.key == "tokens" and any(cell.group.size > 1 for cell in ctx.cells):
             st.caption(ctx.t("bpe_explained"))  # a character over several tokens is on screen: say why
-        st.markdown(f"**{ctx.t('lesson_look')}** {fill(chapter.part('look', lang), numbers)}")
-        st.markdown(f"**{ctx.t('lesson_claim')}** {fill(chapter.part('claim', lang), numbers)}")
-        st.markdown(f"**{ctx.t('lesson_question')}** {fill(chapter.part('question', lang), numbers)}")
+        elif any(cell.group.state == "unfinished" for cell in ctx.cells):  # a lone byte chip in the header
+            st.caption(ctx.t("lesson_unfinished", chip=ctx.cells[-1].group.text))
+        st.markdown(f"**{ctx.t('lesson_look')}** {text('look')}")
+        st.markdown(f"**{ctx.t('lesson_claim')}** {text('claim')}")
+        st.markdown(f"**{ctx.t('lesson_question')}** {text('question')}")
         with st.expander(ctx.t("lesson_answer")):
-            st.markdown(fill(chapter.part("answer", lang), numbers))
+            st.markdown(text("answer"))
 
 
 def sidebar(number: int, lang: str, go_to) -> None:

@@ -384,6 +384,55 @@ def test_the_growth_chart_is_the_chapters_numbers(embedded_model, embedded_zh_mo
             assert per_token.loc[run.window] > 3 * per_token.loc[info.context_limit]  # the bend
 
 
+def test_walking_chapters_12_to_15_on_gemma_raises_no_warning(embedded_zh_model):
+    """Chapters 12 and 13 load the article's cases (chat off); the chapters after them put the lesson's prompt
+    back with the chat switch the page had. On Gemma 3 (no chat template) that is off: no "chat=1" problem
+    appears that nobody's link asked for, in Chinese and in English, forward and back."""
+    for lang in ("zh", "en"):
+        at = start(chapter=12, **page_link("embedded-zh", lang))
+        for move in ["b_chapter_next"] * 3 + ["b_chapter_back"] * 3 + ["b_chapter_next"] * 3:
+            at.button(key=move).click().run()
+            assert_clean(at)
+            assert not at.warning, (lang, at.query_params["chapter"], [w.value for w in at.warning])
+        assert at.query_params["chapter"] == "15" and at.session_state["w_chat"] is False
+    plain_page = start(model="embedded-zh", lang="en")  # the English default (chat on) on a base model
+    assert_clean(plain_page)
+    assert not plain_page.warning, [w.value for w in plain_page.warning]
+    asked = start(model="embedded-zh", lang="en", chat=1)  # a link that asks: told why it cannot
+    assert [w for w in asked.warning if "chat=1" in w.value]
+
+
+def test_an_engine_error_is_in_the_pages_language_and_the_lesson_stays(embedded_model, embedded_zh_model):
+    """A prompt longer than the host allows: the chapter keeps its title and its buttons, the error is in the
+    page's language with its numbers, and one press puts the lesson's own prompt back."""
+    from ui.settings import load_limits
+
+    allowed = load_limits().max_prompt_tokens
+    for lang, prompt in (("zh", "什么是 KV 缓存？" * 300), ("en", "What is a KV cache? " * 300)):
+        at = start(chapter=15, lang=lang, prompt=prompt)
+        assert not at.exception, at.exception
+        assert [t.value for t in at.title] == [f"15/{len(CHAPTERS)} · {CHAPTERS[14].part('title', lang)}"]
+        errors = [e.value for e in at.error]
+        assert len(errors) == 1 and f"{allowed}" in errors[0], errors
+        if lang == "zh":
+            assert not re.search(r"[A-Za-z]{3,}", errors[0].replace("token", "")), errors  # no English left
+        assert not at.button(key="b_chapter_back").disabled
+        at.button(key="b_lesson_prompt").click().run()
+        assert_clean(at)
+        assert at.session_state["w_prompt"] == default_prompt(lang) and at.query_params["chapter"] == "15"
+        assert at.container("chapter").markdown  # the chapter's text is back
+
+
+def test_a_lesson_link_opens_chapter_one(embedded_model):
+    """`?lesson=1`, as a teacher might type it, opens chapter 1 (and writes the link the page uses)."""
+    at = start(lesson=1)
+    assert_clean(at)
+    assert at.query_params["chapter"] == "1" and "lesson" not in at.query_params
+    assert CHAPTERS[0].part("title", "en") in [t.value for t in at.title][0]
+    wrong = start(lesson="x")  # a problem names what the link asked
+    assert [w for w in wrong.warning if "lesson=x" in w.value]
+
+
 def test_a_lone_byte_chip_is_explained(embedded_model):
     """On SmolLM2, Case 2's first answer token can be a character's first bytes (⟨ef bc⟩ of "，"): where the run's
     last token leaves a character unfinished (the engine's grouping), the chapter says what the chip is."""

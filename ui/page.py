@@ -16,12 +16,13 @@ from engine.loader import AUTO
 from ui import cases, keys, memory, model_card, strings
 from ui.follow import page as follow
 from ui.classroom import ClassroomCache
-from ui.page_state import (current_state, fit_to_budget, follow_leader, go_to_chapter, labels, restore_lost_settings,
-                           run_config, run_lock, show_problem, ss, start_from_link, t, write_link)
+from ui.page_state import (chat_problem, current_state, engine_error, fit_to_budget, follow_leader, go_to_chapter,
+                           labels, restore_lost_settings, run_config, run_lock, show_problem, ss, start_from_link, t,
+                           write_link)
 from ui.runner import Runner
 from ui.runs import RunStore
 from ui.settings import DTYPES, Limits, load_limits, step_limits
-from ui.state import LANGS, POLICIES, AppState, Problem, bounds, clean_prompt, language_defaults
+from ui.state import LANGS, POLICIES, AppState, bounds, clean_prompt, language_defaults
 from ui.step import stepper_and_view
 from ui.views import lesson
 from ui.views.flow import PICTURE_CSS
@@ -139,9 +140,7 @@ def prepare_run(model: engine.Model, limits: Limits) -> Runner:
     if ss.pop("forget_published", False):
         runner.forget_published()
     apply_pending_case(runner, limits)  # it sets the prompt and chat switch
-    if ss.w_chat and not runner.can_chat:  # a base model: its prompt goes in as it is
-        ss.w_chat = False
-        ss.problems = ss.get("problems", []) + [Problem("chat", "1", "0", "no_chat_template")]
+    chat_problem(runner.can_chat)  # a base model: its prompt goes in as it is
     fit_to_budget(step_limits(limits, model.info))
     return runner
 
@@ -173,7 +172,11 @@ def draw(limits: Limits, model: engine.Model | None, failure: str, runner: Runne
     try:
         runner.configure(run_config(replace(state, prompt=prompt), limits))
     except engine.KvscopeError as error:
-        notices.error(t("bad_input", error=str(error)))
+        message = t("bad_input", error=engine_error(error))
+        if in_lesson:  # the chapter stays on screen, with the way on and back to a prompt that runs
+            lesson.stalled(ss.w_chapter, ss.w_lang, message, go_to_chapter, use_lesson_prompt)
+        else:
+            notices.error(message)
         write_link(state)
         return
     play_controls(limits)
@@ -228,6 +231,12 @@ def switch_language() -> None:
 
 def use_default_model() -> None:
     ss.w_model = "embedded"
+
+
+def use_lesson_prompt() -> None:
+    """The lesson's own prompt and chat switch for the page's language, in place of one that cannot run."""
+    defaults = language_defaults(ss.w_lang)
+    ss.w_prompt, ss.w_chat = defaults.prompt, defaults.chat
 
 
 @st.cache_resource(show_spinner=False, max_entries=3)

@@ -6,6 +6,7 @@ Shared by the page (`ui.page`) and the step's fragment (`ui.step`); draws nothin
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from dataclasses import fields, replace
 
@@ -17,7 +18,7 @@ from ui.follow import page as follow
 from ui.lesson import CHAPTERS
 from ui.runs import RunConfig
 from ui.settings import Limits, StepLimits, fit_state
-from ui.state import CHOICES, AppState, Problem, default_prompt, parse_query, to_query
+from ui.state import CHOICES, AppState, Problem, default_prompt, language_defaults, parse_query, to_query
 
 ss = st.session_state
 log = logging.getLogger("kvscope")
@@ -60,8 +61,15 @@ def follow_leader(query: dict[str, str], limits: Limits) -> None:
 
 def apply_link(params: dict[str, str], limits: Limits, mine: frozenset[str] = frozenset()) -> None:
     """Put the page in the state a link's `params` describe, except the settings named in `mine`, which stay.
-    A chapter is entered only when it changes (its case runs once)."""
+    A chapter is entered only when it changes (its case runs once). `lesson=<n>`, a link typed by hand, opens
+    chapter n as `chapter=<n>` does. Whether the link asked for the chat template is kept for the page's check
+    against the model (`chat_problem`): a problem is shown only for what a link asked."""
+    if "lesson" in params and "chapter" not in params:
+        params = {**params, "chapter": params["lesson"]}
     state, problems = parse_query(params)
+    if "lesson" in params and params["lesson"] == params.get("chapter"):
+        problems = [replace(p, param="lesson") if p.param == "chapter" else p for p in problems]
+    ss.chat_asked = "chat" in params and state.chat and "chat" not in mine
     if not limits.model_allowed(state.model):
         problems.append(Problem("model", state.model[:80], "embedded", "model_not_allowed"))
         state = replace(state, model="embedded")
@@ -107,10 +115,14 @@ def enter_chapter(number: int, keep: frozenset[str] = frozenset()) -> None:
             ss[name if name == "step" else "w_" + name] = value
     if chapter.case:
         ss.pending_case = chapter.case
+        if ss.get("w_prompt") not in cases.CASE_PROMPTS:  # a case turns the chat switch off: put it back after
+            ss.chat_before_case = ss.get("w_chat", language_defaults(ss.get("w_lang", "en")).chat)
     else:  # a chapter's run starts from an empty prefix cache: the same run on every visit, for every page
         ss.forget_published = True
-        if ss.w_prompt in cases.CASE_PROMPTS and "prompt" not in keep:  # back from a case: the usual prompt
-            ss.w_prompt, ss.w_chat = default_prompt(ss.w_lang), True
+        if ss.w_prompt in cases.CASE_PROMPTS and "prompt" not in keep:  # back from a case: the usual prompt, and
+            # the chat switch the page had before it (never one the model cannot use: a base model has no template)
+            ss.w_prompt = default_prompt(ss.w_lang)
+            ss.w_chat = ss.pop("chat_before_case", language_defaults(ss.w_lang).chat)
     if chapter.view == "attention":
         ss.focused_head_chosen = False  # open on a head with a pattern worth talking about
 
@@ -156,6 +168,41 @@ def run_config(state: AppState, limits: Limits) -> RunConfig:
         block_size=int(state.block_size), kv_splits=int(state.kv_splits), policy=state.policy,
         max_new_tokens=limits.max_new_tokens, max_prompt_tokens=limits.max_prompt_tokens,
     )
+
+
+def chat_problem(can_chat: bool) -> None:
+    """A model without a chat template (a base model) takes its prompt as it is: the chat switch goes off, and a
+    link that asked for chat=1 is told why. A switch that was on by default, by the language or by a chapter
+    goes off without a word: nobody asked for it."""
+    asked = ss.pop("chat_asked", False)
+    if ss.w_chat and not can_chat:
+        ss.w_chat = False
+        if asked:
+            ss.problems = ss.get("problems", []) + [Problem("chat", "1", "0", "no_chat_template")]
+
+
+# The engine's errors a page meets with its own input, as the engine words them (English), and the string the page
+# shows instead in its language (ui/strings.csv); the numbers and names in them are kept.
+ENGINE_ERRORS = (
+    (r"the prompt is (?P<length>\d+) tokens; this app allows at most (?P<limit>\d+)$", "error_prompt_over_host"),
+    (r"the prompt is (?P<length>\d+) tokens; (?P<model>.+) reads at most (?P<limit>\d+) positions, so a prompt can have "
+     r"at most (?P<most>\d+) tokens to leave room for an answer$", "error_prompt_over_model"),
+    (r"the prompt is empty; type some text$", "error_prompt_empty"),
+    (r"the prompt has no token ids$", "error_prompt_no_ids"),
+    (r"(?P<model>.+) has no chat template; switch the chat option off$", "error_no_chat_template"),
+)
+
+
+def engine_error(error: Exception) -> str:
+    """An engine error in the page's language: one the page's input can cause, reworded with its numbers; any
+    other as the engine said it."""
+    message = str(error)
+    for pattern, key in ENGINE_ERRORS:
+        found = re.match(pattern, message)
+        if found:
+            values = {name: int(value) if value.isdigit() else value for name, value in found.groupdict().items()}
+            return t(key, **values)
+    return message
 
 
 def show_problem(problem: Problem) -> None:

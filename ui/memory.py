@@ -53,10 +53,17 @@ def release_free_memory() -> bool:
     """Hand the allocator's free pages back to the system (glibc's malloc_trim): what a class freed (runs dropped,
     sessions ended) otherwise stays counted in the server's memory, held in the arenas' free lists. A no-op (False)
     where the C library is not glibc."""
+    libc = _libc()
+    return libc is not None and hasattr(libc, "malloc_trim") and bool(libc.malloc_trim(0))
+
+
+@functools.cache
+def _libc():
+    """The C library, found once (`find_library` runs a subprocess); None where it cannot be loaded."""
     try:
-        return bool(ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0))
-    except (OSError, AttributeError, TypeError):
-        return False
+        return ctypes.CDLL(ctypes.util.find_library("c"))
+    except (OSError, TypeError):
+        return None
 
 
 def forget_closed_sessions() -> int:
@@ -79,13 +86,12 @@ def forget_closed_sessions() -> int:
 def sweep() -> None:
     """One sweep: closed tabs' sessions forgotten and every registered clean-up run (a run store dropping its idle
     runs); when they let anything go, a full collection (sessions hold reference cycles, and Streamlit's collection
-    after each script run is off) and the freed memory handed back."""
+    after each script run is off); then the freed memory handed back."""
     with _sweeps_lock:
         cleanups = list(_sweeps)
-    dropped = forget_closed_sessions() + sum(cleanup() or 0 for cleanup in cleanups)
-    if dropped:
+    if forget_closed_sessions() + sum(cleanup() or 0 for cleanup in cleanups):
         gc.collect()
-        release_free_memory()
+    release_free_memory()
 
 
 def sweep_regularly(cleanup: Callable[[], int], seconds: float = SWEEP_SECONDS) -> None:

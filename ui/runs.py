@@ -39,10 +39,11 @@ class RunConfig:
 Seeds = tuple[tuple[int, ...], ...]  # prompts (token ids) a run's prefix cache holds before its own prefill
 RunKey = tuple[RunConfig, Seeds]
 SEED_CAPTURE = engine.Capture(attention=False, residuals=False)  # a seed prompt's prefill only fills the cache
-# A run's traces that keep their tensors hold at most this (with the newest always): ordinary steps keep all
-# KVSCOPE_FULL_TRACES of theirs (SmolLM2: ~1.5 MB a step at 500 positions; Gemma, its 262,144 logits: ~2.5 MB), a
-# step in 64 KV splits (~6.5 MB, its split record) three, so a class's heaviest links hold a third of what they did.
-TRACE_BYTES = 24 * 10**6
+# A run's traces that keep their tensors hold at most this (with the newest always): an ordinary run keeps the
+# latest KVSCOPE_FULL_TRACES or a few fewer (SmolLM2: ~1.5 MB a step at 500 positions; Gemma, its 262,144 logits:
+# ~2.5 MB), a run in 64 KV splits (~6.5 MB a step, its split record) one or two: a class's heaviest links held
+# eight. An older step is rebuilt by one forward pass when a page goes back to it.
+TRACE_BYTES = 12 * 10**6
 MEMO = 4  # rebuilt steps and attention heatmaps a run keeps for the pages reading it
 # A run no page has asked for this long is dropped from the store: a class that left (tabs closed) hands its runs
 # back within minutes instead of holding them until the store fills. A page reads its run on every press, and a

@@ -117,7 +117,7 @@ def run_of(chapter, model: engine.Model, lang: str) -> Run:
     if chapter.case:
         tokenizer = model.tokenizer
         cached, new = tokenizer.encode(CASE_CACHED), tokenizer.encode(CASES[chapter.case])
-        return Run(model, len(new), len(new), None, new, case_reuse(model, chapter.case), cached)
+        return Run(model, len(new), len(new), None, new, reuse=case_reuse(model, chapter.case), cached=cached)
     session, trace = own_trace(model, default_prompt(lang), chapter.step, chapter.settings["block_size"],
                                chapter.settings["kv_splits"], page_chat(model, lang))
     n, context = len(session.prompt_ids), trace.context_length

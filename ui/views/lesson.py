@@ -319,11 +319,11 @@ def panel(ctx: ViewContext) -> None:
         def text(part: str) -> str:
             return fill(chapter.part(part, lang, chosen), numbers)
 
+        if chapter.key != "tokens" and ctx.cells[-1].group.state == "unfinished":  # a lone byte chip beside the
+            st.caption(ctx.t("lesson_unfinished", chip=ctx.cells[-1].group.text))  # step's header: first, say why
         st.markdown(text("body"))
         if chapter.key == "tokens" and any(cell.group.size > 1 for cell in ctx.cells):
             st.caption(ctx.t("bpe_explained"))  # a character over several tokens is on screen: say why
-        elif any(cell.group.state == "unfinished" for cell in ctx.cells):  # a lone byte chip in the header
-            st.caption(ctx.t("lesson_unfinished", chip=ctx.cells[-1].group.text))
         st.markdown(f"**{ctx.t('lesson_look')}** {text('look')}")
         st.markdown(f"**{ctx.t('lesson_claim')}** {text('claim')}")
         st.markdown(f"**{ctx.t('lesson_question')}** {text('question')}")

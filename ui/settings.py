@@ -24,7 +24,7 @@ KVSCOPE_THREADS            torch threads one pass of one page computes with (def
                            busy cores a decode step took 266 ms, with 1 thread 116 ms, a 200-token prefill 1.8 s
                            against 1.0 s. Alone, a decode step is as fast with 1 (95 ms) as with 2 (92 ms); only a
                            long prefill gains from more (0.9 → 0.6 s): a teacher's own machine may set more
-KVSCOPE_STEP_MEMORY_MB     memory one step of one page may add over the loaded model, in MB (default 256); the
+KVSCOPE_STEP_MEMORY_MB     memory one step of one page may add over the loaded model, in MB (default 128); the
                            largest kv_splits, the smallest block size and the longest attention heatmap follow
                            from it (`StepLimits`), and what does not fit is refused or clamped with a message
 KVSCOPE_MEMORY_MB          the host's memory, in MB (default 0: the container's limit, if it has one). When the
@@ -64,7 +64,7 @@ class Limits:
     shared_cache_tokens: int = 8192
     lease_seconds: int = 600
     min_pace: float = 0.3
-    step_memory_mb: int = 256
+    step_memory_mb: int = 128  # a class of 30, 8 of them on the heaviest links, within 2.4 GB with both models
     memory_mb: int = 0  # the host's memory; 0: the container's limit, if any
     threads: int = 1
     dtype: str = "auto"  # one of DTYPES

@@ -65,8 +65,8 @@ def facts(ctx: ViewContext) -> dict:
                    kv_doubles=info.kv_bytes(2 * context) == 2 * info.kv_bytes(context),
                    past_window=info.sliding_window is not None and context > info.sliding_window,
                    split_note=split_note(ctx))
-        out.update(window_clause=ctx.t("lesson_window_clause", local=out["local"], window=out["window"])
-                   if out["past_window"] else "")
+        out.update({key: ctx.t("lesson_window_" + key.split("_")[1], local=out["local"], window=out["window"])
+                    if out["past_window"] else "" for key in ("window_clause", "window_reads")})
         out.update(cost_facts(info, context))
         out.update(alone_note=ctx.t("lesson_alone_beyond" if out["cross_context"] > info.context_limit
                                     else "lesson_alone_within", cross_context=out["cross_context"],

@@ -113,12 +113,12 @@ class Run:
         return max(1, self.n // 2)
 
 
-def run_of(chapter, model: engine.Model, lang: str) -> Run:
+def run_of(chapter, model: engine.Model, lang: str, prompt: str | None = None) -> Run:
     if chapter.case:
         tokenizer = model.tokenizer
         cached, new = tokenizer.encode(CASE_CACHED), tokenizer.encode(CASES[chapter.case])
         return Run(model, len(new), len(new), None, new, reuse=case_reuse(model, chapter.case), cached=cached)
-    session, trace = own_trace(model, default_prompt(lang), chapter.step, chapter.settings["block_size"],
+    session, trace = own_trace(model, prompt or default_prompt(lang), chapter.step, chapter.settings["block_size"],
                                chapter.settings["kv_splits"], page_chat(model, lang))
     n, context = len(session.prompt_ids), trace.context_length
     return Run(model, n, context, trace, session.prompt_ids + session.generated[:context - n],
@@ -319,10 +319,16 @@ def test_every_chapter_tells_the_truth_of_its_run(chapter, page, request):
     if chapter.case:
         assert state.prompt == CASES[chapter.case] and not state.chat
     assert strings.t(VIEW_TITLES[chapter.view], lang) in [s.value for s in at.subheader]
+    tells_the_truth(at, chapter, model, lang)
+
+
+def tells_the_truth(at, chapter, model: engine.Model, lang: str, prompt: str | None = None) -> None:
+    """The chapter's text on the page quotes the numbers of the run (of `prompt`, else the language's default), and
+    every part of it shown (its own or a variant's) has a premise that holds on that run."""
     text = lesson_text(at)
     assert chapter.part("title", lang) in text
     assert "{" not in text and "–" not in text  # every placeholder was filled with a number of this step
-    run = run_of(chapter, model, lang)
+    run = run_of(chapter, model, lang, prompt)
     missing = [number for number in expected_numbers(chapter, run, at) if number not in plain(text)]
     assert not missing, (missing, text)
     shown = shown_parts(at, lang)
@@ -335,6 +341,28 @@ def test_every_chapter_tells_the_truth_of_its_run(chapter, page, request):
         split_note_holds(run, shown["answer"])
     if lang == "zh":
         assert not english_left([text]), english_left([text])
+
+
+LONG_PROMPT = "什么是 KV 缓存？KV 缓存是一种用来存放注意力键和值的结构。" * 36  # over 600 of Gemma 3's tokens
+
+
+@pytest.mark.parametrize("key", ["prefill", "attention", "kv_cache", "long_context", "context_window", "sliding_window"])
+def test_past_the_window_the_chapters_say_so(key, embedded_zh_model, monkeypatch):
+    """With the host's limits raised (as a host may) and a prompt longer than Gemma 3's window of 512, the chapters
+    that speak of what every layer keeps say which layers keep only their window, and their variants for a run
+    past it (the K/V does not double or halve with the length, the band on a local layer's heatmap) hold."""
+    monkeypatch.setenv("KVSCOPE_MAX_PROMPT_TOKENS", "2000")
+    monkeypatch.setenv("KVSCOPE_CACHE_TOKENS", "4096")
+    chapter = next(c for c in CHAPTERS if c.key == key)
+    assert len(embedded_zh_model.tokenizer.encode(LONG_PROMPT)) > 512
+    at = start(chapter=chapter.number, lang="zh", prompt=LONG_PROMPT)
+    assert_clean(at)
+    assert not at.warning, [w.value for w in at.warning]
+    tells_the_truth(at, chapter, embedded_zh_model, "zh", LONG_PROMPT)
+    chosen = [v for v in chapter.variants if v in ("window_doubling", "past_window")]
+    if chosen:  # the run past the window is the one these variants are for
+        assert any(template_pattern(chapter.text["zh"][chosen[0]][part]).fullmatch(text)
+                   for part, text in shown_parts(at, "zh").items() if part in chapter.text["zh"][chosen[0]]), key
 
 
 def test_chapters_tell_different_things_and_cover_every_teaching_point():

@@ -51,8 +51,9 @@ _sweeps_lock = threading.Lock()
 
 def release_free_memory() -> bool:
     """Hand the allocator's free pages back to the system (glibc's malloc_trim): what a class freed (runs dropped,
-    sessions ended) otherwise stays counted in the server's memory, held in the arenas' free lists. A no-op (False)
-    where the C library is not glibc."""
+    sessions ended) otherwise stays counted in the server's memory, held in the arenas' free lists. It walks every
+    free chunk with the arenas locked (~240 ms over a 3 GB heap, even when there is nothing to give back), so it
+    runs once a sweep, never on a page's step. A no-op (False) where the C library is not glibc."""
     libc = _libc()
     return libc is not None and hasattr(libc, "malloc_trim") and bool(libc.malloc_trim(0))
 

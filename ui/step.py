@@ -11,7 +11,6 @@ from dataclasses import dataclass, replace
 import streamlit as st
 
 import engine
-from ui import memory
 from ui.follow import page as follow
 from ui.follow import turns
 from ui.context import ViewContext
@@ -51,8 +50,6 @@ def stepper_and_view(model: engine.Model, runner: Runner) -> None:
                 for notice in told:
                     notice.empty()
                 draw_step(model, runner)
-            if role == turns.EXPLORER:  # what its step freed goes back before the next page's step (the class's peak)
-                memory.release_free_memory()
         return
     except engine.KvscopeError as error:
         message = t("bad_input", error=str(error))

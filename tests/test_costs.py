@@ -95,17 +95,21 @@ def test_the_bandwidth_probe_runs_once_per_server_and_again_on_request(tiny_mode
     process probes, later ones reuse its figure; "Measure again" probes anew and the better figure stays."""
     import engine.timing as timing
 
-    figures = iter([5e9, 9e9, 7e9])
+    figures = iter([5e12, 9e12, 7e12])  # fast enough that no step of a tiny model beats the floor
     probes = []
     monkeypatch.setattr(timing, "_bandwidths", {})
     monkeypatch.setattr(timing, "peak_read_bandwidth", lambda device: probes.append(device) or next(figures))
     model = tiny_model("llama")
     first = measure_decode(model, prompt=4, context=6, steps=2, untimed=1, prefills=1)
     second = measure_decode(model, prompt=5, context=9, steps=2, untimed=1, prefills=1)
-    assert probes == ["cpu"] and first.bandwidth == second.bandwidth == 5e9
+    assert probes == ["cpu"] and first.bandwidth == second.bandwidth == 5e12
     again = measure_decode(model, prompt=5, context=9, steps=2, untimed=1, prefills=1, bandwidth_again=True)
     worse = measure_decode(model, prompt=5, context=9, steps=2, untimed=1, prefills=1, bandwidth_again=True)
-    assert probes == ["cpu"] * 3 and again.bandwidth == worse.bandwidth == 9e9
+    assert probes == ["cpu"] * 3 and again.bandwidth == worse.bandwidth == 9e12
+    timing._bandwidths["cpu"] = 1.0  # a probe a busy moment slowed: no step could be read so slowly
+    monkeypatch.setattr(timing, "peak_read_bandwidth", lambda device: probes.append(device) or 8e12)
+    corrected = measure_decode(model, prompt=5, context=9, steps=2, untimed=1, prefills=1)
+    assert probes == ["cpu"] * 4 and corrected.bandwidth == 8e12 and corrected.floor_holds
 
 
 def test_the_probe_fits_within_a_steps_memory_budget():

@@ -29,11 +29,10 @@ M_ARENA_MAX = -8
 @functools.cache
 def tune_allocator() -> bool:
     """Once per process; a no-op (False) where the C library is not glibc."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        return bool(libc.mallopt(M_ARENA_MAX, 2)) and bool(libc.mallopt(M_MMAP_THRESHOLD, 1 << 20))
-    except (OSError, AttributeError, TypeError):
+    libc = _libc()
+    if libc is None or not hasattr(libc, "mallopt"):
         return False
+    return bool(libc.mallopt(M_ARENA_MAX, 2)) and bool(libc.mallopt(M_MMAP_THRESHOLD, 1 << 20))
 
 
 def freeze_long_lived() -> None:

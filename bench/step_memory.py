@@ -83,7 +83,7 @@ def measure(pages: int, splits: int | None, block_size: int | None, steps: int, 
 
     import engine
     from ui import memory
-    from ui.runs import RunStore
+    from ui.run_store import RunStore
     from ui.settings import load_limits, step_limits
 
     memory.tune_allocator()

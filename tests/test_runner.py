@@ -12,7 +12,8 @@ from tests.helpers import Clock
 from ui.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
 from ui.classroom import ClassroomCache
 from ui.runner import Runner
-from ui.runs import RunConfig, RunStore
+from ui.run_store import RunStore
+from ui.runs import RunConfig
 
 
 def config(prompt="Rows grow one step at a time", **changes):
@@ -114,14 +115,14 @@ def test_the_busy_pool_goes_forward_one_pass_a_step_and_back_with_none(tiny_mode
 def test_a_dropped_runner_gives_its_classroom_blocks_back(tiny_model):
     model = tiny_model("llama")
     classroom = ClassroomCache(model, tokens=256)
-    gone = Runner(model, cache_tokens=256, classroom=classroom)
+    gone = Runner(model, cache_tokens=256, runs=classroom)
     gone.configure(config())
     gone.advance_to(4)
     pool = gone.session.pool
     assert pool.used_blocks > 0
     del gone  # what Streamlit does when the browser session ends: its state is dropped
     gc.collect()
-    other = Runner(model, cache_tokens=256, classroom=classroom)
+    other = Runner(model, cache_tokens=256, runs=classroom)
     other.configure(config("another student"))  # the next use of the class's cache
     assert pool.used_blocks == 0
 
@@ -133,12 +134,12 @@ def test_a_full_pool_first_takes_back_the_blocks_of_runners_held_in_reference_cy
     classroom = ClassroomCache(model, tokens=4 * (blocks + blocks // 2))  # room for one run, not two
     gc.disable()  # the collector must not run by chance: only a full pool makes the class run it
     try:
-        gone = Runner(model, cache_tokens=256, classroom=classroom)
+        gone = Runner(model, cache_tokens=256, runs=classroom)
         gone.configure(config(prompts[0]))
         gone.advance_to(1)
         gone.itself = gone  # a cycle, as a Streamlit session's state may sit in
         del gone
-        other = Runner(model, cache_tokens=256, classroom=classroom)
+        other = Runner(model, cache_tokens=256, runs=classroom)
         other.configure(config(prompts[1]))
         assert other.advance_to(1) == 1
     finally:
@@ -149,11 +150,11 @@ def test_an_expired_lease_gives_blocks_back_and_the_run_is_rebuilt_on_return(tin
     model = tiny_model("llama")
     clock = Clock(0.0)
     classroom = ClassroomCache(model, tokens=256, lease_seconds=600, clock=clock)
-    away = Runner(model, cache_tokens=256, classroom=classroom)
+    away = Runner(model, cache_tokens=256, runs=classroom)
     away.configure(config())
     away.advance_to(5)
     tokens, pool = list(away.session.generated), away.session.pool
-    present = Runner(model, cache_tokens=256, classroom=classroom)
+    present = Runner(model, cache_tokens=256, runs=classroom)
     present.configure(config("another student"))
     present.advance_to(1)
     held_by_present = len(present.session.table.blocks)
@@ -173,7 +174,7 @@ def test_an_expired_lease_gives_blocks_back_and_the_run_is_rebuilt_on_return(tin
 def test_the_class_keeps_a_few_pools_and_drops_the_least_recently_used(tiny_model):
     model = tiny_model("llama")
     classroom = ClassroomCache(model, tokens=256, max_caches=2)
-    runner = Runner(model, cache_tokens=256, classroom=classroom)
+    runner = Runner(model, cache_tokens=256, runs=classroom)
     runner.configure(config(block_size=4))
     first = weakref.ref(runner.cache)
     kept = classroom.get("radix", 8)
@@ -192,10 +193,10 @@ def test_the_class_keeps_a_few_pools_and_drops_the_least_recently_used(tiny_mode
 def test_a_step_completes_while_another_students_forward_pass_runs(tiny_model, monkeypatch):
     model = tiny_model("llama")
     classroom = ClassroomCache(model, tokens=512)
-    stepping = Runner(model, cache_tokens=256, classroom=classroom)
+    stepping = Runner(model, cache_tokens=256, runs=classroom)
     stepping.configure(config("a short prompt"))
     stepping.advance_to(1)
-    prefilling = Runner(model, cache_tokens=256, classroom=classroom)
+    prefilling = Runner(model, cache_tokens=256, runs=classroom)
     prefilling.configure(config("a long prompt that another student is prefilling right now"))
     inside, release, held = threading.Event(), threading.Event(), []
     original = engine.Model.forward

@@ -8,7 +8,7 @@ import torch
 import engine
 from tests.app_helpers import shown_text, start
 from ui.runner import Runner
-from ui.runs import RunStore
+from ui.run_store import RunStore
 from tests.test_runner import config
 
 

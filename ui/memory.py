@@ -4,7 +4,7 @@ Each Streamlit session runs in its own thread; glibc's allocator gives threads t
 keeps freed buffers (a prefill's attention scores, say) mapped in them. Fewer arenas and a fixed mmap
 threshold send large buffers straight back to the system when freed.
 
-Every minute a sweeper drops the runs no page has read for a while (`ui.runs.RunStore.expire`) and hands the
+Every minute a sweeper drops the runs no page has read for a while (`ui.run_store.RunStore.expire`) and hands the
 freed memory back (`release_free_memory`): a class that closed its tabs leaves the server as it found it.
 
 Streamlit's full cycle collection after every script run is turned off (`.streamlit/config.toml`: one per

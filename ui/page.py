@@ -20,7 +20,7 @@ from ui.page_state import (chat_problem, current_state, engine_error, fit_to_bud
                            labels, restore_lost_settings, run_config, run_lock, show_problem, ss, start_from_link, t,
                            write_link)
 from ui.runner import Runner
-from ui.runs import RunStore
+from ui.run_store import RunStore
 from ui.settings import DTYPES, Limits, load_limits, step_limits
 from ui.state import LANGS, POLICIES, AppState, bounds, clean_prompt, language_defaults
 from ui.step import stepper_and_view
@@ -260,10 +260,9 @@ def runner_for(model: engine.Model, limits: Limits) -> Runner:
     if runner is None or runner.model is not model:
         if runner is not None:
             runner.close()
-        classroom = (classroom_cache(ss.w_model, limits.shared_cache_tokens, limits.lease_seconds)
-                     if limits.shared_prefix_cache else None)
-        runs = run_store(ss.w_model, limits.shared_runs_mb * 10**6)
-        runner = ss.runner = Runner(model, limits.cache_tokens, limits.full_traces, classroom, runs, limits)
+        runs = (classroom_cache(ss.w_model, limits.shared_cache_tokens, limits.lease_seconds)
+                if limits.shared_prefix_cache else run_store(ss.w_model, limits.shared_runs_mb * 10**6))
+        runner = ss.runner = Runner(model, limits.cache_tokens, limits.full_traces, runs, limits)
     return runner
 
 

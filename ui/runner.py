@@ -7,8 +7,8 @@ generated tokens: 0 is the prompt alone, 1 is after the prefill (which yields th
 
 from __future__ import annotations
 
+import functools
 import threading
-import weakref
 from dataclasses import dataclass
 
 import engine
@@ -20,32 +20,33 @@ from engine.timing import DecodeTiming, measure_decode
 from engine.tokens import TokenCell, token_cells
 from engine.trace import PrefixHit, SplitKVTrace, StepTrace
 from ui import memory
-from ui.classroom import ClassroomCache
-from ui.runs import Run, RunConfig, RunStore
+from ui.runs import Lease, OwnRuns, Run, RunConfig, RunSource
 from ui.settings import Limits, step_limits
 
 class Runner:
     """One browser session's view of a run: its settings, the run it reads and the prompts it published.
 
-    runs: where runs are shared between pages (None: this page's runs are its own). classroom: the class's shared
-    prefix cache, when the host turns it on; runs then depend on what other pages ran, so they are never shared.
+    runs: where its runs come from, each held by a lease (`ui.runs.Lease`): the store that shares them between
+    pages (`ui.run_store`), the class's shared prefix cache (`ui.classroom`), or None: this page's own.
     """
 
     def __init__(self, model: engine.Model, cache_tokens: int, keep_full_traces: int = Limits.full_traces,
-                 classroom: ClassroomCache | None = None, runs: RunStore | None = None, limits: Limits = Limits()):
+                 runs: RunSource | None = None, limits: Limits = Limits()):
         self.model = model
         self.cache_tokens = cache_tokens  # the pool's size in positions, whatever the block size
         self.keep_full_traces = keep_full_traces
         self.max_attention_tokens = step_limits(limits, model.info).max_attention_tokens  # the host's step memory
         self.limits = limits
-        self.classroom = classroom
-        self.runs = runs if classroom is None else None
+        self.runs = OwnRuns() if runs is None else runs
         self.lock = threading.RLock()  # this page's own state
         self.config: RunConfig | None = None
-        self.run: Run | None = None
+        self.lease: Lease | None = None
         self.history = PromptHistory()  # the prompts this browser session published
         self._saw_prefill = False  # this page reached step 1 of its run: leaving it publishes the prompt
-        self._finalizer: weakref.finalize | None = None
+
+    @property
+    def run(self) -> Run | None:
+        return None if self.lease is None else self.lease.run
 
     @property
     def session(self) -> engine.DecodeSession:
@@ -61,16 +62,14 @@ class Runner:
         """Read the run of `config`, starting or joining one when any setting changed; the prompt of the run
         left is published (this page's later runs start with it in their prefix cache)."""
         with self.lock:
-            if config == self.config and self.run is not None:
-                self._resume()
-                if self.runs is not None:
-                    self.runs.touch(self.run)  # read by an open page: not idle
+            if config == self.config and self.lease is not None:
+                self.lease.renew()
                 return
             self.close()
-            if self.classroom is not None:
-                self.classroom.check_in(self)
             self.config = config
-            self._open()
+            seeds = tuple(tuple(ids) for ids in self.history.prompts)
+            build = functools.partial(Run, self.model, config, self.keep_full_traces, self.cache_tokens)
+            self.lease = self.runs.lease(config, seeds, build)
 
     def forget_published(self) -> None:
         """Leave the run and forget the prompts this page published: the next run's prefix cache starts empty. A
@@ -90,51 +89,16 @@ class Runner:
             self.advance_to(1)
             self.close()  # publishes it
 
-    def _open(self) -> None:
-        config = self.config
-        if self.classroom is not None:
-            cache = self.classroom.get(config.policy, config.block_size)
-            self.run = Run(self.model, config, self.keep_full_traces, self.cache_tokens, cache=cache)
-            # a shared pool must get the blocks back of a page that is gone
-            self._finalizer = weakref.finalize(self, self.classroom.orphaned.append, self.run.session)
-            self._finalizer.atexit = False
-            return
-        seeds = tuple(tuple(ids) for ids in self.history.prompts)
-        build = lambda: Run(self.model, config, self.keep_full_traces, self.cache_tokens, seeds)  # noqa: E731
-        self.run = build() if self.runs is None else self.runs.get((config, seeds), build)
-
-    def _resume(self) -> None:
-        """Renew the classroom lease; rebuild the run if it was closed while the student was away
-        (same settings and seed, so the same tokens)."""
-        if self.classroom is not None:
-            self.classroom.check_in(self)
-            if self.run is not None and self.run.closed:
-                self._open()
-
-    def suspend(self) -> None:
-        """Close the run on the class's cache (its blocks go back), keeping the settings: the next use rebuilds it."""
-        with self.lock:
-            if self.run is not None:
-                self._forget_finalizer()
-                self.run.close()
-
-    def _forget_finalizer(self) -> None:
-        if self._finalizer is not None:
-            self._finalizer.detach()
-            self._finalizer = None
-
     def close(self) -> None:
-        """Leave the run: its prompt is published if this page saw its prefill; a run on the class's cache ends
-        (its blocks go back), a shared one stays for the other pages reading it."""
+        """Leave the run (its lease says what that means to its source); its prompt is published if this page saw
+        its prefill."""
         with self.lock:
-            if self.run is None:
+            if self.lease is None:
                 return
-            if self.classroom is not None:
-                self._forget_finalizer()
-                self.run.close()
+            self.lease.release()
             if self._saw_prefill:
-                self.history.add(self.run.session.prompt_ids)
-            self.run, self._saw_prefill = None, False
+                self.history.add(self.lease.run.session.prompt_ids)
+            self.lease, self._saw_prefill = None, False
 
     # -- stepping ------------------------------------------------------------------------------
 
@@ -153,16 +117,16 @@ class Runner:
     def advance_to(self, step: int) -> int:
         """Run prefill/decode until `step` tokens exist (or the run ends); return the step reached."""
         with self.lock:
-            self._resume()
-            try:
-                reached = self.run.advance_to(step)
-            except engine.CacheFullError:
-                if self.classroom is None or not self.classroom.reclaim(collect=True):
-                    raise
-                reached = self.run.advance_to(step)  # students who left gave blocks back; the failed call changed nothing
+            lease = self.lease
+            with lease.held() as run:
+                try:
+                    reached = run.advance_to(step)
+                except engine.CacheFullError:
+                    if not lease.make_room():
+                        raise
+                    reached = run.advance_to(step)  # pages that left gave blocks back; the failed call changed nothing
             self._saw_prefill = self._saw_prefill or reached >= 1
-        if self.runs is not None:
-            self.runs.trim()  # the run may have grown
+        lease.grown()  # outside the page's lock: the store sizes its runs
         return reached
 
     def trace(self, step: int) -> StepTrace | None:

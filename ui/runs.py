@@ -1,5 +1,6 @@
 """Computed runs that pages read: a `Run` (a decode session on its prefix cache, and what pages computed from it)
-and the `RunStore` that shares runs between pages with the same settings and prompt history.
+and a page's `Lease` on one, the single shape every source of runs hands out (`RunSource`): `OwnRuns` here, the
+`RunStore` that shares runs between pages (`ui.run_store`), the class's shared prefix cache (`ui.classroom`).
 
 Plain Python (no Streamlit). `step` counts generated tokens: 0 is the prompt alone, 1 is after the prefill.
 """
@@ -8,10 +9,10 @@ from __future__ import annotations
 
 import functools
 import threading
-import time
-from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Protocol
 
 from cachetools import LRUCache
 
@@ -45,10 +46,6 @@ SEED_CAPTURE = engine.Capture(attention=False, residuals=False)  # a seed prompt
 # eight. An older step is rebuilt by one forward pass when a page goes back to it.
 TRACE_BYTES = 12 * 10**6
 MEMO = 4  # rebuilt steps and attention heatmaps a run keeps for the pages reading it
-# A run no page has asked for this long is dropped from the store: a class that left (tabs closed) hands its runs
-# back within minutes instead of holding them until the store fills. A page reads its run on every press, and a
-# page left open keeps the run it holds.
-IDLE_SECONDS = 300
 
 
 class Run:
@@ -214,84 +211,47 @@ class Run:
             self._busy, self._busy_pictures = None, []
 
 
-class RunStore:
-    """The runs of one model that pages share: least recently used first, bounded in bytes (`max_bytes`).
+RunBuilder = Callable[..., Run]  # Run(model, config, …) with only `seeds=` or `cache=` left to give
 
-    A run is built once per key, under a lock of that key (pages asking at once wait for the one build). A page
-    keeps the run it reads even after the store dropped it; the store only stops handing it out.
-    """
 
-    def __init__(self, max_bytes: int, idle_seconds: float = IDLE_SECONDS, clock: Callable[[], float] = time.monotonic):
-        self.max_bytes = max_bytes
-        self.idle_seconds = idle_seconds
-        self.built = 0  # runs built so far
-        self._clock = clock
-        self._lock = threading.Lock()  # guards the three dicts below
-        self._runs: OrderedDict[RunKey, Run] = OrderedDict()
-        self._read_at: dict[RunKey, float] = {}
-        self._building: dict[RunKey, threading.Lock] = {}
+class Lease:
+    """A page's hold on the run it reads, whatever its source. This base is a run of the page's own: nobody else
+    reads it, so holding, growing and releasing it cost nothing."""
 
-    def get(self, key: RunKey, build: Callable[[], Run]) -> Run:
-        with self._lock:
-            building = self._building.setdefault(key, threading.Lock())
-        try:
-            with building:
-                with self._lock:
-                    run = self._runs.get(key)
-                    if run is not None:
-                        self._runs.move_to_end(key)
-                        self._read_at[key] = self._clock()
-                        return run
-                run = build()  # may raise (a prompt too long): nothing is stored
-                with self._lock:
-                    self._runs[key] = run
-                    self._read_at[key] = self._clock()
-                    self.built += 1
-        finally:
-            with self._lock:  # a key's build lock lives while it is asked for, not for every key ever read
-                if self._building.get(key) is building and not building.locked():
-                    del self._building[key]
-        self.trim()
-        return run
+    def __init__(self, run: Run):
+        self.run = run
 
-    def trim(self) -> None:
-        """Drop the least recently used runs until the others fit in `max_bytes` (the newest always stays)."""
-        with self._lock:
-            runs = list(self._runs.items())
-        sizes = {key: run.nbytes for key, run in runs}  # outside the store's lock: a run's size reads its pool
-        total = sum(sizes.values())
-        with self._lock:
-            for key, _ in runs[:-1]:
-                if total <= self.max_bytes:
-                    break
-                if self._runs.pop(key, None) is not None:
-                    self._read_at.pop(key, None)
-                    total -= sizes[key]
+    def renew(self) -> None:
+        """The page reads the run again (an open page is not idle)."""
 
-    def touch(self, run: Run) -> None:
-        """`run` was read by a page that holds it: it is not idle (a no-op once the store dropped it)."""
-        with self._lock:
-            for key in self._read_at:
-                if self._runs[key] is run:
-                    self._read_at[key] = self._clock()
-                    return
+    @contextmanager
+    def held(self) -> Iterator[Run]:
+        """The run, renewed and kept for the page while it steps it."""
+        self.renew()
+        yield self.run
 
-    def expire(self) -> int:
-        """Drop the runs no page has asked for in `idle_seconds` (the pages of closed tabs; a page still open keeps
-        the run it reads); returns how many were dropped. Called every so often by the server's sweeper."""
-        cutoff = self._clock() - self.idle_seconds
-        with self._lock:
-            idle = [key for key, read_at in self._read_at.items() if read_at <= cutoff]
-            for key in idle:
-                del self._runs[key], self._read_at[key]
-        return len(idle)
+    def grown(self) -> None:
+        """The run stepped further: it may now hold more memory."""
 
-    @property
-    def keys(self) -> list[RunKey]:
-        """The keys of the runs kept, least recently used first."""
-        with self._lock:
-            return list(self._runs)
+    def make_room(self) -> bool:
+        """The run's pool is full: take back what pages that left still hold. Whether any came back."""
+        return False
 
+    def release(self) -> None:
+        """The page leaves the run."""
+
+
+class RunSource(Protocol):
+    def lease(self, config: RunConfig, seeds: Seeds, build: RunBuilder) -> Lease:
+        """A lease on the run of `config` whose prefix cache starts with `seeds` (a source with a cache of its
+        own ignores them), built by `build` if the source has none to hand out."""
+
+
+class OwnRuns:
+    """Every page's runs are its own (a bench, a test): no sharing."""
+
+    def lease(self, config: RunConfig, seeds: Seeds, build: RunBuilder) -> Lease:
+        return Lease(build(seeds=seeds))
 
 
 class Memo:

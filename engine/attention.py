@@ -20,6 +20,7 @@ class AttentionResult:
     output: torch.Tensor  # (T, q_heads × head_dim): the concatenated head outputs
     probs: torch.Tensor  # (q_heads, T, L): softmax over the L cached positions, 0 where masked
     scores: torch.Tensor  # (q_heads, T, L): scaled scores q·k·scale, −inf where the causal mask hides a key
+    # (not where `kept` hides one: they are what full attention would score, so a view can tell what eviction cost)
     split: SplitRecord | None = None  # with kv_splits > 1: the last query row's splits
 
 
@@ -34,7 +35,8 @@ class SplitRecord:
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor, scale: float,
-           kv_splits: int = 1, window: int | None = None, first_key: int = 0) -> AttentionResult:
+           kv_splits: int = 1, window: int | None = None, first_key: int = 0,
+           kept: torch.Tensor | None = None) -> AttentionResult:
     """q: (T, q_heads, D) at positions q_positions (T,); k, v: (L − first_key, kv_heads, D) for positions
     first_key…L−1 (a sliding-window layer's cache starts past 0).
 
@@ -42,6 +44,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch
     `window`, keys p − window + 1 … p. Probabilities and scores cover all L positions all the same (0 and
     −inf before first_key), so every layer's record has one shape.
     With kv_splits > 1 the output is the merge of the splits' partial outputs (FlashDecoding).
+    kept: (kv_heads, L) bool, False where KV eviction (`engine.eviction`) dropped a position from that KV head:
+    its Q heads then read only what it kept (probabilities 0 there).
     """
     if first_key:  # the positions the cache no longer holds: a zero value and a masked score each
         k, v = (torch.cat((x.new_zeros(first_key, *x.shape[1:]), x)) for x in (k, v))
@@ -60,7 +64,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch
         hidden |= key_positions[None, :] <= q_positions[:, None] - window
     if hidden.any():
         scores = scores.masked_fill(hidden, float("-inf"))
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    read = scores if kept is None else scores.masked_fill(~kept[:, None, None, :], float("-inf"))
+    probs = torch.softmax(read, dim=-1, dtype=torch.float32).to(q.dtype)
     out = torch.bmm(probs.view(kv_heads, group * t, length), vh).view(kv_heads, group, t, d)
     split = None
     if kv_splits > 1:
@@ -68,7 +73,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch
         # In float32 whatever the model's dtype, as FlashDecoding kernels keep their running max, sums and
         # outputs: in bfloat16 each exp and sum would round, and the merge drift from unsplit by more than one
         # rounding of the output the layer goes on with.
-        merged, last = merge_online(scores.float(), vh.float().unsqueeze(1), kv_splits)  # (kv_heads, group, T, D)
+        merged, last = merge_online(read.float(), vh.float().unsqueeze(1), kv_splits)  # (kv_heads, group, T, D)
         split = SplitRecord(
             ranges=ranges,
             partials=Partials(*(x.reshape(q_heads, *x.shape[2:]) for x in (last.max_score, last.exp_sum, last.output))),

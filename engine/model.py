@@ -164,13 +164,15 @@ class Model:
 
     @torch.inference_mode()
     def forward(self, ids: list[int], positions: list[int], table: BlockTable, capture: Capture, kv_splits: int = 1,
-                write: bool = True) -> ForwardRecord:
+                write: bool = True, kept: list[torch.Tensor | None] | None = None) -> ForwardRecord:
         """Process `ids` at `positions`, the last `len(ids)` positions `table` has reserved (`table.append`).
 
         Each layer writes the new K/V into the pool, then attends over every cached position it can see
         (in `kv_splits` merged splits when > 1). `write=False` writes nothing: the table holds the
         positions before `positions[0]`, and this pass's own K/V are appended to them in memory, so the
         cache is left untouched.
+        `kept` (per layer: (kv_heads, positions[-1] + 1) bool, or None) hides what KV eviction dropped from each
+        KV head (`engine.eviction`); None reads every cached position.
         """
         info = self.info
         ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)
@@ -182,6 +184,7 @@ class Model:
             kv=PagedKV.of(table, positions, write),
             local_kv=PagedKV.of(table.window, positions, write) if table.window is not None else None,
             kv_splits=kv_splits,
+            kept=kept,
         )
         recorder = StepRecorder(capture, positions, info.layers, info.q_heads, info.hidden, x.dtype, self.device)
         for layer in self.layers:
@@ -231,6 +234,7 @@ class PassContext:
     kv: PagedKV  # the global layers' cache
     local_kv: PagedKV | None  # the sliding-window layers' cache
     kv_splits: int
+    kept: list[torch.Tensor | None] | None = None  # per layer, what eviction left each KV head (None: all)
 
 
 class DecoderLayer:
@@ -277,6 +281,8 @@ class DecoderLayer:
         local, row = context.kv.pool.rows[self.index]  # the pool of this layer's kind, and its row there
         kv = context.local_kv if local else context.kv
         cached_k, cached_v = kv.store_and_read(row, k, v)  # (L − start, kv_heads, D)
-        result = attend(q, cached_k, cached_v, context.positions, self.scale, context.kv_splits, self.window, kv.start)
+        kept = context.kept[self.index] if context.kept is not None else None
+        result = attend(q, cached_k, cached_v, context.positions, self.scale, context.kv_splits, self.window, kv.start,
+                        kept)
         recorder.attention(self.index, result)
         return linear(result.output, self.w.o_proj)

@@ -1,0 +1,8 @@
+"""KV eviction: which positions each (layer, KV head) keeps, by a policy defined as NVIDIA kvpress 0.5.5
+defines it (`policies`), applied after the prefill or during decode (`run`), read through a mask (`rows`)."""
+
+from engine.eviction.policies import POLICIES, Policy, n_kept_for_ratio
+from engine.eviction.run import DecodeBudget, Eviction, EvictionRun, EvictionStep, StreamingWindow
+
+__all__ = ["POLICIES", "DecodeBudget", "Eviction", "EvictionRun", "EvictionStep", "Policy", "StreamingWindow",
+           "n_kept_for_ratio"]

@@ -1,0 +1,277 @@
+"""A greedy run whose KV cache evicts positions by a policy, as kvpress's pipeline runs a press.
+
+    run = EvictionRun(model, prompt_ids, Policy("snapkv", window_size=8), compression_ratio=0.5)
+    first = run.prefill()        # context = prompt[:-1] prefilled in full, evicted; the last prompt token reads
+    while not run.finished:      # the evicted cache and gives the first answer token
+        step = run.step()
+    run.close()
+
+Two ways to evict, alone or together (kvpress's press, DecodingPress, PrefillDecodingPress):
+- once after the context's prefill, at `compression_ratio`: every (layer, KV head) keeps
+  int(n × (1 − ratio)) of the n context positions, the ones its scores rank highest;
+- during decode, to a `DecodeBudget`: every `interval` passes (the last prompt token's pass is the first), after
+  that pass's attention, each (layer, KV head) holding more than `target_size` rows keeps `target_size`,
+  scored from that pass (kvpress's DecodingPress); or a `StreamingWindow`: after every pass, the first `n_sink`
+  positions held and the latest `window` (StreamingLLM's streaming form, by position).
+
+Masked, not freed: the paged cache keeps every position's K/V (each rotated at its own position) and each
+layer's attention reads only the positions its KV heads kept (`LayerRows.mask`). `kept_bytes` counts what the
+rows hold (what a compacted cache such as kvpress's holds), `allocated_bytes` what the paged blocks under
+them take, `full_bytes` what the cache would hold without eviction. Sliding-window layers (Gemma 3's local
+layers) are left to their window, as kvpress leaves them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from engine.errors import InvalidSettingError, SessionStateError
+from engine.eviction.policies import Policy, check_ratio, n_kept_for_ratio, select
+from engine.eviction.rows import LayerRows
+from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockTable, kv_bytes_per_token
+from engine.model import Model
+from engine.settings import check_prompt_fits
+from engine.trace import Capture
+
+HIDDEN_STATES_BUFFER = 256  # DecodingPress's default: how many of the latest passes it scores from, at most
+
+
+@dataclass(frozen=True)
+class DecodeBudget:
+    """kvpress's DecodingPress: every `interval` decode passes, compress each (layer, KV head) to `target_size`."""
+
+    target_size: int
+    interval: int = 512
+
+    def __post_init__(self):
+        for name in ("target_size", "interval"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidSettingError(f"the decode budget's {name} must be an integer ≥ 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class StreamingWindow:
+    """StreamingLLM's streaming form: after every pass keep the first `n_sink` positions and the latest `window`."""
+
+    n_sink: int = 4
+    window: int = 60
+
+    def __post_init__(self):
+        for name, least in (("n_sink", 0), ("window", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise InvalidSettingError(f"the streaming window's {name} must be an integer ≥ {least}, got {value!r}")
+
+
+@dataclass
+class Eviction:
+    """One layer's eviction: its rows before (positions, (kv_heads, n)), their scores, and the rows kept."""
+
+    positions: torch.Tensor  # (kv_heads, n) long
+    scores: torch.Tensor | None  # (kv_heads, n) float; None for the streaming window (it keeps by position)
+    kept_rows: torch.Tensor  # (kv_heads, n_kept) long, indices into the rows, in the cache's new order
+
+    @property
+    def kept_positions(self) -> torch.Tensor:
+        """(kv_heads, n_kept) the positions kept, ascending."""
+        return self.positions.gather(1, self.kept_rows).sort(dim=1).values
+
+
+@dataclass
+class EvictionStep:
+    """One pass over the evicted cache: the last prompt token (step 0) or one answer token."""
+
+    step: int
+    position: int
+    input_id: int
+    token_id: int  # greedy: the argmax of `logits`
+    logits: torch.Tensor  # (vocab,) float32
+    kept: list[torch.Tensor | None]  # per layer: (kv_heads, position + 1) bool, what this pass's attention read
+    attention: torch.Tensor  # (layers, q_heads, position + 1): the probabilities it used (0 where evicted)
+    evicted_share: torch.Tensor  # (layers, q_heads): the share full attention puts on the positions `kept` hid
+    evictions: list[Eviction | None]  # per layer: what was evicted after this pass (None: nothing)
+
+
+class EvictionRun:
+    """Greedy decoding of `prompt_ids` with an evicting KV cache (see the module docstring)."""
+
+    def __init__(self, model: Model, prompt_ids: list[int], policy: Policy | None = None, *,
+                 compression_ratio: float = 0.0, budget: DecodeBudget | StreamingWindow | None = None,
+                 block_size: int = DEFAULT_BLOCK_SIZE, max_new_tokens: int = 32):
+        check_ratio(compression_ratio)
+        if policy is None and (compression_ratio > 0 or isinstance(budget, DecodeBudget)):
+            raise InvalidSettingError("a compression ratio or a decode budget needs a policy to score positions")
+        if budget is not None and not isinstance(budget, (DecodeBudget, StreamingWindow)):
+            raise InvalidSettingError(f"budget must be a DecodeBudget or a StreamingWindow, got {budget!r}")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise InvalidSettingError(f"max_new_tokens must be an integer ≥ 1, got {max_new_tokens!r}")
+        if len(prompt_ids) < 2:
+            raise InvalidSettingError("eviction needs a prompt of at least 2 tokens: the context it evicts from, "
+                                      "then the last prompt token that reads what was kept")
+        check_prompt_fits(list(prompt_ids), model)
+        self.model, self.policy, self.budget = model, policy, budget
+        self.compression_ratio = compression_ratio
+        self.prompt_ids = list(prompt_ids)
+        self.max_new_tokens = max_new_tokens
+        capacity = min(len(self.prompt_ids) + max_new_tokens, model.info.context_limit)
+        self.table = BlockTable(model.new_pool(math.ceil(capacity / block_size), block_size))
+        info = model.info
+        self.evicting = [i for i in range(info.layers) if info.window(i) is None]  # layers eviction applies to
+        self.rows: dict[int, LayerRows] = {}
+        self.prefill_evictions: list[Eviction | None] = [None] * info.layers
+        self.steps: list[EvictionStep] = []
+        self.generated: list[int] = []
+        self.passes_since_eviction = 0
+        self.closed = False
+
+    # -- state ---------------------------------------------------------------------------------
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.generated) and (self.generated[-1] in self.model.eos_ids
+                                         or len(self.generated) >= self.max_new_tokens
+                                         or self.table.length + 1 >= self.model.info.context_limit)
+
+    def kept_positions(self, layer: int, kv_head: int) -> list[int]:
+        """The positions (layer, KV head) holds now, ascending; every cached one for a sliding-window layer's
+        window."""
+        if layer not in self.rows:
+            start = self.table.length - self.model.info.cached_positions(layer, self.table.length)
+            return list(range(start, self.table.length))
+        return sorted(self.rows[layer].positions[kv_head].tolist())
+
+    def kept_bytes(self) -> int:
+        """Bytes of the K/V every (layer, KV head) holds: what a cache that drops evicted rows keeps."""
+        info = self.model.info
+        per_row = kv_bytes_per_token(1, 1, info.head_dim, info.element_bytes)  # K and V of one head, one position
+        held = sum(self.rows[i].count if i in self.rows else info.cached_positions(i, self.table.length)
+                   for i in range(info.layers))
+        return held * info.kv_heads * per_row
+
+    def allocated_bytes(self) -> int:
+        """Bytes of the paged blocks the run holds (masking frees none of them)."""
+        total = 0
+        for table in (self.table, self.table.window):
+            if table is not None:
+                layers, _, size, kv_heads, head_dim = table.pool.k.shape
+                total += len(table.blocks) * size * kv_bytes_per_token(layers, kv_heads, head_dim,
+                                                                       table.pool.k.element_size())
+        return total
+
+    def full_bytes(self) -> int:
+        """Bytes the cache would hold for the same positions without eviction."""
+        return self.model.info.kv_bytes(self.table.length)
+
+    # -- passes --------------------------------------------------------------------------------
+
+    def prefill(self) -> EvictionStep:
+        """The context (the prompt but its last token) in one pass, in full; then the evictions after a prefill;
+        then the last prompt token over what was kept: its logits give the first answer token."""
+        if self.closed:
+            raise SessionStateError("the run is closed")
+        if self.steps:
+            raise SessionStateError("prefill() runs once, at the start; call step() to decode")
+        context = self.prompt_ids[:-1]
+        n = len(context)
+        info = self.model.info
+        queries = self.policy.query_rows(n) if self.policy is not None and self.compression_ratio > 0 else 0
+        if self.compression_ratio > 0:
+            self.policy.check_rows(n, n)
+        capture = Capture(attention=queries > 0, residuals=False, layers=tuple(self.evicting),
+                          attention_budget=max(1, len(self.evicting) * info.q_heads * queries * n))
+        self.table.append(n)
+        record = self.model.forward(context, list(range(n)), self.table, capture)
+        self.table.slide()
+        self.rows = {i: LayerRows(info.kv_heads, n, self.model.device) for i in self.evicting}
+        if self.compression_ratio > 0:
+            n_kept = n_kept_for_ratio(n, self.compression_ratio)
+            for slot, layer in enumerate(self.evicting):
+                probs = record.attention[slot].to(self.model.device) if queries else None
+                self.prefill_evictions[layer] = self._evict_by_score(layer, probs, n_kept)
+        return self._pass(self.prompt_ids[-1], n)
+
+    def step(self) -> EvictionStep:
+        """One answer token in, the next out, over what each (layer, KV head) kept."""
+        if self.closed:
+            raise SessionStateError("the run is closed")
+        if not self.steps:
+            raise SessionStateError("call prefill() before step()")
+        if self.finished:
+            raise SessionStateError("the run has ended")
+        return self._pass(self.generated[-1], self.table.length)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.table.free()
+            self.closed = True
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _pass(self, token_id: int, position: int) -> EvictionStep:
+        self.table.append(1)
+        for rows in self.rows.values():
+            rows.append(position, 1)
+        length = position + 1
+        kept = [self.rows[i].mask(length) if i in self.rows else None for i in range(self.model.info.layers)]
+        record = self.model.forward([token_id], [position], self.table, Capture(residuals=False), kept=kept)
+        self.table.slide()
+        probs, scores = record.attention[:, :, -1], record.scores[:, :, -1]  # (layers, q_heads, L)
+        step = EvictionStep(step=len(self.steps), position=position, input_id=token_id,
+                            token_id=int(record.logits.argmax()), logits=record.logits, kept=[m.cpu() if m is not None
+                                                                                              else None for m in kept],
+                            attention=probs, evicted_share=self._evicted_share(scores, kept),
+                            evictions=self._evict_after_pass(record.attention))
+        self.generated.append(step.token_id)
+        self.steps.append(step)
+        return step
+
+    def _evicted_share(self, scores: torch.Tensor, kept: list[torch.Tensor | None]) -> torch.Tensor:
+        """(layers, q_heads): softmax of the full scores (no eviction) summed over what `kept` hid."""
+        full = torch.softmax(scores.float(), dim=-1)
+        group = self.model.info.gqa_group
+        hidden = torch.stack([torch.zeros(scores.shape[1:], dtype=torch.bool) if m is None
+                              else ~m.cpu().repeat_interleave(group, dim=0) for m in kept])
+        return (full * hidden).sum(dim=-1)
+
+    def _evict_after_pass(self, attention: torch.Tensor) -> list[Eviction | None]:
+        """The decode-time evictions after a pass whose attention (layers, q_heads, 1, L) was recorded."""
+        evictions: list[Eviction | None] = [None] * self.model.info.layers
+        budget = self.budget
+        if isinstance(budget, StreamingWindow):
+            for layer in self.evicting:
+                evictions[layer] = self._evict_by_position(layer, budget)
+        elif isinstance(budget, DecodeBudget):
+            self.passes_since_eviction += 1
+            if self.passes_since_eviction >= budget.interval:
+                queries = min(self.passes_since_eviction, HIDDEN_STATES_BUFFER + 1)
+                for layer in self.evicting:
+                    if self.rows[layer].count > budget.target_size:
+                        self.policy.check_rows(self.rows[layer].count, queries)
+                        probs = attention[layer].to(self.model.device)
+                        evictions[layer] = self._evict_by_score(layer, probs, budget.target_size)
+                self.passes_since_eviction = 0
+        return evictions
+
+    def _evict_by_score(self, layer: int, probs: torch.Tensor | None, n_kept: int) -> Eviction:
+        """Score layer `layer`'s rows by the policy and keep the `n_kept` best of each KV head."""
+        rows = self.rows[layer]
+        keys, _, _ = self.table.read(layer)
+        by_row = rows.gather_probs(probs) if probs is not None else None
+        scores = self.policy.score(rows.gather_keys(keys), by_row, n_kept)
+        eviction = Eviction(rows.positions.cpu(), scores.float().cpu(), select(scores, n_kept).cpu())
+        rows.keep(eviction.kept_rows.to(rows.positions.device))
+        return eviction
+
+    def _evict_by_position(self, layer: int, window: StreamingWindow) -> Eviction | None:
+        rows = self.rows[layer]
+        if rows.count <= window.n_sink + window.window:
+            return None
+        order = rows.positions.argsort(dim=1)  # rows by position
+        kept = torch.cat((order[:, :window.n_sink], order[:, -window.window:]), dim=1)
+        eviction = Eviction(rows.positions.cpu(), None, kept.cpu())
+        rows.keep(kept)
+        return eviction

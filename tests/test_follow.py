@@ -273,7 +273,7 @@ def test_followed_part_leaves_out_the_followers_own_settings_only():
 
 
 class FakeSession:
-    """What `ui.follow.push` asks of a Streamlit session: the fragments it holds, its last client state, a rerun."""
+    """What `ui.streamlit_internals` asks of a Streamlit session: the fragments it holds, its last client state, a rerun."""
 
     def __init__(self, held: set[str]):
         from streamlit.proto.ClientState_pb2 import ClientState
@@ -291,11 +291,11 @@ class FakeSession:
 def test_a_leaders_move_runs_a_followers_step_fragment_alone_while_the_session_holds_it():
     """A follower whose step fragment is known runs that fragment alone; one whose fragment is gone (a run of the
     whole page made a new one) or unknown runs its whole page. Each with the session's own link."""
-    from ui.follow import push
+    from ui import streamlit_internals
 
     session = FakeSession(held={"step"})
     for fragment_id in ("step", "gone", None):
-        push._run_page(session, fragment_id)
+        streamlit_internals._run(session, fragment_id)
     assert [state.fragment_id for state in session.asked] == ["step", "", ""]
     assert {state.query_string for state in session.asked} == {"follow=abc&step=3"}
     assert not any(state.is_auto_rerun for state in session.asked)

@@ -21,6 +21,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from ui import streamlit_internals
+
 log = logging.getLogger(__name__)
 M_MMAP_THRESHOLD = -3
 M_ARENA_MAX = -8
@@ -66,30 +68,13 @@ def _libc():
         return None
 
 
-def forget_closed_sessions() -> int:
-    """Drop the sessions of tabs closed longer ago than Streamlit keeps them for a reconnect
-    (`server.disconnectedSessionTTL`). Streamlit keeps them in a TTL cache that only forgets an expired entry when
-    it is next written, which a server whose class has left never does: each kept session holds its page's run.
-    Reached through Streamlit 1.67's runtime internals (as ui/follow/push.py does); a no-op where they differ.
-    Returns how many were forgotten."""
-    from streamlit.runtime import Runtime
-
-    if not Runtime.exists():
-        return 0
-    manager = getattr(Runtime.instance(), "_session_mgr", None)
-    cache = getattr(getattr(manager, "_session_storage", None), "_cache", None)
-    if not callable(getattr(cache, "expire", None)):
-        return 0
-    return len(cache.expire() or ())
-
-
 def sweep() -> None:
     """One sweep: closed tabs' sessions forgotten and every registered clean-up run (a run store dropping its idle
     runs); when they let anything go, a full collection (sessions hold reference cycles, and Streamlit's collection
     after each script run is off); then the freed memory handed back."""
     with _sweeps_lock:
         cleanups = list(_sweeps)
-    if forget_closed_sessions() + sum(cleanup() or 0 for cleanup in cleanups):
+    if streamlit_internals.forget_closed_sessions() + sum(cleanup() or 0 for cleanup in cleanups):
         gc.collect()
     release_free_memory()
 

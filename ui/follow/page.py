@@ -38,8 +38,8 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import segno
 import streamlit as st
-from streamlit.runtime.scriptrunner_utils import script_run_context
 
+from ui import streamlit_internals
 from ui.follow import push, rooms
 from ui.follow.sync import RoomSync, Seen
 from ui.state import AppState, parse_query, to_query
@@ -107,7 +107,7 @@ def take_step() -> None:
         return
     following = ss.follow_mode == "following"
     # A waiting page that follows again changes its banner too: the leader's move then runs the whole page.
-    push.listen_step(current_fragment_id() if following else None)
+    push.listen_step(streamlit_internals.current_fragment_id() if following else None)
     refresh()
     pending = ss.get("follow_pending")
     if pending is None:
@@ -122,12 +122,6 @@ def take_step() -> None:
 
 def without_step(query: dict[str, str]) -> dict[str, str]:
     return {name: value for name, value in query.items() if name != "step"}
-
-
-def current_fragment_id() -> str | None:
-    """The id of the fragment running now (Streamlit has no public call for it: see `ui.follow.push`)."""
-    thread_state = getattr(script_run_context, "ThreadState", None)
-    return getattr(thread_state.get(), "fragment_id", None) if thread_state is not None else None
 
 
 def followed_part(state: AppState) -> dict:

@@ -30,6 +30,7 @@ from engine.model import Model
 from engine.prefix_cache import PrefixCache
 from engine.prompt import tokenize_prompt
 from engine.recorder import ForwardRecord
+from engine.replay import Replay, reused_window_kv
 from engine.sampler import Sampling, candidates, sample
 from engine.settings import check_prefix_cache, check_prompt_fits, check_settings
 from engine.stopwatch import Stopwatch
@@ -92,6 +93,8 @@ class DecodeSession:
         self.detokenizer = IncrementalDetokenizer(model.tokenizer, self.prompt_ids)
         self.stop_reason: str | None = None
         self.closed = False
+        self._reused_window_kv: list = []  # a reused prefix's local-layer K/V, for a replay (engine.replay)
+        self._replay: Replay | None = None  # the passes recomputed for steps whose window was handed back
 
     # -- state -------------------------------------------------------------------------------
 
@@ -132,6 +135,7 @@ class DecodeSession:
                 cache = self.prefix_cache
                 prefix = cache.attach(self.prompt_ids, self.table) if cache is not None else None
             start = self.table.length
+            self._reused_window_kv = reused_window_kv(self.table, start)  # before the window can hand them back
             trace = self._run("prefill", self.prompt_ids[start:], list(range(start, len(self.prompt_ids))))
             trace.prefix = prefix
             return trace
@@ -156,6 +160,10 @@ class DecodeSession:
             if self.prefix_cache is not None and self.traces:
                 self.prefix_cache.publish(self.prompt_ids, self.table)
             self.table.free()
+        if self._replay is not None:
+            self._replay.free()
+            self._replay = None
+        self._reused_window_kv = []
         self.closed = True
 
     def __enter__(self) -> DecodeSession:
@@ -172,8 +180,9 @@ class DecodeSession:
         The pass computes only that step's own input tokens and reads the K/V the cache holds for the
         positions before them (for a prefill after a prefix-cache hit: the reused ones). It writes
         nothing, so the pool, the cache and the session are unchanged, and it needs no pool lock: the
-        blocks it reads are this session's own. The draw is made again with the same seed and step and
-        must give the recorded token.
+        blocks it reads are this session's own. Where a sliding window has handed back K/V that step read,
+        they are recomputed first (`engine.replay`: the session's passes again, once, in a pool of their own).
+        The draw is made again with the same seed and step and must give the recorded token.
         """
         if self.closed:
             raise SessionStateError("the session is closed: its cached K/V are gone")
@@ -194,20 +203,35 @@ class DecodeSession:
     def _table_after(self, trace: StepTrace) -> BlockTable:
         """The table as it was after `trace`'s step; a view only: the session holds the blocks' references.
 
-        A sliding-window layer's blocks are the ones held now, which must still reach back to the window of
-        that step's first position; once the window has handed them back, the step cannot be rebuilt."""
+        A sliding-window layer's blocks are the ones held now, while they still reach back to the window of that
+        step's first position; once the window has handed them back, a replay's (`_replayed`)."""
         then = BlockTable(self.pool, blocks=list(trace.block_table), length=trace.context_length)
         window = self.table.window
         if window is not None:
             needed = max(0, trace.positions[0] - self.pool.window_size + 1)
             if window.first_position > needed:
-                raise SessionStateError(f"step {trace.step}'s sliding-window K/V (from position {needed}) were handed "
-                                        f"back to the pool; the cache now starts at {window.first_position}")
+                return self._replayed(trace)
             size = self.pool.block_size
             held = -(-trace.context_length // size) - window.dropped
             then.window = BlockTable(window.pool, blocks=window.blocks[:held], length=trace.context_length,
                                      dropped=window.dropped)
         return then
+
+    def _replayed(self, trace: StepTrace) -> BlockTable:
+        """The K/V `trace`'s step read, recomputed: the session's passes before it replayed (once; a later call
+        for an older step reads the same replay, one for a newer step extends it)."""
+        if self._replay is None:
+            capacity = min(len(self.prompt_ids) + self.max_new_tokens, self.model.info.context_limit)
+            self._replay = Replay(self.model, self.pool.block_size, capacity, self.kv_splits)
+            reused = self.traces[0].positions[0]  # the prefill's first computed position: what it reused
+            self._replay.start_from(self.table, reused, self._reused_window_kv)
+        self._replay.run_to(self.traces, trace.step)
+        return self._replay.table_before(trace)
+
+    @property
+    def replay_nbytes(self) -> int:
+        """The K/V a replay holds (0 until a step whose window was handed back is rebuilt)."""
+        return self._replay.nbytes if self._replay is not None else 0
 
     @contextmanager
     def _undone_on_error(self) -> Iterator[None]:

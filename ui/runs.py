@@ -192,13 +192,14 @@ class Run:
 
     @property
     def nbytes(self) -> int:
-        """What this run holds: its traces' tensors, the K/V of its cache's written blocks, its memos."""
+        """What this run holds: its traces' tensors, the K/V of its cache's written blocks (and of a replay past a
+        sliding window), its memos."""
         pool = self.cache.pool
         kv = (pool.used_blocks + self.cache.cached_free_blocks()) * pool.block_size * pool.bytes_per_token
         memo = sum(t.nbytes for t in self._rebuilt.values())
         memo += sum(p.nbytes + s.nbytes for p, s in self._attention.values())  # a copy: other pages add to it
         memo += self._busy.nbytes if self._busy is not None else 0
-        return sum(t.nbytes for t in self.session.traces) + kv + memo
+        return sum(t.nbytes for t in self.session.traces) + kv + memo + self.session.replay_nbytes
 
     @property
     def closed(self) -> bool:

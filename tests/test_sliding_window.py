@@ -1,0 +1,113 @@
+"""Past a sliding window, every step can still be seen: a step whose local layers' K/V were handed back to the pool
+is rebuilt (its passes replayed, engine/replay.py), and the rebuilt step equals the one the run computed, tensor
+for tensor; on Gemma 3 270M a run past 512 positions shows a local layer's cache stop at its window and hand its
+oldest blocks back while a global layer keeps every position."""
+
+import pytest
+import torch
+
+import engine
+from engine.prefix_cache import PrefixCache
+from tests.conftest import GEMMA_WINDOW
+from tests.runs import decode
+
+W = GEMMA_WINDOW
+
+
+def same_step(rebuilt: engine.StepTrace, original: engine.StepTrace) -> None:
+    """Every tensor of the rebuilt step equals the run's own, exactly; and the same token and candidates."""
+    assert rebuilt.token_id == original.token_id and rebuilt.positions == original.positions
+    for name in engine.StepTrace.HEAVY:
+        ours, theirs = getattr(rebuilt, name), getattr(original, name)
+        if name == "split":
+            if theirs is None:
+                assert ours is None
+                continue
+            ours, theirs = ours.merged, theirs.merged
+        assert ours is not None and torch.equal(ours, theirs), (original.step, name)
+    assert [c.token_id for c in rebuilt.candidates] == [c.token_id for c in original.candidates]
+
+
+@pytest.mark.parametrize("kv_splits", [1, 3])
+def test_a_step_past_the_window_is_rebuilt_equal_to_the_run(tiny_model, kv_splits):
+    """Steps whose window the run has handed back, oldest and newest, in any order: each equals the run's own."""
+    model = tiny_model("gemma3")
+    session, traces = decode(model, list(range(1000, 1006)), 4 * W, block_size=4, kv_splits=kv_splits,
+                             max_new_tokens=4 * W + 1, keep_full_traces=10**6)
+    window = session.table.window
+    gone = [t for t in traces if t.positions[0] - W + 1 < window.first_position]
+    assert len(gone) > W, "the window has handed back what most steps read"
+    for index in (gone[-1].step, 0, 1, gone[len(gone) // 2].step, len(traces) - 1):  # a newer one, then older
+        same_step(session.rebuild(index), traces[index])
+    assert session.table.window.first_position == window.first_position, "rebuilding changed nothing of the run"
+    assert session.replay_nbytes > 0
+    session.close()
+    assert session.replay_nbytes == 0 and session.pool.used_blocks == 0 and session.pool.window.used_blocks == 0
+
+
+def test_a_reused_prefix_past_the_window_is_rebuilt_from_what_was_reused(tiny_model):
+    """A prefill after a prefix-cache hit computed only the new positions: a replay starts from the reused K/V as
+    they were taken, so the prefill and the steps after it rebuild exactly even once the window handed them back."""
+    model = tiny_model("gemma3")
+    cache = PrefixCache(model, policy="radix", block_size=4, capacity_blocks=64)
+    first = engine.DecodeSession(model, list(range(2000, 2007)), prefix_cache=cache, max_new_tokens=2)
+    first.prefill()
+    first.close()
+    session = engine.DecodeSession(model, list(range(2000, 2007)) + [5, 6, 7], prefix_cache=cache,
+                                   max_new_tokens=3 * W, keep_full_traces=10**6)
+    traces = [session.prefill()]
+    assert traces[0].prefix.reused_tokens > 0
+    while not session.finished:
+        traces.append(session.step())
+    assert session.table.window.first_position > 0
+    for index in (0, 1, len(traces) // 2):
+        same_step(session.rebuild(index), traces[index])
+    session.close()
+
+
+@pytest.fixture(scope="module")
+def long_run(embedded_zh_model):
+    """Gemma 3 270M (as the app holds it) on 500 positions of prompt, then decoding past its window of 512; after
+    each step, the blocks its window pool has in use (what the pool says, not the session)."""
+    prompt = [embedded_zh_model.tokenizer.bos_token_id] + list(range(1000, 1499))
+    session = engine.DecodeSession(embedded_zh_model, prompt, block_size=16, max_new_tokens=57,
+                                   keep_full_traces=10**6)
+    traces, in_use = [session.prefill()], []
+    in_use.append(session.pool.window.used_blocks)
+    while not session.finished:
+        traces.append(session.step())
+        in_use.append(session.pool.window.used_blocks)
+    return session, traces, in_use
+
+
+def test_gemma_local_layers_stop_at_the_window_and_hand_blocks_back_while_global_ones_grow(long_run,
+                                                                                          embedded_zh_model):
+    session, traces, in_use = long_run
+    info = embedded_zh_model.info
+    window, size = info.sliding_window, 16
+    assert window == 512
+    for trace, used in zip(traces, in_use):
+        length = trace.context_length
+        held = length - trace.window_start  # positions the local layers' table holds after this step
+        assert len(trace.block_table) == -(-length // size), "a global layer keeps a block for every position"
+        assert trace.window_start == max(0, (length - window + 1) // size * size)
+        assert min(length, window - 1) <= held <= window - 1 + size - 1
+        assert len(trace.window_block_table) == -(-length // size) - trace.window_start // size == used, \
+            "every block the local layers' table no longer holds is back in the window pool"
+    crossed = [t for t in traces if t.window_start > 0]
+    assert crossed and crossed[0].context_length > window, "blocks go back only once the run passed its window"
+    assert traces[-1].window_start >= 2 * size and len(traces[-1].block_table) > len(traces[0].block_table)
+    assert max(in_use) < len(traces[-1].block_table), "the local layers hold fewer blocks than a global one"
+    # What a view reads now: a local layer's last positions only, a global layer's every one.
+    for layer, kind in enumerate(info.layer_kinds):
+        k, _, start = session.table.read(layer)
+        assert start == (traces[-1].window_start if kind == "local" else 0)
+        assert start + k.shape[0] == session.table.length
+
+
+def test_gemma_steps_before_the_window_are_rebuilt_equal_to_the_run(long_run):
+    """← from past the window to before it: every step rebuilds to the trace the run computed."""
+    session, traces, _ = long_run
+    for trace in reversed(traces[-12:]):
+        same_step(session.rebuild(trace.step), trace)
+    same_step(session.rebuild(0), traces[0])

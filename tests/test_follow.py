@@ -1,4 +1,4 @@
-"""Follow the teacher (ui/follow/page.py): a page opened with lead=1 shares a students' link; pages opened with it
+"""Follow the teacher (ui/follow/): a page opened with lead=1 shares a students' link; pages opened with it
 follow the leader's state until they choose to explore on their own.
 
 AppTest pages in one process share the process's room store, as browser sessions on one server do; the
@@ -15,7 +15,7 @@ import redis
 
 from tests.app_helpers import assert_clean, keeps_working, shown_text, start, step_of
 from ui import strings
-from ui.follow import page as follow, rooms, turns
+from ui.follow import room_link, rooms, turns
 from ui.state import AppState, parse_query
 
 
@@ -60,7 +60,7 @@ def state_of(at) -> AppState:
 def settle() -> None:
     """Wait for the process's RoomSync thread to send every page's state and read every watched room (a page
     hands both to that thread and never waits for the store)."""
-    assert follow.room_sync().settle(timeout=10)
+    assert room_link.room_sync().settle(timeout=10)
 
 
 @pytest.fixture
@@ -78,7 +78,7 @@ def test_lead_1_shows_a_students_link_with_a_code_and_never_the_secret(leader):
     code = code_in(link)
     assert rooms.is_code(code) and code not in secret and secret not in link
     assert secret not in everything_shown(leader)
-    room = follow.the_rooms().read(code)  # what a student's page will read: the leader's link, no secret
+    room = room_link.the_rooms().read(code)  # what a student's page will read: the leader's link, no secret
     assert room is not None and parse_query(room.query) == (state_of(leader), [])
     assert not {"lang", "large"} & set(room.query)  # a follower's own settings are not the leader's to set
     assert secret not in str(room)
@@ -156,26 +156,26 @@ def test_a_follower_on_another_server_follows_through_redis(redis_url, monkeypat
     """KVSCOPE_STORE names Redis: the leader's state goes through it (read here with a client of our own), and
     a follower whose process holds a new store (another server) follows."""
     monkeypatch.setenv("KVSCOPE_STORE", redis_url)
-    follow.room_sync.clear()
+    room_link.room_sync.clear()
     try:
         leader = start(lead=1, step=3)
         settle()
         code = code_in(follow_link(leader))
         raw = redis.Redis.from_url(redis_url, decode_responses=True).get(rooms.KEY_PREFIX + code)
         assert raw is not None and leader.query_params["lead"] not in raw
-        follow.room_sync.clear()  # the other server's own connection
+        room_link.room_sync.clear()  # the other server's own connection
         follower = start(follow=code)
         assert state_of(follower) == state_of(leader) and shown_text(follower) == shown_text(leader)
     finally:
         monkeypatch.delenv("KVSCOPE_STORE")
-        follow.room_sync.clear()
+        room_link.room_sync.clear()
 
 
 def test_an_unusable_store_is_a_message_not_a_traceback(monkeypatch, embedded_model):
     from tests.server import free_port
 
     monkeypatch.setenv("KVSCOPE_STORE", f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
-    follow.room_sync.clear()
+    room_link.room_sync.clear()
     try:
         leader = start(lead=1, step=1)
         assert not leader.exception
@@ -186,12 +186,12 @@ def test_an_unusable_store_is_a_message_not_a_traceback(monkeypatch, embedded_mo
         assert not follower.exception and any("Redis" in w.value for w in follower.warning)
         keeps_working(follower)
         monkeypatch.setenv("KVSCOPE_STORE", "http://nowhere")
-        follow.room_sync.clear()
+        room_link.room_sync.clear()
         bad = start(follow="A" * rooms.CODE_CHARS, step=1)
         assert not bad.exception and any("KVSCOPE" in w.value for w in bad.warning)
     finally:
         monkeypatch.delenv("KVSCOPE_STORE")
-        follow.room_sync.clear()
+        room_link.room_sync.clear()
 
 
 def test_a_follower_in_english_follows_a_chinese_leaders_default_prompt(embedded_model):
@@ -266,10 +266,10 @@ def test_a_follower_keeps_following_through_its_own_language_and_the_teachers_ca
 
 def test_followed_part_leaves_out_the_followers_own_settings_only():
     state = AppState(step=3, view="kv")
-    assert follow.followed_part(replace(state, lang="zh", large=True)) == follow.followed_part(state)
+    assert room_link.followed_part(replace(state, lang="zh", large=True)) == room_link.followed_part(state)
     for change in ({"step": 4}, {"view": "flow"}, {"temperature": 0.5}, {"chapter": 2}, {"prompt": "x"},
                    {"layer": 1}, {"policy": "radix"}):
-        assert follow.followed_part(replace(state, **change)) != follow.followed_part(state), change
+        assert room_link.followed_part(replace(state, **change)) != room_link.followed_part(state), change
 
 
 class FakeSession:

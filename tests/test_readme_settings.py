@@ -47,9 +47,9 @@ def test_the_tables_defaults_are_the_limits_defaults():
 def test_the_defaults_read_outside_limits(monkeypatch):
     """The variables read outside `Limits`: the follower's poll, where converted models live, the room store."""
     table = table_defaults()
-    source = (ROOT / "ui" / "follow" / "page.py").read_text(encoding="utf-8")
+    source = (ROOT / "ui" / "follow" / "follower.py").read_text(encoding="utf-8")
     poll = re.search(r'POLL_SECONDS = float\(os\.environ\.get\("KVSCOPE_FOLLOW_POLL_S"\) or ([0-9.]+)\)', source)
-    assert poll, "ui/follow/page.py no longer reads KVSCOPE_FOLLOW_POLL_S as this test expects"
+    assert poll, "ui/follow/follower.py no longer reads KVSCOPE_FOLLOW_POLL_S as this test expects"
     assert table["KVSCOPE_FOLLOW_POLL_S"] == written(float(poll.group(1)))
 
     from engine import embedded

@@ -14,7 +14,9 @@ import streamlit as st
 
 import engine
 from ui import cases, strings
+from ui.follow import follower, leader
 from ui.follow import page as follow
+from ui.follow.room_link import OWN
 from ui.lesson import CHAPTERS
 from ui.runs import RunConfig
 from ui.settings import Limits, StepLimits, fit_state
@@ -55,7 +57,7 @@ def start_from_link(limits: Limits) -> None:
 
 def follow_leader(query: dict[str, str], limits: Limits) -> None:
     """A follower takes the leader's state (`query`: the leader's link), keeping its own language and text size."""
-    apply_link(query, limits, mine=follow.OWN)
+    apply_link(query, limits, mine=OWN)
     ss.stop_playing = True  # the leader's steps drive this page now
 
 
@@ -153,8 +155,8 @@ def restore_lost_settings() -> None:
 
 def write_link(state: AppState) -> None:
     ss.drawn_state = {f.name: getattr(state, f.name) for f in fields(AppState) if f.name != "step"}
-    follow.publish(state)  # a leader's every draw (a play tick too) reaches its followers
-    follow.check(state)  # a follower's own move (Play's tick too) leaves following
+    leader.publish(state)  # a leader's every draw (a play tick too) reaches its followers
+    follower.check(state)  # a follower's own move (Play's tick too) leaves following
     query = to_query(state) | follow.link_params()
     if st.query_params.to_dict() != query:
         st.query_params.from_dict(query)

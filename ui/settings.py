@@ -32,7 +32,7 @@ KVSCOPE_MEMORY_MB          the host's memory, in MB (default 0: the container's 
                            costliest figures and say so (ui/memory.py `short_of_memory`) instead of risking the
                            process
 KVSCOPE_STORE              where "follow the teacher" rooms live (ui/follow/store.py): unset, in this process (one
-                           server); redis://host:port/db, in Redis, shared by several app servers (ui/follow/page.py)
+                           server); redis://host:port/db, in Redis, shared by several app servers (ui/follow/room_link.py)
 
 The defaults fit Streamlit Community Cloud's free tier (2.7 GB) with 30 students at once; README's
 "Hosting" section has the measured figures.

@@ -11,8 +11,8 @@ from dataclasses import dataclass, replace
 import streamlit as st
 
 import engine
+from ui.follow import follower, turns
 from ui.follow import page as follow
-from ui.follow import turns
 from ui.context import ViewContext
 from ui.lesson import CHAPTERS
 from ui.page_state import (current_state, go_to_chapter, request_full_run, run_lock, show_problem, ss, t, labels,
@@ -35,8 +35,8 @@ def stepper_and_view(model: engine.Model, runner: Runner) -> None:
     """The step, its view and (in the lesson) its chapter: a fragment, redrawn alone by a press of a step button,
     a change of view, layer or head, and Play's ticks. A fault stays in this session: it is shown, and the
     session can start again; the shared model and other sessions are untouched."""
-    follow.take_step()  # a follower: the leader's new step (a run of this fragment alone follows the leader's move)
-    follow.check(current_state())  # a follower who moved on their own is told at once, above the fragment
+    follower.take_step()  # a follower: the leader's new step (a run of this fragment alone follows the leader's move)
+    follower.check(current_state())  # a follower who moved on their own is told at once, above the fragment
     if ss.pop("full_rerun", False) or "pending_case" in ss:  # an article's case is loaded before any widget
         st.rerun(scope="app")  # a control in here changed what the rest of the page shows
     try:

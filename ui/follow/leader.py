@@ -1,0 +1,105 @@
+"""The leader's side of following (`ui.follow.page`): the students' link and its QR code, a publish of the page's
+state on every draw (`publish`, from the page's link writer) and, every second, a refresh of its room and a word on
+whether students can follow it (`lead_status`: the store failing, or another page on the same leader link has taken
+the room, with a button to take it back). No page waits for the store: publishing is the RoomSync thread's.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable
+from urllib.parse import urlencode, urlsplit, urlunsplit
+
+import segno
+import streamlit as st
+
+from ui.follow.room_link import room_query, sync
+from ui.state import AppState
+
+LEAD_SECONDS = 1.0  # the leader's heartbeat (well inside rooms.ROOM_TTL_SECONDS) and check of its status
+ss = st.session_state
+
+# The QR code's box: as tall as most of a projected 720-pixel screen allows, on a white quiet zone so that a
+# dark theme does not hide it; on a phone, the width of the screen.
+QR_CSS = """<style>
+.kv-follow-qr img { width: min(62vh, 100%); height: auto; display: block; background: #fff; image-rendering: pixelated; }
+.kv-follow-link { font-size: 1.1rem; word-break: break-all; }
+</style>"""
+
+
+def publish(state: AppState) -> None:
+    """A leader's draw publishes its state as a link's parameters (others: nothing): without the leader's own
+    language and text size, and with the prompt, model and chat switch always named (their defaults depend on the
+    language)."""
+    if ss.get("follow_role") != "lead":
+        return
+    ss.follow_published = room_query(state)
+    send(ss.follow_published)
+
+
+def send(query: dict[str, str], claim: bool = False) -> None:
+    """Hand `query` to the process's RoomSync for the leader's room (it never waits for the store); the page's
+    first publish claims the room."""
+    room_sync = sync()
+    if room_sync is not None:
+        claim = ss.pop("follow_claim", False) or claim
+        room_sync.publish(ss.follow_page, ss.follow_secret, query, claim=claim)
+
+
+def student_url() -> str:
+    """The students' link: absolute when the browser told the server its address, else relative."""
+    params = {"follow": ss.follow_code}
+    if ss.get("w_lang", "en") != "en":
+        params["lang"] = ss.w_lang  # students open in the class's language, then choose their own
+    base = urlsplit(st.context.url or "")  # scheme, host and path; "" when the browser has not said
+    return urlunsplit((base.scheme, base.netloc, base.path or ("/" if base.netloc else ""), urlencode(params), ""))
+
+
+def panel(t: Callable[..., str]) -> None:
+    url = student_url()
+    # A data URI: the page's HTML sanitizer keeps an <img> but strips an inline <svg> element.
+    qr = segno.make(url, error="m").svg_data_uri(scale=1, border=3, omitsize=True, light="#fff")
+    with st.expander(t("follow_share"), icon=":material/qr_code_2:", key="follow-share"):
+        qr_column, text_column = st.columns([3, 2])
+        qr_column.html(f"{QR_CSS}<div class='kv-follow-qr'><img src='{html.escape(qr)}' "
+                       f"alt='{html.escape(t('follow_qr'))}'></div>")
+        with text_column:
+            with st.container(key="follow-link"):
+                st.html(f"<div class='kv-follow-link'><a href='{html.escape(url)}' target='_blank'>"
+                        f"{html.escape(url)}</a></div>")
+            st.markdown(t("follow_share_help"))
+            st.button(t("follow_end"), key="b_follow_end", on_click=end_room)
+
+
+def lead_status(t: Callable[..., str]) -> None:
+    """The leader's timed check: its room refreshed (the heartbeat: a page that lost the room sends nothing), and
+    a warning when students cannot follow: the store fails, or another page took the room (with a button to
+    take it back)."""
+    room_sync = sync()
+    if room_sync is None:
+        st.warning(t("follow_lead_down", error=ss.follow_error))
+        return
+    if "follow_published" in ss:
+        send(ss.follow_published)
+    if not room_sync.leads(ss.follow_page):
+        st.warning(t("follow_superseded"), icon=":material/cast:")
+        st.button(t("follow_take_back"), key="b_follow_take_back", on_click=take_back)
+    elif room_sync.error:
+        st.warning(t("follow_lead_down", error=room_sync.error))
+
+
+def take_back() -> None:
+    """This page leads again: it claims the room (the page that had it is told at its next check)."""
+    if "follow_published" in ss:
+        send(ss.follow_published, claim=True)
+    else:
+        ss.follow_claim = True
+
+
+def end_room() -> None:
+    """The leader stops sharing: its room is deleted (followers see the class has ended and wait for one) and its
+    link drops the secret; the page goes on as a plain page. A page that no longer leads leaves the room be."""
+    room_sync = sync()
+    if room_sync is not None and room_sync.leads(ss.follow_page):
+        room_sync.end(ss.follow_page, ss.follow_secret)
+    ss.follow_role = None

@@ -1,0 +1,215 @@
+"""Our eviction (engine.eviction) against NVIDIA kvpress 0.5.5 on the same weights and prompt. Dev only: kvpress
+is not a project dependency (it pins transformers < 5.3), so the peer side runs in its own venv.
+
+    python3 -m venv /tmp/kvpress-venv && /tmp/kvpress-venv/bin/pip install torch==2.13.0 "transformers<5.3" kvpress==0.5.5
+    /tmp/kvpress-venv/bin/python bench/kvpress_peer.py peer --model ~/.cache/kvscope/smollm2-135m-instruct-98362432-float32 --out /tmp/peer.json
+    HF_HUB_OFFLINE=1 python3 bench/kvpress_peer.py compare --model embedded --peer /tmp/peer.json
+
+`peer` runs each case as kvpress's pipeline does (the context prefilled under the press, then the last prompt
+token and greedy steps over the cache; a DecodingPress around those) with eager attention, and records per
+(layer, KV head) the positions the cache holds (each cached key row matched bit for bit to the row it was
+copied from), the logits of every step (the first in full, later ones at their top ids) and the greedy tokens.
+`compare` runs the same cases in our engine and prints, per case: kept positions equal, max |Δlogit|, tokens equal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+PROMPT = ("The KV cache stores one key and one value per token, per layer and per head. When a long document no "
+          "longer fits, a server must decide what to forget: the oldest tokens, the ones attention ignores, or the "
+          "ones with small keys. Each choice changes what the model writes next. Summarise the trade-off in one")
+STEPS = 12
+TOP_IDS = 50  # later steps' logits are kept at the peer's top ids only (the file stays small)
+
+# (name, policy, its parameters, prefill compression ratio, decode budget (target_size, interval) or None)
+CASES = [
+    ("streaming_llm@0.5", "streaming_llm", {"n_sink": 4}, 0.5, None),
+    ("knorm@0.5", "knorm", {}, 0.5, None),
+    ("snapkv@0.5", "snapkv", {"window_size": 8, "kernel_size": 5}, 0.5, None),
+    ("tova@0.5", "tova", {}, 0.5, None),
+    ("observed_attention@0.5", "observed_attention", {}, 0.5, None),
+    ("knorm@0.25", "knorm", {}, 0.25, None),
+    ("snapkv@0.75", "snapkv", {"window_size": 16, "kernel_size": 7}, 0.75, None),
+    ("decode:knorm", "knorm", {}, 0.0, (32, 4)),
+    ("decode:tova", "tova", {}, 0.0, (32, 4)),
+    ("decode:observed_attention", "observed_attention", {}, 0.0, (32, 4)),
+    ("decode:streaming_llm", "streaming_llm", {"n_sink": 4}, 0.0, (32, 3)),
+    ("decode:snapkv", "snapkv", {"window_size": 2, "kernel_size": 3}, 0.0, (32, 4)),
+]
+
+
+def prompt_ids(tokenizer) -> list[int]:
+    return tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
+
+
+# -- the peer, in the kvpress venv ------------------------------------------------------------------
+
+def run_peer(model_dir: str, out: str) -> None:
+    import torch
+    from kvpress import (DecodingPress, KnormPress, ObservedAttentionPress, SnapKVPress, StreamingLLMPress,
+                         TOVAPress)
+    from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+    presses = {"streaming_llm": StreamingLLMPress, "knorm": KnormPress, "snapkv": SnapKVPress, "tova": TOVAPress,
+               "observed_attention": ObservedAttentionPress}
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    ids = prompt_ids(tokenizer)
+    n = len(ids) - 1
+    context = torch.tensor([ids[:-1]])
+    with torch.no_grad():  # every position's key rows, as the prefill writes them (compression leaves them bitwise)
+        full = DynamicCache()
+        model.model(input_ids=context, past_key_values=full)
+        context_keys = [layer.keys[0].clone() for layer in full.layers]
+    results = {"prompt_ids": ids, "torch": torch.__version__, "cases": {}}
+    for name, policy, params, ratio, budget in CASES:
+        if budget is None:
+            press = presses[policy](compression_ratio=ratio, **params)
+            decoding = None
+        else:
+            press = None
+            decoding = DecodingPress(base_press=presses[policy](**params), target_size=budget[0],
+                                     compression_interval=budget[1])
+        cache = DynamicCache()
+        with torch.no_grad():
+            if press is not None:
+                with press(model):
+                    model.model(input_ids=context, past_key_values=cache)
+            else:
+                model.model(input_ids=context, past_key_values=cache)
+            rows = [_match_rows(layer.keys[0], keys, [list(range(n))] * len(keys)) for layer, keys in zip(cache.layers, context_keys)]
+            steps, tokens, token, position = [], [], ids[-1], n
+            with decoding(model) if decoding is not None else _nothing():
+                for _ in range(STEPS):
+                    before = [layer.keys[0].clone() for layer in cache.layers]
+                    logits = model(input_ids=torch.tensor([[token]]), past_key_values=cache,
+                                   position_ids=torch.tensor([[position]])).logits[0, -1]
+                    # The rows now: copies of the rows before this pass plus this pass's own (the last before it
+                    # was compressed); match each to where it came from.
+                    rows = [_match_rows(layer.keys[0], torch.cat((old, layer_new(layer, old)), dim=1), [p + [position] for p in r])
+                            for layer, old, r in zip(cache.layers, before, rows)]
+                    token = int(logits.argmax())
+                    top = logits.topk(TOP_IDS).indices.tolist()
+                    steps.append({"top_ids": top, "top_logits": [float(logits[i]) for i in top],
+                                  **({"logits": logits.tolist()} if not steps else {})})
+                    tokens.append(token)
+                    position += 1
+                    if len(steps) == 1:
+                        first_rows = rows
+        results["cases"][name] = {"kept_after_prefill": first_rows if budget is None else None, "kept_final": rows,
+                                  "tokens": tokens, "steps": steps}
+        print(name, tokens, flush=True)
+    Path(out).write_text(json.dumps(results))
+
+
+def layer_new(layer, old):
+    """(kv_heads, 1, D): this pass's key row per head. A pass appends one row; if the press then compressed, it is
+    the row the old ones lack, or gone (then a NaN row, which matches nothing)."""
+    import torch
+
+    keys = layer.keys[0]  # (kv_heads, rows, D)
+    if keys.shape[1] == old.shape[1] + 1:
+        return keys[:, -1:]
+    new = []
+    for h in range(keys.shape[0]):
+        known = (keys[h][:, None, :] == old[h][None, :, :]).all(dim=-1).any(dim=1)  # (rows,)
+        fresh = torch.nonzero(~known).flatten()
+        new.append(keys[h, fresh[0]] if len(fresh) else torch.full_like(keys[h, 0], float("nan")))
+    return torch.stack(new)[:, None]
+
+
+def _match_rows(rows, source, source_positions) -> list[list[int]]:
+    """Per KV head: the position of each cached row, found as the source row it equals bit for bit (source row i
+    of head h is at source_positions[h][i])."""
+    import torch
+
+    out = []
+    for h in range(rows.shape[0]):
+        equal = (rows[h][:, None, :] == source[h][None, :, :]).all(dim=-1)  # (rows, source rows)
+        found = []
+        for r in range(rows.shape[1]):
+            hits = torch.nonzero(equal[r]).flatten().tolist()
+            if len(hits) != 1:
+                raise RuntimeError(f"row {r} of head {h} matches {len(hits)} source rows")
+            found.append(source_positions[h][hits[0]])
+        out.append(found)
+    return out
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+# -- ours, in the project's environment ---------------------------------------------------------------
+
+def run_compare(model_spec: str, peer_file: str) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    import torch
+
+    import engine
+    from engine.eviction import DecodeBudget, EvictionRun, Policy
+
+    peer = json.loads(Path(peer_file).read_text())
+    model = engine.load_model(model_spec, device="cpu")
+    ids = peer["prompt_ids"]
+    assert ids == prompt_ids(model.tokenizer), "the tokenizers split the prompt differently"
+    print(f"{'case':28} {'kept equal':>22} {'max|Δlogit| first':>18} {'max|Δlogit| top ids':>20} {'tokens equal':>13}")
+    for name, policy, params, ratio, budget in CASES:
+        theirs = peer["cases"][name]
+        run = EvictionRun(model, ids, Policy(policy, **params), compression_ratio=ratio,
+                          budget=DecodeBudget(*budget) if budget else None, max_new_tokens=STEPS)
+        run.prefill()
+        kept_first = _kept(run)
+        while not run.finished and len(run.steps) < STEPS:
+            run.step()
+        ours_kept = _kept(run)
+        if budget is None:
+            kept_equal, total = _count_equal(kept_first, theirs["kept_after_prefill"])
+        else:
+            kept_equal, total = _count_equal(ours_kept, theirs["kept_final"])
+        first = (run.steps[0].logits - torch.tensor(theirs["steps"][0]["logits"])).abs().max().item()
+        later = max((abs(float(step.logits[i]) - v) for step, t in zip(run.steps, theirs["steps"])
+                     for i, v in zip(t["top_ids"], t["top_logits"])), default=0.0)
+        tokens = [s.token_id for s in run.steps]
+        same = tokens == theirs["tokens"][:len(tokens)]
+        print(f"{name:28} {f'{kept_equal}/{total} (layer, head)':>22} {first:18.2e} {later:20.2e} {str(same):>13}"
+              + ("" if same else f"  ours {tokens} theirs {theirs['tokens']}"))
+        run.close()
+
+
+def _kept(run) -> list[list[list[int]]]:
+    """Per layer, per KV head: the positions held before the latest pass's own (as the peer records after a pass)."""
+    return [[run.kept_positions(layer, h) for h in range(run.model.info.kv_heads)] for layer in range(run.model.info.layers)]
+
+
+def _count_equal(ours, theirs) -> tuple[int, int]:
+    pairs = [(o, sorted(t)) for layer_o, layer_t in zip(ours, theirs) for o, t in zip(layer_o, layer_t)]
+    return sum(o == t for o, t in pairs), len(pairs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("side", choices=["peer", "compare"])
+    parser.add_argument("--model", required=True, help="peer: an HF model folder; compare: an engine model spec")
+    parser.add_argument("--out", default="/tmp/kvpress_peer.json")
+    parser.add_argument("--peer", default="/tmp/kvpress_peer.json")
+    args = parser.parse_args()
+    if args.side == "peer":
+        run_peer(os.path.expanduser(args.model), args.out)
+    else:
+        run_compare(args.model, args.peer)
+
+
+if __name__ == "__main__":
+    main()

@@ -80,7 +80,8 @@ def test_lead_1_shows_a_students_link_with_a_code_and_never_the_secret(leader):
     assert secret not in everything_shown(leader)
     room = room_link.the_rooms().read(code)  # what a student's page will read: the leader's link, no secret
     assert room is not None and parse_query(room.query) == (state_of(leader), [])
-    assert not {"lang", "large"} & set(room.query)  # a follower's own settings are not the leader's to set
+    assert "large" not in room.query  # a follower's own setting, not the leader's to set
+    assert room.query["lang"] == "en"  # the class's language: only a follow link naming none takes it, once
     assert secret not in str(room)
     assert any("data:image/svg+xml" in h.proto.body for h in leader.html)  # the QR code beside the link
 
@@ -262,6 +263,31 @@ def test_a_follower_keeps_following_through_its_own_language_and_the_teachers_ca
         assert_clean(follower)
         assert state_of(follower) == state_of(leader)
         assert [i.value for i in follower.info if i.value == strings.t("follow_following", "zh")], ([i.value for i in follower.info], [w.value for w in follower.warning])
+
+
+def lang_of(at) -> str:
+    return at.query_params.get("lang", "en")  # the link names the language unless it is English
+
+
+def test_a_plain_follow_link_opens_in_the_class_language_then_keeps_the_students_own(embedded_model):
+    """`?follow=<code>` typed by hand (no `lang=`) opens in the teacher's language; after that the language is the
+    student's: the teacher changing theirs does not move it, nor does a student's link that named one."""
+    teacher = start(lead=1, lang="zh", step=2)
+    settle()
+    code = code_in(follow_link(teacher))
+    plain, named = start(follow=code), start(follow=code, lang="en")
+    assert (lang_of(plain), lang_of(named)) == ("zh", "en")
+    assert [i.value for i in plain.info if i.value == strings.t("follow_following", "zh")]
+    assert state_of(plain) == state_of(teacher) == state_of(named)
+    teacher.selectbox(key="w_lang").set_value("en").run()
+    teacher.button(key="b_next").click().run()
+    settle()
+    for follower in (plain, named):
+        follower.run()
+        assert_clean(follower)
+        assert state_of(follower) == state_of(teacher)
+    assert (lang_of(plain), lang_of(named)) == ("zh", "en")
+    assert [i.value for i in plain.info if i.value == strings.t("follow_following", "zh")]
 
 
 def test_followed_part_leaves_out_the_followers_own_settings_only():

@@ -21,10 +21,11 @@ from ui.page_state import (chat_problem, current_state, engine_error, fit_to_bud
                            write_link)
 from ui.runner import Runner
 from ui.run_store import RunStore
-from ui.settings import DTYPES, Limits, load_limits, step_limits
+from ui.settings import DTYPES, Limits, load_limits, model_limits, step_limits
 from ui.state import LANGS, POLICIES, AppState, bounds, clean_prompt, language_defaults
 from ui.step import stepper_and_view
 from ui.views import lesson
+from ui.lesson import WINDOW_PROMPTS
 from ui.views.flow import PICTURE_CSS
 
 log = logging.getLogger("kvscope")
@@ -117,6 +118,7 @@ def draw_page() -> None:
     notices = st.container(key="notices")
     memory.tune_allocator()
     model, failure = model_for(ss.w_model, notices)  # a model's first load shows its stages
+    limits = model_limits(limits, model.info) if model is not None else limits  # a smaller K/V: longer runs
     runner = prepare_run(model, limits) if model is not None else None
     draw(limits, model, failure, runner, notices)
 
@@ -127,7 +129,7 @@ def settle_state(limits: Limits) -> None:
     if "initialized" not in ss:
         start_from_link(limits)
     restore_lost_settings()
-    follow.take_over(lambda query: follow_leader(query, limits))  # before any widget, as the link is
+    follow.take_over(lambda query, own: follow_leader(query, limits, own))  # before any widget, as the link is
     if ss.pop("stop_playing", False):
         ss.w_playing = False
     ss.pop("full_rerun", None)  # this run is one
@@ -140,6 +142,7 @@ def prepare_run(model: engine.Model, limits: Limits) -> Runner:
     if ss.pop("forget_published", False):
         runner.forget_published()
     apply_pending_case(runner, limits)  # it sets the prompt and chat switch
+    apply_window_prompt(model)
     chat_problem(runner.can_chat)  # a base model: its prompt goes in as it is
     fit_to_budget(step_limits(limits, model.info))
     return runner
@@ -276,6 +279,13 @@ def apply_pending_case(runner: Runner, limits: Limits) -> None:
     ss.w_view = "prefix"
     runner.publish_alone(run_config(replace(current_state(), prompt=cases.CASE_CACHED), limits))
     ss.w_prompt = cases.CASES[which]
+
+
+def apply_window_prompt(model: engine.Model) -> None:
+    """The sliding-window chapter on a model with a window: the lesson's prompt long enough to pass it (on a model
+    without one, the chapter shows what it keeps instead, on the class's prompt)."""
+    if ss.pop("pending_window_prompt", False) and model.info.sliding_window is not None:
+        ss.w_prompt = WINDOW_PROMPTS.get(ss.w_lang, WINDOW_PROMPTS["en"])
 
 
 # -- widgets ----------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from ui import cases, strings
 from ui.follow import follower, leader
 from ui.follow import page as follow
 from ui.follow.room_link import OWN
-from ui.lesson import CHAPTERS
+from ui.lesson import CHAPTERS, WINDOW_PROMPTS
 from ui.runs import RunConfig
 from ui.settings import Limits, StepLimits, fit_state
 from ui.state import CHOICES, AppState, Problem, default_prompt, language_defaults, parse_query, to_query
@@ -55,9 +55,10 @@ def start_from_link(limits: Limits) -> None:
     ss.initialized = True
 
 
-def follow_leader(query: dict[str, str], limits: Limits) -> None:
-    """A follower takes the leader's state (`query`: the leader's link), keeping its own language and text size."""
-    apply_link(query, limits, mine=OWN)
+def follow_leader(query: dict[str, str], limits: Limits, own: frozenset[str] = OWN) -> None:
+    """A follower takes the leader's state (`query`: the leader's link), keeping its `own` settings (its language
+    and text size)."""
+    apply_link(query, limits, mine=own)
     ss.stop_playing = True  # the leader's steps drive this page now
 
 
@@ -96,7 +97,8 @@ def go_to_chapter(number: int) -> None:
     with run_lock():
         in_lesson, settings_before = bool(ss.get("w_chapter")), sidebar_settings()
         enter_chapter(number)
-        if not (in_lesson and number) or sidebar_settings() != settings_before or "pending_case" in ss:
+        if (not (in_lesson and number) or sidebar_settings() != settings_before or "pending_case" in ss
+                or "pending_window_prompt" in ss):
             request_full_run()
 
 
@@ -125,6 +127,10 @@ def enter_chapter(number: int, keep: frozenset[str] = frozenset()) -> None:
             # the chat switch the page had before it (never one the model cannot use: a base model has no template)
             ss.w_prompt = default_prompt(ss.w_lang)
             ss.w_chat = ss.pop("chat_before_case", language_defaults(ss.w_lang).chat)
+        elif ss.w_prompt in WINDOW_PROMPTS.values() and "prompt" not in keep:  # back from the window's chapter
+            ss.w_prompt = default_prompt(ss.w_lang)
+        if chapter.window_prompt and "prompt" not in keep:  # set once the model is known (`page.apply_window_prompt`)
+            ss.pending_window_prompt = True
     if chapter.view == "attention":
         ss.focused_head_chosen = False  # open on a head with a pattern worth talking about
 

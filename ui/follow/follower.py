@@ -21,7 +21,7 @@ import streamlit as st
 
 from ui import streamlit_internals
 from ui.follow import push
-from ui.follow.room_link import followed_part, room_query, sync
+from ui.follow.room_link import followed_part, followed_query, room_query, sync
 from ui.follow.sync import Seen
 from ui.state import AppState, parse_query
 
@@ -46,7 +46,7 @@ def take_step() -> None:
     pending = ss.get("follow_pending")
     if pending is None:
         return
-    if following and "follow_shown" in ss and without_step(pending) == without_step(ss.follow_shown):
+    if following and "follow_shown" in ss and without_step(followed_query(pending)) == without_step(ss.follow_shown):
         ss.step = parse_query(pending)[0].step
         del ss.follow_pending
         ss.follow_fresh = True  # the next `check` keeps this step as the leader's
@@ -136,7 +136,7 @@ def poll() -> None:
     refresh()
     if ss.get("follow_pending") is None:
         return
-    if ss.follow_pending == ss.get("follow_shown"):
+    if followed_query(ss.follow_pending) == ss.get("follow_shown"):
         del ss.follow_pending  # the page shows the leader's state already: only the banner changes
         ss.follow_fresh = True
     else:

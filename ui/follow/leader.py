@@ -28,12 +28,11 @@ QR_CSS = """<style>
 
 
 def publish(state: AppState) -> None:
-    """A leader's draw publishes its state as a link's parameters (others: nothing): without the leader's own
-    language and text size, and with the prompt, model and chat switch always named (their defaults depend on the
-    language)."""
+    """A leader's draw publishes its state as a link's parameters (others: nothing): what followers follow
+    (`room_query`), and the class's language, which a student's plain `?follow=<code>` opens in."""
     if ss.get("follow_role") != "lead":
         return
-    ss.follow_published = room_query(state)
+    ss.follow_published = room_query(state) | {"lang": state.lang}
     send(ss.follow_published)
 
 

@@ -14,22 +14,25 @@ from collections.abc import Callable
 import streamlit as st
 
 from ui.follow import follower, leader, rooms
+from ui.follow.room_link import OWN
 
 ss = st.session_state
 # Clear of the title's descenders above (the page's one-line title sits tight on what follows it).
 SPACING_CSS = "<style>.st-key-follow-share, .st-key-follow-banner { margin-top: 0.4rem; }</style>"
 
 
-def take_over(apply: Callable[[dict[str, str]], None]) -> None:
+def take_over(apply: Callable[[dict[str, str], frozenset[str]], None]) -> None:
     """Called at the top of every page draw, before any widget: the session's role from its link (first draw
-    only), then the leader's pending state through `apply` (the leader's link parameters, `OWN` left out)."""
+    only), then the leader's pending state through `apply(query, own)`: the leader's link parameters, and the
+    settings that stay the page's own (`OWN`; the first take-over of a link that named no language takes the
+    class's)."""
     if "follow_role" not in ss:
         begin(st.query_params.to_dict())
     if ss.get("follow_role") == "follow" and ss.get("follow_mode") in ("following", "waiting"):
         follower.refresh()  # a run pushed by the leader's move (`ui.follow.push`) applies it in this run
     pending = ss.pop("follow_pending", None)
     if pending is not None and ss.get("follow_role") == "follow":
-        apply(pending)
+        apply(pending, OWN - {"lang"} if ss.pop("follow_class_lang", False) else OWN)
         ss.follow_fresh = True  # the next `check` sees the leader's state as this page fitted it
 
 
@@ -44,6 +47,7 @@ def begin(params: dict[str, str]) -> None:
     elif "follow" in params:
         ss.follow_role = "follow"
         ss.follow_code = params["follow"][:64]
+        ss.follow_class_lang = "lang" not in params  # a plain `?follow=<code>` opens in the class's language
         follower.join()
 
 

@@ -8,7 +8,8 @@ page's own id), follow_claim (the leader's next publish claims the room), follow
 again by itself), follow_pending (a link to apply), follow_error (why the store could not be used),
 follow_published (the leader's last published link), follow_shown (what the follower's page shows, as a room's
 link), follow_taken (the follower's state as taken from the leader, `followed_part`), follow_fresh (the leader's
-state was just taken: the next check keeps the page's state as follow_taken).
+state was just taken: the next check keeps the page's state as follow_taken), follow_class_lang (a follower's link
+named no language: its first take-over takes the class's).
 """
 
 from __future__ import annotations
@@ -51,6 +52,12 @@ def room_query(state: AppState) -> dict[str, str]:
     and with the prompt, model and chat switch always named (their defaults depend on the language)."""
     named = {"prompt": state.prompt, "model": state.model, "chat": "1" if state.chat else "0"}
     return {name: value for name, value in to_query(state).items() if name not in OWN} | named
+
+
+def followed_query(query: dict[str, str]) -> dict[str, str]:
+    """What a follower takes of a room's link: all but its own settings (the room also names the class's language,
+    which a plain `?follow=<code>` takes on its first take-over)."""
+    return {name: value for name, value in query.items() if name not in OWN}
 
 
 def followed_part(state: AppState) -> dict:

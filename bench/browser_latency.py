@@ -3,7 +3,7 @@ token's text is on screen and until the step is drawn; chapter changes (PageDown
 followers' lag behind a leader's press; ← at the limits' worst case.
 
     python bench/browser_latency.py [--presses 6] [--warm 2] [--followers 3] [--before /path/to/old/checkout]
-        [--parts views,chapters,play,follow,worst]
+        [--parts views,switch,chapters,play,follow,worst]
 
 With --before, the same measurements run first on the app of another checkout (e.g. a `git worktree` of the
 previous release), then on this one, in the same run: before/after figures from the same machine and minute.
@@ -16,6 +16,8 @@ and p90 over the presses, after warm-up presses:
 - server: → until the run's last message arrived over the websocket (loopback: the server's own time, from
   the press's arrival to its last message, plus the browser's sending of the press);
 - bytes: what the websocket carried from the server for one press.
+Switch: on one page at about 200 cached tokens, a click on each view's label in the view radio in turn (twice
+round), until the link names the view, the run has ended and the browser has painted two frames.
 Chapters: PageDown from chapter 1 to 14 (each a new chapter), then PageUp back to 1 (each visited), until the
 link names the chapter and the page is idle. Followers: one leader page and N follower pages; the leader presses →
 and each follower's counter must show the leader's step: the median and p90 over presses of the last
@@ -155,6 +157,30 @@ def views(browser, url: str, presses: int, warm: int) -> None:
         print(f"  {'':9s} ← to a computed step: token {spread([r['token'] for r in back])}  drawn "
               f"{spread([r['drawn'] for r in back])}", flush=True)
         page.close()
+
+
+def switch(browser, url: str, rounds: int = 2) -> None:
+    """A click on each view's label in turn, `rounds` times round: until the link names it and the page is drawn."""
+    prompt = " ".join(["token"] * 190)
+    page = browser.new_page(viewport={"width": 1280, "height": 720})
+    page.goto(f"{url}/?prompt={quote(prompt)}&chat=0&step=8&temperature=1&seed=3")
+    settled_text(page)
+    times: dict[str, list[float]] = {view: [] for view in VIEWS}
+    for _ in range(rounds):
+        for view in VIEWS[1:] + VIEWS[:1]:
+            label = page.locator(".st-key-w_view label", has_text=strings.t("view_" + view))
+            start = time.perf_counter()
+            label.click()
+            wanted = "null" if view == "flow" else repr(view)  # the default view is not in the link
+            page.wait_for_function(f"() => new URL(location.href).searchParams.get('view') === {wanted}",
+                                   timeout=WAIT_MS, polling="raf")
+            page.wait_for_function(IDLE, timeout=WAIT_MS, polling="raf")
+            page.evaluate(PAINTED)
+            times[view].append(1000 * (time.perf_counter() - start))
+    every = [t for values in times.values() for t in values]
+    print("  view switch: " + ", ".join(f"{view} {statistics.median(values):.0f}" for view, values in times.items())
+          + f" ms; all {spread(every)}, worst {max(every):.0f} ms", flush=True)
+    page.close()
 
 
 WORST_LINK = ("prompt=" + quote(" ".join(["token"] * 382)) + "&chat=0&block_size=1&step=128&temperature=1&seed=3")
@@ -400,6 +426,8 @@ def measure(root: Path, args) -> None:
                 print(f"  server's peak RSS {peak_rss_mb(process):.0f} MB", flush=True)
             if "views" in args.parts:
                 views(browser, url, args.presses, args.warm)
+            if "switch" in args.parts:
+                switch(browser, url)
             if "chapters" in args.parts:
                 chapters(browser, url)
             if "play" in args.parts:
@@ -416,7 +444,7 @@ def main() -> None:
     parser.add_argument("--presses", type=int, default=6)
     parser.add_argument("--warm", type=int, default=2)
     parser.add_argument("--followers", type=int, default=3)
-    parser.add_argument("--parts", default="views,chapters,play,follow")
+    parser.add_argument("--parts", default="views,switch,chapters,play,follow")
     parser.add_argument("--before", type=Path, help="another checkout to measure first, in the same run")
     args = parser.parse_args()
     for root in ([args.before] if args.before else []) + [ROOT]:

@@ -1,8 +1,10 @@
 """Our eviction (engine.eviction) against NVIDIA kvpress 0.5.5 on the same weights and prompt. Dev only: kvpress
 is not a project dependency (it pins transformers < 5.3), so the peer side runs in its own venv.
 
-    python3 -m venv /tmp/kvpress-venv && /tmp/kvpress-venv/bin/pip install torch==2.13.0 "transformers<5.3" kvpress==0.5.5
-    /tmp/kvpress-venv/bin/python bench/kvpress_peer.py peer --model ~/.cache/kvscope/smollm2-135m-instruct-98362432-float32 --out /tmp/peer.json
+    python3 -m venv /tmp/kvpress-venv
+    /tmp/kvpress-venv/bin/pip install torch==2.13.0 "transformers<5.3" kvpress==0.5.5
+    /tmp/kvpress-venv/bin/python bench/kvpress_peer.py peer --out /tmp/peer.json \
+        --model ~/.cache/kvscope/smollm2-135m-instruct-98362432-float32
     HF_HUB_OFFLINE=1 python3 bench/kvpress_peer.py compare --model embedded --peer /tmp/peer.json
 
 `peer` runs each case as kvpress's pipeline does (the context prefilled under the press, then the last prompt
@@ -84,7 +86,8 @@ def run_peer(model_dir: str, out: str) -> None:
                     model.model(input_ids=context, past_key_values=cache)
             else:
                 model.model(input_ids=context, past_key_values=cache)
-            rows = [_match_rows(layer.keys[0], keys, [list(range(n))] * len(keys)) for layer, keys in zip(cache.layers, context_keys)]
+            rows = [_match_rows(layer.keys[0], keys, [list(range(n))] * len(keys))
+                    for layer, keys in zip(cache.layers, context_keys)]
             steps, tokens, token, position = [], [], ids[-1], n
             with decoding(model) if decoding is not None else _nothing():
                 for _ in range(STEPS):
@@ -93,7 +96,8 @@ def run_peer(model_dir: str, out: str) -> None:
                                    position_ids=torch.tensor([[position]])).logits[0, -1]
                     # The rows now: copies of the rows before this pass plus this pass's own (the last before it
                     # was compressed); match each to where it came from.
-                    rows = [_match_rows(layer.keys[0], torch.cat((old, layer_new(layer, old)), dim=1), [p + [position] for p in r])
+                    rows = [_match_rows(layer.keys[0], torch.cat((old, layer_new(layer, old)), dim=1),
+                                        [p + [position] for p in r])
                             for layer, old, r in zip(cache.layers, before, rows)]
                     token = int(logits.argmax())
                     top = logits.topk(TOP_IDS).indices.tolist()
@@ -164,7 +168,8 @@ def run_compare(model_spec: str, peer_file: str) -> None:
     model = engine.load_model(model_spec, device="cpu")
     ids = peer["prompt_ids"]
     assert ids == prompt_ids(model.tokenizer), "the tokenizers split the prompt differently"
-    print(f"{'case':28} {'kept equal':>22} {'max|Δlogit| first':>18} {'max|Δlogit| top ids':>20} {'tokens equal':>13}")
+    print(f"{'case':28} {'kept equal':>22} {'max|Δlogit| first':>18} {'max|Δlogit| top ids':>20} "
+          f"{'tokens equal':>13}")
     for name, policy, params, ratio, budget in CASES:
         theirs = peer["cases"][name]
         run = EvictionRun(model, ids, Policy(policy, **params), compression_ratio=ratio,
@@ -190,7 +195,8 @@ def run_compare(model_spec: str, peer_file: str) -> None:
 
 def _kept(run) -> list[list[list[int]]]:
     """Per layer, per KV head: the positions held before the latest pass's own (as the peer records after a pass)."""
-    return [[run.kept_positions(layer, h) for h in range(run.model.info.kv_heads)] for layer in range(run.model.info.layers)]
+    info = run.model.info
+    return [[run.kept_positions(layer, h) for h in range(info.kv_heads)] for layer in range(info.layers)]
 
 
 def _count_equal(ours, theirs) -> tuple[int, int]:

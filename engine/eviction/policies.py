@@ -66,7 +66,8 @@ class Policy:
         _positive_int("window_size", self.window_size)
         _positive_int("kernel_size", self.kernel_size)
         if self.kernel_size % 2 == 0:
-            raise InvalidSettingError(f"kernel_size must be odd (one pooled score per position), got {self.kernel_size}")
+            raise InvalidSettingError(f"kernel_size must be odd (one pooled score per position), "
+                                      f"got {self.kernel_size}")
 
     def query_rows(self, n: int) -> int:
         """How many of the last queries' attention rows the score reads when `n` queries ran (0: none)."""

@@ -64,7 +64,8 @@ class StreamingWindow:
         for name, least in (("n_sink", 0), ("window", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise InvalidSettingError(f"the streaming window's {name} must be an integer ≥ {least}, got {value!r}")
+                raise InvalidSettingError(f"the streaming window's {name} must be an integer ≥ {least}, "
+                                          f"got {value!r}")
 
 
 @dataclass

@@ -1,0 +1,257 @@
+"""KV eviction (engine.eviction) against references written here from each policy's definition (kvpress 0.5.5's),
+scored from transformers' eager attention weights and cached keys; decode over the evicted cache against
+transformers' eager attention with the same positions masked per (layer, KV head)."""
+
+import math
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from engine.errors import InvalidSettingError
+from engine.eviction import DecodeBudget, EvictionRun, Policy, StreamingWindow
+from engine.trace import Capture
+
+PROMPT = ("Serving systems keep a cache of keys and values; when it no longer fits, they evict some positions and "
+          "keep the ones a score ranks highest, then decode")
+FAMILIES = ["llama", "qwen3", "llama3-rope"]  # GQA 4:2, q/k norms, one KV head for all four Q heads
+POLICIES = [("streaming_llm", {"n_sink": 4}), ("knorm", {}), ("snapkv", {"window_size": 8, "kernel_size": 5}),
+            ("tova", {}), ("observed_attention", {})]
+# The tiny Qwen3's k_norm weights are all 1, so every key has norm √head_dim up to rounding (RoPE keeps norms):
+# key-norm's order there is rounding noise, not a policy. Qwen3 runs the other policies.
+CASES = [(family, name, params) for family in FAMILIES for name, params in POLICIES
+         if (family, name) != ("qwen3", "knorm")]
+LOGIT_ATOL = 1e-4
+STEPS = 4
+
+
+def hf_model(folder: str):
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
+
+
+def prompt_ids(model) -> list[int]:
+    return model.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
+
+
+# -- the references: each policy from its definition --------------------------------------------------
+
+def top(scores: torch.Tensor, count: int, among: list[int]) -> set[int]:
+    """The `count` positions of `among` with the highest scores (scores indexed like `among`)."""
+    order = sorted(range(len(among)), key=lambda i: -float(scores[i]))
+    return {among[i] for i in order[:count]}
+
+
+def reference_kept(name: str, params: dict, attention: torch.Tensor, keys: torch.Tensor, held: list[int],
+                   n_kept: int, kv_head: int) -> set[int]:
+    """The positions one KV head keeps of `held` (ascending), by the definition of policy `name`.
+
+    attention: (q_heads, rows, L) transformers' eager weights of the queries that score (a prefill's rows
+    over its n positions, or one decode row), over positions; keys: (kv_heads, L, D) as transformers caches them.
+    """
+    q_heads = attention.shape[0]
+    group = q_heads // keys.shape[0]
+    mine = range(kv_head * group, (kv_head + 1) * group)  # the Q heads that read this KV head
+    a = attention[:, :, held]  # over the rows held, in position order
+    n = len(held)
+    if name == "streaming_llm":  # the first n_sink, and the latest of the rest
+        sinks = params["n_sink"]
+        return set(held[:sinks]) | set(held[n - (n_kept - sinks):])
+    if name == "knorm":  # the smallest key norms
+        return top(-keys[kv_head, held].norm(dim=-1), n_kept, held)
+    if name == "snapkv":  # the window's queries, averaged; a mean over kernel neighbours (zeros past the ends)
+        w, k = params["window_size"], params["kernel_size"]
+        per_q = a[list(mine), -w:, :n - w].mean(dim=1)  # (group, n − w)
+        pooled = torch.stack([per_q[:, max(0, j - k // 2):j + k // 2 + 1].sum(dim=1) / k for j in range(n - w)], dim=1)
+        return set(held[n - w:]) | top(pooled.mean(dim=0), n_kept - w, held[:n - w])
+    if name == "tova":  # the last query, averaged over every Q head; itself always kept
+        return {held[-1]} | top(a[:, -1, :n - 1].mean(dim=0), n_kept - 1, held[:n - 1])
+    if name == "observed_attention":  # attention received, per query that could see it, over the group
+        rows = a.shape[1]
+        received = torch.stack([a[list(mine), :, j].sum(dim=1) / (n - j) for j in range(n)], dim=1)  # (group, n)
+        assert rows in (1, n)
+        return top(received.mean(dim=0), n_kept, held)
+    raise ValueError(name)
+
+
+def masked_hf_pass(hf, run: EvictionRun, monkeypatch) -> tuple[torch.Tensor, object]:
+    """transformers' eager forward over the run's whole sequence, each query at or after the last prompt token
+    seeing only what its step kept in each (layer, KV head): its logits (T, vocab) and output."""
+    inputs = run.prompt_ids + [s.token_id for s in run.steps[:-1]]
+    length = len(inputs)
+    config = hf.config
+    q_heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    lowest = torch.finfo(torch.float32).min
+    masks = []
+    for layer in range(config.num_hidden_layers):
+        extra = torch.zeros(1, q_heads, length, length)
+        for step in run.steps:
+            hidden = ~step.kept[layer].repeat_interleave(q_heads // kv_heads, dim=0)  # (q_heads, p + 1)
+            extra[0, :, step.position, :step.position + 1][hidden] = lowest
+        masks.append(extra)
+    module = sys.modules[type(hf.model.layers[0].self_attn).__module__]
+    eager = module.eager_attention_forward
+
+    def evicted_eager(attn, query, key, value, attention_mask, **kwargs):
+        causal = torch.full((length, length), lowest).triu(1)[None, None] if attention_mask is None else attention_mask
+        return eager(attn, query, key, value, causal + masks[attn.layer_idx], **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(module, "eager_attention_forward", evicted_eager)
+        with torch.no_grad():
+            out = hf(torch.tensor([inputs]), output_attentions=True)
+    return out.logits[0], out
+
+
+def assert_decode_matches(hf, run: EvictionRun, monkeypatch):
+    logits, out = masked_hf_pass(hf, run, monkeypatch)
+    for step in run.steps:
+        diff = (step.logits - logits[step.position]).abs().max().item()
+        assert diff <= LOGIT_ATOL, f"step {step.step}: max |engine − transformers masked| = {diff:.3g}"
+        assert step.token_id == int(logits[step.position].argmax()), f"step {step.step}: another greedy token"
+    return out
+
+
+# -- the tests ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family,name,params", CASES)
+@pytest.mark.parametrize("ratio", [0.5, 0.35])  # 0.35: n × 0.65 ends in .8, so rounding matters
+def test_kept_positions_after_the_prefill_equal_the_definition_and_decode_equals_masked_eager(
+        family, name, params, ratio, tiny_model, tiny_model_dir, monkeypatch):
+    model, hf = tiny_model(family), hf_model(tiny_model_dir(family))
+    ids = prompt_ids(model)
+    n = len(ids) - 1
+    run = EvictionRun(model, ids, Policy(name, **params), compression_ratio=ratio, max_new_tokens=STEPS)
+    run.prefill()
+    with torch.no_grad():
+        out = hf(torch.tensor([ids[:-1]]), output_attentions=True)
+    n_kept = math.floor(n * (1 - ratio))
+    for layer in range(model.info.layers):
+        keys = out.past_key_values.layers[layer].keys[0]
+        for head in range(model.info.kv_heads):
+            expected = reference_kept(name, params, out.attentions[layer][0], keys, list(range(n)), n_kept, head)
+            kept = set(run.kept_positions(layer, head)) - {n}  # n: the last prompt token, read after the eviction
+            assert len(kept) == n_kept < n
+            assert kept == expected, f"layer {layer}, KV head {head}: kept {sorted(kept)}, expected {sorted(expected)}"
+    while not run.finished:
+        run.step()
+    assert len(run.steps) == STEPS
+    assert_decode_matches(hf, run, monkeypatch)
+
+
+@pytest.mark.parametrize("name", ["knorm", "tova"])
+def test_a_decode_budget_holds_after_twice_its_size_in_steps_and_keeps_what_the_definition_keeps(
+        name, tiny_model, tiny_model_dir, monkeypatch):
+    """DecodingPress: every `interval` passes, each (layer, KV head) holding more than target_size rows keeps
+    target_size, scored from that pass (key norms, or that pass's attention from transformers)."""
+    family = "llama"
+    model, hf = tiny_model(family), hf_model(tiny_model_dir(family))
+    ids = prompt_ids(model)
+    budget = DecodeBudget(target_size=12, interval=3)
+    run = EvictionRun(model, ids, Policy(name), budget=budget, max_new_tokens=2 * budget.target_size)
+    run.prefill()
+    while not run.finished:
+        run.step()
+    assert len(run.steps) == 2 * budget.target_size
+    out = assert_decode_matches(hf, run, monkeypatch)
+    info = model.info
+    evictions = 0
+    for i, step in enumerate(run.steps):
+        for layer in range(info.layers):
+            held = step.kept[layer]  # what this pass read: all the positions held, the pass's own included
+            if i >= budget.interval:  # once the first eviction (after pass `interval`) has run
+                assert (held.sum(dim=1) <= budget.target_size + budget.interval).all()
+            if step.evictions[layer] is None:
+                continue
+            evictions += 1
+            keys = out.past_key_values.layers[layer].keys[0]
+            attention = out.attentions[layer][0][:, step.position:step.position + 1]
+            for head in range(info.kv_heads):
+                before = torch.nonzero(held[head]).flatten().tolist()
+                expected = reference_kept(name, {}, attention, keys, before, budget.target_size, head)
+                after = set(run.steps[i + 1].kept[layer][head].nonzero().flatten().tolist()) - {step.position + 1} \
+                    if i + 1 < len(run.steps) else set(run.kept_positions(layer, head))
+                assert after == expected, f"step {i}, layer {layer}, head {head}"
+    assert evictions == info.layers * (len(run.steps) // budget.interval)  # the cache is over budget at each
+    # The budget's bytes: what the rows hold is counted per (layer, KV head); masking frees no block.
+    rows = [len(run.kept_positions(layer, 0)) for layer in range(info.layers)]
+    assert all(r <= budget.target_size + budget.interval - 1 for r in rows)
+    per_row = 2 * info.head_dim * 4  # K and V of one KV head at one position, float32
+    assert run.kept_bytes() == sum(rows) * info.kv_heads * per_row
+    assert run.kept_bytes() <= info.layers * info.kv_heads * (budget.target_size + budget.interval - 1) * per_row
+    assert run.full_bytes() == run.table.length * info.layers * info.kv_heads * per_row > 2 * run.kept_bytes()
+    assert run.allocated_bytes() >= run.full_bytes()
+
+
+def test_the_streaming_window_keeps_the_sinks_and_the_latest_positions_every_step(tiny_model, tiny_model_dir,
+                                                                                  monkeypatch):
+    family = "llama3-rope"
+    model, hf = tiny_model(family), hf_model(tiny_model_dir(family))
+    ids = prompt_ids(model)
+    window = StreamingWindow(n_sink=4, window=8)
+    run = EvictionRun(model, ids, budget=window, max_new_tokens=2 * (window.n_sink + window.window))
+    run.prefill()
+    while not run.finished:
+        run.step()
+    for step in run.steps[1:]:  # every pass after the first reads the sinks and the window the last one left
+        previous = step.position - 1
+        expected = set(range(window.n_sink)) | set(range(previous - window.window + 1, previous + 1)) | {step.position}
+        for layer in range(model.info.layers):
+            assert set(step.kept[layer][0].nonzero().flatten().tolist()) == expected
+    assert_decode_matches(hf, run, monkeypatch)
+    share = run.steps[-1].evicted_share
+    assert share.shape == (model.info.layers, model.info.q_heads) and ((share > 0) & (share < 1)).all()
+
+
+@pytest.mark.parametrize("name,params", [("snapkv", {"window_size": 8, "kernel_size": 7}),
+                                         ("streaming_llm", {"n_sink": 4}), ("observed_attention", {})])
+def test_the_embedded_model_keeps_what_the_definition_keeps_and_decodes_as_masked_eager(
+        name, params, embedded_model, embedded_folder, monkeypatch):
+    hf = hf_model(embedded_folder)
+    ids = prompt_ids(embedded_model)
+    n = len(ids) - 1
+    run = EvictionRun(embedded_model, ids, Policy(name, **params), compression_ratio=0.5, max_new_tokens=3)
+    run.prefill()
+    with torch.no_grad():
+        out = hf(torch.tensor([ids[:-1]]), output_attentions=True)
+    for layer in range(embedded_model.info.layers):
+        keys = out.past_key_values.layers[layer].keys[0]
+        for head in range(embedded_model.info.kv_heads):
+            expected = reference_kept(name, params, out.attentions[layer][0], keys, list(range(n)), n // 2, head)
+            assert set(run.kept_positions(layer, head)) - {n} == expected, f"layer {layer}, KV head {head}"
+    while not run.finished:
+        run.step()
+    assert_decode_matches(hf, run, monkeypatch)
+
+
+def test_evicted_share_is_what_full_attention_puts_on_the_evicted_positions(tiny_model):
+    """In the first layer the last prompt token's query does not depend on what was evicted, so its full attention is
+    that of a pass over the same cache with nothing hidden; the share is that attention summed over what was evicted,
+    and the attention the run used is 0 there."""
+    model = tiny_model("llama")
+    run = EvictionRun(model, prompt_ids(model), Policy("knorm"), compression_ratio=0.5, max_new_tokens=1)
+    first = run.prefill()
+    full = model.forward([first.input_id], [first.position], run.table, Capture(residuals=False),
+                         write=False).attention[0, :, -1]  # (q_heads, L)
+    hidden = ~first.kept[0].repeat_interleave(model.info.gqa_group, dim=0)
+    assert hidden.any()
+    assert torch.allclose(first.evicted_share[0], (full * hidden).sum(dim=-1), atol=1e-6)
+    for layer in range(model.info.layers):
+        assert (first.attention[layer][~first.kept[layer].repeat_interleave(model.info.gqa_group, dim=0)] == 0).all()
+    run.close()
+
+
+@pytest.mark.parametrize("make", [
+    lambda m: EvictionRun(m, [1, 2, 3], Policy("knorm"), compression_ratio=1.0),
+    lambda m: EvictionRun(m, [1, 2, 3], Policy("knorm"), compression_ratio=-0.1),
+    lambda m: EvictionRun(m, [1], Policy("knorm"), compression_ratio=0.5),
+    lambda m: EvictionRun(m, [1, 2, 3], compression_ratio=0.5),
+    lambda m: EvictionRun(m, [1, 2, 3], Policy("knorm"), budget=DecodeBudget(target_size=0)),
+    lambda m: Policy("h2o"),
+    lambda m: Policy("snapkv", kernel_size=4),
+    lambda m: EvictionRun(m, [1, 2, 3, 4, 5], Policy("snapkv", window_size=8), compression_ratio=0.5).prefill(),
+    lambda m: EvictionRun(m, [1, 2, 3, 4, 5], Policy("streaming_llm"), compression_ratio=0.5).prefill(),
+])
+def test_bad_settings_raise_a_clear_error(make, tiny_model):
+    with pytest.raises(InvalidSettingError):
+        make(tiny_model("llama"))

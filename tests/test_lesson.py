@@ -22,7 +22,7 @@ from tests.helpers import WAIT_MS, Received, press
 from tests.server import browser_page, settled_text
 from ui import strings
 from ui.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
-from ui.lesson import CHAPTERS
+from ui.lesson import CHAPTERS, WINDOW_PROMPTS
 from ui.state import default_prompt, language_defaults, parse_query
 from viz.style import fmt_size
 from viz.tokens import position_label
@@ -118,11 +118,17 @@ def run_of(chapter, model: engine.Model, lang: str, prompt: str | None = None) -
         tokenizer = model.tokenizer
         cached, new = tokenizer.encode(CASE_CACHED), tokenizer.encode(CASES[chapter.case])
         return Run(model, len(new), len(new), None, new, reuse=case_reuse(model, chapter.case), cached=cached)
-    session, trace = own_trace(model, prompt or default_prompt(lang), chapter.step, chapter.settings["block_size"],
-                               chapter.settings["kv_splits"], page_chat(model, lang))
+    session, trace = own_trace(model, prompt or chapter_prompt(chapter, model, lang), chapter.step,
+                               chapter.settings["block_size"], chapter.settings["kv_splits"], page_chat(model, lang))
     n, context = len(session.prompt_ids), trace.context_length
     return Run(model, n, context, trace, session.prompt_ids + session.generated[:context - n],
                shown=session.prompt_ids + session.generated[:chapter.step])
+
+
+def chapter_prompt(chapter, model: engine.Model, lang: str) -> str:
+    """The prompt a chapter runs: the sliding-window chapter's own on a model with a window, else the language's."""
+    windowed = any(w is not None for w in model.info.layer_windows)
+    return WINDOW_PROMPTS[lang] if chapter.window_prompt and windowed else default_prompt(lang)
 
 
 def expected_numbers(chapter, run: Run, at) -> list[str]:
@@ -160,7 +166,7 @@ def expected_numbers(chapter, run: Run, at) -> list[str]:
                                 + ([] if kv_at(2 * context) == 2 * kv_at(context) else [f"{kv_at(2 * context) / 2**20:,.2f}"]),
         "split_kv": lambda: [len(trace.split.ranges), f"{trace.split.max_abs_diff.max().item():.1e}"],
         "context_window": lambda: growth_numbers(run),
-        "sliding_window": lambda: window_numbers(info, context, kv_at),
+        "sliding_window": lambda: window_numbers(run, chapter.settings["block_size"], at.session_state["w_lang"]),
     }[chapter.key]()
     return [str(x) for x in numbers]
 
@@ -188,17 +194,34 @@ def growth_numbers(run: Run) -> list[str]:
     return out
 
 
-def window_numbers(info, context: int, kv_at) -> list[str]:
-    """The sliding-window chapter: at four windows' length (the run's, without windows), the K/V every layer global
-    would take and (with windows) what this model's take, its count of local and global layers and the window;
-    without windows, its K/V at its limit."""
-    window = next((w for w in info.layer_windows if w is not None), None)
-    at = min(info.context_limit, 4 * window) if window else context
-    every = [f"{at:,}", fmt_size(at * kv_at(1))]  # kv_at(1): one position in every layer
+WINDOW_WORDS = {"en": ("{} to {}", "{} blocks of {}", "**{} blocks**", "in {} blocks."),
+                "zh": ("{} 至 {}", "{} 个块，每块 {} 个", "**{} 个块**", "共 {} 个块。")}  # how chapter 15 writes them
+
+
+def window_numbers(run: Run, size: int, lang: str) -> list[str]:
+    """The sliding-window chapter, worked out here from the run's length and the model's layers: where the newest
+    query's window starts, the positions and blocks the local layers hold and handed back (a block goes back once
+    every position in it is before length − window + 1), what the global layers keep, and the bytes of each."""
+    info, context = run.info, run.context
+    span, in_blocks, returned, global_blocks = WINDOW_WORDS[lang]
+    position, blocks, window = context - 1, -(-context // size), run.window
+    per_layer = 2 * info.kv_heads * info.head_dim * run.model.weights.embed_tokens.element_size()
+    every = f"{context * info.layers * per_layer / 1024:,.1f}"
     if window is None:
-        return every + [fmt_size(info.context_limit * kv_at(1)), f"{info.context_limit:,}"]
+        limit = info.context_limit
+        return [f"{context:,}", in_blocks.format(blocks, size), every, f"{info.layers * per_layer:,}", f"{limit:,}",
+                fmt_size(limit * info.layers * per_layer), str(info.layers)]
     local = sum(w is not None for w in info.layer_windows)
-    return every + [fmt_size(kv_at(at)), str(local), str(info.layers - local), str(window), f"{context:,}"]
+    start = max(0, context - window + 1) // size * size  # the first position the local layers still hold
+    reads = max(0, position - window + 1)
+    global_layers = ", ".join(str(i) for i, w in enumerate(info.layer_windows) if w is None)
+    if not start:
+        return [f"{context:,}", in_blocks.format(blocks, size), every, f"{reads:,}", global_layers]
+    return [f"{context:,}", span.format(f"{reads:,}", f"{position:,}"), span.format(f"{start:,}", f"{position:,}"),
+            f"{context - start:,}", in_blocks.format(blocks - start // size, size), returned.format(start // size),
+            span.format(0, f"{start - 1:,}"), f"{start * local * per_layer / 1024:,.1f}",
+            global_blocks.format(blocks), global_layers, f"{(context - start) * local * per_layer / 1024:,.1f}",
+            f"{context * (info.layers - local) * per_layer / 1024:,.1f}", every]
 
 
 def crossovers(info, context: int, kv_at) -> list[str]:
@@ -256,11 +279,13 @@ def premises(chapter, run: Run, at) -> dict[tuple[str, str | None], bool]:
                 ("question", None): n >= 2, ("question", "one_token"): n < 2, ("answer", "one_token"): n < 2,
                 ("answer", None): n >= 2 and not past and halves, ("answer", "past_window"): n >= 2 and past,
                 ("answer", "rough"): n >= 2 and not past}
-    if chapter.key == "sliding_window":
+    if chapter.key == "sliding_window":  # its own text once a local block went back to the pool
         has = window is not None
-        return {("look", None): has and context > window, ("look", "inside_window"): has and context <= window,
-                ("look", "no_window"): not has} | {(part, None): has for part in ("claim", "question", "answer")} | {
-                (part, "no_window"): not has for part in ("claim", "question", "answer")}
+        handed_back = has and context - window + 1 >= chapter.settings["block_size"]
+        return {(part, None): handed_back for part in ("body", "look", "claim")} | {
+            (part, "inside_window"): has and not handed_back for part in ("body", "look", "claim")} | {
+            (part, None): has for part in ("question", "answer")} | {
+            (part, "no_window"): not has for part in ("body", "look", "claim", "question", "answer")}
     return {}
 
 
@@ -368,7 +393,7 @@ def test_past_the_window_the_chapters_say_so(key, embedded_zh_model, monkeypatch
 def test_chapters_tell_different_things_and_cover_every_teaching_point():
     bodies = [c.part("body", lang) for c in CHAPTERS for lang in ("en", "zh")]
     assert len(set(bodies)) == len(bodies) and len(CHAPTERS) >= 10
-    assert {p for c in CHAPTERS for p in c.points} == {f"T{i}" for i in range(1, 15)}
+    assert {p for c in CHAPTERS for p in c.points} == {f"T{i}" for i in range(1, 16)}
     for c in CHAPTERS:  # the same placeholders in both languages: a number is never missing in one of them
         for variant in (None, *c.variants):
             texts = [c.text[lang][variant] if variant else c.text[lang] for lang in ("en", "zh")]

@@ -34,6 +34,7 @@ class Chapter:
     stage: str | None  # the part of one step's picture it highlights (viz.step_picture.STAGES)
     settings: dict[str, int | str]  # block_size, kv_splits and the KV view's pool this chapter runs with
     case: str | None  # the article's prefix-cache case it loads ("case1", "case2")
+    window_prompt: bool  # on a model with a sliding window, it runs WINDOW_PROMPTS (long enough to pass the window)
     text: dict[str, dict]  # language → part (TEXT_PARTS) → template, and variant → part → template
 
     def part(self, name: str, lang: str, variants: tuple[str, ...] | list[str] = ()) -> str:
@@ -50,14 +51,25 @@ class Chapter:
         return tuple(name for name, value in self.text["en"].items() if isinstance(value, dict))
 
 
-def read_chapters(path: Path = Path(__file__).with_name("lesson.toml")) -> tuple[Chapter, ...]:
+LESSON = Path(__file__).with_name("lesson.toml")
+
+
+def read_chapters(path: Path = LESSON) -> tuple[Chapter, ...]:
     with open(path, "rb") as f:
         raw = tomllib.load(f)["chapter"]
     return tuple(
         Chapter(number=i, key=c["key"], figure=c["figure"], points=tuple(c["points"]), view=c["view"], step=c["step"],
                 stage=c.get("stage"), settings={name: c.get(name, DEFAULT_SETTINGS[name]) for name in SETTINGS},
-                case=c.get("case"), text={lang: c[lang] for lang in LANGUAGES})
+                case=c.get("case"), window_prompt=c.get("window_prompt", False),
+                text={lang: c[lang] for lang in LANGUAGES})
         for i, c in enumerate(raw, start=1))
 
 
+def read_window_prompts(path: Path = LESSON) -> dict[str, str]:
+    """Language → the prompt a chapter with `window_prompt` runs on a model with a sliding window."""
+    with open(path, "rb") as f:
+        return dict(tomllib.load(f)["window_prompt"])
+
+
 CHAPTERS = read_chapters()
+WINDOW_PROMPTS = read_window_prompts()

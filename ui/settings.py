@@ -4,9 +4,11 @@ KVSCOPE_MODELS             comma-separated model specs the app may load besides 
                            always allowed ("embedded", English; "embedded-zh", Chinese; each loaded when a page
                            first asks for it, `ui.page.read_model` keeping up to 3 models)
 KVSCOPE_ALLOW_ANY_MODEL    1: any hub id or local folder may be loaded (a teacher's own laptop)
-KVSCOPE_MAX_PROMPT_TOKENS  longest prompt, in tokens (default 384)
+KVSCOPE_MAX_PROMPT_TOKENS  longest prompt, in tokens (default 384), for a model whose K/V take SmolLM2's 46,080 B a
+                           token; a model with smaller K/V gets more, within the step memory (`model_limits`)
 KVSCOPE_MAX_NEW_TOKENS     most tokens one run generates (default 128)
-KVSCOPE_CACHE_TOKENS       K/V positions in each browser session's pool, prefix cache included (default 512)
+KVSCOPE_CACHE_TOKENS       K/V positions in each browser session's pool, prefix cache included (default 512), scaled
+                           as the prompt's limit
 KVSCOPE_FULL_TRACES        latest steps whose tensors a session keeps; older ones are rebuilt by one pass (default 8)
 KVSCOPE_SHARED_RUNS_MB     memory for the runs pages share (the same settings and prompt history: one run), in MB;
                            the least recently used are dropped beyond it (default 256)
@@ -146,6 +148,21 @@ def step_limits(limits: Limits, info: ModelInfo) -> StepLimits:
     block = -(-tokens * BLOCK_BYTES // (budget // 8))
     return StepLimits(max_kv_splits=max(1, min(APP_MAX_KV_SPLITS, splits)), min_block_size=max(1, block),
                       max_attention_tokens=_largest(lambda n: 2 * info.attention_bytes(n, n) <= budget))
+
+
+REFERENCE_KV_BYTES = 46_080  # K/V bytes a token of SmolLM2-135M in float32: the model the token limits are set for
+
+
+def model_limits(limits: Limits, info: ModelInfo) -> Limits:
+    """The host's limits for the model described by `info`. The prompt and cache limits are counted in positions of
+    a model whose K/V take REFERENCE_KV_BYTES a token: a model whose K/V take fewer gets as many more positions as
+    the same bytes hold (Gemma 3 270M in bfloat16, 18,432 B: 2.5 times, so a run can pass its window of 512), the
+    prompt no longer than the longest whose attention fits the step memory (`StepLimits.max_attention_tokens`: its
+    prefill and its heatmap). Never fewer than the host set; SmolLM2 in float32 keeps them as they are."""
+    scale = max(1.0, REFERENCE_KV_BYTES / info.kv_bytes_per_token)
+    longest = step_limits(limits, info).max_attention_tokens
+    prompt = max(limits.max_prompt_tokens, min(int(limits.max_prompt_tokens * scale), longest))
+    return replace(limits, max_prompt_tokens=prompt, cache_tokens=int(limits.cache_tokens * scale))
 
 
 def _largest(fits, high: int = 1 << 24) -> int:

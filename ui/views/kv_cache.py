@@ -12,6 +12,7 @@ from viz.kv_cache import (block_table_frame, busy_pool_figure, difference_text, 
                           layer_lengths_figure, layer_lengths_frame, layer_lengths_table, lengths_default,
                           occupancy_bar, pool_figure, window_saving)
 from viz.style import fmt_int, fmt_size
+from viz.window import layer_reach_figure, layer_reach_frame
 
 
 def render(ctx: ViewContext) -> None:
@@ -33,6 +34,7 @@ def render(ctx: ViewContext) -> None:
     if shown():
         blocks(ctx, block_table, pool, busy)
     layer, head = layer_head_pickers(ctx)
+    layer_reach(ctx, head)
     kv_values(ctx, layer, head, length)
     layer_lengths(ctx, length)
     if shown():
@@ -104,6 +106,20 @@ def kv_values(ctx: ViewContext, layer: int, head: int, length: int) -> None:
                                     ctx.t("values_title", which=which, layer=layer, kv=kv_head, head=head), ctx.large,
                                     words(ctx), start=start),
            f"{which}-L{layer}-KV{kv_head}", memo_key(ctx, "values", layer, head, which))
+
+
+def layer_reach(ctx: ViewContext, head: int) -> None:
+    """What every layer read at this step (Q head `head`'s newest query over every cached position): a sliding-window
+    layer's row blank before its window, where its blocks went back to the pool; a global layer's reaching to 0."""
+    trace, info = ctx.trace, ctx.info
+    place = Part("reach")
+    if not place.shown:
+        return
+    with place:
+        figure(lambda: layer_reach_figure(
+            layer_reach_frame(trace.attention[:, head, -1].float().numpy(), trace.scores[:, head, -1].float().numpy()),
+            info.layer_kinds, trace.window_start, ctx.t("reach_title", head=head), ctx.large, words(ctx)),
+            f"reach-H{head}", memo_key(ctx, "reach", head))
 
 
 def layer_lengths(ctx: ViewContext, length: int) -> None:

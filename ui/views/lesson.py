@@ -15,7 +15,7 @@ from ui.context import ViewContext
 from ui.lesson import CHAPTERS, Chapter
 from ui.views.common import shown_layer_head
 from viz.costs import attention_scores, context_growth_frame, growth_lengths
-from viz.kv_cache import difference_text, lengths_default, window_saving
+from viz.kv_cache import difference_text
 from viz.split_kv import vector_text
 from viz.style import fmt_size
 from viz.tokens import position_label
@@ -206,8 +206,8 @@ VARIANTS = {
     "long_context": lambda f: (None if f.get("kv_doubles", True) else "window_doubling",),
     "prefix_case1": _prefix_case1,
     "context_window": _context_window,
-    "sliding_window": lambda f: ("no_window",) if not f["window"] else (
-        "past_window" if f.get("past_window") else "inside_window",),
+    # its own text once the local layers handed a block back; before that, a variant that holds on either side of W
+    "sliding_window": lambda f: ("no_window" if not f["window"] else None if f.get("local_from") else "inside_window",),
 }
 
 
@@ -226,22 +226,23 @@ def cost_facts(info, context: int) -> dict:
 
 
 def window_facts(ctx: ViewContext, context: int) -> dict:
-    """Which layers keep the whole history and which only a sliding window (the chapter on it), at the length the
-    KV view's per-layer picture opens at; for a model without windows, what it keeps instead."""
-    info = ctx.info
-    at = lengths_default(info, context)
-    kept, every = window_saving(info, at)
+    """The sliding-window chapter, from this step's own tables (`StepTrace.block_table`, and the local layers'
+    `window_block_table` from `window_start`): where the newest query's window starts, what the local layers hold and
+    handed back to the pool, what the global layers keep, in positions, blocks and bytes; and a model's K/V at its
+    limit (every layer global)."""
+    info, trace = ctx.info, ctx.trace
+    size = ctx.runner.pool_state().block_size
     kinds = info.layer_kinds
-    window = info.sliding_window
-    if window is None:
-        note = ctx.t("lesson_window_none", name=info.name, layers=info.layers, at=at, all_at=Shown(fmt_size(every)),
-                    kv_bytes=info.kv_bytes_per_token)
-    else:
-        inside = ctx.t("lesson_window_inside" if context <= window else "lesson_window_past")
-        note = ctx.t("lesson_window_local", local=kinds.count("local"), window=window, global_=kinds.count("global"),
-                     context=context, inside=inside, at=at, all_at=Shown(fmt_size(every)),
-                     kept_at=Shown(fmt_size(kept)), percent_at=100 * (every - kept) / every)
-    return dict(window_note=note, window_at=at, all_at=Shown(fmt_size(every)), kept_at=Shown(fmt_size(kept)),
+    per_layer = kv_bytes_per_token(1, info.kv_heads, info.head_dim, info.element_bytes)  # one position, one layer
+    local, start, position = kinds.count("local"), trace.window_start, trace.positions[-1]
+    held = context - start
+    return dict(reads_from=max(0, position - (info.sliding_window or context) + 1), local_from=start,
+                last=context - 1, local_held=held, local_blocks=len(trace.window_block_table),
+                returned=start // size, returned_last=start - 1, returned_kib=start * local * per_layer / 1024,
+                global_blocks=len(trace.block_table), local_kib=held * local * per_layer / 1024,
+                global_kib=context * (info.layers - local) * per_layer / 1024,
+                all_kib=context * info.kv_bytes_per_token / 1024,
+                global_layers=Shown(", ".join(str(i) for i, kind in enumerate(kinds) if kind == "global")),
                 limit_all=Shown(fmt_size(info.context_limit * info.kv_bytes_per_token)))
 
 

@@ -11,11 +11,12 @@ collected by `engine.recorder.StepRecorder`, beside the layers.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from engine.attention import attend
+from engine.attention import AttentionResult, attend
 from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockPool, BlockTable, kv_bytes_per_token
 from engine.layers import linear, mlp, norm, project_qkv
 from engine.recorder import ForwardRecord, StepRecorder
@@ -164,7 +165,8 @@ class Model:
 
     @torch.inference_mode()
     def forward(self, ids: list[int], positions: list[int], table: BlockTable, capture: Capture, kv_splits: int = 1,
-                write: bool = True, kept: list[torch.Tensor | None] | None = None) -> ForwardRecord:
+                write: bool = True, kept: list[torch.Tensor | None] | None = None,
+                observe: Callable[[int, AttentionResult], None] | None = None) -> ForwardRecord:
         """Process `ids` at `positions`, the last `len(ids)` positions `table` has reserved (`table.append`).
 
         Each layer writes the new K/V into the pool, then attends over every cached position it can see
@@ -172,7 +174,8 @@ class Model:
         positions before `positions[0]`, and this pass's own K/V are appended to them in memory, so the
         cache is left untouched.
         `kept` (per layer: (kv_heads, positions[-1] + 1) bool, or None) hides what KV eviction dropped from each
-        KV head (`engine.eviction`); None reads every cached position.
+        KV head (`engine.eviction`); None reads every cached position. `observe(layer, result)` sees each
+        layer's attention as it is computed (eviction scores from it without a record of every layer's rows).
         """
         info = self.info
         ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)
@@ -185,6 +188,7 @@ class Model:
             local_kv=PagedKV.of(table.window, positions, write) if table.window is not None else None,
             kv_splits=kv_splits,
             kept=kept,
+            observe=observe,
         )
         recorder = StepRecorder(capture, positions, info.layers, info.q_heads, info.hidden, x.dtype, self.device)
         for layer in self.layers:
@@ -235,6 +239,7 @@ class PassContext:
     local_kv: PagedKV | None  # the sliding-window layers' cache
     kv_splits: int
     kept: list[torch.Tensor | None] | None = None  # per layer, what eviction left each KV head (None: all)
+    observe: Callable[[int, AttentionResult], None] | None = None  # sees each layer's attention result
 
 
 class DecoderLayer:
@@ -285,4 +290,6 @@ class DecoderLayer:
         result = attend(q, cached_k, cached_v, context.positions, self.scale, context.kv_splits, self.window, kv.start,
                         kept)
         recorder.attention(self.index, result)
+        if context.observe is not None:
+            context.observe(self.index, result)
         return linear(result.output, self.w.o_proj)

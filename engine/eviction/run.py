@@ -24,10 +24,12 @@ layers) are left to their window, as kvpress leaves them.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from engine.attention import AttentionResult
 from engine.errors import InvalidSettingError, SessionStateError
 from engine.eviction.policies import Policy, check_ratio, n_kept_for_ratio, select
 from engine.eviction.rows import LayerRows
@@ -89,10 +91,11 @@ class EvictionStep:
     step: int
     position: int
     input_id: int
-    token_id: int  # greedy: the argmax of `logits`
-    logits: torch.Tensor  # (vocab,) float32
+    token_id: int  # greedy: the argmax of the logits
     kept: list[torch.Tensor | None]  # per layer: (kv_heads, position + 1) bool, what this pass's attention read
-    attention: torch.Tensor  # (layers, q_heads, position + 1): the probabilities it used (0 where evicted)
+    # Dropped (None) once the step is older than the run's `keep_full_steps`, so a long run's memory stays bounded:
+    logits: torch.Tensor | None  # (vocab,) float32
+    attention: torch.Tensor | None  # (layers, q_heads, position + 1): the probabilities it used (0 where evicted)
     evicted_share: torch.Tensor  # (layers, q_heads): the share full attention puts on the positions `kept` hid
     evictions: list[Eviction | None]  # per layer: what was evicted after this pass (None: nothing)
 
@@ -102,7 +105,7 @@ class EvictionRun:
 
     def __init__(self, model: Model, prompt_ids: list[int], policy: Policy | None = None, *,
                  compression_ratio: float = 0.0, budget: DecodeBudget | StreamingWindow | None = None,
-                 block_size: int = DEFAULT_BLOCK_SIZE, max_new_tokens: int = 32):
+                 block_size: int = DEFAULT_BLOCK_SIZE, max_new_tokens: int = 32, keep_full_steps: int = 32):
         check_ratio(compression_ratio)
         if policy is None and (compression_ratio > 0 or isinstance(budget, DecodeBudget)):
             raise InvalidSettingError("a compression ratio or a decode budget needs a policy to score positions")
@@ -110,6 +113,8 @@ class EvictionRun:
             raise InvalidSettingError(f"budget must be a DecodeBudget or a StreamingWindow, got {budget!r}")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise InvalidSettingError(f"max_new_tokens must be an integer ≥ 1, got {max_new_tokens!r}")
+        if isinstance(keep_full_steps, bool) or not isinstance(keep_full_steps, int) or keep_full_steps < 1:
+            raise InvalidSettingError(f"keep_full_steps must be an integer ≥ 1, got {keep_full_steps!r}")
         if len(prompt_ids) < 2:
             raise InvalidSettingError("eviction needs a prompt of at least 2 tokens: the context it evicts from, "
                                       "then the last prompt token that reads what was kept")
@@ -118,6 +123,7 @@ class EvictionRun:
         self.compression_ratio = compression_ratio
         self.prompt_ids = list(prompt_ids)
         self.max_new_tokens = max_new_tokens
+        self.keep_full_steps = keep_full_steps
         capacity = min(len(self.prompt_ids) + max_new_tokens, model.info.context_limit)
         self.table = BlockTable(model.new_pool(math.ceil(capacity / block_size), block_size))
         info = model.info
@@ -178,21 +184,12 @@ class EvictionRun:
             raise SessionStateError("prefill() runs once, at the start; call step() to decode")
         context = self.prompt_ids[:-1]
         n = len(context)
-        info = self.model.info
-        queries = self.policy.query_rows(n) if self.policy is not None and self.compression_ratio > 0 else 0
-        if self.compression_ratio > 0:
-            self.policy.check_rows(n, n)
-        capture = Capture(attention=queries > 0, residuals=False, layers=tuple(self.evicting),
-                          attention_budget=max(1, len(self.evicting) * info.q_heads * queries * n))
+        self.rows = {i: LayerRows(self.model.info.kv_heads, n, self.model.device) for i in self.evicting}
+        observe = self._prefill_evictor(n) if self.compression_ratio > 0 else None
         self.table.append(n)
-        record = self.model.forward(context, list(range(n)), self.table, capture)
+        self.model.forward(context, list(range(n)), self.table, Capture(attention=False, residuals=False),
+                           observe=observe)
         self.table.slide()
-        self.rows = {i: LayerRows(info.kv_heads, n, self.model.device) for i in self.evicting}
-        if self.compression_ratio > 0:
-            n_kept = n_kept_for_ratio(n, self.compression_ratio)
-            for slot, layer in enumerate(self.evicting):
-                probs = record.attention[slot].to(self.model.device) if queries else None
-                self.prefill_evictions[layer] = self._evict_by_score(layer, probs, n_kept)
         return self._pass(self.prompt_ids[-1], n)
 
     def step(self) -> EvictionStep:
@@ -222,12 +219,14 @@ class EvictionRun:
         self.table.slide()
         probs, scores = record.attention[:, :, -1], record.scores[:, :, -1]  # (layers, q_heads, L)
         step = EvictionStep(step=len(self.steps), position=position, input_id=token_id,
-                            token_id=int(record.logits.argmax()), logits=record.logits, kept=[m.cpu() if m is not None
-                                                                                              else None for m in kept],
-                            attention=probs, evicted_share=self._evicted_share(scores, kept),
+                            token_id=int(record.logits.argmax()), kept=[m.cpu() if m is not None else None for m in kept],
+                            logits=record.logits, attention=probs, evicted_share=self._evicted_share(scores, kept),
                             evictions=self._evict_after_pass(record.attention))
         self.generated.append(step.token_id)
         self.steps.append(step)
+        if len(self.steps) > self.keep_full_steps:
+            old = self.steps[-self.keep_full_steps - 1]
+            old.logits = old.attention = None
         return step
 
     def _evicted_share(self, scores: torch.Tensor, kept: list[torch.Tensor | None]) -> torch.Tensor:
@@ -237,6 +236,19 @@ class EvictionRun:
         hidden = torch.stack([torch.zeros(scores.shape[1:], dtype=torch.bool) if m is None
                               else ~m.cpu().repeat_interleave(group, dim=0) for m in kept])
         return (full * hidden).sum(dim=-1)
+
+    def _prefill_evictor(self, n: int) -> Callable[[int, AttentionResult], None]:
+        """What evicts each layer during the context's prefill, as soon as its attention has run: only the query
+        rows the policy reads are held, and only that layer's, never every layer's n × n at once."""
+        self.policy.check_rows(n, n)
+        queries, n_kept = self.policy.query_rows(n), n_kept_for_ratio(n, self.compression_ratio)
+
+        def observe(layer: int, result: AttentionResult) -> None:
+            if layer in self.rows:
+                probs = result.probs[:, -queries:] if queries else None
+                self.prefill_evictions[layer] = self._evict_by_score(layer, probs, n_kept)
+
+        return observe
 
     def _evict_after_pass(self, attention: torch.Tensor) -> list[Eviction | None]:
         """The decode-time evictions after a pass whose attention (layers, q_heads, 1, L) was recorded."""

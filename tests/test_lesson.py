@@ -458,10 +458,11 @@ def test_walking_chapters_12_to_15_on_gemma_raises_no_warning(embedded_zh_model)
 def test_an_engine_error_is_in_the_pages_language_and_the_lesson_stays(embedded_model, embedded_zh_model):
     """A prompt longer than the host allows: the chapter keeps its title and its buttons, the error is in the
     page's language with its numbers, and one press puts the lesson's own prompt back."""
-    from ui.settings import load_limits
+    from ui.settings import load_limits, model_limits
 
-    allowed = load_limits().max_prompt_tokens
-    for lang, prompt in (("zh", "什么是 KV 缓存？" * 300), ("en", "What is a KV cache? " * 300)):
+    for lang, prompt, model in (("zh", "什么是 KV 缓存？" * 300, embedded_zh_model), ("en", "What is a KV cache? " * 300,
+                                                                                  embedded_model)):
+        allowed = model_limits(load_limits(), model.info).max_prompt_tokens  # each model its own
         at = start(chapter=15, lang=lang, prompt=prompt)
         assert not at.exception, at.exception
         assert [t.value for t in at.title] == [f"15/{len(CHAPTERS)} · {CHAPTERS[14].part('title', lang)}"]

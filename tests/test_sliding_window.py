@@ -3,13 +3,18 @@ is rebuilt (its passes replayed, engine/replay.py), and the rebuilt step equals 
 for tensor; on Gemma 3 270M a run past 512 positions shows a local layer's cache stop at its window and hand its
 oldest blocks back while a global layer keeps every position."""
 
+import numpy as np
 import pytest
 import torch
 
 import engine
 from engine.prefix_cache import PrefixCache
+from tests.app_helpers import assert_clean, start
 from tests.conftest import GEMMA_WINDOW
 from tests.runs import decode
+from tests.test_gemma_views import charts, matrix
+from ui.lesson import CHAPTERS, WINDOW_PROMPTS
+from ui.settings import load_limits
 
 W = GEMMA_WINDOW
 
@@ -111,3 +116,74 @@ def test_gemma_steps_before_the_window_are_rebuilt_equal_to_the_run(long_run):
     for trace in reversed(traces[-12:]):
         same_step(session.rebuild(trace.step), trace)
     same_step(session.rebuild(0), traces[0])
+
+
+# -- the lesson's chapter on it, on the page -----------------------------------------------------------------------
+
+def reach_rows(at) -> np.ndarray:
+    """The chapter's figure as drawn: (layers, positions) of the newest query's attention, NaN where not read."""
+    heatmaps = [c for c in charts(at) if c["data"][0]["type"] == "heatmap"]
+    assert len(heatmaps) == 1, len(heatmaps)
+    return matrix(heatmaps[0]["data"][0]["z"]), heatmaps[0]
+
+
+def expected_rows(trace: engine.StepTrace, head: int) -> np.ndarray:
+    """The engine's own newest row in every layer for Q head `head`, blank where its score is −inf (not read)."""
+    rows = trace.attention[:, head, -1].float().numpy().astype(float)
+    rows[~np.isfinite(trace.scores[:, head, -1].float().numpy())] = np.nan
+    return rows
+
+
+def test_the_window_chapter_on_gemma_shows_local_rows_lose_their_oldest_columns_and_rebuilds_back_past_it(
+        embedded_zh_model):
+    """Chapter 15 on Gemma 3 (zh): its run passes the window; the figure's local rows are blank exactly before the
+    newest query's window and its global rows reach position 0, equal to an engine run of our own; stepping on, the
+    blank part grows and the local layers' oldest blocks go back to the page's pool while the global table grows;
+    then ← all the way back to the prefill (before any block went back) draws every step as the run first drew it."""
+    chapter = next(c for c in CHAPTERS if c.key == "sliding_window")
+    info, size = embedded_zh_model.info, chapter.settings["block_size"]
+    window = info.sliding_window
+    local = [i for i, kind in enumerate(info.layer_kinds) if kind == "local"]
+    glob = [i for i, kind in enumerate(info.layer_kinds) if kind == "global"]
+    further = 2 * size  # steps past the chapter's own: two more blocks leave the window
+    torch.set_num_threads(load_limits().threads)  # as the page computes (a bfloat16 sum may round otherwise)
+    _, traces = decode(embedded_zh_model, WINDOW_PROMPTS["zh"], chapter.step + further - 1, block_size=size,
+                       keep_full_traces=10**6)
+    at = start(chapter=chapter.number, lang="zh")
+    assert_clean(at)
+    head = int(at.session_state["w_head"]) if "w_head" in at.session_state else 0
+    session = at.session_state["runner"].session
+    assert session.prompt_ids == traces[0].input_ids and session.traces[0].context_length > window - size
+    seen = {}
+    for step in range(chapter.step, chapter.step + further + 1):
+        if step > chapter.step:
+            at.button(key="b_next").click().run()
+            assert_clean(at)
+        assert int(at.query_params["step"]) == step
+        trace = traces[step - 1]
+        rows, fig = reach_rows(at)
+        assert rows.shape == (info.layers, trace.context_length)
+        first_read = trace.positions[-1] - window + 1
+        assert first_read > 0, "the chapter's run is past the window"
+        assert np.isnan(rows[local, :first_read]).all() and not np.isnan(rows[local, first_read:]).any()
+        assert not np.isnan(rows[glob]).any(), "a global layer reads back to position 0"
+        assert np.array_equal(rows, expected_rows(trace, head), equal_nan=True)
+        lines = [s for s in fig["layout"].get("shapes", []) if s.get("type") == "line"]
+        held_from = (trace.context_length - window + 1) // size * size  # blocks wholly before it went back
+        assert [line["x0"] for line in lines] == ([held_from - 0.5] if held_from else [])
+        # the page's run: its local layers' table starts there, its window pool holds only that table's blocks
+        table, pool = session.table, session.pool.window
+        assert table.window.first_position == held_from and len(table.blocks) == -(-table.length // size)
+        assert pool.used_blocks == len(table.window.blocks), "a chapter's run starts on an empty prefix cache"
+        seen[step] = rows
+    assert seen[chapter.step + further].shape[1] - np.isnan(seen[chapter.step + further][local[0]]).sum() == window
+    returned_then = traces[chapter.step - 1].window_start // size
+    assert session.table.window.first_position // size == returned_then + 2, "two more blocks went back"
+    for step in range(chapter.step + further - 1, 0, -1):  # ← past the kept traces, back to before any went back
+        at.button(key="b_back").click().run()
+        assert_clean(at)
+        assert not at.error and int(at.query_params["step"]) == step
+        assert not at.button(key="b_back").disabled or step == 0
+        rows, _ = reach_rows(at)
+        assert np.array_equal(rows, expected_rows(traces[step - 1], head), equal_nan=True), step
+    assert traces[0].window_start == 0  # the prefill: no block had gone back yet

@@ -219,8 +219,8 @@ class EvictionRun:
         self.table.slide()
         probs, scores = record.attention[:, :, -1], record.scores[:, :, -1]  # (layers, q_heads, L)
         step = EvictionStep(step=len(self.steps), position=position, input_id=token_id,
-                            token_id=int(record.logits.argmax()), kept=[m.cpu() if m is not None else None for m in kept],
-                            logits=record.logits, attention=probs, evicted_share=self._evicted_share(scores, kept),
+                            token_id=int(record.logits.argmax()),
+                            kept=[m.cpu() if m is not None else None for m in kept], logits=record.logits, attention=probs, evicted_share=self._evicted_share(scores, kept),
                             evictions=self._evict_after_pass(record.attention))
         self.generated.append(step.token_id)
         self.steps.append(step)

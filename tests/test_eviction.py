@@ -86,6 +86,8 @@ def masked_hf_pass(hf, run: EvictionRun, monkeypatch) -> tuple[torch.Tensor, obj
     for layer in range(config.num_hidden_layers):
         extra = torch.zeros(1, q_heads, length, length)
         for step in run.steps:
+            if step.kept[layer] is None:  # a sliding-window layer: its window only, as transformers' own mask says
+                continue
             hidden = ~step.kept[layer].repeat_interleave(q_heads // kv_heads, dim=0)  # (q_heads, p + 1)
             extra[0, :, step.position, :step.position + 1][hidden] = lowest
         masks.append(extra)
@@ -219,6 +221,29 @@ def test_the_embedded_model_keeps_what_the_definition_keeps_and_decodes_as_maske
         for head in range(embedded_model.info.kv_heads):
             expected = reference_kept(name, params, out.attentions[layer][0], keys, list(range(n)), n // 2, head)
             assert set(run.kept_positions(layer, head)) - {n} == expected, f"layer {layer}, KV head {head}"
+    while not run.finished:
+        run.step()
+    assert_decode_matches(hf, run, monkeypatch)
+
+
+@pytest.mark.parametrize("name,params", [("snapkv", {"window_size": 8, "kernel_size": 5}), ("tova", {})])
+def test_gemma_evicts_in_its_global_layers_only(name, params, tiny_model, tiny_model_dir, monkeypatch):
+    """Gemma 3's local layers keep their sliding window (the built-in policy); the policy evicts in the global ones."""
+    model, hf = tiny_model("gemma3"), hf_model(tiny_model_dir("gemma3"))
+    ids = prompt_ids(model)
+    n = len(ids) - 1
+    run = EvictionRun(model, ids, Policy(name, **params), compression_ratio=0.5, max_new_tokens=STEPS)
+    run.prefill()
+    with torch.no_grad():
+        out = hf(torch.tensor([ids[:-1]]), output_attentions=True)
+    for layer in range(model.info.layers):
+        if model.info.window(layer) is not None:
+            assert run.steps[0].kept[layer] is None and run.prefill_evictions[layer] is None
+            assert run.kept_positions(layer, 0) == list(range(n + 1 - model.info.window(layer), n + 1))
+            continue
+        keys = out.past_key_values.layers[layer].keys[0]
+        expected = reference_kept(name, params, out.attentions[layer][0], keys, list(range(n)), n // 2, 0)
+        assert set(run.kept_positions(layer, 0)) - {n} == expected
     while not run.finished:
         run.step()
     assert_decode_matches(hf, run, monkeypatch)

@@ -11,13 +11,14 @@ import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
+from engine.eviction import POLICIES as EVICTION_POLICIES
 from engine.kv_cache import DEFAULT_BLOCK_SIZE
 from engine.prefix_cache import POLICIES
 from engine.sampler import TEMPERATURE_FLOOR
 from ui.lesson import CHAPTERS
 from viz.words import LANGUAGES as LANGS
 
-VIEWS = ("flow", "attention", "kv", "split", "prefix", "costs")
+VIEWS = ("flow", "attention", "kv", "split", "prefix", "costs", "eviction")
 DEFAULT_PROMPTS = {"en": "What is a KV cache?", "zh": "什么是 KV 缓存？KV 缓存是"}  # a page opens with its language's
 DEFAULT_PROMPT = DEFAULT_PROMPTS["en"]
 # A page in Chinese opens on the Chinese embedded model (Gemma 3 270M): a base model, without a chat template, so
@@ -47,6 +48,14 @@ class AppState:
     lang: str = "en"
     large: bool = False  # projector mode: larger text
     chapter: int = 0  # the lesson's chapter, 1-based; 0: free exploration
+    # The eviction view (ui/eviction_runs.py): the policy that scores positions, when it evicts (after the prefill
+    # at `ratio`; during decode to `budget` every `interval` passes; StreamingLLM's sinks + latest `stream_window`)
+    evict: str = "snapkv"
+    evict_at: str = "prefill"
+    ratio: float = 0.5
+    budget: int = 32
+    interval: int = 8
+    stream_window: int = 28
 
 
 @dataclass(frozen=True)
@@ -71,6 +80,10 @@ RANGES = {
     "layer": (int, 0, 1000),
     "head": (int, 0, 1000),
     "chapter": (int, 0, len(CHAPTERS)),
+    "ratio": (float, 0.0, 0.95),  # the engine takes [0, 1): at 0.95 a 20-position context keeps one
+    "budget": (int, 1, 4096),
+    "interval": (int, 1, 512),
+    "stream_window": (int, 1, 4096),
 }
 
 
@@ -83,7 +96,9 @@ def bounds(name: str) -> tuple:
 # Values above 0 but below these are raised to them; 0 itself stays (a temperature of 0 is greedy).
 FLOORS = {"temperature": TEMPERATURE_FLOOR}
 POOLS = ("own", "busy")
-CHOICES = {"view": VIEWS, "lang": LANGS, "policy": POLICIES, "pool": POOLS}
+EVICT_AT = ("prefill", "decode", "stream")
+CHOICES = {"view": VIEWS, "lang": LANGS, "policy": POLICIES, "pool": POOLS, "evict": EVICTION_POLICIES,
+           "evict_at": EVICT_AT}
 FLAGS = ("chat", "think", "large")
 
 

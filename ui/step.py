@@ -19,12 +19,12 @@ from ui.page_state import (current_state, go_to_chapter, request_full_run, run_l
                            write_link)
 from ui.runner import Runner
 from ui.state import VIEWS, clamp
-from ui.views import attention, costs, flow, kv_cache, lesson, prefix, split_kv, stepper
+from ui.views import attention, costs, eviction, flow, kv_cache, lesson, prefix, split_kv, stepper
 from ui.views.common import CHAPTER_FIGURE, TEXT_SENT, ChapterFigure, opened
 
 log = logging.getLogger("kvscope")
 VIEW_MODULES = {"flow": flow, "attention": attention, "kv": kv_cache, "split": split_kv, "prefix": prefix,
-                "costs": costs}
+                "costs": costs, "eviction": eviction}
 
 
 clock = time.monotonic  # Play's clock (tests set their own)

@@ -9,7 +9,7 @@ from engine.kv_cache import kv_bytes_per_token
 from engine.reference_models import reference_info
 from engine.split_kv import worked_example
 from engine.timing import crossover_batch, crossover_context, decode_step_bytes, weight_bytes_read
-from ui import strings
+from ui import eviction_lesson, strings
 from ui.strings import Shown
 from ui.context import ViewContext
 from ui.lesson import CHAPTERS, Chapter
@@ -76,6 +76,8 @@ def facts(ctx: ViewContext) -> dict:
             out.update(busy_facts(runner.busy_pool(ctx.step)))
         if trace.split is not None:
             out.update(split_facts(ctx))
+        if ctx.state.view == "eviction":  # chapter 16: the eviction view's own arrays (ui/eviction_lesson.py)
+            out.update(eviction_lesson.facts(ctx))
         if ctx.state.view == "attention" and trace.attention is not None:
             out.update(attention_facts(ctx, context))
         out.update(inputs_tokens=ctx.t("count_tokens", n=len(trace.input_ids)))
@@ -208,6 +210,7 @@ VARIANTS = {
     "context_window": _context_window,
     # its own text once the local layers handed a block back; before that, a variant that holds on either side of W
     "sliding_window": lambda f: ("no_window" if not f["window"] else None if f.get("local_from") else "inside_window",),
+    "evicting": eviction_lesson.variants,
 }
 
 

@@ -1,0 +1,151 @@
+"""KV eviction: which positions each (layer, KV head) keeps under a policy (after the prefill, or during decode),
+where full attention would have looked, the attention sink, the bytes held, and the text beside the full cache's."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from engine.eviction import POLICIES
+from engine.errors import InvalidSettingError
+from ui.context import ViewContext
+from ui.eviction_shown import EvictionShown, check, error_message, policy_label, shown_eviction
+from ui.state import EVICT_AT, bounds
+from ui.views.common import Part, figure, layer_head_pickers, memo_key, shown, titled, words
+from viz.eviction import (bytes_figure, evicted_share_figure, kept_figure, kept_over_steps_figure, sink_figure,
+                          text_comparison_html)
+from viz.style import fmt_size
+
+
+def render(ctx: ViewContext) -> None:
+    if not titled(ctx, "evict_title"):
+        return
+    main = Part("kept", key="main-figure")  # the kept map first; the policy's controls under it
+    with main.under:
+        own_cache = controls(ctx)
+    problem = check(ctx)
+    if problem:
+        st.warning(problem)
+        return
+    try:
+        with st.spinner(ctx.t("evict_computing")):
+            data = shown_eviction(ctx)
+    except InvalidSettingError as error:
+        st.warning(error_message(ctx, error))
+        return
+    policy = policy_label(ctx, data.settings)
+    if main.shown:
+        with main:
+            kept_map(ctx, data, own_cache, policy)
+    notes(ctx, data)
+    text(ctx, data, policy)
+    share(ctx, data)
+    sink(ctx, data, policy)
+    held_bytes(ctx, data)
+    over_steps(ctx, data)
+
+
+def controls(ctx: ViewContext) -> bool:
+    """The policy, when it evicts and how much; returns whether the map shows the model's own cache instead."""
+    state = ctx.state
+    left, right = st.columns(2)
+    with left:
+        st.radio(ctx.t("evict_at"), EVICT_AT, key="w_evict_at", horizontal=True,
+                 format_func=lambda at: ctx.t("evict_at_" + at))
+        st.selectbox(ctx.t("evict_policy"), POLICIES, key="w_evict", format_func=lambda p: ctx.t("evict_policy_" + p),
+                     disabled=state.evict_at == "stream", help=ctx.t("evict_policy_help"))
+    with right:
+        if state.evict_at == "prefill":
+            st.slider(ctx.t("evict_ratio"), *bounds("ratio"), key="w_ratio", step=0.05, help=ctx.t("evict_ratio_help"))
+        elif state.evict_at == "decode":
+            st.number_input(ctx.t("evict_budget"), *bounds("budget"), key="w_budget", step=1,
+                            help=ctx.t("evict_budget_help"))
+            st.number_input(ctx.t("evict_interval"), *bounds("interval"), key="w_interval", step=1,
+                            help=ctx.t("evict_interval_help"))
+        else:
+            st.number_input(ctx.t("evict_window"), *bounds("stream_window"), key="w_stream_window", step=1,
+                            help=ctx.t("evict_window_help"))
+        own = st.toggle(ctx.t("evict_own_cache"), key="evict_own_cache", help=ctx.t("evict_own_cache_help"))
+    return own
+
+
+def kept_map(ctx: ViewContext, data: EvictionShown, own_cache: bool, policy: str) -> None:
+    record = data.full if own_cache else data.evicting
+    title = ctx.t("evict_kept_title_own" if own_cache else "evict_kept_title", policy=policy,
+                  token=data.passes, length=record.position + 1)
+    figure(lambda: kept_figure(record.kept, ctx.info.layer_kinds, title, ctx.large, words(ctx)),
+           "eviction-kept", memo_key(ctx, "kept", own_cache, data.passes))
+
+
+def notes(ctx: ViewContext, data: EvictionShown) -> None:
+    """What eviction does to the cache here: masked, not freed; positions as rotated; Gemma's built-in window."""
+    if not shown():
+        return
+    info, record = ctx.info, data.evicting
+    if data.passes < ctx.step:
+        st.caption(ctx.t("evict_ended", passes=data.passes, step=ctx.step))
+    if data.capped:
+        st.info(ctx.t("evict_capped", steps=data.pair.plan.steps, mb=ctx.runner.limits.step_memory_mb))
+    st.caption(ctx.t("evict_masked_note", allocated=fmt_size(record.allocated_bytes), kept=fmt_size(record.kept_bytes),
+                     full=fmt_size(record.full_bytes)))
+    st.caption(ctx.t("evict_positions_note"))
+    if info.sliding_window is not None:
+        kinds = info.layer_kinds
+        st.caption(ctx.t("evict_window_note", local=kinds.count("local"), layers=info.layers,
+                         w=info.sliding_window, global_=kinds.count("global"),
+                         global_layers=", ".join(str(i) for i, k in enumerate(kinds) if k == "global")))
+
+
+def text(ctx: ViewContext, data: EvictionShown, policy: str) -> None:
+    if not shown("text"):
+        return
+    with Part("text"):
+        st.markdown(f"**{ctx.t('evict_text_title')}**")
+        common, full_rest, evicting_rest = data.texts()
+        st.markdown(text_comparison_html(common, full_rest, evicting_rest, policy, words(ctx)), unsafe_allow_html=True)
+        st.caption(ctx.t("evict_text_same", n=data.passes) if data.difference is None
+                   else ctx.t("evict_text_differs", token=data.difference + 1))
+
+
+def share(ctx: ViewContext, data: EvictionShown) -> None:
+    if not shown("share"):
+        return
+    with Part("share"):
+        values = data.evicting.evicted_share
+        figure(lambda: evicted_share_figure(values, ctx.info.gqa_group, ctx.t("evict_share_title", token=data.passes),
+                                            ctx.large, words(ctx)),
+               "eviction-share", memo_key(ctx, "share", data.passes))
+
+
+def sink(ctx: ViewContext, data: EvictionShown, policy: str) -> None:
+    if not shown("sink"):
+        return
+    with Part("sink"):
+        full, evicting = data.sink(data.full), data.sink(data.evicting)
+        figure(lambda: sink_figure(full, evicting, policy, ctx.t("evict_sink_title", token=data.passes), ctx.large,
+                                   words(ctx)),
+               "eviction-sink", memo_key(ctx, "sink", data.passes))
+
+
+def held_bytes(ctx: ViewContext, data: EvictionShown) -> None:
+    if not shown("bytes"):
+        return
+    with Part("bytes"):
+        r = data.evicting
+        figure(lambda: bytes_figure(r.full_bytes, r.allocated_bytes, r.kept_bytes,
+                                    ctx.t("evict_bytes_title", token=data.passes), ctx.large, words(ctx)),
+               "eviction-bytes", memo_key(ctx, "bytes", data.passes))
+
+
+def over_steps(ctx: ViewContext, data: EvictionShown) -> None:
+    """One (layer, KV head) pass by pass: decode-time eviction moves what it keeps as the answer grows."""
+    place = Part("steps")
+    with place.under:
+        layer, head = layer_head_pickers(ctx)
+    if not place.shown:
+        return
+    kv_head = head // ctx.info.gqa_group
+    with place:
+        history = data.history(layer, kv_head)
+        figure(lambda: kept_over_steps_figure(history, 1, ctx.t("evict_steps_title", layer=layer, kv=kv_head,
+                                                                  head=head), ctx.large, words(ctx)),
+               f"eviction-steps-L{layer}-KV{kv_head}", memo_key(ctx, "steps", layer, kv_head, data.passes))

@@ -1,0 +1,131 @@
+"""KV eviction drawn: which positions each (layer, KV head) kept, over the steps of one, where full attention would
+have looked, the attention sink layer by layer, the bytes held, and the text under a policy beside the full cache's.
+
+Inputs are the arrays `ui.eviction_runs` records per pass; a kept map codes each (layer, KV head, position) as
+EVICTED (0), KEPT (1) or OUTSIDE_WINDOW (2: a sliding-window layer's own rule, Gemma 3's local layers).
+"""
+
+from __future__ import annotations
+
+import html
+
+import numpy as np
+import plotly.graph_objects as go
+
+from viz.style import OKABE_ITO, SEQUENTIAL, TOP_LEGEND, finish, first_screen_height, fmt_size
+from viz.words import ENGLISH, Words
+
+EVICTED, KEPT, OUTSIDE_WINDOW = 0, 1, 2
+STATE_COLORS = (OKABE_ITO["vermillion"], OKABE_ITO["blue"], "#DDDDDD")  # evicted, kept, outside the window
+STATE_WORDS = ("evict_evicted", "evict_kept", "evict_outside")
+
+
+def _state_scale() -> list:
+    """A colour scale with one flat band per state, for z in 0 … 2."""
+    scale = []
+    for i, color in enumerate(STATE_COLORS):
+        scale += [[i / 3, color], [(i + 1) / 3, color]]
+    return scale
+
+
+def _state_colorbar(words: Words) -> dict:
+    return dict(tickvals=[0.33, 1, 1.67], ticktext=[words[w] for w in STATE_WORDS], thickness=14, len=0.6,
+                x=1.0, xanchor="left", y=1, yanchor="top")
+
+
+def row_names(layers: int, kv_heads: int, kinds: tuple[str, ...], words: Words) -> list[str]:
+    """One name per (layer, KV head) row: "12 · kv 1" (a local layer marked "12 L · kv 1")."""
+    mark = {"local": " " + words["kind_short_local"], "global": ""}
+    return [f"{layer}{mark[kinds[layer]]} · kv {kv}" if kv_heads > 1 else f"{layer}{mark[kinds[layer]]}"
+            for layer in range(layers) for kv in range(kv_heads)]
+
+
+def kept_figure(kept: np.ndarray, kinds: tuple[str, ...], title: str = "", large: bool = False,
+                words: Words = ENGLISH) -> go.Figure:
+    """kept: (layers, kv_heads, L) states at one pass; one row per (layer, KV head), one column per position."""
+    layers, kv_heads, length = kept.shape
+    names = row_names(layers, kv_heads, kinds, words)
+    z = kept.reshape(layers * kv_heads, length).astype(float)
+    hover = np.array([words[w] for w in STATE_WORDS], dtype=object)[kept.reshape(-1, length)]
+    fig = go.Figure(go.Heatmap(
+        z=z, x=np.arange(length), y=names, zmin=0, zmax=2, colorscale=_state_scale(), customdata=hover,
+        colorbar=_state_colorbar(words), xgap=0, ygap=1 if len(names) <= 40 else 0,
+        hovertemplate=words["evict_row"] + " %{y}<br>" + words["key"] + " %{x}<br>%{customdata}<extra></extra>"))
+    fig.update_layout(yaxis=dict(autorange="reversed", title=words["evict_row"], type="category",
+                                 nticks=min(len(names), 24)),
+                      xaxis=dict(title=words["reach_axis"], range=[-0.5, length - 0.5]))
+    return finish(fig, title, large, height=first_screen_height(large))
+
+
+def kept_over_steps_figure(history: np.ndarray, first_step: int, title: str = "", large: bool = False,
+                           words: Words = ENGLISH) -> go.Figure:
+    """history: (passes, L) states of one (layer, KV head), NaN where a pass's position did not exist yet; row i is
+    the pass that made answer token first_step + i."""
+    passes, length = history.shape
+    steps = [str(first_step + i) for i in range(passes)]
+    fig = go.Figure(go.Heatmap(
+        z=history, x=np.arange(length), y=steps, zmin=0, zmax=2, colorscale=_state_scale(),
+        colorbar=_state_colorbar(words), ygap=1 if passes <= 40 else 0,
+        hovertemplate=words["evict_token_axis"] + " %{y}<br>" + words["key"] + " %{x}<extra></extra>"))
+    fig.update_layout(yaxis=dict(autorange="reversed", title=words["evict_token_axis"], type="category",
+                                 nticks=min(passes, 16)),
+                      xaxis=dict(title=words["reach_axis"], range=[-0.5, length - 0.5]))
+    return finish(fig, title, large, height=min(first_screen_height(large), 160 + 18 * passes))
+
+
+def evicted_share_figure(share: np.ndarray, group: int, title: str = "", large: bool = False,
+                         words: Words = ENGLISH) -> go.Figure:
+    """share: (layers, q_heads), the share full attention would put on the positions this pass did not read."""
+    layers, q_heads = share.shape
+    heads = [f"q{h} · kv{h // group}" for h in range(q_heads)]
+    fig = go.Figure(go.Heatmap(
+        z=share, x=heads, y=[str(i) for i in range(layers)], zmin=0.0, zmax=max(float(share.max()), 1e-6),
+        colorscale=SEQUENTIAL, colorbar=dict(title=words["evict_share_short"], tickformat=".0%"),
+        hovertemplate=words["layer"] + " %{y}<br>" + words["evict_head"] + " %{x}<br>%{z:.2%}<extra></extra>"))
+    fig.update_layout(yaxis=dict(autorange="reversed", title=words["layer"], type="category",
+                                 nticks=min(layers, 24)),
+                      xaxis=dict(title=words["evict_head"], type="category"))
+    return finish(fig, title, large, height=first_screen_height(large))
+
+
+def sink_figure(full: np.ndarray, evicting: np.ndarray, policy: str, title: str = "", large: bool = False,
+                words: Words = ENGLISH) -> go.Figure:
+    """full, evicting: (layers,) each layer's attention on position 0, averaged over its Q heads, in the full
+    cache's run and under the policy."""
+    layers = [str(i) for i in range(len(full))]
+    fig = go.Figure([
+        go.Bar(x=layers, y=full, name=words["evict_full_cache"], marker_color=OKABE_ITO["grey"],
+               hovertemplate=words["layer"] + " %{x}: %{y:.1%}<extra></extra>"),
+        go.Bar(x=layers, y=evicting, name=policy, marker_color=OKABE_ITO["blue"],
+               hovertemplate=words["layer"] + " %{x}: %{y:.1%}<extra></extra>")])
+    fig.update_layout(barmode="group", legend=TOP_LEGEND, yaxis=dict(title=words["evict_sink_axis"],
+                                                                     tickformat=".0%", range=[0, 1]),
+                      xaxis=dict(title=words["layer"], type="category"))
+    return finish(fig, title, large, height=first_screen_height(large))
+
+
+def bytes_figure(full: int, allocated: int, kept: int, title: str = "", large: bool = False,
+                 words: Words = ENGLISH) -> go.Figure:
+    """The cache's bytes three ways: without eviction, what the paged blocks hold (evicted rows are masked, not
+    freed), and what the kept rows alone take (a cache that drops evicted rows, as kvpress's)."""
+    names = [words["evict_bytes_full"], words["evict_bytes_allocated"], words["evict_bytes_kept"]]
+    values = [full, allocated, kept]
+    colors = [OKABE_ITO["grey"], OKABE_ITO["orange"], OKABE_ITO["blue"]]
+    fig = go.Figure(go.Bar(y=names, x=values, orientation="h", marker_color=colors,
+                           text=[fmt_size(v) for v in values], textposition="auto", hoverinfo="skip"))
+    fig.update_layout(yaxis=dict(autorange="reversed"), xaxis=dict(title=words["evict_bytes_axis"]))
+    return finish(fig, title, large, height=220 if not large else 260)
+
+
+def text_comparison_html(common: str, full_rest: str, evicting_rest: str, policy: str, words: Words = ENGLISH) -> str:
+    """The full cache's answer and the policy's, side by side in two rows, the shared start plain and each rest
+    marked from the first token where they part ("same so far" when they have not)."""
+    def row(label: str, rest: str, color: str) -> str:
+        marked = (f'<mark style="background:{color};color:#fff;padding:0 2px">{html.escape(rest)}</mark>'
+                  if rest else "")
+        return (f'<div style="margin:0.2rem 0"><b>{html.escape(label)}</b> '
+                f'<span style="white-space:pre-wrap">{html.escape(common)}</span>{marked}</div>')
+
+    rows = row(words["evict_full_cache"] + ":", full_rest, "#555555") + row(policy + ":", evicting_rest,
+                                                                            OKABE_ITO["vermillion"])
+    return f'<div class="kv-evict-text">{rows}</div>'

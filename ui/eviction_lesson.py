@@ -9,6 +9,7 @@ from engine.errors import InvalidSettingError
 from ui.context import ViewContext
 from ui.eviction_shown import check, kept_counts, policy_label, shown_eviction
 from ui.strings import Shown
+from viz.eviction import OUTSIDE_WINDOW
 
 STRONG_SINK = 0.2  # the question about the sink asks why so much: a layer must put at least this on position 0
 
@@ -39,6 +40,7 @@ def facts(ctx: ViewContext) -> dict:
         ev_text_note=ctx.t("lesson_evict_same", n=data.passes) if data.difference is None
         else ctx.t("lesson_evict_differs", token=data.difference + 1),
     )
+    out["ev_grey"] = ctx.t("lesson_evict_grey") if (record.kept == OUTSIDE_WINDOW).any() else ""
     if info.sliding_window is None:
         out["ev_window_note"] = ctx.t("lesson_evict_no_window", name=info.name, layers=info.layers)
     else:

@@ -28,32 +28,42 @@ def _state_scale() -> list:
     return scale
 
 
-def _state_colorbar(words: Words) -> dict:
-    return dict(tickvals=[0.33, 1, 1.67], ticktext=[words[w] for w in STATE_WORDS], thickness=14, len=0.6,
-                x=1.0, xanchor="left", y=1, yanchor="top")
+def _state_legend(fig: go.Figure, words: Words, states: tuple[int, ...] = (KEPT, EVICTED, OUTSIDE_WINDOW)) -> None:
+    """The states' colours as a legend in one row above the plot (a colour bar beside it took half a phone's width)."""
+    for state in states:
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=words[STATE_WORDS[state]],
+                                 marker=dict(symbol="square", size=14, color=STATE_COLORS[state]),
+                                 hoverinfo="skip"))
+    fig.update_layout(legend=TOP_LEGEND, showlegend=True)
 
 
 def row_names(layers: int, kv_heads: int, kinds: tuple[str, ...], words: Words) -> list[str]:
-    """One name per (layer, KV head) row: "12 · kv 1" (a local layer marked "12 L · kv 1")."""
-    mark = {"local": " " + words["kind_short_local"], "global": ""}
-    return [f"{layer}{mark[kinds[layer]]} · kv {kv}" if kv_heads > 1 else f"{layer}{mark[kinds[layer]]}"
+    """One name per (layer, KV head) row, for its hover: "layer 12 (local) · KV head 1"."""
+    kind = {"local": f" ({words['kind_short_local']})", "global": ""}
+    return [f"{words['layer']} {layer}{kind[kinds[layer]]} · {words['evict_kv_head']} {kv}"
             for layer in range(layers) for kv in range(kv_heads)]
 
 
 def kept_figure(kept: np.ndarray, kinds: tuple[str, ...], title: str = "", large: bool = False,
                 words: Words = ENGLISH) -> go.Figure:
-    """kept: (layers, kv_heads, L) states at one pass; one row per (layer, KV head), one column per position."""
+    """kept: (layers, kv_heads, L) states at one pass; one row per (layer, KV head), one column per position. The
+    axis names layers only (every few where there are many), each layer's KV heads in the rows under its tick."""
     layers, kv_heads, length = kept.shape
-    names = row_names(layers, kv_heads, kinds, words)
-    z = kept.reshape(layers * kv_heads, length).astype(float)
-    hover = np.array([words[w] for w in STATE_WORDS], dtype=object)[kept.reshape(-1, length)]
+    rows = kept.reshape(layers * kv_heads, length)
+    hover = np.array([words[w] for w in STATE_WORDS], dtype=object)[rows]
+    names = np.array(row_names(layers, kv_heads, kinds, words), dtype=object)[:, None].repeat(length, axis=1)
+    every = max(1, -(-layers // 12))
     fig = go.Figure(go.Heatmap(
-        z=z, x=np.arange(length), y=names, zmin=0, zmax=2, colorscale=_state_scale(), customdata=hover,
-        colorbar=_state_colorbar(words), xgap=0, ygap=1 if len(names) <= 40 else 0,
-        hovertemplate=words["evict_row"] + " %{y}<br>" + words["key"] + " %{x}<br>%{customdata}<extra></extra>"))
-    fig.update_layout(yaxis=dict(autorange="reversed", title=words["evict_row"], type="category",
-                                 nticks=min(len(names), 24)),
-                      xaxis=dict(title=words["reach_axis"], range=[-0.5, length - 0.5]))
+        z=rows.astype(float), x=np.arange(length), y=np.arange(layers * kv_heads), zmin=0, zmax=2,
+        colorscale=_state_scale(), customdata=np.stack([names, hover], axis=-1), showscale=False,
+        ygap=1 if layers * kv_heads <= 40 else 0,
+        hovertemplate="%{customdata[0]}<br>" + words["key"] + " %{x}<br>%{customdata[1]}<extra></extra>"))
+    ticks = list(range(0, layers, every))
+    _state_legend(fig, words, (KEPT, EVICTED, OUTSIDE_WINDOW) if (kept == OUTSIDE_WINDOW).any() else (KEPT, EVICTED))
+    fig.update_layout(yaxis=dict(autorange="reversed", title=words["evict_row"] if kv_heads > 1 else words["layer"],
+                                 tickvals=[layer * kv_heads + (kv_heads - 1) / 2 for layer in ticks],
+                                 ticktext=[str(layer) for layer in ticks], zeroline=False, showgrid=False),
+                      xaxis=dict(title=words["reach_axis"], range=[-0.5, length - 0.5], showgrid=False))
     return finish(fig, title, large, height=first_screen_height(large))
 
 
@@ -64,13 +74,15 @@ def kept_over_steps_figure(history: np.ndarray, first_step: int, title: str = ""
     passes, length = history.shape
     steps = [str(first_step + i) for i in range(passes)]
     fig = go.Figure(go.Heatmap(
-        z=history, x=np.arange(length), y=steps, zmin=0, zmax=2, colorscale=_state_scale(),
-        colorbar=_state_colorbar(words), ygap=1 if passes <= 40 else 0,
+        z=history, x=np.arange(length), y=steps, zmin=0, zmax=2, colorscale=_state_scale(), showscale=False,
+        ygap=1 if passes <= 40 else 0,
         hovertemplate=words["evict_token_axis"] + " %{y}<br>" + words["key"] + " %{x}<extra></extra>"))
     fig.update_layout(yaxis=dict(autorange="reversed", title=words["evict_token_axis"], type="category",
                                  nticks=min(passes, 16)),
                       xaxis=dict(title=words["reach_axis"], range=[-0.5, length - 0.5]))
-    return finish(fig, title, large, height=min(first_screen_height(large), 160 + 18 * passes))
+    seen = tuple(int(v) for v in np.unique(history[np.isfinite(history)]))
+    _state_legend(fig, words, tuple(s for s in (KEPT, EVICTED, OUTSIDE_WINDOW) if s in seen))
+    return finish(fig, title, large, height=min(first_screen_height(large), 180 + 18 * passes))
 
 
 def evicted_share_figure(share: np.ndarray, group: int, title: str = "", large: bool = False,

@@ -18,7 +18,7 @@ from ui.follow.room_link import OWN
 
 ss = st.session_state
 # Clear of the title's descenders above (the page's one-line title sits tight on what follows it).
-SPACING_CSS = "<style>.st-key-follow-share, .st-key-follow-banner { margin-top: 0.4rem; }</style>"
+SPACING_CSS = "<style>.st-key-follow-banner { margin-top: 0.4rem; }</style>"
 
 
 def take_over(apply: Callable[[dict[str, str], frozenset[str]], None]) -> None:
@@ -77,8 +77,9 @@ def show(t: Callable[..., str]) -> None:
     if role:
         st.html(SPACING_CSS)
     if role == "lead":
-        leader.panel(t)
-        timed(leader.lead_status, leader.LEAD_SECONDS, t)
+        with st.container(key="follow-lead"):  # a strip in the header bar (`leader.STRIP_CSS`)
+            leader.panel(t)
+            timed(leader.lead_status, leader.LEAD_SECONDS, t)
     elif role == "follow":
         timed(follower.banner, None if ss.follow_mode == "alone" else follower.POLL_SECONDS, t)
 

@@ -99,3 +99,22 @@ def test_a_page_in_chinese_opens_on_the_chinese_model_with_its_base_model_prompt
     assert (english.model, english.chat) == ("embedded", True)
     assert parse_query(to_query(english))[0] == english
     assert parse_query({})[0].model == "embedded"
+
+
+def test_the_view_registry_lists_every_view_once_with_its_module_and_labels():
+    """`ui.views.MODULES` is the one list of views: each name draws through its module's `render`, has a label in
+    both languages, and every view module under ui/views/ is listed (the stepper is part of every view)."""
+    import importlib
+    from pathlib import Path
+
+    from ui import strings, views
+    from ui.state import LANGS, VIEWS
+
+    assert VIEWS == tuple(views.MODULES) and len(set(views.MODULES.values())) == len(VIEWS)
+    for name, module in views.MODULES.items():
+        assert callable(importlib.import_module(f"ui.views.{module}").render), name
+        for lang in LANGS:
+            assert strings.STRINGS[lang].get("view_" + name), (name, lang)
+    folder = Path(views.__file__).parent
+    drawing = {path.stem for path in folder.glob("*.py") if "\ndef render(" in path.read_text(encoding="utf-8")}
+    assert drawing - {"__init__", "stepper"} == set(views.MODULES.values())

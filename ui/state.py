@@ -16,9 +16,9 @@ from engine.kv_cache import DEFAULT_BLOCK_SIZE
 from engine.prefix_cache import POLICIES
 from engine.sampler import TEMPERATURE_FLOOR
 from ui.lesson import CHAPTERS
+from ui.views import VIEWS  # the link's view names, in the page's order
 from viz.words import LANGUAGES as LANGS
 
-VIEWS = ("flow", "attention", "kv", "split", "prefix", "costs", "eviction")
 DEFAULT_PROMPTS = {"en": "What is a KV cache?", "zh": "什么是 KV 缓存？KV 缓存是"}  # a page opens with its language's
 DEFAULT_PROMPT = DEFAULT_PROMPTS["en"]
 # A page in Chinese opens on the Chinese embedded model (Gemma 3 270M): a base model, without a chat template, so

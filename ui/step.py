@@ -18,15 +18,12 @@ from ui.lesson import CHAPTERS
 from ui.page_state import (current_state, go_to_chapter, request_full_run, run_lock, show_problem, ss, t, labels,
                            write_link)
 from ui.runner import Runner
-from ui.state import VIEWS, clamp
-from ui.views import attention, costs, eviction, flow, kv_cache, lesson, prefix, split_kv, stepper
+from ui import views
+from ui.state import clamp
+from ui.views import VIEWS, lesson, stepper
 from ui.views.common import CHAPTER_FIGURE, TEXT_SENT, ChapterFigure, opened
 
 log = logging.getLogger("kvscope")
-VIEW_MODULES = {"flow": flow, "attention": attention, "kv": kv_cache, "split": split_kv, "prefix": prefix,
-                "costs": costs, "eviction": eviction}
-
-
 clock = time.monotonic  # Play's clock (tests set their own)
 CHAPTER_FIGURE_HEIGHT = {False: 480, True: 440}  # px: what the first screen has below the lesson's header
 
@@ -123,7 +120,7 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
             stepper.details(ctx)
         sent = TEXT_SENT.set(time.perf_counter())
         with view_place:
-            VIEW_MODULES[ss.w_view].render(ctx)
+            views.render(ss.w_view, ctx)
     finally:
         CHAPTER_FIGURE.reset(placed)
         if sent is not None:

@@ -1,1 +1,17 @@
-"""One module per view; each has `render(ctx: ViewContext)` and draws with Streamlit only."""
+"""The views: the one list of them and where each is drawn. One module per view; each has `render(ctx: ViewContext)`
+and draws with Streamlit only. A view's name is its value in the link (`view=`) and its label's string key
+(`view_<name>`, ui/strings.csv); the lesson's chapters name views the same way (ui/lesson.toml)."""
+
+from __future__ import annotations
+
+import importlib
+
+# The views in the page's order: name → the module under ui/views/ that draws it.
+MODULES = {"flow": "flow", "attention": "attention", "kv": "kv_cache", "split": "split_kv", "prefix": "prefix",
+           "costs": "costs", "eviction": "eviction"}
+VIEWS = tuple(MODULES)
+
+
+def render(view: str, ctx) -> None:
+    """Draw `view` for the step in `ctx` (a `ui.context.ViewContext`)."""
+    importlib.import_module(f"ui.views.{MODULES[view]}").render(ctx)

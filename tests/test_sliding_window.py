@@ -187,3 +187,48 @@ def test_the_window_chapter_on_gemma_shows_local_rows_lose_their_oldest_columns_
         rows, _ = reach_rows(at)
         assert np.array_equal(rows, expected_rows(traces[step - 1], head), equal_nan=True), step
     assert traces[0].window_start == 0  # the prefill: no block had gone back yet
+
+
+def test_each_models_limits_let_gemma_pass_its_window_in_the_bytes_smollm2_had(embedded_model, embedded_zh_model):
+    """The host's token limits are SmolLM2's (float32): its own stay as set; Gemma 3 270M, whose K/V take fewer bytes a
+    token, gets a prompt long enough for the window chapter's run to pass 512 positions, its pool no more K/V bytes
+    than SmolLM2's, its longest prefill's attention within the step memory; a limit the host raised is never lowered."""
+    from ui.settings import Limits, model_limits, step_limits
+
+    host = load_limits({})
+    smol, gemma = model_limits(host, embedded_model.info), model_limits(host, embedded_zh_model.info)
+    assert (smol.max_prompt_tokens, smol.cache_tokens) == (host.max_prompt_tokens, host.cache_tokens)
+    chapter = next(c for c in CHAPTERS if c.key == "sliding_window")
+    longest = max(len(embedded_zh_model.tokenizer(WINDOW_PROMPTS[lang])["input_ids"]) for lang in WINDOW_PROMPTS)
+    assert longest + chapter.step - 1 > embedded_zh_model.info.sliding_window
+    assert gemma.max_prompt_tokens >= longest
+    budget = host.step_memory_mb * 10**6
+    assert 2 * embedded_zh_model.info.attention_bytes(gemma.max_prompt_tokens, gemma.max_prompt_tokens) <= budget
+    per_page = {m.info.name: limits.cache_tokens * m.info.kv_bytes_per_token
+                for m, limits in ((embedded_model, smol), (embedded_zh_model, gemma))}
+    assert per_page[embedded_zh_model.info.name] <= per_page[embedded_model.info.name]
+    raised = Limits(max_prompt_tokens=2000, cache_tokens=4096)
+    assert model_limits(raised, embedded_model.info).max_prompt_tokens == 2000
+    assert model_limits(raised, embedded_zh_model.info).max_prompt_tokens == 2000
+    assert step_limits(gemma, embedded_zh_model.info).max_attention_tokens >= gemma.max_prompt_tokens
+
+
+def test_the_window_chapter_keeps_its_own_prompt_in_the_pages_language_and_model(embedded_model, embedded_zh_model):
+    """Chapter 15 runs its own prompt only on a model with a window, in the page's language; leaving it for another
+    chapter, or a language (and so a model) without a window, puts the class's prompt back."""
+    from ui.state import default_prompt
+
+    at = start(chapter=15, lang="en")  # SmolLM2: no window, the class's prompt
+    assert at.session_state["w_prompt"] == default_prompt("en")
+    at.selectbox(key="w_lang").set_value("zh").run()  # the Chinese page's model, Gemma 3: the chapter's own prompt
+    assert_clean(at)
+    assert at.session_state["w_model"] == "embedded-zh" and at.session_state["w_prompt"] == WINDOW_PROMPTS["zh"]
+    assert not at.error and not at.warning
+    at.selectbox(key="w_lang").set_value("en").run()
+    assert_clean(at)
+    assert at.session_state["w_model"] == "embedded" and at.session_state["w_prompt"] == default_prompt("en")
+    at = start(chapter=15, lang="en", model="embedded-zh")
+    assert at.session_state["w_prompt"] == WINDOW_PROMPTS["en"]
+    at.button(key="b_chapter_back").click().run()
+    assert_clean(at)
+    assert at.session_state["w_prompt"] == default_prompt("en") and at.query_params["chapter"] == "14"

@@ -25,7 +25,7 @@ from ui.settings import DTYPES, Limits, load_limits, model_limits, step_limits
 from ui.state import LANGS, POLICIES, AppState, bounds, clean_prompt, language_defaults
 from ui.step import stepper_and_view
 from ui.views import lesson
-from ui.lesson import WINDOW_PROMPTS
+from ui.lesson import CHAPTERS, WINDOW_PROMPTS
 from ui.views.flow import PICTURE_CSS
 
 log = logging.getLogger("kvscope")
@@ -231,8 +231,10 @@ def switch_language() -> None:
     new = language_defaults(ss.w_lang)
     if ss.w_model == old.model:
         ss.w_model, ss.w_chat = new.model, new.chat
-    if ss.w_prompt == old.prompt:
+    if ss.w_prompt in (old.prompt, WINDOW_PROMPTS.get(old.lang)):
         ss.w_prompt = new.prompt
+        chapter = ss.get("w_chapter")  # the window chapter's own prompt comes back in the new language, on a model
+        ss.pending_window_prompt = bool(chapter) and CHAPTERS[chapter - 1].window_prompt  # with a window
 
 
 def use_default_model() -> None:

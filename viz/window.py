@@ -35,7 +35,7 @@ def layer_reach_figure(reach: np.ndarray, kinds: tuple[str, ...], window_start: 
                       xaxis=dict(title=words["reach_axis"], range=[-0.5, length - 0.5]))
     if window_start:
         fig.add_vline(x=window_start - 0.5, line=dict(color=OKABE_ITO["vermillion"], width=3, dash="dash"))
-        fig.add_annotation(x=window_start - 0.5, y=1, xref="x", yref="paper", xanchor="right", yanchor="bottom",
+        fig.add_annotation(x=0, y=1, xref="paper", yref="paper", xanchor="left", yanchor="bottom",
                            showarrow=False, font=dict(color=OKABE_ITO["vermillion"]),
                            text=words["reach_returned"].format(first=0, last=f"{window_start - 1:,}"))
     return finish(fig, title, large, height=first_screen_height(large))

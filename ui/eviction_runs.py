@@ -73,25 +73,37 @@ class EvictionPlan:
     wanted: int
 
 
-def pair_bytes(info: engine.ModelInfo, prompt: int, steps: int) -> int:
+def evictions(settings: EvictionSettings, steps: int) -> int:
+    """How many times the policy's run evicts in `steps` passes: once after the prefill, at every pass (the
+    streaming window), or every `interval` passes (a decode budget)."""
+    return {"prefill": 1, "stream": steps, "decode": -(-steps // settings.interval)}[settings.at]
+
+
+def pair_bytes(info: engine.ModelInfo, prompt: int, steps: int, settings: EvictionSettings) -> int:
     """What a pair decoding `steps` tokens after a `prompt`-token prompt holds at most, in bytes: two paged pools;
-    per pass and run, the mask of what each (layer, KV head) read (bool), the shares recorded (float32) and the
-    evictions' rows (positions and rows as int64, scores float32, every layer, at most one per pass); the latest
-    pass's attention and logits; the prefill's one layer of n × n attention probabilities."""
+    per pass and run, the mask of what each (layer, KV head) read (the engine's bool and the record's int8) and
+    the shares recorded (three float32 per layer and Q head); per eviction, its rows (positions and rows int64,
+    scores float32); each run's latest attention and logits; the prefill's one layer of n × n probabilities and
+    scores."""
     length = prompt + steps
-    pool = length * info.kv_bytes_per_token
-    per_pass = (info.layers * info.kv_heads * length * (1 + 8 + 4 + 8)
-                + 3 * info.layers * info.q_heads * 4)
-    latest = info.layers * info.q_heads * length * 4 + info.vocab * 4
+    pool = 2 * length * info.kv_bytes_per_token
+    masks = 2 * steps * info.layers * info.kv_heads * length * 2
+    shares = 2 * steps * 3 * info.layers * info.q_heads * 4
+    evicted = evictions(settings, steps) * info.layers * info.kv_heads * length * 20
+    latest = 2 * (info.layers * info.q_heads * length * 4 + info.vocab * 4)
     prefill = info.q_heads * prompt * prompt * 4 * 2
-    return 2 * (pool + steps * per_pass + latest) + prefill
+    return pool + masks + shares + evicted + latest + prefill
 
 
-def plan(info: engine.ModelInfo, prompt: int, wanted: int, budget_bytes: int) -> EvictionPlan:
-    """The most steps (up to `wanted`) whose pair fits `budget_bytes`."""
-    fits = [s for s in (wanted, *range(wanted - 1, 0, -1)) if pair_bytes(info, prompt, s) <= budget_bytes]
-    steps = fits[0] if fits else 0
-    return EvictionPlan(steps, pair_bytes(info, prompt, max(steps, 1)), wanted)
+def plan(info: engine.ModelInfo, prompt: int, wanted: int, settings: EvictionSettings, budget_bytes: int
+         ) -> EvictionPlan:
+    """The most steps (up to `wanted`) whose pair fits `budget_bytes` (0: not even one)."""
+    fits = lambda s: pair_bytes(info, prompt, s, settings) <= budget_bytes  # noqa: E731 — grows with s
+    low, high = 0, wanted
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return EvictionPlan(low, pair_bytes(info, prompt, max(low, 1), settings), wanted)
 
 
 @dataclass
@@ -170,7 +182,7 @@ def pair_for(model: engine.Model, prompt_ids: list[int], settings: EvictionSetti
              step_memory_mb: int) -> EvictionPair:
     """The shared pair for these settings (built once); raises `InvalidSettingError` (the engine's, or a plan with
     no step that fits the host's step memory) before anything is held."""
-    found = plan(model.info, len(prompt_ids), wanted, step_memory_mb * 10**6)
+    found = plan(model.info, len(prompt_ids), wanted, settings, step_memory_mb * 10**6)
     if found.steps == 0:
         raise EvictionTooLarge(found)
     key = (id(model), model.info.name, tuple(prompt_ids), settings, found.steps)

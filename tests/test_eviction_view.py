@@ -1,0 +1,282 @@
+"""The eviction view and chapter 16 ("What the cache forgets"): the view draws, for each policy and on SmolLM2 and a
+tiny Gemma-shaped model, the positions the engine's own run kept (and what each policy's definition keeps); the
+chapter's numbers are its figures' data on both embedded models; bad link values and settings get a message in
+the page's language; the host's step memory caps or refuses the pair; in a browser the view's controls reach the
+link, and the chapter's figure is whole on a projector's first screen."""
+
+from urllib.parse import urlencode
+
+import numpy as np
+import pytest
+from playwright.sync_api import expect
+
+import engine
+from engine.eviction import POLICIES, DecodeBudget, EvictionRun, Policy, StreamingWindow, n_kept_for_ratio
+from tests.app_helpers import assert_clean, open_whole_view, start
+from tests.conftest import GEMMA_WINDOW
+from tests.helpers import idle, widget
+from tests.server import browser_page, settled_text
+from tests.test_gemma_views import charts, matrix
+from ui import strings
+
+PROMPT = ("Serving systems keep a cache of keys and values; when it no longer fits, they evict some positions and "
+          "keep the ones a score ranks highest, then decode")
+STEP = 3
+KEPT, EVICTED, OUTSIDE = 1, 0, 2
+SETTINGS = [dict(evict=name, evict_at="prefill", ratio=0.5) for name in POLICIES] + [
+    dict(evict="tova", evict_at="decode", budget=12, interval=2),
+    dict(evict="snapkv", evict_at="decode", budget=12, interval=2),
+    dict(evict="knorm", evict_at="stream", stream_window=6)]
+IDS = [f"{s['evict']}-{s['evict_at']}" for s in SETTINGS]
+
+
+def engine_run(model: engine.Model, ids: list[int], s: dict, steps: int) -> EvictionRun:
+    """The engine's run for settings `s` as the view describes them: SnapKV's window is kvpress's 64 where more
+    queries ran, else a quarter of the context (after the prefill) or the interval less one (during decode)."""
+    if s["evict_at"] == "stream":
+        policy, budget, ratio = None, StreamingWindow(4, s["stream_window"]), 0.0
+    else:
+        queries = (len(ids) - 1) // 4 if s["evict_at"] == "prefill" else s["interval"] - 1
+        policy = Policy(s["evict"], window_size=max(1, min(64, queries))) if s["evict"] == "snapkv" else Policy(
+            s["evict"])
+        budget = DecodeBudget(s["budget"], s["interval"]) if s["evict_at"] == "decode" else None
+        ratio = s.get("ratio", 0.0) if s["evict_at"] == "prefill" else 0.0
+    run = EvictionRun(model, ids, policy, compression_ratio=ratio, budget=budget, max_new_tokens=steps)
+    run.prefill()
+    while len(run.steps) < steps:
+        run.step()
+    return run
+
+
+def kept_map(at) -> np.ndarray:
+    """The view's main figure: its heatmap's states, one row per (layer, KV head)."""
+    heatmap = next(c for c in charts(at) if c["data"][0]["type"] == "heatmap")
+    return matrix(heatmap["data"][0]["z"])
+
+
+def definition_holds(states: np.ndarray, model: engine.Model, s: dict, context: int) -> None:
+    """What each policy's definition says a row read at pass STEP, whatever its scores: a ratio keeps
+    int(context × (1 − ratio)) of the context, then every new position; a decode budget, `budget` after each eviction
+    (every `interval` passes) and one more a pass since; the streaming window keeps 4 sinks and the
+    latest `stream_window` (+ the position the pass added); a sliding-window layer keeps its window, no sinks."""
+    info = model.info
+    length = states.shape[-1]
+    for layer in range(info.layers):
+        for kv in range(info.kv_heads):
+            row = states[layer * info.kv_heads + kv]
+            read = set(np.flatnonzero(row == KEPT).tolist())
+            if info.window(layer) is not None:
+                assert read == set(range(max(0, length - info.window(layer)), length)), (layer, kv)
+                assert not (row == EVICTED).any() and (row[:length - info.window(layer)] == OUTSIDE).all()
+            elif s["evict_at"] == "prefill":
+                assert len(read) == n_kept_for_ratio(context, s["ratio"]) + STEP, (layer, kv, len(read))
+            elif s["evict_at"] == "stream":
+                assert read == set(range(4)) | set(range(length - s["stream_window"] - 1, length)), (layer, kv)
+            else:  # the last eviction was after pass `last` (the budget then), each pass since added one
+                last = (STEP - 1) // s["interval"] * s["interval"]
+                assert len(read) == (s["budget"] + STEP - last if last else length), (layer, kv, len(read))
+
+
+def check_view(at, model: engine.Model, s: dict) -> None:
+    assert_clean(at)
+    assert strings.t("evict_title") in [h.value for h in at.subheader]
+    ids = engine.DecodeSession(model, PROMPT, chat=False).prompt_ids
+    states = kept_map(at)
+    run = engine_run(model, ids, s, STEP)
+    step = run.steps[STEP - 1]
+    info = model.info
+    expected = np.full((info.layers, info.kv_heads, step.position + 1), KEPT, dtype=float)
+    for layer, mask in enumerate(step.kept):
+        if mask is not None:
+            expected[layer] = mask.numpy()
+        else:
+            expected[layer, :, :step.position + 1 - info.cached_positions(layer, step.position + 1)] = OUTSIDE
+    assert np.array_equal(states, expected.reshape(-1, step.position + 1)), "the map is not what the engine kept"
+    definition_holds(states, model, s, len(ids) - 1)
+    assert (states == EVICTED).any(), "nothing was evicted: the settings test nothing"
+    run.close()
+
+
+@pytest.mark.parametrize("s", SETTINGS, ids=IDS)
+def test_the_view_draws_what_each_policy_kept_on_smollm2(s, embedded_model):
+    at = start(view="eviction", prompt=PROMPT, chat=0, step=STEP, **s)
+    check_view(at, embedded_model, s)
+
+
+@pytest.mark.parametrize("s", SETTINGS, ids=IDS)
+def test_the_view_draws_what_each_policy_kept_on_a_tiny_gemma(s, tiny_model, tiny_model_dir, monkeypatch):
+    """Gemma's local layers keep their window (no sinks: grey before it); only its global layer evicts."""
+    folder = tiny_model_dir("gemma3")
+    monkeypatch.setenv("KVSCOPE_MODELS", folder)
+    at = start(view="eviction", model=folder, prompt=PROMPT, chat=0, step=STEP, **s)
+    model = tiny_model("gemma3")
+    check_view(at, model, s)
+    states = kept_map(at)
+    assert (states == OUTSIDE).any() and GEMMA_WINDOW < states.shape[-1]
+    text = "\n".join(c.value for c in at.caption).replace("\\", "")
+    assert "no sinks" in text and "re-numbers positions" in text and "masked, not freed" in text
+
+
+# -- the chapter's numbers are its figures' data ----------------------------------------------------------------
+
+
+def figures(at) -> dict:
+    """The view's figures by their shape: the kept map, the hidden share (heatmap over Q heads), the sink (two bar
+    series), the bytes (one horizontal bar series)."""
+    out = {}
+    for chart in charts(at):
+        data = chart["data"]
+        if data[0]["type"] == "heatmap" and "kept" not in out:
+            out["kept"] = matrix(data[0]["z"])
+        elif data[0]["type"] == "heatmap" and isinstance(data[0]["x"], list) and str(data[0]["x"][0]).startswith("q"):
+            out["share"] = matrix(data[0]["z"])
+        elif data[0]["type"] == "bar" and len(data) == 2:
+            out["sink"] = matrix(data[0]["y"]), matrix(data[1]["y"])
+        elif data[0]["type"] == "bar" and data[0].get("orientation") == "h":
+            out["bytes"] = matrix(data[0]["x"])
+    return out
+
+
+def panel_text(at) -> str:
+    panel = at.container("chapter")
+    return "\n".join(m.value for m in panel.markdown).replace("\\", "")
+
+
+def layer_words(layer: int, lang: str) -> str:
+    return f"layer {layer}" if lang == "en" else f"第 {layer} 层"
+
+
+@pytest.mark.parametrize(("model_name", "lang"), [("embedded", "en"), ("embedded-zh", "zh")])
+def test_the_chapters_numbers_are_its_figures_data(model_name, lang, request):
+    request.getfixturevalue({"embedded": "embedded_model", "embedded-zh": "embedded_zh_model"}[model_name])
+    at = start(chapter=16, lang=lang)
+    assert_clean(at)
+    at = open_whole_view(at)
+    assert_clean(at)
+    found, text = figures(at), panel_text(at)
+    assert set(found) == {"kept", "share", "sink", "bytes"}, set(found)
+    full, _ = found["sink"]
+    sink_layer = int(np.argmax(full))
+    assert f"{100 * full[sink_layer]:.1f}%" in text and layer_words(sink_layer, lang) in text
+    by_layer = found["share"].mean(axis=1)
+    share_layer = int(np.argmax(by_layer))
+    assert f"{100 * by_layer[share_layer]:.1f}%" in text and layer_words(share_layer, lang) in text
+    for value in found["bytes"]:
+        assert f"{value / 1024:,.1f} KiB" in text, value
+    kept = found["kept"]
+    counts = [(row == KEPT).sum() for row in kept if not (row == OUTSIDE).any() and (row == EVICTED).any()]
+    assert counts, "no row evicted anything"
+    low, high = min(counts), max(counts)
+    assert (f"**{low:,}**" if low == high else f"**{low:,}–{high:,}**") in text
+    assert f"{kept.shape[1]:,}" in text  # the positions at this step
+    if model_name == "embedded-zh":  # past Gemma 3's window: the local layers keep no sinks
+        assert (kept == OUTSIDE).any() and "没有 sink" in text
+
+
+def eviction_numbers(model: engine.Model, prompt_ids: list[int], step: int) -> list[str]:
+    """Chapter 16's numbers computed here from the engine, for tests/test_lesson.py: the default settings (SnapKV,
+    half the context evicted after the prefill) at `step`: positions each evicting (layer, KV head) read, the bytes
+    three ways, and the strongest sink of the full cache's run."""
+    s = dict(evict="snapkv", evict_at="prefill", ratio=0.5)
+    run, full = engine_run(model, prompt_ids, s, step), engine_run(model, prompt_ids, dict(
+        evict="snapkv", evict_at="prefill", ratio=0.0), step)
+    kept = n_kept_for_ratio(len(prompt_ids) - 1, 0.5) + step
+    sink = full.steps[-1].attention[:, :, 0].float().mean(dim=1)
+    numbers = [f"{kept:,}", f"{run.kept_bytes() / 1024:,.1f}", f"{run.allocated_bytes() / 1024:,.1f}",
+               f"{run.full_bytes() / 1024:,.1f}", f"{100 * sink.max().item():.1f}%"]
+    run.close(), full.close()
+    return numbers
+
+
+# -- bad values ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+@pytest.mark.parametrize(("param", "value", "reason"), [("ratio", "half", "bad_number"), ("ratio", "1", "out_of_range"),
+                                                         ("evict", "h2o", "unknown_choice"),
+                                                         ("budget", "0", "out_of_range"),
+                                                         ("evict_at", "sometimes", "unknown_choice")])
+def test_a_bad_link_value_is_named_in_the_pages_language(param, value, reason, lang, embedded_model):
+    at = start(view="eviction", step=2, lang=lang, model="embedded", **{param: value})
+    assert_clean(at)
+    warnings = [w.value for w in at.warning]
+    reason_text = strings.t("reason_" + reason, lang)
+    assert any(f"{param}={value}" in w and reason_text in w for w in warnings), warnings
+    assert kept_map(at).size  # the view still draws, at the fallback
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_settings_that_cannot_run_say_why_in_the_pages_language(lang, embedded_model):
+    at = start(view="eviction", step=2, lang=lang, model="embedded", evict="snapkv", evict_at="decode", interval=1)
+    assert_clean(at)
+    assert strings.t("evict_snapkv_interval", lang) in [w.value for w in at.warning]
+    at = start(view="eviction", step=2, lang=lang, model="embedded", prompt="Hi", chat=0, evict="streaming_llm")
+    assert_clean(at)
+    assert any(w.value.startswith(strings.t("evict_too_few_for_sinks", lang, n=0)[:20]) for w in at.warning)
+
+
+def test_the_hosts_step_memory_caps_the_pair_with_a_message(embedded_model, monkeypatch):
+    """At KVSCOPE_STEP_MEMORY_MB=16 the pair of SmolLM2 runs (two pools of 46,080 B a position) cannot decode the
+    host's 128 tokens: it stops where its estimate fits, says so, and the page past that point says the runs ended."""
+    monkeypatch.setenv("KVSCOPE_STEP_MEMORY_MB", "16")
+    at = start(view="eviction", prompt=PROMPT, chat=0, step=2, evict="knorm", evict_at="stream", stream_window=6)
+    assert_clean(at)
+    capped = [i.value for i in at.info if "KVSCOPE_STEP_MEMORY_MB = 16" in i.value]
+    assert capped, [i.value for i in at.info]
+    steps = int(capped[0].split("for ")[1].split(" answer")[0])
+    assert 2 <= steps < 128
+    at = start(view="eviction", prompt=PROMPT, chat=0, step=steps + 1, evict="knorm", evict_at="stream",
+               stream_window=6)
+    assert_clean(at)
+    assert strings.t("evict_ended", passes=steps, step=steps + 1) in [c.value for c in at.caption]
+
+
+def test_a_pair_that_cannot_fit_one_step_is_refused_with_a_message(embedded_model, monkeypatch):
+    monkeypatch.setenv("KVSCOPE_STEP_MEMORY_MB", "16")
+    long_prompt = " ".join(["The cache keeps every position it was given."] * 20)  # ~180 tokens: two pools > 16 MB
+    at = start(view="eviction", prompt=long_prompt, chat=0, step=1)
+    assert_clean(at)
+    assert any("KVSCOPE_STEP_MEMORY_MB = 16" in w.value and "MB for one step" in w.value for w in at.warning), \
+        [w.value for w in at.warning]
+
+
+# -- in a browser ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_the_views_controls_reach_the_link_and_the_chapters_figure_is_on_the_first_screen(server, lang):
+    with browser_page(1280, 720) as page:
+        page.goto(f"{server}/?{urlencode(dict(view='eviction', step=2, lang=lang, model='embedded'))}")
+        settled_text(page)
+        idle(page)
+        widget(page, "w_evict_at").get_by_text(strings.t("evict_at_decode", lang)).click()
+        expect(widget(page, "w_budget")).to_be_visible(timeout=120_000)
+        idle(page)
+        assert "evict_at=decode" in page.url
+        box = widget(page, "w_evict").locator('[role="combobox"]')
+        box.click()
+        page.locator('[role="option"]', has_text=strings.t("evict_policy_tova", lang)).first.click()
+        page.wait_for_url("**evict=tova**", timeout=120_000)
+        idle(page)
+        field = widget(page, "w_interval").locator("input")
+        field.fill("3")
+        field.press("Enter")
+        page.wait_for_url("**interval=3**", timeout=120_000)
+        idle(page)
+        widget(page, "evict_own_cache").locator("label").first.click()
+        expect(page.locator(".kv-figure-title").first).to_contain_text(
+            strings.t("evict_kept_title_own", lang, policy="", token=2, length=0)[:12], timeout=120_000)
+        widget(page, "w_evict_at").get_by_text(strings.t("evict_at_stream", lang)).click()
+        expect(widget(page, "w_stream_window")).to_be_visible(timeout=120_000)
+        idle(page)
+        assert "evict_at=stream" in page.url
+    with browser_page(1280, 720) as page:
+        page.goto(f"{server}/?chapter=16&large=1&lang={lang}")
+        settled_text(page)
+        idle(page)
+        figure = page.locator(".st-key-chapter-figure")
+        expect(figure.locator(".js-plotly-plot")).to_have_count(1, timeout=120_000)
+        found = figure.bounding_box()
+        assert found["height"] > 200 and found["y"] >= 0 and found["y"] + found["height"] <= 720, found
+        assert page.evaluate("window.scrollY") == 0

@@ -1,6 +1,6 @@
 """What `st.plotly_chart` does to draw an already built figure again (Back, a revisited chapter, every page of a
 class on one step), per view: the figure to a dict, then to JSON. Plotly's own figure (`to_dict` deep-copies and
-encodes it every time) against `ui.views.common.FrozenFigure` (its dict made once, when it was built).
+encodes it every time) against `ui.views.wire.FrozenFigure` (its dict made once, when it was built).
 
     HF_HUB_OFFLINE=1 python bench/figure_wire.py [--repeats 20]
 
@@ -25,7 +25,7 @@ import plotly.tools  # noqa: E402
 
 from tests.app_helpers import start  # noqa: E402
 from ui.state import VIEWS  # noqa: E402
-from ui.views import common  # noqa: E402
+from ui.views import figures  # noqa: E402
 
 PROMPT = " ".join(["token"] * 190)
 
@@ -43,9 +43,9 @@ def wire_ms(fig: go.Figure, repeats: int) -> float:
 def page_figures(view: str, step: int = 8, **link) -> list[go.Figure]:
     """The figures a page opened on `view` at `step` (about 200 cached tokens; `link`: more of its link) builds,
     in the order it builds them, as the server's memo holds them."""
-    common._figures.clear()  # noqa: SLF001 — the figures this page builds
+    figures._figures.clear()  # noqa: SLF001 — the figures this page builds
     start(view=view, prompt=PROMPT, chat=0, step=step, temperature=1, seed=3, **link)
-    return [fig for _, fig in common._figures.values()]  # noqa: SLF001
+    return [fig for _, fig in figures._figures.values()]  # noqa: SLF001
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from tests.app_helpers import assert_clean, start
-from ui.views import attention, common, kv_cache
+from ui.views import attention, figures, kv_cache, paint
 
 LINK = dict(view="attention", step=3, layer=5, head=2, chat=0, prompt="The capital of France is")
 
@@ -14,7 +14,7 @@ LINK = dict(view="attention", step=3, layer=5, head=2, chat=0, prompt="The capit
 @pytest.fixture
 def builds(monkeypatch):
     """How many times the all-heads chart was built, counted from a clean memo."""
-    common._figures.clear()
+    figures._figures.clear()
     calls = []
     real = attention.head_grid_figure
 
@@ -97,7 +97,7 @@ def test_a_memoized_figure_is_converted_for_the_wire_once(builds, embedded_model
 def test_the_kv_views_figures_come_from_the_memo(embedded_model, monkeypatch):
     """The paged-KV view's figures are memoized like the others': a second page on the same step builds none, the
     next step builds the step's own (not the per-layer lengths, the same at every step), Back none."""
-    common._figures.clear()
+    figures._figures.clear()
     built = count_calls(monkeypatch, [(kv_cache, name) for name in ("pool_figure", "layer_lengths_figure",
                                                                     "kv_values_figure", "occupancy_bar")])
     link = dict(view="kv", step=3, layer=5, head=2, chat=0, prompt="The capital of France is")
@@ -124,7 +124,7 @@ def test_pages_on_the_same_step_build_its_tables_and_token_cells_once(embedded_m
     from ui import runs
     from ui.views import flow, stepper
 
-    common._tables.clear()
+    figures._tables.clear()
     built = count_calls(monkeypatch, ((flow, "stages_table"), (stepper, "candidates_table"), (runs, "token_cells"),
                                       (runs, "candidate_cells")))
     link = dict(view="flow", step=3, chat=0, prompt="Each table is made once")  # a run no other test made
@@ -154,7 +154,7 @@ def test_the_views_tables_are_made_once_for_every_page_on_a_step(view, module_na
     import importlib
 
     module = importlib.import_module(f"ui.views.{module_name}")
-    common._tables.clear()
+    figures._tables.clear()
     built = count_calls(monkeypatch, [(module, name) for name in names])
     link = dict(view=view, step=3, layer=5, head=2, chat=0, prompt=f"The {view} view's tables are made once")
     first = start(**link)
@@ -181,12 +181,12 @@ def test_a_step_drawn_from_the_memo_lets_the_browser_paint_its_text_before_the_f
     import streamlit as st
 
     events = count_calls(monkeypatch, [(st, "code"), (st, "plotly_chart")])
-    monkeypatch.setattr(common, "sleep", events.append)  # the waits, in order with the calls
+    monkeypatch.setattr(paint, "sleep", events.append)  # the waits, in order with the calls
     at = start(**LINK)
     at.button(key="b_next").click().run()
     events.clear()
     at.button(key="b_back").click().run()
     assert_clean(at)
     waits = [e for e in events if isinstance(e, float)]
-    assert len(waits) == 1 and 0 < waits[0] <= common.PAINT_GAP, events
+    assert len(waits) == 1 and 0 < waits[0] <= paint.PAINT_GAP, events
     assert events.index("code") < events.index(waits[0]) < events.index("plotly_chart"), events

@@ -27,7 +27,7 @@ DEFAULT_SETTINGS = {"block_size": DEFAULT_BLOCK_SIZE, "kv_splits": 1, "pool": "o
 class Chapter:
     number: int  # 1-based, as the link's `chapter`
     key: str
-    figure: str  # the part of its view it talks about (a `ui.views.common.Part` name): first on the screen
+    figure: str  # the part of its view it talks about (a `ui.views.chapter_part.Part` name): first on the screen
     points: tuple[str, ...]  # teaching points, e.g. ("T4", "T11")
     view: str
     step: int

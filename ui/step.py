@@ -21,7 +21,9 @@ from ui.runner import Runner
 from ui import views
 from ui.state import clamp
 from ui.views import VIEWS, lesson, stepper
-from ui.views.common import CHAPTER_FIGURE, TEXT_SENT, ChapterFigure, opened
+from ui.views.chapter_part import CHAPTER_FIGURE, ChapterFigure
+from ui.views.paint import TEXT_SENT
+from ui.views.widgets import opened
 
 log = logging.getLogger("kvscope")
 clock = time.monotonic  # Play's clock (tests set their own)

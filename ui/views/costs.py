@@ -8,7 +8,9 @@ import streamlit as st
 from engine.reference_models import reference_info
 from engine.timing import DecodeTiming, crossover_batch, crossover_context, decode_step_bytes, weight_bytes_read
 from ui.context import ViewContext
-from ui.views.common import Part, figure, memo_key, shared_table, shown, table, words
+from ui.views.chapter_part import Part, shown
+from ui.views.figures import figure, memo_key, shared_table, table
+from ui.views.widgets import words
 from viz.costs import (attention_scores, context_growth_figure, context_growth_frame, growth_lengths, kv_read_figure,
                        per_token_figure, step_bytes_figure, step_times_figure, steps_frame, steps_table)
 from viz.style import fmt_ms, fmt_size

@@ -10,7 +10,9 @@ from engine.errors import InvalidSettingError
 from ui.context import ViewContext
 from ui.eviction_shown import EvictionShown, check, error_message, policy_label, shown_eviction
 from ui.state import EVICT_AT, bounds
-from ui.views.common import Part, figure, layer_head_pickers, memo_key, shown, titled, words
+from ui.views.chapter_part import Part, shown
+from ui.views.figures import figure, memo_key
+from ui.views.widgets import layer_head_pickers, titled, words
 from viz.eviction import (bytes_figure, evicted_share_figure, kept_figure, kept_over_steps_figure, sink_figure,
                           text_comparison_html)
 from viz.style import fmt_size

@@ -8,7 +8,9 @@ import streamlit as st
 
 from ui import strings
 from ui.context import ViewContext
-from ui.views.common import Part, figure, memo_key, shared_table, shown, titled, words
+from ui.views.chapter_part import Part, shown
+from ui.views.figures import figure, memo_key, shared_table
+from ui.views.widgets import titled, words
 from viz.flow import flow_rows, residual_figure, vector_figure
 from viz.step_picture import MIN_WIDTH, step_figure
 

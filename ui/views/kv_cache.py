@@ -6,7 +6,9 @@ import streamlit as st
 
 from ui.context import ViewContext
 from ui.strings import Shown
-from ui.views.common import Part, figure, layer_head_pickers, memo_key, shared_table, shown, table, titled, words
+from ui.views.chapter_part import Part, shown
+from ui.views.figures import figure, memo_key, shared_table, table
+from ui.views.widgets import layer_head_pickers, titled, words
 from ui.state import POOLS
 from viz.kv_cache import (block_table_frame, busy_pool_figure, difference_text, kv_bytes_table, kv_values_figure,
                           layer_lengths_figure, layer_lengths_frame, layer_lengths_table, lengths_default,

@@ -13,7 +13,7 @@ from ui import eviction_lesson, strings
 from ui.strings import Shown
 from ui.context import ViewContext
 from ui.lesson import CHAPTERS, Chapter
-from ui.views.common import shown_layer_head
+from ui.views.widgets import shown_layer_head
 from viz.costs import attention_scores, context_growth_frame, growth_lengths
 from viz.kv_cache import difference_text
 from viz.split_kv import vector_text

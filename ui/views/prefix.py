@@ -6,7 +6,9 @@ import streamlit as st
 
 from ui.cases import CASE_BLOCK_SIZE
 from ui.context import ViewContext
-from ui.views.common import Part, figure, memo_key, shown, table, words
+from ui.views.chapter_part import Part, shown
+from ui.views.figures import figure, memo_key, table
+from ui.views.widgets import words
 from viz.prefix import alignment_frame, alignment_table, policies_figure, policy_frame, policy_table
 from viz.tokens import position_label
 

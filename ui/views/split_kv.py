@@ -6,7 +6,9 @@ import streamlit as st
 
 from engine.split_kv import worked_example
 from ui.context import ViewContext
-from ui.views.common import Part, figure, layer_head_pickers, memo_key, opened, shared_table, shown, table, words
+from ui.views.chapter_part import Part, shown
+from ui.views.figures import figure, memo_key, shared_table, table
+from ui.views.widgets import layer_head_pickers, opened, words
 from viz.split_kv import merge_table, split_figure, split_table, vector_text, worked_example_frame
 
 

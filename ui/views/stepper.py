@@ -9,7 +9,9 @@ import json
 import streamlit as st
 
 from ui.context import ViewContext
-from ui.views.common import figure, memo_key, opened, shared_table, shown, words
+from ui.views.chapter_part import shown
+from ui.views.figures import figure, memo_key, shared_table
+from ui.views.widgets import opened, words
 from viz.candidates import candidates_figure, candidates_table
 from viz.tokens import (position_label, reads_as, splits_characters, token_chip_styles, token_frame, token_legend_html,
                          token_stream_html)

@@ -166,7 +166,8 @@ class Model:
     @torch.inference_mode()
     def forward(self, ids: list[int], positions: list[int], table: BlockTable, capture: Capture, kv_splits: int = 1,
                 write: bool = True, kept: list[torch.Tensor | None] | None = None,
-                observe: Callable[[int, AttentionResult], None] | None = None) -> ForwardRecord:
+                observe: Callable[[int, AttentionResult], None] | None = None,
+                head: bool = True) -> ForwardRecord | None:
         """Process `ids` at `positions`, the last `len(ids)` positions `table` has reserved (`table.append`).
 
         Each layer writes the new K/V into the pool, then attends over every cached position it can see
@@ -176,6 +177,7 @@ class Model:
         `kept` (per layer: (kv_heads, positions[-1] + 1) bool, or None) hides what KV eviction dropped from each
         KV head (`engine.eviction`); None reads every cached position. `observe(layer, result)` sees each
         layer's attention as it is computed (eviction scores from it without a record of every layer's rows).
+        `head=False` stops after the layers and returns None: a pass that only fills the cache (`engine.replay`).
         """
         info = self.info
         ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)
@@ -193,6 +195,8 @@ class Model:
         recorder = StepRecorder(capture, positions, info.layers, info.q_heads, info.hidden, x.dtype, self.device)
         for layer in self.layers:
             x = layer(x, context, recorder)
+        if not head:  # lm_head's vocab-sized product is most of a decode step's work
+            return None
         final_hidden = norm(x[-1], self.weights.norm)
         logits = torch.mv(self.weights.lm_head, final_hidden)
         cap = self.weights.final_logit_softcap

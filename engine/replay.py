@@ -12,7 +12,7 @@ A prefill that reused a prefix from a prefix cache starts from those positions' 
 not recomputed: the session's own global blocks (held until it closes) and a copy of the local layers' ones
 taken at its prefill (`reused_window_kv`), since the window may hand those back too.
 
-What it costs: one forward pass per replayed step, once (a replay is extended, never redone, as older steps
+What it costs: one forward pass per replayed step (its layers only: no lm_head), once (a replay is extended, never redone, as older steps
 are asked for), and the K/V of every replayed position in every layer, freed with the session.
 """
 
@@ -69,7 +69,7 @@ class Replay:
         """Replay the session's passes up to (not including) pass `count`: `traces` are the session's."""
         for trace in traces[self.passes:count]:
             self.table.append(len(trace.input_ids))
-            self.model.forward(trace.input_ids, trace.positions, self.table, REPLAY_CAPTURE, self.kv_splits)
+            self.model.forward(trace.input_ids, trace.positions, self.table, REPLAY_CAPTURE, self.kv_splits, head=False)
             self.passes += 1
 
     def table_before(self, trace: StepTrace) -> BlockTable:

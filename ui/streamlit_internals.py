@@ -30,11 +30,14 @@ def current_fragment_id() -> str | None:
     return getattr(thread_state.get(), "fragment_id", None) if thread_state is not None else None
 
 
+def _session_manager():
+    """The runtime's session manager, or None (no server: a script)."""
+    return getattr(Runtime.instance(), "_session_mgr", None) if Runtime.exists() else None
+
+
 def _sessions():
-    """The runtime's session manager, or None (no server: AppTest, a script)."""
-    if not Runtime.exists():
-        return None
-    manager = getattr(Runtime.instance(), "_session_mgr", None)
+    """The session manager, where it can find a session by its id (AppTest's runtime cannot), else None."""
+    manager = _session_manager()
     return manager if hasattr(manager, "get_active_session_info") else None
 
 
@@ -74,7 +77,7 @@ def forget_closed_sessions() -> int:
     (`server.disconnectedSessionTTL`). Streamlit keeps them in a TTL cache that only forgets an expired entry when
     it is next written, which a server whose class has left never does: each kept session holds its page's run.
     Returns how many were forgotten."""
-    cache = getattr(getattr(_sessions(), "_session_storage", None), "_cache", None)
+    cache = getattr(getattr(_session_manager(), "_session_storage", None), "_cache", None)
     if not callable(getattr(cache, "expire", None)):
         return 0
     return len(cache.expire() or ())

@@ -19,8 +19,6 @@ from ui.state import AppState
 LEAD_SECONDS = 1.0  # the leader's heartbeat (well inside rooms.ROOM_TTL_SECONDS) and check of its status
 ss = st.session_state
 
-# The QR code's box: as tall as most of a projected 720-pixel screen allows, on a white quiet zone so that a
-# dark theme does not hide it; on a phone, the width of the screen.
 # The leader's panel and status (container `follow-lead`) are a collapsed strip in Streamlit's header bar, out of
 # the page's flow: the teacher's page keeps the chapter's figure on the projector's first screen, as a student's
 # does. Opened, the panel lies over the page. When nothing in flow comes with it in the page's notices (no title, no
@@ -29,12 +27,15 @@ STRIP_CSS = """<style>
 [data-testid="stLayoutWrapper"]:has(> .st-key-follow-lead) { position: fixed; top: 0.5rem; right: 1rem;
   z-index: 999991; width: min(22rem, calc(100vw - 5rem)); }
 .st-key-follow-lead details, .st-key-follow-lead [data-testid="stAlertContainer"] { background-color: #fff; }
-.st-key-follow-lead summary { min-height: 0; padding-top: 0.2rem; padding-bottom: 0.2rem; }  /* clear of a free page's title */
+/* a summary short enough to clear a free page's title */
+.st-key-follow-lead summary { min-height: 0; padding-top: 0.2rem; padding-bottom: 0.2rem; }
 [data-testid="stLayoutWrapper"]:has(> .st-key-follow-lead details[open]) { width: min(60rem, calc(100vw - 2rem));
   max-height: calc(100vh - 1.2rem); overflow-y: auto; box-shadow: 0 0.5rem 2rem rgba(0, 0, 0, 0.25); }
 [data-testid="stLayoutWrapper"]:has(> .st-key-notices > :last-child > .st-key-follow-lead):not(:has(> .st-key-notices h1)) {
   position: absolute; }
 </style>"""
+# The QR code's box: as tall as most of a projected 720-pixel screen allows, on a white quiet zone so that a
+# dark theme does not hide it; on a phone, the width of the screen.
 QR_CSS = """<style>
 .kv-follow-qr img { width: min(62vh, 100%); height: auto; display: block; background: #fff; image-rendering: pixelated; }
 .kv-follow-link { font-size: 1.1rem; word-break: break-all; }

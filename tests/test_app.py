@@ -1,5 +1,7 @@
 """The Streamlit app, driven headless with AppTest: controls, views, links, bad input."""
 
+import re
+
 import pytest
 
 from tests.app_helpers import VIEW_TITLES, assert_clean, shown_text, start
@@ -345,3 +347,22 @@ def test_a_base_model_turns_the_chat_switch_off_and_says_so(embedded_zh_model):
     assert any(strings.t("reason_no_chat_template") in w.value for w in at.warning)
     assert at.query_params.get("chat") == "0"
     assert shown_text(at).startswith("<bos>什么是KV缓存？KV缓存是")  # no template around it
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_a_heatmap_longer_than_the_step_memory_is_left_out_with_a_message(embedded_model, monkeypatch, lang):
+    """At KVSCOPE_STEP_MEMORY_MB=16 SmolLM2's full heatmap fits about 200 positions, fewer than the host's 384-token
+    prompt: the attention view says so in the page's language, still draws the newest row, and Next still steps."""
+    monkeypatch.setenv("KVSCOPE_STEP_MEMORY_MB", "16")
+    prompt = " ".join(["The cache keeps every position it was given."] * 30)
+    at = start(view="attention", prompt=prompt, chat=0, step=1, lang=lang, model="embedded")
+    assert_clean(at)
+    said = [i.value for i in at.info if "KVSCOPE_STEP_MEMORY_MB" in i.value]
+    assert len(said) == 1, [i.value for i in at.info]
+    n, limit = (int(number.replace(",", "")) for number in re.findall(r"\d[\d,]*", said[0])[:2])
+    assert limit < n, said
+    assert said[0] == strings.t("heatmap_over_budget", lang, n=n, limit=limit)
+    assert at.get("plotly_chart"), "the newest row is not drawn either"
+    at.button(key="b_next").click().run()
+    assert_clean(at)
+    assert at.query_params["step"] == "2"

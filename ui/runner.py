@@ -141,10 +141,13 @@ class Runner:
         """Whether the server is too close to the host's memory for this page's costliest figures (ui.memory)."""
         return memory.short_of_memory(self.limits.memory_mb, self.limits.step_memory_mb)
 
+    def heatmap_span(self, step: int) -> tuple[int, int]:
+        """The positions step `step`'s full heatmap spans, and the most this server's step memory allows."""
+        return len(self.session.prompt_ids) + max(0, step - 1), self.max_attention_tokens
+
     def full_attention(self, step: int, layer: int, head: int):
         """Probabilities and scores (n, n) of one head of `layer` over the sequence step `step` attended."""
-        n = len(self.session.prompt_ids) + max(0, step - 1)
-        limit = self.max_attention_tokens
+        n, limit = self.heatmap_span(step)
         if n > limit:
             raise engine.InvalidSettingError(
                 f"the full attention heatmap of {n} positions does not fit this server's step memory "

@@ -160,7 +160,8 @@ def model_limits(limits: Limits, info: ModelInfo) -> Limits:
     prompt no longer than the longest whose attention fits the step memory (`StepLimits.max_attention_tokens`: its
     prefill and its heatmap). Never fewer than the host set; SmolLM2 in float32 keeps them as they are."""
     scale = max(1.0, REFERENCE_KV_BYTES / info.kv_bytes_per_token)
-    longest = step_limits(limits, info).max_attention_tokens
+    # the heatmap of the run's last step (prompt and every new token) must fit, not only the prompt's
+    longest = step_limits(limits, info).max_attention_tokens - limits.max_new_tokens
     prompt = max(limits.max_prompt_tokens, min(int(limits.max_prompt_tokens * scale), longest))
     return replace(limits, max_prompt_tokens=prompt, cache_tokens=int(limits.cache_tokens * scale))
 

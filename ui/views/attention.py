@@ -24,6 +24,9 @@ def render(ctx: ViewContext) -> None:
     if main.shown and ctx.runner.short_of_memory():  # the newest row below still shows where this head looked
         with main:
             st.info(ctx.t("short_of_memory", left_out=ctx.t("left_out_heatmap")))
+    elif main.shown and (span := ctx.runner.heatmap_span(ctx.step))[0] > span[1]:  # a host's small step memory
+        with main:
+            st.info(ctx.t("heatmap_over_budget", n=span[0], limit=span[1]))
     elif main.shown:
         probs, scores = ctx.runner.full_attention(ctx.step, layer, head)
         matrix = (scores if show_scores else probs).float().numpy()  # bfloat16 widens exactly

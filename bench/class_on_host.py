@@ -1,6 +1,7 @@
 """A class on one free host: one app server, a teacher leading a follow room, thirty students, measured together.
 
-    HF_HUB_OFFLINE=1 python bench/class_on_host.py [--students 30] [--presses 10] [--pace 3] [--before <git-ref>]
+    HF_HUB_OFFLINE=1 python bench/class_on_host.py [--students 30] [--presses 10] [--pace 3] [--langs en,zh]
+        [--before <git-ref>]
 
 A free host (Streamlit Community Cloud) is about 2 cores and 2.7 GB; this runs the class against ONE server
 (`streamlit run serve.py` on a free loopback port, tests/server.py's `running_server`, with this shell's
@@ -19,8 +20,9 @@ The class (`--students 30`; fewer keep the same shares):
   `--presses` times at the same pace from a random offset: the same kind of session, whose press is the Next
   button's trigger in a rerun of the step's fragment, as the → key's press in a browser sends (so the server does
   an explorer's whole work: the step, its view's figures, the messages; only no browser draws them). 8 of them (4 +
-  4) open the heaviest link the host allows, after bench/step_memory.py's worst case: a prompt of
-  KVSCOPE_MAX_PROMPT_TOKENS − 2 tokens (382 by default, their own on each page), block size 1 and 64 KV splits,
+  4) open the heaviest link the host allows, after bench/step_memory.py's worst case: a prompt 2 tokens
+  shorter than the longest the host allows on that model (ui/settings.py `model_limits`: 382 on SmolLM2 and 814 on
+  Gemma 3 270M by default, their own on each page), block size 1 and 64 KV splits,
   which the app fits into its step budget (ui/settings.py `StepLimits`: the values it kept are printed), at a late
   step (KVSCOPE_MAX_NEW_TOKENS − presses − 1, so every press still computes one), on the attention or the KV view;
   the other 2 open an ordinary link (the default prompt, step 1, sampled with their own seed, the split, prefix,
@@ -43,6 +45,8 @@ The server's /proc/<pid>/status is read every 100 ms (VmRSS, RssAnon, RssFile). 
   presses, and the worst); a follower never sent it within a minute is counted as missed;
 - explorers → step sent / run finished: from sending an explorer's press to the server sending the new step's
   header / the end of that run, p50 and p90 (all explorers; the heavy ones on their own line).
+`--langs zh`: a Chinese class on `embedded-zh` alone (the teacher's page too; one model loaded), with the same
+roles; `--langs en,zh` (the default) as above.
 `--before <ref>`: the same class first against a `git worktree` of `ref`, then against this checkout, in one run;
 both side by side. The output ends with a markdown table. Memory and speed are measured here, never asserted in
 tests. Run by hand, not in CI.
@@ -78,9 +82,11 @@ from streamlit.proto.ForwardMsg_pb2 import ForwardMsg  # noqa: E402
 from bench.browser_latency import SocketFollower, Wire, counter, press_step  # noqa: E402
 from bench.class_open import CpuSplit  # noqa: E402
 from tests.server import ROOT, chromium, running_server, settled_text  # noqa: E402
-from tests.test_load import LIMIT_BYTES  # noqa: E402
+import engine  # noqa: E402
 from ui.settings import APP_MAX_KV_SPLITS, load_limits  # noqa: E402
 from ui.state import LANGUAGE_DEFAULTS, default_prompt, parse_query  # noqa: E402
+
+LIMIT_BYTES = int(2.7 * 2**30)  # Streamlit Community Cloud's memory for one app: the host this bench sizes a class for
 
 COUNTER = re.compile(rb'kv-counter">\D*?(\d+)')  # the header's step: "step 8 · …" or "第 8 步 · …"
 LIGHT_VIEWS = ("split", "prefix", "costs", "flow")
@@ -102,12 +108,13 @@ class Seat:
     number: int  # in its role
 
 
-def roster(students: int) -> list[Seat]:
-    """Two thirds follow, the rest explore, four fifths of them on the heaviest link; each role half English."""
+def roster(students: int, langs: tuple[str, ...] = ("en", "zh")) -> list[Seat]:
+    """Two thirds follow, the rest explore, four fifths of them on the heaviest link; each role shared equally
+    among `langs`."""
     followers = round(students * 2 / 3)
     heavy = round((students - followers) * 0.8)
     counts = {"follower": followers, "heavy": heavy, "light": students - followers - heavy}
-    return [Seat(role, ("en", "zh")[i % 2], i) for role, count in counts.items() for i in range(count)]
+    return [Seat(role, langs[i % len(langs)], i) for role, count in counts.items() for i in range(count)]
 
 
 @functools.cache
@@ -133,6 +140,17 @@ def exact_prompt(lang: str, tokens: int, number: int) -> str:
     while (over := count(text := tokenizer.decode(ids[:cut])) - tokens) > 0:
         cut -= over
     return text
+
+
+def heaviest_prompt(limits, lang: str) -> int:
+    """The longest prompt the host allows on `lang`'s model (ui/settings.py `model_limits`: a model whose K/V take
+    fewer bytes a token gets longer prompts), less 2 as bench/step_memory.py's worst case (382 of 384 on SmolLM2)."""
+    from engine.loader import AUTO
+
+    from ui.settings import model_limits
+
+    info = engine.load_model(LANGUAGE_DEFAULTS[lang]["model"], dtype=AUTO).info  # its limits need its shapes
+    return model_limits(limits, info).max_prompt_tokens - 2
 
 
 def link_for(seat: Seat, follow_query: str, prompt: str, late_step: int) -> str:
@@ -298,6 +316,10 @@ class ServerMemory:
             with contextlib.suppress(OSError):
                 self.samples.append((time.perf_counter() - self.start, self.phase, self.read()))
 
+    def last(self, phase: str) -> dict[str, int]:
+        """The last sample of `phase`: the server as that phase left it."""
+        return [s for s in self.samples if s[1] == phase][-1][2]
+
     def peak(self, phase: str | None = None) -> tuple[float, str, dict[str, int]]:
         return max((s for s in self.samples if phase in (None, s[1])), key=lambda s: s[2]["VmRSS"])
 
@@ -319,6 +341,7 @@ class ClassRun:
     heavy_link: str = ""
     joined_s: dict[str, float] = field(default_factory=dict)
     idle: dict[str, int] = field(default_factory=dict)
+    joined_rss: dict[str, int] = field(default_factory=dict)  # the server once every follower had joined
     peak: tuple = ()
     class_peak: tuple = ()
     hwm: int = 0
@@ -342,11 +365,12 @@ def page_clock(page) -> float:
     return min(readings)[1]
 
 
-def open_teacher(browser, url: str):
-    """The teacher's page leading a room (it loads `embedded`); its Wire and the students' link's query."""
+def open_teacher(browser, url: str, lang: str = "en"):
+    """The teacher's page leading a room in `lang` (it loads that language's model); its Wire and the students'
+    link's query."""
     page = browser.new_page(viewport={"width": 1280, "height": 720})
     wire = Wire(page)
-    page.goto(f"{url}/?lead=1&step=1", timeout=WAIT_S * 1000)
+    page.goto(f"{url}/?lead=1&step=1" + ("&lang=zh" if lang == "zh" else ""), timeout=WAIT_S * 1000)
     settled_text(page)
     href = page.locator(".st-key-follow-link a").get_attribute("href")
     assert href and "follow=" in href, href
@@ -422,14 +446,15 @@ def run_class(root: Path, label: str, args, prompts: dict, late_step: int) -> Cl
     with running_server(log, root=root) as (url, process), \
             ServerMemory(process.pid) as memory, chromium() as browser:
         memory.phase = "models load"
-        page, wire, follow_query = open_teacher(browser, url)
-        chinese = Student(url, "lang=zh&step=1", Seat("warm-up", "zh", 0))
-        assert wait_for(chinese.ready, OPEN_S, every=0.2), "the Chinese model did not load"
-        chinese.close()
+        page, wire, follow_query = open_teacher(browser, url, args.langs[0])
+        if args.langs[0] != "zh" and "zh" in args.langs:
+            chinese = Student(url, "lang=zh&step=1", Seat("warm-up", "zh", 0))
+            assert wait_for(chinese.ready, OPEN_S, every=0.2), "the Chinese model did not load"
+            chinese.close()
         memory.phase = "idle"
         time.sleep(3)
         result.idle = memory.read()
-        students = join(url, roster(args.students), follow_query, prompts, late_step, step_of(counter(page)),
+        students = join(url, roster(args.students, args.langs), follow_query, prompts, late_step, step_of(counter(page)),
                         result, memory)
         memory.phase = "class"
         rng, start = random.Random(7), time.perf_counter()
@@ -445,6 +470,7 @@ def run_class(root: Path, label: str, args, prompts: dict, late_step: int) -> Cl
         result.cpu = (*cpu.used, time.perf_counter() - start)
         time.sleep(1)
         result.peak, result.class_peak, result.hwm = memory.peak(), memory.peak("class"), memory.read()["VmHWM"]
+        result.joined_rss = memory.last("followers join")
         for student in students:
             student.close()
     report(result)
@@ -489,6 +515,7 @@ def rows(run: ClassRun) -> dict[str, str]:
     explored = run.explored["light"] + run.explored["heavy"]
     return {
         "server idle, both models loaded": memory_text(run.idle),
+        "once the followers joined": memory_text(run.joined_rss),
         "peak RSS (when)": peak_text(run.peak),
         "peak RSS during the presses": peak_text(run.class_peak),
         "VmHWM, and of the host's 2.7 GiB": f"{run.hwm / MIB:.0f} MiB, {run.hwm * 1024 / LIMIT_BYTES:.0%}",
@@ -541,17 +568,20 @@ def main() -> None:
     parser.add_argument("--students", type=int, default=30)
     parser.add_argument("--presses", type=int, default=10, help="the teacher's presses (and each explorer's)")
     parser.add_argument("--pace", type=float, default=3.0, help="seconds between a student's presses")
+    parser.add_argument("--langs", type=lambda text: tuple(text.split(",")), default=("en", "zh"),
+                        help="the class's languages: en,zh (both models) or zh (embedded-zh alone)")
     parser.add_argument("--before", help="a git ref to run the same class against first, in the same run")
     args = parser.parse_args()
     limits = load_limits()
     late_step = max(1, limits.max_new_tokens - args.presses - 1)
-    tokens = limits.max_prompt_tokens - 2  # bench/step_memory.py's 382 under the default 384
-    seats = roster(args.students)
-    prompts = {seat: exact_prompt(seat.lang, tokens, seat.number)
+    tokens = {lang: heaviest_prompt(limits, lang) for lang in args.langs}
+    seats = roster(args.students, args.langs)
+    prompts = {seat: exact_prompt(seat.lang, tokens[seat.lang], seat.number)
                for seat in seats if seat.role == "heavy"}
     print(f"{args.students} students: " + ", ".join(f"{sum(s.role == r and s.lang == l for s in seats)} {r} {l}"
                                                      for r in ("follower", "light", "heavy") for l in ("en", "zh"))
-          + f"; {args.presses} presses every {args.pace:.0f} s; heavy links ask for a {tokens}-token prompt, "
+          + f"; {args.presses} presses every {args.pace:.0f} s; heavy links ask for a prompt of "
+          + ", ".join(f"{count} tokens ({lang})" for lang, count in tokens.items()) + ", "
           f"block_size 1, kv_splits {APP_MAX_KV_SPLITS}, step {late_step}; the servers' environment: "
           + (" ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("KVSCOPE_"))
              or "no KVSCOPE_* (each checkout's defaults)"), flush=True)

@@ -118,33 +118,42 @@ def embedded_zh_model() -> engine.Model:
     return engine.load_model(embedded.ZH, device="cpu", dtype=AUTO)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def browser():
-    """Headless Chromium for one browser test module."""
+    """Headless Chromium, one for the whole session: each test gets a context of its own (`page`)."""
     from tests.server import chromium
 
     with chromium() as browser:
         yield browser
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def page(request, browser):
-    """One page of the module's Chromium, 1280×720 unless the module's `PAGE` says otherwise (width, height and
-    other `new_page` options)."""
+    """A page in a fresh browser context (its own cookies, so its own Streamlit session), 1280×720 unless the
+    module's `PAGE` says otherwise (width, height and other `new_context` options)."""
     options = {"width": 1280, "height": 720, **getattr(request.module, "PAGE", {})}
     width, height = options.pop("width"), options.pop("height")
-    page = browser.new_page(viewport={"width": width, "height": height}, **options)
-    yield page
-    page.close()
+    context = browser.new_context(viewport={"width": width, "height": height}, **options)
+    yield context.new_page()
+    context.close()
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """A real Streamlit server on loopback for one browser test module; its URL."""
+@pytest.fixture(scope="session")
+def app_server(tmp_path_factory):
+    """The app on a real Streamlit server on loopback, one for the whole session (each model loads once, at the
+    first page that needs it): (url, process, log path). A test that needs a fresh server or other settings starts
+    its own (tests/server.py's `running_server`)."""
     from tests.server import running_server
 
-    with running_server(tmp_path_factory.mktemp("server") / "log.txt") as (url, _):
-        yield url
+    log_path = tmp_path_factory.mktemp("server") / "log.txt"
+    with running_server(log_path) as (url, process):
+        yield url, process, log_path
+
+
+@pytest.fixture(scope="session")
+def server(app_server) -> str:
+    """The session's server's URL."""
+    return app_server[0]
 
 
 @pytest.fixture(scope="session")

@@ -15,24 +15,39 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
                  "--disable-component-update", "--disable-sync"]
 
 
+_open: list = []  # the Chromium a `chromium()` further out in this process holds open
+
+
 @contextlib.contextmanager
 def chromium():
-    """Headless Debian Chromium (Playwright's sync API): the browser every browser test drives."""
+    """Headless Debian Chromium (Playwright's sync API): the browser every browser test drives. Inside another
+    `chromium()` (the test session's, conftest.py's `browser`) it is that one: the sync API allows one Playwright
+    per thread, and a browser per test would cost its start."""
+    if _open:
+        yield _open[-1]
+        return
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        _open.append(browser)
         try:
             yield browser
         finally:
+            _open.remove(browser)
             browser.close()
 
 
 @contextlib.contextmanager
 def browser_page(width: int = 1280, height: int = 720, **options):
-    """One page of a fresh Chromium at `width` × `height` (options go to `new_page`)."""
+    """One page in a fresh context (its own cookies: its own session) at `width` × `height` (options go to
+    `new_context`)."""
     with chromium() as browser:
-        yield browser.new_page(viewport={"width": width, "height": height}, **options)
+        context = browser.new_context(viewport={"width": width, "height": height}, **options)
+        try:
+            yield context.new_page()
+        finally:
+            context.close()
 
 
 def free_port() -> int:

@@ -22,7 +22,7 @@ from urllib.parse import quote
 import pytest
 from playwright.sync_api import expect
 
-from tests.server import ROOT, chromium, free_port, settled_text
+from tests.server import ROOT, free_port, settled_text
 from tests.helpers import expected, link, press, until_link
 from tests.test_follow_browser import FOLLOW_MS, leader_moves, shows
 from tests.test_follow_faults import DOWN, LEAD_DOWN, open_class, pages, timed_next  # noqa: F401 (pages: a fixture)
@@ -124,12 +124,6 @@ def deployment(tmp_path_factory):
         for pid in leftovers:  # only if the script failed to stop them (the last test then fails too)
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as browser:
-        yield browser
 
 
 def cookie_of(context) -> str:

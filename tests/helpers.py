@@ -53,7 +53,7 @@ def open_whole_view_in(page) -> None:
     idle(page)
     parts = ".st-key-x_whole_view [data-testid='stElementContainer']"
     closed = page.locator(parts).count()  # its controls only
-    widget(page, "x_whole_view").locator("summary").click()
+    widget(page, "x_whole_view").locator("summary").first.click()  # its own; an expander inside it has one too
     page.wait_for_function(f"() => document.querySelectorAll({parts!r}).length > {closed}", timeout=WAIT_MS)
     idle(page)
 
@@ -70,6 +70,21 @@ class Received:
 
     def carries(self, text: str) -> bool:
         return any(text.encode() in (f if isinstance(f, bytes) else f.encode()) for f in self.frames)
+
+
+# An init script: `window.kvSent` counts the messages the page sends its server (a press, a widget's change, a tick).
+COUNT_SENDS = """(() => { const send = WebSocket.prototype.send; window.kvSent = 0;
+    WebSocket.prototype.send = function (...args) { window.kvSent += 1; return send.apply(this, args); }; })()"""
+
+
+def wait_until(page, condition, timeout_ms: int = WAIT_MS) -> None:
+    """Wait until `condition()` (of what the test process has heard from the page, e.g. a `Received`) holds; the
+    page's events arrive while Playwright waits."""
+    waited = 0
+    while not condition():
+        assert waited < timeout_ms, f"not within {timeout_ms} ms"
+        page.wait_for_timeout(50)  # Playwright's own wait: the page's events are handled meanwhile
+        waited += 50
 
 
 def link(page) -> dict[str, str]:

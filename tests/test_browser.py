@@ -1,5 +1,6 @@
-"""End to end in headless Chromium: a shared link restores the text; the Right arrow steps and updates the link;
-markup in a link shows as text; an open page survives a server restart; the link always equals the screen.
+"""End to end in headless Chromium: a fresh server says what it is loading; a shared link restores the text; the
+Right arrow steps and updates the link; markup in a link shows as text; an open page survives a server restart; the
+link always equals the screen.
 
 Needs Debian's chromium (`apt-get install chromium`) and the `playwright` package; `.ci/run` installs both.
 """
@@ -12,11 +13,43 @@ import pytest
 import engine
 from tests.helpers import WAIT_MS, expected
 from tests.server import restarted_server, running_server, settled_text
+from ui import strings
 
 pytestmark = pytest.mark.browser
 
 
 PAGE = {"width": 1600, "height": 1000}  # the module's page (conftest.py)
+
+
+@pytest.fixture(scope="module")
+def fresh_server(tmp_path_factory):
+    """A server of this module's own that has loaded no model yet: (url, process, folder for its logs). The first
+    test here reads what its first pages say; the restart test then restarts it."""
+    folder = tmp_path_factory.mktemp("fresh-server")
+    with running_server(folder / "log.txt") as (url, process):
+        yield url, process, folder
+
+
+def test_a_fresh_servers_first_pages_say_what_they_load_and_no_streamlit_chrome(fresh_server, page):
+    """First in this module: the server is fresh, so its first page view imports the engine and loads SmolLM2,
+    and a Chinese lesson's first page loads the Chinese model (Gemma 3 270M), each saying so in its language."""
+    url = fresh_server[0]
+    page.goto(url)
+    page.get_by_text(strings.t("starting")).wait_for(timeout=60_000)  # while the server imports the engine
+    loading = page.get_by_text(strings.t("loading_embedded"))
+    loading.wait_for(timeout=60_000)
+    assert page.locator(".st-key-generated").count() == 0  # the messages come before the page they wait for
+    settled_text(page)
+    for chrome in ("stAppDeployButton", "stMainMenu"):
+        assert page.locator(f'[data-testid="{chrome}"]').count() == 0, chrome
+    running_man = page.locator('[data-testid="stStatusWidget"]')
+    assert running_man.count() == 0 or not running_man.is_visible()
+    page.reload()  # a second view of a loaded model goes straight to the page
+    settled_text(page)
+    assert loading.count() == 0
+    page.goto(f"{url}/?chapter=1&lang=zh&large=1")  # a page in Chinese opens on the Chinese model
+    page.get_by_text(strings.t("loading_embedded_zh", "zh")).wait_for(timeout=60_000)
+    settled_text(page)
 
 
 def test_shared_link_restores_then_right_arrow_steps(server, page, embedded_model):
@@ -109,21 +142,24 @@ WATCH_CONNECTION = """() => { window.kvLost = false; new MutationObserver(() => 
     .observe(document.body, {attributes: true, childList: true, subtree: true}); }""" % NEXT
 
 
-def test_open_page_steps_after_a_server_restart(page, tmp_path, embedded_model):
-    """The new server knows nothing of the page; its link and the press are enough."""
+def test_open_page_steps_after_a_server_restart(fresh_server, page, embedded_model):
+    """The new server knows nothing of the page; its link and the press are enough. (A Chinese page on SmolLM2: the
+    new server's first view says in Chinese that it starts and loads SmolLM2.)"""
     prompt = "Name three colours."
-    with running_server(tmp_path / "log.txt") as (url, process):
-        page.goto(f"{url}/?prompt={quote(prompt)}&step=2")
-        assert settled_text(page) == expected(embedded_model, prompt, 2)
-        page.evaluate(WATCH_CONNECTION)
-        with restarted_server(url, process, tmp_path / "log-after-restart.txt"):
-            # The page noticed the lost connection and has reconnected, still showing step 2, its Next live again.
-            page.wait_for_function(f"() => window.kvLost && document.querySelector('{NEXT}:not([disabled])')",
-                                   timeout=WAIT_MS)
-            page.locator("h1").first.click()
-            page.keyboard.press("ArrowRight")
-            page.wait_for_function("() => new URL(location.href).searchParams.get('step') === '3'", timeout=120_000)
-            assert settled_text(page) == expected(embedded_model, prompt, 3)
+    url, process, folder = fresh_server
+    page.goto(f"{url}/?prompt={quote(prompt)}&step=2&lang=zh&model=embedded&chat=1")
+    assert settled_text(page) == expected(embedded_model, prompt, 2)
+    page.evaluate(WATCH_CONNECTION)
+    with restarted_server(url, process, folder / "log-after-restart.txt"):
+        # The page noticed the lost connection and has reconnected, still showing step 2, its Next live again.
+        page.wait_for_function(f"() => window.kvLost && document.querySelector('{NEXT}:not([disabled])')",
+                               timeout=WAIT_MS)
+        page.locator("h1").first.click()
+        page.keyboard.press("ArrowRight")  # the new server's first run of this page
+        page.get_by_text(strings.t("starting", "zh")).wait_for(timeout=WAIT_MS)
+        page.get_by_text(strings.t("loading_embedded", "zh")).wait_for(timeout=WAIT_MS)
+        page.wait_for_function("() => new URL(location.href).searchParams.get('step') === '3'", timeout=120_000)
+        assert settled_text(page) == expected(embedded_model, prompt, 3)
 
 
 def test_link_equals_screen_after_fast_presses(server, page, embedded_model):

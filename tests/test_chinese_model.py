@@ -23,8 +23,6 @@ def test_a_chinese_lesson_on_the_chinese_model_shows_characters_and_its_figures(
     for key in CHAPTER_KEYS:
         chapter = next(c for c in CHAPTERS if c.key == key)
         page.goto(f"{server}/?chapter={chapter.number}&lang=zh&large=1")
-        if key == CHAPTER_KEYS[0]:  # the module's fresh server loads the Chinese model first
-            page.get_by_text(strings.t("loading_embedded_zh", "zh")).wait_for(timeout=60_000)
         settled_text(page)
         assert chapter.part("title", "zh") in page.locator("h1").inner_text()
         chips = [t.strip() for t in page.locator(STREAM_CHIPS).all_inner_texts()]

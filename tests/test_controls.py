@@ -2,18 +2,19 @@
 what the page shows and what its link says, as a student's click would (AppTest reruns the whole script,
 so it cannot tell a control that works only on the next rerun from one that works at once).
 
-One server and one page for the module; each test opens the page from a link, so it starts from a known
-state. Needs Debian's chromium and the `playwright` package, as tests/test_browser.py.
+The session's server (conftest.py) and a fresh page per test; each test opens the page from a link, so it starts
+from a known state (what a fresh server's first page says: tests/test_browser.py). Needs Debian's chromium and the
+`playwright` package, as tests/test_browser.py.
 """
 
-import time
 from urllib.parse import urlencode
 
 import pytest
 from playwright.sync_api import expect
 
 from tests.app_helpers import VIEW_TITLES
-from tests.helpers import WAIT_MS, idle, link, metric_value, open_whole_view_in, press, until_link, widget
+from tests.helpers import (COUNT_SENDS, WAIT_MS, Received, idle, link, metric_value, open_whole_view_in, press,
+                           until_link, wait_until, widget)
 from tests.server import running_server, settled_text
 from ui import strings
 from ui.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
@@ -74,28 +75,6 @@ def text_on_page(page, text: str) -> None:
     page.wait_for_function("t => document.body.textContent.includes(t)", arg=text, timeout=WAIT_MS)
 
 
-
-
-# -- the page around the app --------------------------------------------------------------------
-
-
-def test_a_loading_message_shows_before_the_first_page_and_no_streamlit_chrome(server, page):
-    """First in this module: the server is fresh, so its first page view loads the model."""
-    page.goto(server)
-    page.get_by_text(strings.t("starting")).wait_for(timeout=60_000)  # while the server imports the engine
-    loading = page.get_by_text(strings.t("loading_embedded"))
-    loading.wait_for(timeout=60_000)
-    assert page.locator(".st-key-generated").count() == 0  # the messages come before the page they wait for
-    settled_text(page)
-    for chrome in ("stAppDeployButton", "stMainMenu"):
-        assert page.locator(f'[data-testid="{chrome}"]').count() == 0, chrome
-    running_man = page.locator('[data-testid="stStatusWidget"]')
-    assert running_man.count() == 0 or not running_man.is_visible()
-    page.reload()  # a second view of a loaded model goes straight to the page
-    settled_text(page)
-    assert loading.count() == 0
-
-
 # -- sidebar ------------------------------------------------------------------------------------
 
 
@@ -103,7 +82,7 @@ def test_language_and_large_text(server, page):
     open_page(page, server, policy="radix")  # a setting whose labels are translated keeps its value
     choose(page, "w_lang", strings.LANGUAGE_NAMES["zh"])
     until_link(page, lang="zh", policy="radix")
-    # On the English defaults, Chinese moves the page to the Chinese model (loaded now) and its prompt.
+    # On the English defaults, Chinese moves the page to the Chinese model and its prompt.
     page.wait_for_function("() => (document.querySelector('.st-key-generated code') || {}).textContent"
                            "?.includes('KV 缓存是')", timeout=WAIT_MS)
     settled_text(page)
@@ -198,6 +177,11 @@ def test_the_steps_header_is_never_blank_while_a_step_runs(server, page, lesson)
 
 
 def test_play_and_pace(server, page):
+    """Play steps at the pace set; once it is off, no tick is sent however long the page waits: the page's timers
+    run on a clock the test stops and moves on by ten paces (no sleep)."""
+    page.add_init_script(COUNT_SENDS)
+    page.clock.install()  # runs as a real clock until paused
+    sent = Received(page)
     open_page(page, server, step=1)
     pace = slider_value(page, "w_pace")
     nudge(page, "w_pace", "ArrowLeft", 3)
@@ -207,13 +191,15 @@ def test_play_and_pace(server, page):
     expect(widget(page, "w_pace").locator('[data-testid="stSliderThumbValue"]')).to_have_text(f"{pace - 0.3:.2f}")
     toggle(page, "w_playing")
     page.wait_for_function("() => Number(new URL(location.href).searchParams.get('step')) >= 3", timeout=WAIT_MS)
+    sent.clear()
     toggle(page, "w_playing")
-    idle(page)
-    time.sleep(1)  # a tick already scheduled may still land
-    idle(page)
-    stopped = link(page)["step"]
-    time.sleep(2.5)
-    assert link(page)["step"] == stopped  # stopped: no more ticks
+    wait_until(page, lambda: sent.carries("w_top_p"))  # the toggle's run of the whole page (a tick's has no sidebar)
+    idle(page)  # ... has finished: a tick already scheduled has been sent by now
+    page.clock.pause_at(page.evaluate("Date.now()") + 1)  # from here no timer fires unless the test moves the clock
+    sends = page.evaluate("window.kvSent")
+    page.clock.run_for(10_000)  # over ten paces: a Play still on would tick
+    assert page.evaluate("window.kvSent") == sends  # stopped: no more ticks
+    page.clock.resume()
 
 
 # -- the step and chapter buttons' keys, whatever was clicked last ------------------------------------
@@ -390,35 +376,41 @@ def test_template_toggle_and_downloads(server, page):
         assert download.value.suggested_filename == name
 
 
-def test_start_this_session_again_after_a_refused_step(page, tmp_path):
-    """A host whose step budget (KVSCOPE_STEP_MEMORY_MB, at its floor of 16) cannot hold this prompt's
-    attention heatmap: the view refuses it with a message and offers to start the session again."""
+@pytest.fixture(scope="module")
+def small_open_host(tmp_path_factory) -> str:
+    """A server whose step budget (KVSCOPE_STEP_MEMORY_MB) is at its floor of 16 and which allows any model
+    (KVSCOPE_ALLOW_ANY_MODEL=1): one configuration for the two tests below, each about one of its settings."""
+    env = {"KVSCOPE_STEP_MEMORY_MB": "16", "KVSCOPE_ALLOW_ANY_MODEL": "1"}
+    with running_server(tmp_path_factory.mktemp("small-open-host") / "log.txt", env=env) as (url, _):
+        yield url
+
+
+def test_start_this_session_again_after_a_refused_step(small_open_host, page):
+    """A host whose step budget cannot hold this prompt's attention heatmap: the view refuses it with a message and
+    offers to start the session again."""
     prompt = "one two three four five six seven eight nine ten " * 30  # ~300 tokens: over the heatmap limit
-    env = {"KVSCOPE_STEP_MEMORY_MB": "16"}
-    with running_server(tmp_path / "log.txt", env=env) as (url, _):
-        page.goto(f"{url}/?{urlencode({'prompt': prompt, 'chat': '0', 'step': '1', 'view': 'attention'})}")
-        idle(page)
-        error = page.locator(MAIN + ' [data-testid="stAlertContentError"]')
-        expect(error).to_contain_text("KVSCOPE_STEP_MEMORY_MB", timeout=WAIT_MS)
-        restart = page.get_by_role("button", name=strings.t("reset_session"))
-        restart.click()
-        until_link(page, step=0, view="attention")
-        expect(restart).to_have_count(0, timeout=WAIT_MS)
-        expect(error).to_have_count(0)
-        assert prompt.strip() in settled_text(page)
+    page.goto(f"{small_open_host}/?{urlencode({'prompt': prompt, 'chat': '0', 'step': '1', 'view': 'attention'})}")
+    idle(page)
+    error = page.locator(MAIN + ' [data-testid="stAlertContentError"]')
+    expect(error).to_contain_text("KVSCOPE_STEP_MEMORY_MB", timeout=WAIT_MS)
+    restart = page.get_by_role("button", name=strings.t("reset_session"))
+    restart.click()
+    until_link(page, step=0, view="attention")
+    expect(restart).to_have_count(0, timeout=WAIT_MS)
+    expect(error).to_have_count(0)
+    assert prompt.strip() in settled_text(page)
 
 
-def test_use_the_default_model_after_a_model_fails_to_load(page, tmp_path):
+def test_use_the_default_model_after_a_model_fails_to_load(small_open_host, page):
     """A host that allows any model, a link naming one that cannot be read offline: the page says why and
     offers the embedded default, which then loads and steps."""
-    with running_server(tmp_path / "log.txt", env={"KVSCOPE_ALLOW_ANY_MODEL": "1"}) as (url, _):
-        page.goto(f"{url}/?model=nobody/no-such-model&step=1")
-        idle(page)
-        expect(page.locator(MAIN + ' [data-testid="stAlertContentError"]')).to_contain_text("no-such-model",
-                                                                                          timeout=WAIT_MS)
-        page.get_by_role("button", name=strings.t("use_default")).click()
-        text = until_link(page, model=None, step=1)
-        assert "What is a KV cache?" in text
+    page.goto(f"{small_open_host}/?model=nobody/no-such-model&step=1")
+    idle(page)
+    expect(page.locator(MAIN + ' [data-testid="stAlertContentError"]')).to_contain_text("no-such-model",
+                                                                                      timeout=WAIT_MS)
+    page.get_by_role("button", name=strings.t("use_default")).click()
+    text = until_link(page, model=None, step=1)
+    assert "What is a KV cache?" in text
 
 
 # -- the article's cases, at the default settings ------------------------------------------------

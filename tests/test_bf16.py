@@ -14,9 +14,6 @@ Tolerance, derived: bfloat16 keeps 8 significant bits, so one rounding moves a v
 the probabilities and logits; a cache kept in another dtype by the pool's own element size.
 """
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -100,15 +97,6 @@ def test_bf16_weights_are_one_copy_the_stacked_projections_views_of_it(bf16_mode
         assert part.weight.untyped_storage().data_ptr() == layer.gate_up.weight.untyped_storage().data_ptr()
 
 
-@pytest.fixture(scope="module")
-def qwen3_shaped_bf16(embedded_folder, tmp_path_factory) -> str:
-    """A random-weight model of Qwen3-0.6B's exact shape, saved in bfloat16 (safetensors), SmolLM2's tokenizer."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/ is not a package pytest imports
-    from bench.engine_bench import qwen3_shaped_folder
-
-    return qwen3_shaped_folder(torch.bfloat16, embedded_folder, str(tmp_path_factory.mktemp("qwen3-shape")))
-
-
 def greedy_ids(folder: str, prompt: list[int], tokens: int) -> list[int]:
     """transformers' own bf16 cached greedy decode: the first `tokens` ids after `prompt`."""
     hf = hf_model(folder, torch.bfloat16)
@@ -123,17 +111,18 @@ def greedy_ids(folder: str, prompt: list[int], tokens: int) -> list[int]:
     return generated
 
 
-def test_qwen3_shaped_bf16_loads_and_steps_within_the_peak_bound(qwen3_shaped_bf16):
-    """A fresh process: import, load, prefill 32 tokens, 8 steps; its high-water mark (VmHWM) ≤ 1.6 GiB,
-    and its tokens are transformers' greedy ones. Before the stacked projections gave back their parts'
-    pages, the peak was 2.26 GB; the bf16 weights alone are 1.19 GB."""
+def test_qwen3_shaped_bf16_loads_and_steps_within_the_peak_bound(qwen3_shaped_dir):
+    """The session's model of Qwen3-0.6B's exact shape, saved in bfloat16 (tests/qwen3_shaped.py), in a fresh
+    process: import, load, prefill 32 tokens, 8 steps; its high-water mark (VmHWM) ≤ 1.6 GiB, and its tokens are
+    transformers' greedy ones. Before the stacked projections gave back their parts' pages, the peak was 2.26 GB;
+    the bf16 weights alone are 1.19 GB."""
     from bench.bf16_memory import PROMPT_IDS, measure_in_subprocess
 
-    figures = measure_in_subprocess(qwen3_shaped_bf16, "bfloat16", steps=8)
+    figures = measure_in_subprocess(qwen3_shaped_dir, "bfloat16", steps=8)
     assert figures["parameters"] == 596_049_920  # Qwen3-0.6B's count with tied embeddings
     assert figures["kv_bytes_per_token"] == 2 * 28 * 8 * 128 * 2  # 114,688 B, the article's figure
     assert figures["peak_mb"] * 1e6 <= PEAK_BOUND, f"peak {figures['peak_mb']} MB > 1.6 GiB: {figures}"
-    assert figures["tokens"] == greedy_ids(qwen3_shaped_bf16, PROMPT_IDS, 9)
+    assert figures["tokens"] == greedy_ids(qwen3_shaped_dir, PROMPT_IDS, 9)
 
 
 @pytest.mark.parametrize("given, dtype, bad", [(None, "auto", ""), ("bfloat16", "bfloat16", ""),

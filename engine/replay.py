@@ -7,7 +7,8 @@ order, on the same ids and positions and with the same split count, into a priva
 slides. The same passes compute the same K/V bit for bit (on one machine with the same torch thread count, as a
 host's pages have: KVSCOPE_THREADS; a bfloat16 sum may round differently over another count); a local layer that
 reads more positions than the session's did reads them masked (probability 0), exactly as the session read its
-handed-back ones (zeros, masked): see `engine.attention.attend`. So a step rebuilt over a replay equals the step the session ran.
+handed-back ones (zeros, masked): see `engine.attention.attend`. So a step rebuilt over a replay equals the step
+the session ran.
 
 A prefill that reused a prefix from a prefix cache starts from those positions' K/V as the session took them,
 not recomputed: the session's own global blocks (held until it closes) and a copy of the local layers' ones

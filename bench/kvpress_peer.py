@@ -31,14 +31,10 @@ STEPS = 12
 TOP_IDS = 50  # later steps' logits are kept at the peer's top ids only (the file stays small)
 
 # (name, policy, its parameters, prefill compression ratio, decode budget (target_size, interval) or None)
-CASES = [
-    ("streaming_llm@0.5", "streaming_llm", {"n_sink": 4}, 0.5, None),
-    ("knorm@0.5", "knorm", {}, 0.5, None),
-    ("snapkv@0.5", "snapkv", {"window_size": 8, "kernel_size": 5}, 0.5, None),
-    ("tova@0.5", "tova", {}, 0.5, None),
-    ("observed_attention@0.5", "observed_attention", {}, 0.5, None),
-    ("knorm@0.25", "knorm", {}, 0.25, None),
-    ("snapkv@0.75", "snapkv", {"window_size": 16, "kernel_size": 7}, 0.75, None),
+POLICIES = [("streaming_llm", {"n_sink": 4}), ("knorm", {}), ("snapkv", {"window_size": 8, "kernel_size": 5}),
+            ("tova", {}), ("observed_attention", {})]
+CASES = [(f"{name}@{ratio}", name, params, ratio, None) for ratio in (0.25, 0.5, 0.75) for name, params in POLICIES] + [
+    ("snapkv@0.5 w16 k7", "snapkv", {"window_size": 16, "kernel_size": 7}, 0.5, None),
     ("decode:knorm", "knorm", {}, 0.0, (32, 4)),
     ("decode:tova", "tova", {}, 0.0, (32, 4)),
     ("decode:observed_attention", "observed_attention", {}, 0.0, (32, 4)),
@@ -132,18 +128,13 @@ def layer_new(layer, old):
 def _match_rows(rows, source, source_positions) -> list[list[int]]:
     """Per KV head: the position of each cached row, found as the source row it equals bit for bit (source row i
     of head h is at source_positions[h][i])."""
-    import torch
-
     out = []
     for h in range(rows.shape[0]):
         equal = (rows[h][:, None, :] == source[h][None, :, :]).all(dim=-1)  # (rows, source rows)
-        found = []
-        for r in range(rows.shape[1]):
-            hits = torch.nonzero(equal[r]).flatten().tolist()
-            if len(hits) != 1:
-                raise RuntimeError(f"row {r} of head {h} matches {len(hits)} source rows")
-            found.append(source_positions[h][hits[0]])
-        out.append(found)
+        hits = equal.sum(dim=1)
+        if (hits != 1).any():
+            raise RuntimeError(f"a row of head {h} matches {hits.tolist()} source rows")
+        out.append([source_positions[h][i] for i in equal.int().argmax(dim=1).tolist()])
     return out
 
 

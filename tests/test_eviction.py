@@ -272,6 +272,8 @@ def test_evicted_share_is_what_full_attention_puts_on_the_evicted_positions(tiny
     lambda m: EvictionRun(m, [1], Policy("knorm"), compression_ratio=0.5),
     lambda m: EvictionRun(m, [1, 2, 3], compression_ratio=0.5),
     lambda m: EvictionRun(m, [1, 2, 3], Policy("knorm"), budget=DecodeBudget(target_size=0)),
+    lambda m: EvictionRun(m, [1, 2, 3], Policy("snapkv", window_size=8), budget=DecodeBudget(16, interval=8)),
+    lambda m: EvictionRun(m, [1, 2, 3], Policy("streaming_llm", n_sink=4), budget=DecodeBudget(4, interval=2)),
     lambda m: Policy("h2o"),
     lambda m: Policy("snapkv", kernel_size=4),
     lambda m: EvictionRun(m, [1, 2, 3, 4, 5], Policy("snapkv", window_size=8), compression_ratio=0.5).prefill(),

@@ -118,6 +118,8 @@ class EvictionRun:
         if len(prompt_ids) < 2:
             raise InvalidSettingError("eviction needs a prompt of at least 2 tokens: the context it evicts from, "
                                       "then the last prompt token that reads what was kept")
+        if isinstance(budget, DecodeBudget):
+            _check_budget(policy, budget)
         check_prompt_fits(list(prompt_ids), model)
         self.model, self.policy, self.budget = model, policy, budget
         self.compression_ratio = compression_ratio
@@ -220,7 +222,8 @@ class EvictionRun:
         probs, scores = record.attention[:, :, -1], record.scores[:, :, -1]  # (layers, q_heads, L)
         step = EvictionStep(step=len(self.steps), position=position, input_id=token_id,
                             token_id=int(record.logits.argmax()),
-                            kept=[m.cpu() if m is not None else None for m in kept], logits=record.logits, attention=probs, evicted_share=self._evicted_share(scores, kept),
+                            kept=[m.cpu() if m is not None else None for m in kept], logits=record.logits,
+                            attention=probs, evicted_share=self._evicted_share(scores, kept),
                             evictions=self._evict_after_pass(record.attention))
         self.generated.append(step.token_id)
         self.steps.append(step)
@@ -288,3 +291,13 @@ class EvictionRun:
         eviction = Eviction(rows.positions.cpu(), None, kept.cpu())
         rows.keep(kept)
         return eviction
+
+
+def _check_budget(policy: Policy, budget: DecodeBudget) -> None:
+    """Refuse a budget the policy cannot keep, before anything runs (kvpress asserts the same mid-run)."""
+    if policy.name == "snapkv" and min(budget.interval, HIDDEN_STATES_BUFFER + 1) <= policy.window_size:
+        raise InvalidSettingError(f"snapkv scores by the last {policy.window_size} queries (window_size): during "
+                                  f"decode the interval must be larger than that, got {budget.interval}")
+    if policy.name == "streaming_llm" and budget.target_size <= policy.n_sink:
+        raise InvalidSettingError(f"streaming_llm keeps {policy.n_sink} sink positions: the budget's target_size must "
+                                  f"be larger, to keep recent ones too; got {budget.target_size}")

@@ -16,6 +16,7 @@ import engine
 from engine.prompt import has_chat_template
 from engine.tokens import token_cells
 from tests.app_helpers import VIEW_TITLES, assert_clean, open_whole_view, start
+from tests.test_eviction_view import eviction_numbers, strong_sink
 from tests.test_app import english_left
 from tests.runs import decode
 from tests.helpers import WAIT_MS, Received, press
@@ -167,6 +168,7 @@ def expected_numbers(chapter, run: Run, at) -> list[str]:
         "split_kv": lambda: [len(trace.split.ranges), f"{trace.split.max_abs_diff.max().item():.1e}"],
         "context_window": lambda: growth_numbers(run),
         "sliding_window": lambda: window_numbers(run, chapter.settings["block_size"], at.session_state["w_lang"]),
+        "evicting": lambda: eviction_numbers(run.model, run.shown[:run.n], chapter.step),
     }[chapter.key]()
     return [str(x) for x in numbers]
 
@@ -252,6 +254,10 @@ def premises(chapter, run: Run, at) -> dict[tuple[str, str | None], bool]:
     the run. A text not listed states nothing that depends on the run (a question about a hypothetical, a fact of
     every model)."""
     info, n, context, window, kv_at = run.info, run.n, run.context, run.window, run.kv_at
+    if chapter.key == "evicting":  # its question asks why a layer looks so much at position 0
+        strong = strong_sink(run.model, run.shown[:run.n], chapter.step)
+        return {(part, None): strong for part in ("question", "answer")} | {
+            (part, "weak_sink"): not strong for part in ("question", "answer")}
     if chapter.key == "prefill":
         return {(part, None): n >= 2 for part in ("question", "answer")} | {
             (part, "one_token"): n == 1 for part in ("question", "answer")}
@@ -413,7 +419,7 @@ def test_every_variant_is_checked_against_its_run():
     checked = {"prefill": {"one_token"}, "residual": {"post_norms"}, "gqa": {"mha"},
                "long_context": {"window_doubling"}, "prefix_case1": {"all_agree"},
                "context_window": {"windowed", "rough", "past_window", "one_token"},
-               "sliding_window": {"inside_window", "no_window"}}
+               "sliding_window": {"inside_window", "no_window"}, "evicting": {"weak_sink"}}
     for c in CHAPTERS:
         assert set(c.variants) == checked.get(c.key, set()) | unchecked.get(c.key, set()), c.key
 

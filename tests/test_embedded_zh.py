@@ -78,3 +78,25 @@ def test_chinese_words_are_whole_tokens_shown_as_characters(zh_model):
     cells = token_cells(zh_model.tokenizer, session.prompt_ids, [])
     assert all(cell.group.whole for cell in cells)
     assert "".join(cell.text for cell in cells).endswith("解释什么是Transformer，举个例子")
+
+
+def test_the_tokenizer_works_as_loaded_without_its_build_tables(zh_model):
+    """The loader drops the vocabulary and merges transformers keeps once it has built the tokenizer (~144 MiB on
+    Gemma 3): encoding, decoding, the vocabulary and the special tokens are a freshly loaded tokenizer's."""
+    from transformers import AutoTokenizer
+
+    from engine.loader import resolve_source
+
+    ours, fresh = zh_model.tokenizer, AutoTokenizer.from_pretrained(resolve_source(embedded.ZH, torch.float32))
+    assert len(fresh._merges) > 500_000 and not ours._merges and not ours._vocab  # what was dropped was there
+    texts = ["解释什么是 Transformer。", "The KV cache keeps every position's keys and values.", "naïve café 🤖 \t\n  x",
+             "<start_of_turn>user\n你好<end_of_turn>\n<start_of_turn>model\n", "<bos><eos><pad> ⟨ef bc⟩"]
+    for text in texts:
+        assert ours.encode(text) == fresh.encode(text), text
+        ids = fresh.encode(text)
+        assert ours.decode(ids) == fresh.decode(ids)
+        assert ours.convert_ids_to_tokens(ids) == fresh.convert_ids_to_tokens(ids)
+    assert ours.get_vocab() == fresh.get_vocab()
+    assert (ours.bos_token_id, ours.eos_token_id, ours.pad_token_id) == (fresh.bos_token_id, fresh.eos_token_id,
+                                                                         fresh.pad_token_id)
+    assert ours.all_special_ids == fresh.all_special_ids

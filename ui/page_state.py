@@ -21,6 +21,7 @@ from ui.lesson import CHAPTERS, WINDOW_PROMPTS
 from ui.runs import RunConfig
 from ui.settings import Limits, StepLimits, fit_state
 from ui.state import CHOICES, AppState, Problem, default_prompt, language_defaults, parse_query, to_query
+from viz.attention import focused_head
 
 ss = st.session_state
 log = logging.getLogger("kvscope")
@@ -166,6 +167,29 @@ def write_link(state: AppState) -> None:
     query = to_query(state) | follow.link_params()
     if st.query_params.to_dict() != query:
         st.query_params.from_dict(query)
+
+
+def open_on_focused_head(state: AppState, trace: engine.StepTrace | None) -> None:
+    """Once per browser session (and on entering an attention chapter), when the link chose no layer or head and
+    nobody has picked one, start the layer and head pickers on a head whose attention shows a pattern (layer 0,
+    head 0 is usually diffuse). The step calls it before drawing what shows a head: views only read the pickers."""
+    if ss.get("focused_head_chosen") or trace is None or trace.attention is None:
+        return
+    ss.focused_head_chosen = True
+    if "layer" in st.query_params or "head" in st.query_params or (state.layer, state.head) != (0, 0):
+        return
+    ss.w_layer, ss.w_head = focused_head(trace.attention[:, :, -1].float().numpy())
+
+
+def load_case(which: str) -> None:
+    """The prefix view's press: publish the article's cached prompt, then load the edited one, at its prefill (the
+    prefill looks it up). A chapter's case takes the chapter's (or link's) step instead."""
+    ss.pending_case, ss.step = which, 1
+
+
+def measure_again() -> None:
+    """The costs view's press: its timings are measured anew (a new count, a new cache entry)."""
+    ss.measure_again = ss.get("measure_again", 0) + 1
 
 
 def run_config(state: AppState, limits: Limits) -> RunConfig:

@@ -15,15 +15,15 @@ from ui.follow import follower, turns
 from ui.follow import page as follow
 from ui.context import ViewContext
 from ui.lesson import CHAPTERS
-from ui.page_state import (current_state, go_to_chapter, request_full_run, run_lock, show_problem, ss, t, labels,
-                           write_link)
+from ui.page_state import (current_state, go_to_chapter, open_on_focused_head, request_full_run, run_lock,
+                           show_problem, ss, t, labels, write_link)
 from ui.runner import Runner
 from ui import views
 from ui.state import clamp
 from ui.views import VIEWS, lesson, stepper
 from ui.views.chapter_part import CHAPTER_FIGURE, ChapterFigure
 from ui.views.paint import TEXT_SENT
-from ui.views.widgets import opened
+from ui.views.widgets import HEAD_VIEWS, opened
 
 log = logging.getLogger("kvscope")
 clock = time.monotonic  # Play's clock (tests set their own)
@@ -94,6 +94,8 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
         ss["w_" + problem.param] = getattr(state, problem.param)
     ctx = ViewContext(runner=runner, state=state, step=ss.step, trace=runner.trace(ss.step),
                       stage=chapter.stage if chapter else None)
+    if ctx.state.view in HEAD_VIEWS or chapter is not None and ctx.trace is not None and ctx.trace.split is not None:
+        open_on_focused_head(ctx.state, ctx.trace)  # its pickers, or the chapter's split text, show a layer and head
     with places.controls:
         if ss.step < requested:
             st.warning(t("step_unreachable", step=requested, reached=ss.step, reason=runner.stop_reason))

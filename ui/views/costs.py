@@ -8,6 +8,7 @@ import streamlit as st
 from engine.reference_models import reference_info
 from engine.timing import DecodeTiming, crossover_batch, crossover_context, decode_step_bytes, weight_bytes_read
 from ui.context import ViewContext
+from ui.page_state import measure_again
 from ui.views.chapter_part import Part, shown
 from ui.views.figures import figure, memo_key, shared_table, table
 from ui.views.widgets import words
@@ -127,4 +128,4 @@ def per_token(ctx: ViewContext, context: int) -> None:
                       steps=len(timing.decode_ms), bytes=fmt_size(timing.step_bytes),
                       floor=fmt_ms(timing.floor_ms) if timing.floor_holds else "–"))
     st.button(ctx.t("measure_again"), key="b_measure_again",
-              on_click=lambda: st.session_state.update(measure_again=again + 1))
+              on_click=measure_again)

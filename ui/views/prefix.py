@@ -6,6 +6,7 @@ import streamlit as st
 
 from ui.cases import CASE_BLOCK_SIZE
 from ui.context import ViewContext
+from ui.page_state import load_case
 from ui.views.chapter_part import Part, shown
 from ui.views.figures import figure, memo_key, table
 from ui.views.widgets import words
@@ -78,7 +79,3 @@ def policies_side_by_side(ctx: ViewContext) -> dict:
                                                            for r in ordered.values()], per_step=False))
     return ordered
 
-
-def load_case(which: str) -> None:
-    """Publish the article's cached prompt, then load the edited one, at its prefill: the prefill looks it up."""
-    st.session_state.update(pending_case=which, step=1)  # a chapter's case takes the chapter's (or link's) step

@@ -7,7 +7,10 @@ import streamlit as st
 
 from ui import strings
 from ui.context import ViewContext
-from viz.attention import focused_head
+
+# The views that draw `layer_head_pickers` (tests/test_views_read_state.py checks the list): before they are drawn,
+# the step opens the pickers on a focused head (`ui.page_state.open_on_focused_head`).
+HEAD_VIEWS = frozenset({"attention", "kv", "split", "eviction"})
 
 
 def words(ctx: ViewContext) -> dict[str, str]:
@@ -33,7 +36,6 @@ def opened(label: str, key: str):
 def layer_head_pickers(ctx: ViewContext, heads: bool = True) -> tuple[int, int]:
     """Layer (and head) selectors bound to the link's `layer` and `head`."""
     info = ctx.info
-    open_on_focused_head(ctx)
     columns = st.columns(2)
     with columns[0]:
         layer = st.number_input(ctx.t("layer"), 0, info.layers - 1, key="w_layer", step=1)
@@ -46,19 +48,6 @@ def layer_head_pickers(ctx: ViewContext, heads: bool = True) -> tuple[int, int]:
 
 
 def shown_layer_head(ctx: ViewContext) -> tuple[int, int]:
-    """The layer and head the view's pickers show (opening on a focused head as they do): what a text drawn
-    beside the view, such as the lesson's, quotes, whichever of the two is drawn first."""
-    open_on_focused_head(ctx)
+    """The layer and head the view's pickers show: what a text drawn beside the view, such as the lesson's,
+    quotes, whichever of the two is drawn first."""
     return int(st.session_state.get("w_layer", ctx.state.layer)), int(st.session_state.get("w_head", ctx.state.head))
-
-
-def open_on_focused_head(ctx: ViewContext) -> None:
-    """Once per browser session, when the link chose no layer or head and nobody has picked one, start the
-    pickers on a head whose attention shows a pattern (layer 0, head 0 is usually diffuse)."""
-    if st.session_state.get("focused_head_chosen") or ctx.trace is None or ctx.trace.attention is None:
-        return
-    st.session_state["focused_head_chosen"] = True
-    if "layer" in st.query_params or "head" in st.query_params or (ctx.state.layer, ctx.state.head) != (0, 0):
-        return
-    layer, head = focused_head(ctx.trace.attention[:, :, -1].float().numpy())
-    st.session_state["w_layer"], st.session_state["w_head"] = layer, head

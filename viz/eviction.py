@@ -100,15 +100,15 @@ def evicted_share_figure(share: np.ndarray, group: int, title: str = "", large: 
     return finish(fig, title, large, height=first_screen_height(large))
 
 
-def sink_figure(full: np.ndarray, evicting: np.ndarray, policy: str, title: str = "", large: bool = False,
+def sink_figure(full: np.ndarray, evicting: np.ndarray, title: str = "", large: bool = False,
                 words: Words = ENGLISH) -> go.Figure:
     """full, evicting: (layers,) each layer's attention on position 0, averaged over its Q heads, in the full
-    cache's run and under the policy."""
+    cache's run and under the policy (the legend's names are short: a phone's legend stays on one line)."""
     layers = [str(i) for i in range(len(full))]
     fig = go.Figure([
         go.Bar(x=layers, y=full, name=words["evict_full_cache"], marker_color=OKABE_ITO["grey"],
                hovertemplate=words["layer"] + " %{x}: %{y:.1%}<extra></extra>"),
-        go.Bar(x=layers, y=evicting, name=policy, marker_color=OKABE_ITO["blue"],
+        go.Bar(x=layers, y=evicting, name=words["evict_under_policy"], marker_color=OKABE_ITO["blue"],
                hovertemplate=words["layer"] + " %{x}: %{y:.1%}<extra></extra>")])
     fig.update_layout(barmode="group", legend=TOP_LEGEND, yaxis=dict(title=words["evict_sink_axis"],
                                                                      tickformat=".0%", range=[0, 1]),

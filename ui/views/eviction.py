@@ -123,8 +123,8 @@ def sink(ctx: ViewContext, data: EvictionShown, policy: str) -> None:
         return
     with Part("sink"):
         full, evicting = data.sink(data.full), data.sink(data.evicting)
-        figure(lambda: sink_figure(full, evicting, policy, ctx.t("evict_sink_title", token=data.passes), ctx.large,
-                                   words(ctx)),
+        figure(lambda: sink_figure(full, evicting, ctx.t("evict_sink_title", token=data.passes, policy=policy),
+                                   ctx.large, words(ctx)),
                "eviction-sink", memo_key(ctx, "sink", data.passes))
 
 

@@ -106,7 +106,7 @@ def run_peer(model_dir: str, out: str) -> None:
         results["cases"][name] = {"kept_after_prefill": first_rows if budget is None else None, "kept_final": rows,
                                   "tokens": tokens, "steps": steps}
         print(name, tokens, flush=True)
-    Path(out).write_text(json.dumps(results))
+        Path(out).write_text(json.dumps(results))  # after each case: a long run's cases so far can be compared
 
 
 def layer_new(layer, old):
@@ -162,6 +162,8 @@ def run_compare(model_spec: str, peer_file: str) -> None:
     print(f"{'case':28} {'kept equal':>22} {'max|Δlogit| first':>18} {'max|Δlogit| top ids':>20} "
           f"{'tokens equal':>13}")
     for name, policy, params, ratio, budget in CASES:
+        if name not in peer["cases"]:
+            continue  # the peer's run stopped before this case
         theirs = peer["cases"][name]
         run = EvictionRun(model, ids, Policy(policy, **params), compression_ratio=ratio,
                           budget=DecodeBudget(*budget) if budget else None, max_new_tokens=STEPS)

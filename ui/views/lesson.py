@@ -76,8 +76,7 @@ def facts(ctx: ViewContext) -> dict:
             out.update(busy_facts(runner.busy_pool(ctx.step)))
         if trace.split is not None:
             out.update(split_facts(ctx))
-        if ctx.state.view == "eviction":  # chapter 16: the eviction view's own arrays (ui/eviction_lesson.py)
-            out.update(eviction_lesson.facts(ctx))
+        out.update(eviction_lesson.facts(ctx) if ctx.state.view == "eviction" else {})  # chapter 16's, its figures'
         if ctx.state.view == "attention" and trace.attention is not None:
             out.update(attention_facts(ctx, context))
         out.update(inputs_tokens=ctx.t("count_tokens", n=len(trace.input_ids)))

@@ -49,7 +49,7 @@ def prompt_ids(tokenizer) -> list[int]:
 
 # -- the peer, in the kvpress venv ------------------------------------------------------------------
 
-def run_peer(model_dir: str, out: str) -> None:
+def run_peer(model_dir: str, out: str, only: list[str]) -> None:
     import torch
     from kvpress import (DecodingPress, KnormPress, ObservedAttentionPress, SnapKVPress, StreamingLLMPress,
                          TOVAPress)
@@ -68,6 +68,8 @@ def run_peer(model_dir: str, out: str) -> None:
         context_keys = [layer.keys[0].clone() for layer in full.layers]
     results = {"prompt_ids": ids, "torch": torch.__version__, "cases": {}}
     for name, policy, params, ratio, budget in CASES:
+        if only and not any(part in name for part in only):
+            continue
         if budget is None:
             press = presses[policy](compression_ratio=ratio, **params)
             decoding = None
@@ -130,12 +132,20 @@ def _match_rows(rows, source, source_positions) -> list[list[int]]:
     of head h is at source_positions[h][i])."""
     out = []
     for h in range(rows.shape[0]):
-        equal = (rows[h][:, None, :] == source[h][None, :, :]).all(dim=-1)  # (rows, source rows)
-        hits = equal.sum(dim=1)
-        if (hits != 1).any():
-            raise RuntimeError(f"a row of head {h} matches {hits.tolist()} source rows")
-        out.append([source_positions[h][i] for i in equal.int().argmax(dim=1).tolist()])
+        where = {}
+        for i, key in enumerate(_row_bits(source[h])):
+            where.setdefault(key, []).append(source_positions[h][i])
+        found = [where.get(key, []) for key in _row_bits(rows[h])]
+        if any(len(f) != 1 for f in found):
+            raise RuntimeError(f"a row of head {h} matches {[len(f) for f in found]} source rows")
+        out.append([f[0] for f in found])
     return out
+
+
+def _row_bits(rows) -> list[bytes]:
+    """Each row's exact bits (float32 rows; a NaN row's bits match no cached row)."""
+    data = rows.contiguous().numpy()
+    return [data[i].tobytes() for i in range(data.shape[0])]
 
 
 class _nothing:
@@ -203,9 +213,10 @@ def main() -> None:
     parser.add_argument("--model", required=True, help="peer: an HF model folder; compare: an engine model spec")
     parser.add_argument("--out", default="/tmp/kvpress_peer.json")
     parser.add_argument("--peer", default="/tmp/kvpress_peer.json")
+    parser.add_argument("--cases", nargs="*", default=[], help="peer: only the cases whose name holds one of these")
     args = parser.parse_args()
     if args.side == "peer":
-        run_peer(os.path.expanduser(args.model), args.out)
+        run_peer(os.path.expanduser(args.model), args.out, args.cases)
     else:
         run_compare(args.model, args.peer)
 

@@ -306,3 +306,23 @@ def test_a_case_opened_after_other_prompts_shares_the_run_of_a_fresh_page(tiny_m
     busy.configure(config("Rows grow one step at a time", block_size=CASE_BLOCK_SIZE))
     fresh.configure(config("Rows grow one step at a time", block_size=CASE_BLOCK_SIZE))
     assert busy.run is fresh.run  # both published the case's edit after the cached prompt
+
+
+def test_a_link_opened_late_hands_its_garbage_back_and_a_press_does_not(tiny_model, monkeypatch):
+    """Opening a link at a late step computes its steps in one go and then trims the heap (ui.memory); one press,
+    or a short walk, never does: a trim locks every allocation for a moment."""
+    from ui import memory, runner as runner_module
+
+    trims = []
+    monkeypatch.setattr(memory, "release_free_memory", lambda: trims.append(True) or True)
+    runner = Runner(tiny_model("llama"), cache_tokens=256)
+    runner.configure(config(max_new_tokens=60))
+    late = runner_module.CATCH_UP_STEPS + 2
+    runner.advance_to(late - 1)  # the link's steps, all at once
+    assert len(trims) == 1
+    runner.advance_to(late)  # a press
+    for step in range(late + 1, late + 6):  # a short walk
+        runner.advance_to(step)
+    assert len(trims) == 1
+    runner.advance_to(late + 5)  # already computed: nothing to do
+    assert len(trims) == 1

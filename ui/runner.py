@@ -23,6 +23,13 @@ from ui import memory
 from ui.runs import Lease, OwnRuns, Run, RunConfig, RunSource
 from ui.settings import Limits, step_limits
 
+# A link opened at a late step computes its steps in one go (a class's heavy links: over a hundred), and the many
+# traces it slims on the way leave holes in the heap: that page hands them back at once (ui.memory's trim, a few
+# hundred ms with the arenas locked, against the seconds of its steps) rather than at the next minute's sweep, so
+# a class opening such links does not add its garbage to its peak. One press, or a short walk, never trims.
+CATCH_UP_STEPS = 32
+
+
 class Runner:
     """One browser session's view of a run: its settings, the run it reads and the prompts it published.
 
@@ -119,6 +126,7 @@ class Runner:
         with self.lock:
             lease = self.lease
             with lease.held() as run:
+                before = len(run.session.generated)
                 try:
                     reached = run.advance_to(step)
                 except engine.CacheFullError:
@@ -127,6 +135,8 @@ class Runner:
                     reached = run.advance_to(step)  # pages that left gave blocks back; the failed call changed nothing
             self._saw_prefill = self._saw_prefill or reached >= 1
         lease.grown()  # outside the page's lock: the store sizes its runs
+        if reached - before >= CATCH_UP_STEPS:
+            memory.release_free_memory()
         return reached
 
     def trace(self, step: int) -> StepTrace | None:

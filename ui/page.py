@@ -225,7 +225,7 @@ def switch_language() -> None:
     """A page switched language: what is still the old language's default (its model with its chat switch, its
     prompt) becomes the new one's, so a page switched to Chinese on the default model opens on the Chinese model.
     A follower's language is its own: the teacher's model and prompt stay."""
-    if ss.get("follow_role") == "follow":
+    if follow.follows_a_room():
         return
     old = language_defaults(ss.get("drawn_state", {}).get("lang", AppState.lang))
     new = language_defaults(ss.w_lang)

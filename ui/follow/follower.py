@@ -21,7 +21,7 @@ import streamlit as st
 
 from ui import streamlit_internals
 from ui.follow import push
-from ui.follow.room_link import followed_part, followed_query, room_query, sync
+from ui.follow.room_link import follow_state, followed_part, followed_query, room_query, sync
 from ui.follow.sync import Seen
 from ui.state import AppState, parse_query
 
@@ -29,7 +29,6 @@ from ui.state import AppState, parse_query
 # the safety net (a run that was asked for but lost), so it can be slow: a poll is a script run per follower.
 POLL_SECONDS = float(os.environ.get("KVSCOPE_FOLLOW_POLL_S") or 3.0)
 JOIN_WAIT = 1.0  # a page waits at most this for a room's first read (opening a follow link, a throttled tab)
-ss = st.session_state
 
 
 def take_step() -> None:
@@ -37,19 +36,20 @@ def take_step() -> None:
     leader's move, or the fragment within a run of the page): the leader's state as this server last read it. A
     change of the step alone is applied here; any other change is applied by a run of the whole page, before any
     widget exists (`take_over`)."""
-    if ss.get("follow_role") != "follow" or ss.get("follow_mode") not in ("following", "waiting"):
+    mine = follow_state()
+    if not mine.tracking:
         return
-    following = ss.follow_mode == "following"
+    following = mine.mode == "following"
     # A waiting page that follows again changes its banner too: the leader's move then runs the whole page.
     push.listen_step(streamlit_internals.current_fragment_id() if following else None)
     refresh()
-    pending = ss.get("follow_pending")
+    pending = mine.pending
     if pending is None:
         return
-    if following and "follow_shown" in ss and without_step(followed_query(pending)) == without_step(ss.follow_shown):
-        ss.step = parse_query(pending)[0].step
-        del ss.follow_pending
-        ss.follow_fresh = True  # the next `check` keeps this step as the leader's
+    if following and mine.shown is not None and without_step(followed_query(pending)) == without_step(mine.shown):
+        st.session_state.step = parse_query(pending)[0].step
+        mine.pending = None
+        mine.fresh = True  # the next `check` keeps this step as the leader's
     else:
         st.rerun(scope="app")
 
@@ -63,15 +63,17 @@ def check(state: AppState) -> None:
     check after taking the leader's state keeps `state` as what following looks like (the page may have fitted
     it: a case, the host's limits); a later `state` that differs was moved by its student, who has left following
     (and will not follow again by itself). The page is then drawn again from the top, where the banner says so."""
-    if ss.get("follow_role") != "follow":
+    mine = follow_state()
+    if mine.role != "follow":
         return
-    ss.follow_shown = room_query(state)  # a room that says the same is followed without a redraw (`poll`)
-    if ss.get("follow_mode") not in ("following", "waiting"):  # waiting: a move of its own is exploring too
+    mine.shown = room_query(state)  # a room that says the same is followed without a redraw (`poll`)
+    if not mine.tracking:  # waiting: a move of its own is exploring too
         return
     part = followed_part(state)
-    if ss.pop("follow_fresh", False) or "follow_taken" not in ss:
-        ss.follow_taken = part
-    elif part != ss.follow_taken:
+    fresh, mine.fresh = mine.fresh, False
+    if fresh or mine.taken is None:
+        mine.taken = part
+    elif part != mine.taken:
         leave()
         st.rerun(scope="app")
 
@@ -79,52 +81,54 @@ def check(state: AppState) -> None:
 def join() -> None:
     """Follow the leader from its current state on (a page's first draw, "Follow the teacher again"); if there
     is no room (or no store): say so, and wait for it."""
-    ss.pop("follow_error", None)
-    ss.follow_mode = "waiting"
+    mine = follow_state()
+    mine.error, mine.mode = None, "waiting"
     room_sync = sync()
-    seen = room_sync.watch(ss.follow_code, wait=JOIN_WAIT) if room_sync else Seen(None, ss.follow_error)
+    seen = room_sync.watch(mine.code, wait=JOIN_WAIT) if room_sync else Seen(None, mine.error)
     follow_seen(seen or Seen(None), take_any=True)  # not read in time: waiting, and the poll goes on
 
 
 def follow_seen(seen: Seen, take_any: bool = False) -> None:
     """Follow the room as last read: gone or unreadable, wait for it; a state not applied yet (any state, with
     `take_any`) becomes pending, and a waiting page that takes it says it follows again."""
+    mine = follow_state()
     if seen.room is None:
-        ss.follow_mode, ss.follow_error = "waiting", seen.error
+        mine.mode, mine.error = "waiting", seen.error
         push.listen_step(None)  # following again changes the banner: the leader's next move runs the whole page
         return
     applied = (seen.room.version, seen.room.query)  # the version alone restarts at 1 on an emptied store
-    if not take_any and ss.follow_mode == "following" and ss.get("follow_seen") == applied:
+    if not take_any and mine.mode == "following" and mine.seen == applied:
         return
-    ss.follow_rejoined = ss.follow_mode == "waiting" and not take_any
-    ss.follow_mode, ss.follow_seen, ss.follow_pending = "following", applied, seen.room.query
-    ss.pop("follow_error", None)
+    mine.rejoined = mine.mode == "waiting" and not take_any
+    mine.mode, mine.seen, mine.pending = "following", applied, seen.room.query
+    mine.error = None
 
 
 def banner(t: Callable[..., str]) -> None:
     """The follower's banner, with its poll of the room (a fragment: a change of the banner alone, such as
     following again a room that shows what this page shows, needs no redraw of the page)."""
     poll()
+    mine = follow_state()
     with st.container(key="follow-banner"):
         message, button = st.columns([4, 1], vertical_alignment="center")
-        if ss.follow_mode == "following":
-            message.info(t("follow_rejoined" if ss.get("follow_rejoined") else "follow_following"),
+        if mine.mode == "following":
+            message.info(t("follow_rejoined" if mine.rejoined else "follow_following"),
                          icon=":material/school:")
             button.button(t("follow_leave"), key="b_follow_leave", on_click=leave, width="stretch")
-        elif ss.follow_mode == "alone":
+        elif mine.mode == "alone":
             message.info(t("follow_alone"), icon=":material/explore:")
             button.button(t("follow_return"), key="b_follow_return", on_click=join, width="stretch")
-        elif ss.get("follow_error"):  # waiting: the poll follows again by itself
-            message.warning(t("follow_down", error=ss.follow_error))
+        elif mine.error:  # waiting: the poll follows again by itself
+            message.warning(t("follow_down", error=mine.error))
         else:
             message.warning(t("follow_gone"))
 
 
 def refresh() -> None:
     """Follow the room as the RoomSync thread last read it (no store call here)."""
-    room_sync = sync()
-    if room_sync is not None and ss.get("follow_mode") in ("following", "waiting"):  # not after a move of its own
-        seen = room_sync.watch(ss.follow_code, wait=JOIN_WAIT)  # waits only for a room not read lately
+    room_sync, mine = sync(), follow_state()
+    if room_sync is not None and mine.mode in ("following", "waiting"):  # not after a move of its own
+        seen = room_sync.watch(mine.code, wait=JOIN_WAIT)  # waits only for a room not read lately
         if seen is not None:
             follow_seen(seen)
 
@@ -132,17 +136,18 @@ def refresh() -> None:
 def poll() -> None:
     """A follower's timed check of the room, and of a press of "Follow the teacher again": the page is redrawn when
     the leader's state is not the one it shows."""
-    push.listen(ss.follow_code if ss.get("follow_mode") in ("following", "waiting") else None)
+    mine = follow_state()
+    push.listen(mine.code if mine.mode in ("following", "waiting") else None)
     refresh()
-    if ss.get("follow_pending") is None:
+    if mine.pending is None:
         return
-    if followed_query(ss.follow_pending) == ss.get("follow_shown"):
-        del ss.follow_pending  # the page shows the leader's state already: only the banner changes
-        ss.follow_fresh = True
+    if followed_query(mine.pending) == mine.shown:
+        mine.pending = None  # the page shows the leader's state already: only the banner changes
+        mine.fresh = True
     else:
         st.rerun(scope="app")  # the leader's state is applied before any widget exists
 
 
 def leave() -> None:
     """Explore on my own: the page keeps its state; the leader's moves no longer change it."""
-    ss.follow_mode = "alone"
+    follow_state().mode = "alone"

@@ -13,11 +13,10 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 import segno
 import streamlit as st
 
-from ui.follow.room_link import room_query, sync
+from ui.follow.room_link import follow_state, room_query, sync
 from ui.state import AppState
 
 LEAD_SECONDS = 1.0  # the leader's heartbeat (well inside rooms.ROOM_TTL_SECONDS) and check of its status
-ss = st.session_state
 
 # The leader's panel and status (container `follow-lead`) are a collapsed strip in Streamlit's header bar, out of
 # the page's flow: the teacher's page keeps the chapter's figure on the projector's first screen, as a student's
@@ -45,26 +44,28 @@ QR_CSS = """<style>
 def publish(state: AppState) -> None:
     """A leader's draw publishes its state as a link's parameters (others: nothing): what followers follow
     (`room_query`), and the class's language, which a student's plain `?follow=<code>` opens in."""
-    if ss.get("follow_role") != "lead":
+    mine = follow_state()
+    if mine.role != "lead":
         return
-    ss.follow_published = room_query(state) | {"lang": state.lang}
-    send(ss.follow_published)
+    mine.published = room_query(state) | {"lang": state.lang}
+    send(mine.published)
 
 
 def send(query: dict[str, str], claim: bool = False) -> None:
     """Hand `query` to the process's RoomSync for the leader's room (it never waits for the store); the page's
     first publish claims the room."""
-    room_sync = sync()
+    room_sync, mine = sync(), follow_state()
     if room_sync is not None:
-        claim = ss.pop("follow_claim", False) or claim
-        room_sync.publish(ss.follow_page, ss.follow_secret, query, claim=claim)
+        claim, mine.claim = mine.claim or claim, False
+        room_sync.publish(mine.page, mine.secret, query, claim=claim)
 
 
 def student_url() -> str:
     """The students' link: absolute when the browser told the server its address, else relative."""
-    params = {"follow": ss.follow_code}
-    if ss.get("w_lang", "en") != "en":
-        params["lang"] = ss.w_lang  # students open in the class's language, then choose their own
+    params = {"follow": follow_state().code}
+    lang = st.session_state.get("w_lang", "en")
+    if lang != "en":
+        params["lang"] = lang  # students open in the class's language, then choose their own
     base = urlsplit(st.context.url or "")  # scheme, host and path; "" when the browser has not said
     return urlunsplit((base.scheme, base.netloc, base.path or ("/" if base.netloc else ""), urlencode(params), ""))
 
@@ -90,13 +91,13 @@ def lead_status(t: Callable[..., str]) -> None:
     """The leader's timed check: its room refreshed (the heartbeat: a page that lost the room sends nothing), and
     a warning when students cannot follow: the store fails, or another page took the room (with a button to
     take it back)."""
-    room_sync = sync()
+    room_sync, mine = sync(), follow_state()
     if room_sync is None:
-        st.warning(t("follow_lead_down", error=ss.follow_error))
+        st.warning(t("follow_lead_down", error=mine.error))
         return
-    if "follow_published" in ss:
-        send(ss.follow_published)
-    if not room_sync.leads(ss.follow_page):
+    if mine.published is not None:
+        send(mine.published)
+    if not room_sync.leads(mine.page):
         st.warning(t("follow_superseded"), icon=":material/cast:")
         st.button(t("follow_take_back"), key="b_follow_take_back", on_click=take_back)
     elif room_sync.error:
@@ -105,16 +106,17 @@ def lead_status(t: Callable[..., str]) -> None:
 
 def take_back() -> None:
     """This page leads again: it claims the room (the page that had it is told at its next check)."""
-    if "follow_published" in ss:
-        send(ss.follow_published, claim=True)
+    mine = follow_state()
+    if mine.published is not None:
+        send(mine.published, claim=True)
     else:
-        ss.follow_claim = True
+        mine.claim = True
 
 
 def end_room() -> None:
     """The leader stops sharing: its room is deleted (followers see the class has ended and wait for one) and its
     link drops the secret; the page goes on as a plain page. A page that no longer leads leaves the room be."""
-    room_sync = sync()
-    if room_sync is not None and room_sync.leads(ss.follow_page):
-        room_sync.end(ss.follow_page, ss.follow_secret)
-    ss.follow_role = None
+    room_sync, mine = sync(), follow_state()
+    if room_sync is not None and room_sync.leads(mine.page):
+        room_sync.end(mine.page, mine.secret)
+    mine.role = ""  # neither side from now on

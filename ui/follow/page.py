@@ -3,7 +3,7 @@
 A page opened with `lead=1` leads (`ui.follow.leader`); a page opened with `follow=<code>` follows
 (`ui.follow.follower`). This module wires them into the page: the role from the link, the leader's state applied
 before any widget exists (`take_over`), the panel or banner below the title (`show`), the link's own parameter.
-Both sides share the room's view in `ui.follow.room_link` (the session keys are listed there). No page waits for
+Both sides share the room's view in `ui.follow.room_link`, and the session's `FollowState` there. No page waits for
 the store: publishing and reading are the RoomSync thread's.
 """
 
@@ -14,9 +14,8 @@ from collections.abc import Callable
 import streamlit as st
 
 from ui.follow import follower, leader, rooms
-from ui.follow.room_link import OWN
+from ui.follow.room_link import OWN, follow_state
 
-ss = st.session_state
 # Clear of the title's descenders above (the page's one-line title sits tight on what follows it).
 SPACING_CSS = "<style>.st-key-follow-banner { margin-top: 0.4rem; }</style>"
 
@@ -26,54 +25,64 @@ def take_over(apply: Callable[[dict[str, str], frozenset[str]], None]) -> None:
     only), then the leader's pending state through `apply(query, own)`: the leader's link parameters, and the
     settings that stay the page's own (`OWN`; the first take-over of a link that named no language takes the
     class's)."""
-    if "follow_role" not in ss:
+    mine = follow_state()
+    if mine.role is None:
         begin(st.query_params.to_dict())
-    if ss.get("follow_role") == "follow" and ss.get("follow_mode") in ("following", "waiting"):
+    if mine.tracking:
         follower.refresh()  # a run pushed by the leader's move (`ui.follow.push`) applies it in this run
-    pending = ss.pop("follow_pending", None)
-    if pending is not None and ss.get("follow_role") == "follow":
-        apply(pending, OWN - {"lang"} if ss.pop("follow_class_lang", False) else OWN)
-        ss.follow_fresh = True  # the next `check` sees the leader's state as this page fitted it
+    pending, mine.pending = mine.pending, None
+    if pending is not None and mine.role == "follow":
+        class_lang, mine.class_lang = mine.class_lang, False
+        apply(pending, OWN - {"lang"} if class_lang else OWN)
+        mine.fresh = True  # the next `check` sees the leader's state as this page fitted it
 
 
 def begin(params: dict[str, str]) -> None:
     """Lead (`lead=` in the link, a reload resuming its room), follow (`follow=<code>`), or neither. A page that
     opens a leader's link claims its room: the newest page leads (the teacher's projector after their laptop)."""
-    ss.follow_role = None
+    mine = follow_state()
+    mine.role = ""
     if "lead" in params:
-        ss.follow_role = "lead"
-        ss.follow_secret, ss.follow_code = rooms.lead_or_resume(params["lead"])
-        ss.follow_page, ss.follow_claim = rooms.new_page_id(), True
+        mine.role = "lead"
+        mine.secret, mine.code = rooms.lead_or_resume(params["lead"])
+        mine.page, mine.claim = rooms.new_page_id(), True
     elif "follow" in params:
-        ss.follow_role = "follow"
-        ss.follow_code = params["follow"][:64]
-        ss.follow_class_lang = "lang" not in params  # a plain `?follow=<code>` opens in the class's language
+        mine.role = "follow"
+        mine.code = params["follow"][:64]
+        mine.class_lang = "lang" not in params  # a plain `?follow=<code>` opens in the class's language
         follower.join()
 
 
 def leading() -> bool:
     """This page leads a room (the teacher's)."""
-    return ss.get("follow_role") == "lead"
+    return follow_state().role == "lead"
 
 
 def following() -> bool:
     """This page follows the teacher now (not on its own, not waiting for the room)."""
-    return ss.get("follow_role") == "follow" and ss.get("follow_mode") == "following"
+    mine = follow_state()
+    return mine.role == "follow" and mine.mode == "following"
+
+
+def follows_a_room() -> bool:
+    """This page was opened on a follow link (following, waiting or exploring on its own)."""
+    return follow_state().role == "follow"
 
 
 def link_params() -> dict[str, str]:
     """What this session's own link carries besides its state: the leader's secret or the follower's code."""
-    role = ss.get("follow_role")
-    if role == "lead":
-        return {"lead": ss.follow_secret}
-    if role == "follow":
-        return {"follow": ss.follow_code}
+    mine = follow_state()
+    if mine.role == "lead":
+        return {"lead": mine.secret}
+    if mine.role == "follow":
+        return {"follow": mine.code}
     return {}
 
 
 def show(t: Callable[..., str]) -> None:
     """Below the title: the leader's panel, or the follower's banner (`t`: the page's string function)."""
-    role = ss.get("follow_role")
+    mine = follow_state()
+    role = mine.role
     if role:
         st.html(SPACING_CSS)
     if role == "lead":
@@ -81,7 +90,7 @@ def show(t: Callable[..., str]) -> None:
             leader.panel(t)
             timed(leader.lead_status, leader.LEAD_SECONDS, t)
     elif role == "follow":
-        timed(follower.banner, None if ss.follow_mode == "alone" else follower.POLL_SECONDS, t)
+        timed(follower.banner, None if mine.mode == "alone" else follower.POLL_SECONDS, t)
 
 
 def timed(check: Callable[..., None], seconds: float | None, *args) -> None:

@@ -2,20 +2,13 @@
 link a room holds. The leader's side is `ui.follow.leader`, the follower's `ui.follow.follower`; the page wires them
 in (`ui.follow.page`).
 
-Session keys: follow_role ("lead" | "follow"), follow_secret and follow_page (leader: the room's secret, this
-page's own id), follow_claim (the leader's next publish claims the room), follow_code, follow_mode (follower:
-"following" | "alone" | "waiting"), follow_seen (the room's version and state applied), follow_rejoined (following
-again by itself), follow_pending (a link to apply), follow_error (why the store could not be used),
-follow_published (the leader's last published link), follow_shown (what the follower's page shows, as a room's
-link), follow_taken (the follower's state as taken from the leader, `followed_part`), follow_fresh (the leader's
-state was just taken: the next check keeps the page's state as follow_taken), follow_class_lang (a follower's link
-named no language: its first take-over takes the class's).
+A page's part in following is one `FollowState`, under the session key `follow` (`follow_state`).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import streamlit as st
 
@@ -28,6 +21,38 @@ OWN = frozenset({"lang", "large"})  # a follower's own settings, never taken fro
 ss = st.session_state
 
 
+@dataclass
+class FollowState:
+    """A browser session's part in following: its role, and each side's state."""
+    role: str | None = None  # "lead" | "follow" | "" (neither); None until the page's first draw read its link
+    error: str | None = None  # why the store could not be used
+    code: str = ""  # the room's code (both sides)
+    # The leader's side
+    secret: str = ""  # the room's secret, in the leader's link
+    page: str = ""  # this page's own id: the newest page on a leader link leads
+    claim: bool = False  # the leader's next publish claims the room
+    published: dict[str, str] | None = None  # the leader's last published link
+    # The follower's side
+    mode: str | None = None  # "following" | "alone" | "waiting"
+    seen: tuple[int, dict[str, str]] | None = None  # the room's version and state applied
+    rejoined: bool = False  # following again by itself
+    pending: dict[str, str] | None = None  # the leader's link, to apply
+    shown: dict[str, str] | None = None  # what the follower's page shows, as a room's link
+    taken: dict | None = None  # the follower's state as taken from the leader (`followed_part`)
+    fresh: bool = False  # the leader's state was just taken: the next check keeps the page's state as `taken`
+    class_lang: bool = False  # the follower's link named no language: its first take-over takes the class's
+
+    @property
+    def tracking(self) -> bool:
+        """A follower that follows the room or waits for it (not one exploring on its own)."""
+        return self.role == "follow" and self.mode in ("following", "waiting")
+
+
+def follow_state() -> FollowState:
+    """This browser session's `FollowState` (a new one on its first call)."""
+    return ss.setdefault("follow", FollowState())
+
+
 @st.cache_resource(show_spinner=False, on_release=RoomSync.close)
 def room_sync() -> RoomSync:
     """The process's one RoomSync over its one store (KVSCOPE_STORE); a misconfigured store raises StoreError."""
@@ -35,11 +60,12 @@ def room_sync() -> RoomSync:
 
 
 def sync() -> RoomSync | None:
-    """The process's RoomSync; None, with the reason in follow_error, when KVSCOPE_STORE is misconfigured."""
+    """The process's RoomSync; None, with the reason in the `FollowState`'s error, when KVSCOPE_STORE is
+    misconfigured."""
     try:
         return room_sync()
     except StoreError as error:
-        ss.follow_error = str(error)
+        follow_state().error = str(error)
         return None
 
 

@@ -13,7 +13,7 @@ import torch
 import engine
 from engine import timing
 from engine.loader import AUTO
-from ui import cases, keys, memory, model_card, strings
+from ui import cases, chapter_top, keys, memory, model_card, strings
 from ui.follow import page as follow
 from ui.classroom import ClassroomCache
 from ui.page_state import (chat_problem, current_state, engine_error, fit_to_budget, follow_leader, go_to_chapter,
@@ -79,6 +79,9 @@ LAYOUT_CSS = """<style>
 /* A title's text pulls what follows 1rem up (Streamlit's margin under Markdown), which the step's header allows
    for; a banner under the title would cover its lower half. */
 .st-key-notices [data-testid="stElementContainer"]:has([data-testid="stHeading"]):not(:last-child) { margin-bottom: 1.25rem; }
+/* A first visitor's notices keep the emptied place of the model's loading stages for the session: shown as nothing,
+   its container still took a gap above the lesson's title (chapter 6's figure then ended at 721 px, off screen). */
+[data-testid="stLayoutWrapper"]:has(> .st-key-notices > :only-child > [data-testid="stEmpty"]) { display: none; }
 [data-testid="stMain"] h3 { font-size: 1.15rem; padding-top: 0.25rem; }
 /* The token stream is set as HTML, not Markdown: it keeps the -1rem under it that Markdown has, and the page's
    first screen was laid out with (the view's radio, one line on a wide screen, has room above its options). */
@@ -114,6 +117,7 @@ def draw_page() -> None:
                        initial_sidebar_state="collapsed" if ss.get("w_chapter") else "auto")
     st.html(CHROME_CSS)
     keys.release_focus_after_clicks()  # → / ← and PageDown / PageUp: the buttons' shortcuts, after any click
+    chapter_top.open_chapters_at_the_top()  # a new chapter's figure on the first screen, wherever the last was scrolled
     # Everything shown above the step (a model's loading stages, the title, banners, problems, errors) goes in
     # this one element, whose count varies from run to run: the step's elements keep their places in the page,
     # and Streamlit never meets a keyed element of the step at a new place beside its old one (it would draw

@@ -174,6 +174,8 @@ def context_growth_figure(frame: pd.DataFrame, limit: int, title: str = "", larg
                   annotation_position="bottom left")  # where the lines are low: they end at the top right
     if window is not None and window < limit:
         fig.add_vline(x=window, line_dash="dot", line_color=OKABE_ITO["grey"])
-    fig.update_layout(xaxis=dict(title=words["tokens"]), yaxis=dict(title="MiB", rangemode="tozero"),
-                      yaxis2=dict(title=words["millions"], overlaying="y", side="right", rangemode="tozero"))
+    fig.update_layout(xaxis=dict(title=words["tokens"], tickformat=","),  # 8,000 and 7,190 as the text writes them
+                      yaxis=dict(title="MiB", rangemode="tozero", tickformat=","),  # (not 8000, nor 5k in Chinese)
+                      yaxis2=dict(title=words["millions"], overlaying="y", side="right", rangemode="tozero",
+                                  tickformat=","))
     return legend_above(finish(fig, title, large, height=380), bool(title), large)

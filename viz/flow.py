@@ -71,15 +71,17 @@ def layer_tick(layers: int) -> int | None:
     return 1 if layers <= 12 else 2 if layers <= 32 else None
 
 
-def residual_figure(residual: np.ndarray, title: str = "", large: bool = False, words: Words = ENGLISH) -> go.Figure:
+def residual_figure(residual: np.ndarray, title: str = "", large: bool = False, words: Words = ENGLISH,
+                    post_norms: bool = False) -> go.Figure:
     """|x0|, |x1|, |x2| (vector lengths) per layer at the predicting position: two adds per layer, the
-    second onto x1. Labels use plain "|x|": "‖" is missing from many fonts and draws as a box."""
+    second onto x1. Labels use plain "|x|": "‖" is missing from many fonts and draws as a box. `post_norms`: each
+    branch's output is normalised before its add (Gemma 3's four norms a layer), and the legend says so."""
     norms = np.linalg.norm(residual, axis=-1)  # (layers, 3)
     layers = list(range(norms.shape[0]))
     fig = go.Figure()
     colors = {"x0": OKABE_ITO["grey"], "x1": OKABE_ITO["sky"], "x2": OKABE_ITO["vermillion"]}
     for i, (key, color) in enumerate(colors.items()):
-        fig.add_scatter(x=layers, y=norms[:, i], mode="lines+markers", name=words["residual_" + key],
+        fig.add_scatter(x=layers, y=norms[:, i], mode="lines+markers", name=words["residual_" + key + ("_post" if post_norms and key != "x0" else "")],
                         line=dict(color=color), hovertemplate=words["layer"] + " %{x}: |" + key + "| = %{y:,.1f}")
     fig.update_layout(xaxis=dict(title=words["layer"], dtick=layer_tick(len(layers))),
                       yaxis=dict(title=words["norm_axis"]), legend=TOP_LEGEND)

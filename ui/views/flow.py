@@ -32,7 +32,7 @@ def render(ctx: ViewContext) -> None:
         with Part("residuals"):
             figure(lambda: residual_figure(trace.residual.float().numpy(),
                                            ctx.t("residual_title", adds=2 * info.layers),
-                                           ctx.large, words(ctx)),
+                                           ctx.large, words(ctx), post_norms=len(info.layer_norms) == 4),
                    "residual-stream", memo_key(ctx, "residuals"))
     if shown():
         dual_path(ctx)

@@ -1,0 +1,119 @@
+"""The whole lesson walked as a class walks it (issue 34), in headless Chromium at 1280×720 with large text: SmolLM2
+in English and Gemma 3 270M in Chinese, each on a student's page and on the teacher's (`lead=1`, the students' panel
+in the header). Each walk is one page: chapter 1 to the last by PageDown, back to 1 by PageUp, then chapter 11
+opened from its link and chapters 12–15 revisited (PageDown to 15, PageUp to 12). At every chapter:
+
+- its figure (container `chapter-figure`) is wholly on the first screen;
+- no warning or error is shown (a chapter's own settings are valid for the running model; nobody's link asked for
+  anything);
+- its text is the same on every visit (the numbers come from the chapter's own run, not from where the class came
+  from).
+
+On the backward walk of each student's page, → steps after a click on each kind of control the lesson shows: the
+whole view's expander and the K/V radio (chapter 8), the layer picker and the scores toggle (chapter 6), the batch
+slider (chapter 10) (the view radio is hidden in the lesson: the chapter sets the view). tests/test_controls.py covers
+the same controls on SmolLM2's free page; these are the lesson's, on both models.
+
+The session's server (conftest.py); Debian's chromium and the `playwright` package, as tests/test_browser.py.
+"""
+
+import pytest
+
+from tests.helpers import WAIT_MS, link, open_whole_view_in, until_link, widget
+from tests.server import settled_text
+from tests.test_controls import batch_slider, click_then_key, layer_picker, nothing, scores_on, text_on_page
+from ui import strings
+from ui.lesson import CHAPTERS
+
+pytestmark = pytest.mark.browser
+
+SCREEN = 720  # the projector's height (conftest.py's page: 1280×720)
+LAST = len(CHAPTERS)
+REVISITED = range(12, 16)  # the prefix-cache, context and window chapters: the ones that once changed on a revisit
+SHOWN_PROBLEMS = '[data-testid="stAlertContentWarning"], [data-testid="stAlertContentError"]'
+# model → the page's language (a page in Chinese opens on Gemma 3 270M, one in English on SmolLM2)
+MODELS = {"smollm2": "en", "gemma3": "zh"}
+WALKS = [(model, lead) for model in MODELS for lead in (False, True)]
+
+
+class Walk:
+    """One page walking the lesson: each chapter it arrives at is checked, and its text kept from the first visit."""
+
+    def __init__(self, page, lang: str):
+        self.page, self.lang = page, lang
+        self.first_text: dict[int, str] = {}
+
+    def arrive(self, number: int, same_text: bool = True) -> None:
+        """Wait until the page shows chapter `number` and has finished its run; check what it shows (`same_text`:
+        and that its text is the one this walk first saw there)."""
+        until_link(self.page, chapter=str(number))
+        page = self.page
+        assert page.locator("h1").inner_text().startswith(f"{number}/{LAST} · "), number
+        assert page.evaluate("document.querySelector('[data-testid=stMain]').scrollTop") == 0, number  # at its top
+        figure = page.locator(".st-key-chapter-figure").bounding_box()
+        assert figure is not None and figure["height"] > 100, (number, figure)  # the chapter's part was drawn there
+        assert figure["y"] >= 0 and figure["y"] + figure["height"] <= SCREEN, (number, figure)
+        assert page.locator(SHOWN_PROBLEMS).all_inner_texts() == [], number
+        text = page.locator(".st-key-chapter").inner_text()
+        assert text.strip(), number
+        assert not same_text or text == self.first_text.setdefault(number, text), number
+
+    def key(self, key: str, number: int) -> None:
+        self.page.keyboard.press(key)
+        self.arrive(number)
+
+
+@pytest.mark.parametrize(("model", "lead"), WALKS, ids=[m + ("-leader" if lead else "") for m, lead in WALKS])
+def test_the_lesson_walked_forward_back_and_revisited(server, page, model, lead):
+    lang = MODELS[model]
+    base = f"{server}/?lang={lang}&large=1" + ("&lead=1" if lead else "")
+    walk = Walk(page, lang)
+    page.goto(f"{base}&chapter=1")
+    walk.arrive(1)
+    for number in range(2, LAST + 1):
+        walk.key("PageDown", number)
+    for number in range(LAST - 1, 0, -1):
+        if not lead:  # once per model: the controls of the chapter just left, before PageUp
+            controls_then_arrow(page, number + 1, lang)
+        walk.key("PageUp", number)
+    page.goto(f"{base}&chapter={REVISITED[0] - 1}")
+    walk.arrive(REVISITED[0] - 1, same_text=False)  # a new session: its split text may quote another head
+    for number in REVISITED:
+        walk.key("PageDown", number)
+    for number in reversed(REVISITED[:-1]):
+        walk.key("PageUp", number)
+    assert ("lead" in link(page)) == lead
+
+
+def controls_then_arrow(page, number: int, lang: str) -> None:
+    """In chapter `number`, a click on each kind of control its view shows, each followed by →: the step advances
+    (the chapter's text was checked on arrival; a control changes what the next visit would show, so each is
+    clicked on the way back, where no chapter is visited again)."""
+    step = int(link(page)["step"])
+    chapter = str(number)
+    if number == 10:  # the costs view: the batch slider under the chapter's chart
+        click_then_key(page, *batch_slider(page, 0.25), "ArrowRight", chapter=chapter, step=str(step + 1))
+    elif number == 8:  # the KV view: the whole view's expander, then its K/V radio
+        click_then_key(page, lambda: open_whole_view_in(page), nothing, "ArrowRight", chapter=chapter,
+                       step=str(step + 1))
+        click_then_key(page, *kv_radio(page, lang), "ArrowRight", chapter=chapter, step=str(step + 2))
+        close_whole_view(page)
+    elif number == 6:  # the attention view: the layer picker and the scores toggle under the heatmap
+        click_then_key(page, *layer_picker(page), "ArrowRight", chapter=chapter, step=str(step + 1))
+        click_then_key(page, *scores_on(page), "ArrowRight", chapter=chapter, step=str(step + 2))
+
+
+def kv_radio(page, lang: str):
+    """The KV view's K/V radio set to V: drawn once the values chart's title names V."""
+    layer = int(widget(page, "w_layer").locator("input").input_value())
+    head = int(widget(page, "w_head").locator("input").input_value())
+    title = strings.t("values_title", lang, which="V", layer=layer, kv=0, head=head).split("KV")[0]
+    label = widget(page, "w_kv").locator("label", has_text="V")
+    return label.click, lambda: text_on_page(page, title)
+
+
+def close_whole_view(page) -> None:
+    """Close the whole view again: the chapters after this one are walked as a class sees them, with it closed."""
+    widget(page, "x_whole_view").locator("summary").click()
+    page.wait_for_function("() => !document.querySelector('.st-key-x_whole_view details[open]')", timeout=WAIT_MS)
+    settled_text(page)

@@ -361,7 +361,7 @@ def test_a_heatmap_longer_than_the_step_memory_is_left_out_with_a_message(embedd
     assert len(said) == 1, [i.value for i in at.info]
     n, limit = (int(number.replace(",", "")) for number in re.findall(r"\d[\d,]*", said[0])[:2])
     assert limit < n, said
-    assert said[0] == strings.t("heatmap_over_budget", lang, n=n, limit=limit)
+    assert said[0] == strings.t("heatmap_over_budget", lang, positions=n, limit=limit)
     assert at.get("plotly_chart"), "the newest row is not drawn either"
     at.button(key="b_next").click().run()
     assert_clean(at)

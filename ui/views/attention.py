@@ -26,7 +26,7 @@ def render(ctx: ViewContext) -> None:
             st.info(ctx.t("short_of_memory", left_out=ctx.t("left_out_heatmap")))
     elif main.shown and (span := ctx.runner.heatmap_span(ctx.step))[0] > span[1]:  # a host's small step memory
         with main:
-            st.info(ctx.t("heatmap_over_budget", n=span[0], limit=span[1]))
+            st.info(ctx.t("heatmap_over_budget", positions=span[0], limit=span[1]))
     elif main.shown:
         probs, scores = ctx.runner.full_attention(ctx.step, layer, head)
         matrix = (scores if show_scores else probs).float().numpy()  # bfloat16 widens exactly

@@ -125,7 +125,7 @@ def test_app_clamps_split_counts_over_the_budget_with_a_message(monkeypatch):
     assert at.session_state["w_kv_splits"] < 64
 
 
-@pytest.mark.parametrize("view, params", [("attention", {}), ("kv", {"pool": "busy"}), ("costs", {})])
+@pytest.mark.parametrize("view, params", [("attention", {}), ("kv", {"pool": "busy"}), ("costs", {}), ("eviction", {})])
 def test_a_server_short_of_memory_leaves_out_its_costliest_figures_and_says_so(view, params, monkeypatch):
     """A host whose memory the server nearly fills (here: one said to have 1 MB) gets pages that say what they
     leave out and go on working, never a failed step; with room, nothing is left out."""

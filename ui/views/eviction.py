@@ -28,6 +28,9 @@ def render(ctx: ViewContext) -> None:
     if problem:
         st.warning(problem)
         return
+    if ctx.runner.short_of_memory():  # the pair is two more runs of the prompt: none is built on a full host
+        st.info(ctx.t("short_of_memory", left_out=ctx.t("left_out_eviction")))
+        return
     try:
         with st.spinner(ctx.t("evict_computing")):
             data = shown_eviction(ctx)

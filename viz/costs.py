@@ -174,8 +174,10 @@ def context_growth_figure(frame: pd.DataFrame, limit: int, title: str = "", larg
                   annotation_position="bottom left")  # where the lines are low: they end at the top right
     if window is not None and window < limit:
         fig.add_vline(x=window, line_dash="dot", line_color=OKABE_ITO["grey"])
-    fig.update_layout(xaxis=dict(title=words["tokens"], tickformat=","),  # 8,000 and 7,190 as the text writes them
-                      yaxis=dict(title="MiB", rangemode="tozero", tickformat=","),  # (not 8000, nor 5k in Chinese)
+    # 8,000 and 7,190 as the text writes them (not 8000, nor 5k in Chinese); the right axis's ticks sit at fractions
+    # of its top (aligned with the left's), so 4 significant digits, not 7,189.78902476
+    fig.update_layout(xaxis=dict(title=words["tokens"], tickformat=","),
+                      yaxis=dict(title="MiB", rangemode="tozero", tickformat=",.4~r"),
                       yaxis2=dict(title=words["millions"], overlaying="y", side="right", rangemode="tozero",
-                                  tickformat=","))
+                                  tickformat=",.4~r"))
     return legend_above(finish(fig, title, large, height=380), bool(title), large)

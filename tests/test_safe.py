@@ -75,7 +75,7 @@ def test_t_shows_every_value_as_text_and_keeps_number_formats():
 
 
 def test_a_chapter_shows_its_text_facts_as_text():
-    from ui.views.lesson import fill
+    from ui.lesson import fill
 
     assert fill("{name} has {layers} layers{missing:.1f}", {"name": PHISHING, "layers": 30}) == \
         safe.text(PHISHING) + " has 30 layers–"

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.kv_cache import DEFAULT_BLOCK_SIZE
+from ui import strings
 from viz.words import LANGUAGES
 
 TEXT_PARTS = ("title", "body", "look", "claim", "question", "answer")
@@ -73,3 +74,20 @@ def read_window_prompts(path: Path = LESSON) -> dict[str, str]:
 
 CHAPTERS = read_chapters()
 WINDOW_PROMPTS = read_window_prompts()
+
+
+class _Missing:
+    """A number this step does not have (e.g. no split before the prefill): shown as a dash, whatever its format."""
+
+    def __format__(self, spec: str) -> str:
+        return "–"
+
+
+class _Facts(dict):
+    def __missing__(self, key: str) -> _Missing:
+        return _Missing()
+
+
+def fill(template: str, facts: dict) -> str:
+    """A chapter's Markdown with this model's facts; text values show as text, as in `ui.strings.t`."""
+    return template.format_map(_Facts(strings.as_text(facts)))

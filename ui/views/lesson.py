@@ -12,30 +12,13 @@ from engine.timing import crossover_batch, crossover_context, decode_step_bytes,
 from ui import eviction_lesson, strings
 from ui.strings import Shown
 from ui.context import ViewContext
-from ui.lesson import CHAPTERS, Chapter
+from ui.lesson import CHAPTERS, Chapter, fill
 from ui.views.widgets import shown_layer_head
 from viz.costs import attention_scores, context_growth_frame, growth_lengths
 from viz.kv_cache import difference_text
 from viz.split_kv import vector_text
 from viz.style import fmt_size
 from viz.tokens import position_label
-
-
-class _Missing:
-    """A number this step does not have (e.g. no split before the prefill): shown as a dash, whatever its format."""
-
-    def __format__(self, spec: str) -> str:
-        return "–"
-
-
-class _Facts(dict):
-    def __missing__(self, key: str) -> _Missing:
-        return _Missing()
-
-
-def fill(template: str, facts: dict) -> str:
-    """A chapter's Markdown with this model's facts; text values show as text, as in `ui.strings.t`."""
-    return template.format_map(_Facts(strings.as_text(facts)))
 
 
 def facts(ctx: ViewContext) -> dict:

@@ -102,3 +102,12 @@ def until_link(page, **expected_link) -> str:
 
 def metric_value(page, key: str) -> str:
     return widget(page, key).locator('[data-testid="stMetricValue"]').inner_text().strip()
+
+
+def box(page, selector: str) -> dict:
+    """The bounding box of the one element `selector` finds, drawn."""
+    locator = page.locator(selector)
+    assert locator.count() == 1, f"{selector}: {locator.count()} on the page"
+    found = locator.bounding_box()
+    assert found is not None, f"{selector} is not drawn"
+    return found

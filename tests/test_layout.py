@@ -23,6 +23,7 @@ from tests.server import settled_text
 from ui import strings
 from ui.lesson import CHAPTERS
 from ui.state import VIEWS, default_prompt, parse_query
+from tests.helpers import box
 
 pytestmark = pytest.mark.browser
 
@@ -67,14 +68,6 @@ def screen_page(browser, viewport: dict, **options):
         yield context.new_page()
     finally:
         context.close()
-
-
-def box(page, selector: str) -> dict:
-    locator = page.locator(selector)
-    assert locator.count() == 1, f"{selector}: {locator.count()} on the page"
-    found = locator.bounding_box()
-    assert found is not None, f"{selector} is not drawn"
-    return found
 
 
 @pytest.mark.parametrize(("view", "lang", "screen"), PAGES, ids=["-".join(p) for p in PAGES])

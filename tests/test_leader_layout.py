@@ -7,6 +7,7 @@ import contextlib
 import pytest
 
 from tests.server import settled_text
+from tests.helpers import box
 
 PROJECTOR = {"width": 1280, "height": 720}
 
@@ -27,14 +28,6 @@ def open_settled(page, url: str) -> None:
     page.goto(url)
     page.wait_for_selector(".st-key-generated code", timeout=300_000)
     settled_text(page)
-
-
-def box(page, selector: str) -> dict:
-    locator = page.locator(selector)
-    assert locator.count() == 1, f"{selector}: {locator.count()} on the page"
-    found = locator.bounding_box()
-    assert found is not None, f"{selector} is not drawn"
-    return found
 
 
 def overlap(a: dict, b: dict) -> bool:

@@ -104,6 +104,23 @@ def metric_value(page, key: str) -> str:
     return widget(page, key).locator('[data-testid="stMetricValue"]').inner_text().strip()
 
 
+def settled_box(page, selector: str, still_ms: int = 400) -> dict | None:
+    """The bounding box of `selector` once the page has stopped changing it: no element left from the last run
+    (Streamlit marks those `data-stale` until it clears them) and the box the same for `still_ms` (a chart being
+    mounted draws at a default height first). None if it is not drawn."""
+    locator = page.locator(selector)
+    last, since = None, 0
+    for _ in range(WAIT_MS // 100):
+        stale = page.locator('[data-testid="stMain"] [data-stale="true"]').count()
+        found = locator.bounding_box()
+        if stale or found != last:
+            last, since = found, 0
+        elif (since := since + 100) >= still_ms:
+            return found
+        page.wait_for_timeout(100)
+    raise AssertionError(f"{selector} still changing after {WAIT_MS} ms: {last}")
+
+
 def box(page, selector: str) -> dict:
     """The bounding box of the one element `selector` finds, drawn."""
     locator = page.locator(selector)

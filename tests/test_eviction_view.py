@@ -17,7 +17,7 @@ import engine
 from engine.eviction import POLICIES, DecodeBudget, EvictionRun, Policy, StreamingWindow, n_kept_for_ratio
 from tests.app_helpers import assert_clean, open_whole_view, start
 from tests.conftest import GEMMA_WINDOW
-from tests.helpers import idle, widget
+from tests.helpers import idle, settled_box, widget
 from tests.server import browser_page, settled_text
 from tests.test_gemma_views import charts, matrix
 from ui import strings
@@ -304,6 +304,6 @@ def test_the_views_controls_reach_the_link_and_the_chapters_figure_is_on_the_fir
         idle(page)
         figure = page.locator(".st-key-chapter-figure")
         expect(figure.locator(".js-plotly-plot")).to_have_count(1, timeout=120_000)
-        found = figure.bounding_box()
+        found = settled_box(page, ".st-key-chapter-figure")
         assert found["height"] > 200 and found["y"] >= 0 and found["y"] + found["height"] <= 720, found
         assert page.evaluate("window.scrollY") == 0

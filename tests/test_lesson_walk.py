@@ -19,7 +19,7 @@ The session's server (conftest.py); Debian's chromium and the `playwright` packa
 
 import pytest
 
-from tests.helpers import WAIT_MS, link, open_whole_view_in, until_link, widget
+from tests.helpers import WAIT_MS, link, open_whole_view_in, settled_box, until_link, widget
 from tests.server import settled_text
 from tests.test_controls import batch_slider, click_then_key, layer_picker, nothing, scores_on, text_on_page
 from ui import strings
@@ -50,7 +50,7 @@ class Walk:
         page = self.page
         assert page.locator("h1").inner_text().startswith(f"{number}/{LAST} · "), number
         assert page.evaluate("document.querySelector('[data-testid=stMain]').scrollTop") == 0, number  # at its top
-        figure = page.locator(".st-key-chapter-figure").bounding_box()
+        figure = settled_box(page, ".st-key-chapter-figure")
         assert figure is not None and figure["height"] > 100, (number, figure)  # the chapter's part was drawn there
         assert figure["y"] >= 0 and figure["y"] + figure["height"] <= SCREEN, (number, figure)
         assert page.locator(SHOWN_PROBLEMS).all_inner_texts() == [], number

@@ -7,13 +7,18 @@ of those events, in time order, peaks where the most tensor memory was alive at 
 process's resident high-water mark, it counts only this region's tensors, exactly, on any machine.
 """
 
+import os
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 import engine
+from ui import memory
 
 PROMPT = list(range(100, 300))  # 200 token ids: T = L = 200 in the prefill
 # Extra peak of a split prefill over the unsplit one that we allow, whatever the split count: one group
@@ -142,3 +147,16 @@ def test_a_server_short_of_memory_leaves_out_its_costliest_figures_and_says_so(v
         at.button(key="b_next").click().run()
         assert_clean(at)
         assert step_of(at) == 3
+
+
+@pytest.mark.parametrize(("host", "expected"), [(None, str(memory.KERNEL_CACHE_SHAPES)), ("256", "256")])
+def test_the_kernel_cache_is_bounded_before_a_model_loads_unless_the_host_set_it(host, expected):
+    """oneDNN reads its cache size once, when it builds its first kernel: the server sets it in the process where
+    the page will load its model (a fresh one here), keeping a host's own setting."""
+    env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
+    if host is not None:
+        env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = host
+    code = "import os; from ui import memory; memory.tune_allocator(); print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])"
+    shown = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                           cwd=Path(__file__).parent.parent)
+    assert shown.stdout.strip() == expected

@@ -17,6 +17,7 @@ import ctypes.util
 import functools
 import gc
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -26,11 +27,19 @@ from ui import streamlit_internals
 log = logging.getLogger(__name__)
 M_MMAP_THRESHOLD = -3
 M_ARENA_MAX = -8
+# oneDNN (PyTorch's CPU kernels for bfloat16) keeps a compiled kernel per matrix shape it has met, up to 1,024 by
+# default. Decode's attention meets a new shape at every context length: Gemma 3 in bfloat16 held ~75 MiB more
+# after 117 steps of one run, and a class of explorers at many lengths several times that. The latest few shapes
+# are all a step reuses (the same step time, bench/class_on_host.py's figures in docs/benchmarks.md).
+KERNEL_CACHE_SHAPES = 16
 
 
 @functools.cache
 def tune_allocator() -> bool:
-    """Once per process; a no-op (False) where the C library is not glibc."""
+    """Once per process, before the first model is loaded (oneDNN reads its setting when it first builds a kernel;
+    a host's own ONEDNN_PRIMITIVE_CACHE_CAPACITY is kept); the allocator part is a no-op (False) where the C
+    library is not glibc."""
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(KERNEL_CACHE_SHAPES))
     libc = _libc()
     if libc is None or not hasattr(libc, "mallopt"):
         return False

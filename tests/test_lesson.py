@@ -23,7 +23,7 @@ from tests.helpers import WAIT_MS, Received, press
 from tests.server import browser_page, settled_text
 from ui import strings
 from ui.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
-from ui.lesson import CHAPTERS, WINDOW_PROMPTS
+from ui.lesson import CHAPTERS, WINDOW_PROMPTS, fill
 from ui.state import default_prompt, language_defaults, parse_query
 from viz.style import fmt_size
 from viz.tokens import position_label
@@ -410,6 +410,15 @@ def test_chapters_tell_different_things_and_cover_every_teaching_point():
                     continue
                 names = [set(re.findall(r"{(\w+)", text[part])) for text in texts]
                 assert names[0] == names[1], (c.key, variant, part)
+
+
+def test_counts_are_grouped_by_thousands_and_ids_are_not():
+    """A Qwen3-shaped model's 1024-wide vectors read "1,024" wherever a chapter quotes them, formatted or not; a token
+    id stays as the vocabulary writes it, and a number the run lacks is a dash."""
+    assert fill("{hidden} × {vocab:,}; position {position}, id {id}; {missing}",
+                {"hidden": 1024, "vocab": 151936, "position": 12345, "id": 15234}) == (
+        "1,024 × 151,936; position 12,345, id 15234; –")
+    assert fill("{adds} adds, {ratio:.1f}, {layers:>3}", {"adds": 56, "ratio": 0.25, "layers": 1}) == "56 adds, 0.2,   1"
 
 
 def test_every_variant_is_checked_against_its_run():

@@ -83,11 +83,24 @@ class _Missing:
         return "–"
 
 
+class _Count(int):
+    """A count or a size: grouped by thousands ("1,024") even where a template gives no format."""
+
+    def __format__(self, spec: str) -> str:
+        return super().__format__(spec or ",")
+
+
+NOT_COUNTS = frozenset({"id"})  # a token id is a name, written as the vocabulary numbers it: 12345
+
+
 class _Facts(dict):
     def __missing__(self, key: str) -> _Missing:
         return _Missing()
 
 
 def fill(template: str, facts: dict) -> str:
-    """A chapter's Markdown with this model's facts; text values show as text, as in `ui.strings.t`."""
-    return template.format_map(_Facts(strings.as_text(facts)))
+    """A chapter's Markdown with this model's facts; text values show as text, as in `ui.strings.t`; whole numbers
+    other than ids grouped by thousands."""
+    shown = {name: _Count(value) if type(value) is int and name not in NOT_COUNTS else value
+             for name, value in strings.as_text(facts).items()}
+    return template.format_map(_Facts(shown))

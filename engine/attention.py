@@ -45,7 +45,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch
     −inf before first_key), so every layer's record has one shape.
     With kv_splits > 1 the output is the merge of the splits' partial outputs (FlashDecoding).
     kept: (kv_heads, L) bool, False where KV eviction (`engine.eviction`) dropped a position from that KV head:
-    its Q heads then read only what it kept (probabilities 0 there).
+    its Q heads then read only what it kept (probabilities 0 there); or (kv_heads or 1, T, L), one row per query
+    (a teacher-forced pass over many positions, each reading what its own step would have kept).
     """
     if first_key:  # the positions the cache no longer holds: a zero value and a masked score each
         k, v = (torch.cat((x.new_zeros(first_key, *x.shape[1:]), x)) for x in (k, v))
@@ -64,7 +65,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch
         hidden |= key_positions[None, :] <= q_positions[:, None] - window
     if hidden.any():
         scores = scores.masked_fill(hidden, float("-inf"))
-    read = scores if kept is None else scores.masked_fill(~kept[:, None, None, :], float("-inf"))
+    read = scores
+    if kept is not None:  # over the scores' (kv_heads, group, T, L): the same for the group (and every query)
+        rows = kept[:, None, None, :] if kept.dim() == 2 else kept[:, None]
+        read = scores.masked_fill(~rows, float("-inf"))
     probs = torch.softmax(read, dim=-1, dtype=torch.float32).to(q.dtype)
     out = torch.bmm(probs.view(kv_heads, group * t, length), vh).view(kv_heads, group, t, d)
     split = None

@@ -167,7 +167,7 @@ class Model:
     def forward(self, ids: list[int], positions: list[int], table: BlockTable, capture: Capture, kv_splits: int = 1,
                 write: bool = True, kept: list[torch.Tensor | None] | None = None,
                 observe: Callable[[int, AttentionResult], None] | None = None,
-                head: bool = True) -> ForwardRecord | None:
+                head: bool = True) -> ForwardRecord | torch.Tensor:
         """Process `ids` at `positions`, the last `len(ids)` positions `table` has reserved (`table.append`).
 
         Each layer writes the new K/V into the pool, then attends over every cached position it can see
@@ -177,7 +177,8 @@ class Model:
         `kept` (per layer: (kv_heads, positions[-1] + 1) bool, or None) hides what KV eviction dropped from each
         KV head (`engine.eviction`); None reads every cached position. `observe(layer, result)` sees each
         layer's attention as it is computed (eviction scores from it without a record of every layer's rows).
-        `head=False` stops after the layers and returns None: a pass that only fills the cache (`engine.replay`).
+        `head=False` stops before `lm_head` and returns the final norm's output for every row, (T, hidden): a pass
+        that only fills the cache ignores it (`engine.replay`); `logits` turns rows of it into logits.
         """
         info = self.info
         ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)
@@ -196,13 +197,21 @@ class Model:
         for layer in self.layers:
             x = layer(x, context, recorder)
         if not head:  # lm_head's vocab-sized product is most of a decode step's work
-            return None
+            return norm(x, self.weights.norm)
         final_hidden = norm(x[-1], self.weights.norm)
-        logits = torch.mv(self.weights.lm_head, final_hidden)
+        return recorder.finish(self.logits(final_hidden), final_hidden)
+
+    def logits(self, final_hidden: torch.Tensor) -> torch.Tensor:
+        """lm_head over the final norm's output: (hidden,) → (vocab,), or (T, hidden) → (T, vocab); float32.
+        Gemma 3 caps them (final_logit_softcap), in the weights' dtype, as transformers does."""
+        if final_hidden.dim() == 1:  # one row, a decode step: a matrix-vector product
+            logits = torch.mv(self.weights.lm_head, final_hidden)
+        else:
+            logits = torch.nn.functional.linear(final_hidden, self.weights.lm_head)
         cap = self.weights.final_logit_softcap
-        if cap is not None:  # in the logits' dtype, as transformers caps them
+        if cap is not None:
             logits = torch.tanh(logits / cap) * cap
-        return recorder.finish(logits.float(), final_hidden)
+        return logits.float()
 
 
 @dataclass

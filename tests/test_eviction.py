@@ -7,10 +7,11 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from engine.errors import InvalidSettingError
-from engine.eviction import DecodeBudget, EvictionRun, Policy, StreamingWindow
+from engine.eviction import DecodeBudget, EvictionRun, Policy, StreamingWindow, stream_nll
 from engine.trace import Capture
 
 PROMPT = ("Serving systems keep a cache of keys and values; when it no longer fits, they evict some positions and "
@@ -77,7 +78,7 @@ def reference_kept(name: str, params: dict, attention: torch.Tensor, keys: torch
 def masked_hf_pass(hf, run: EvictionRun, monkeypatch) -> tuple[torch.Tensor, object]:
     """transformers' eager forward over the run's whole sequence, each query at or after the last prompt token
     seeing only what its step kept in each (layer, KV head): its logits (T, vocab) and output."""
-    inputs = run.prompt_ids + [s.token_id for s in run.steps[:-1]]
+    inputs = run.prompt_ids[:-1] + [s.input_id for s in run.steps]  # greedy or teacher-forced alike
     length = len(inputs)
     config = hf.config
     q_heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
@@ -211,6 +212,33 @@ def test_the_streaming_window_keeps_the_sinks_and_the_latest_positions_every_ste
     assert_decode_matches(hf, run, monkeypatch)
     share = run.steps[-1].evicted_share
     assert share.shape == (model.info.layers, model.info.q_heads) and ((share > 0) & (share < 1)).all()
+
+
+@pytest.mark.parametrize("family,window", [("llama3-rope", StreamingWindow(n_sink=2, window=6)),
+                                           ("llama", StreamingWindow(n_sink=0, window=5)), ("llama", None),
+                                           ("gemma3", StreamingWindow(n_sink=2, window=6))])
+def test_a_stream_read_in_one_pass_equals_the_run_read_pass_by_pass_and_masked_eager(
+        family, window, tiny_model, tiny_model_dir, monkeypatch):
+    """StreamingLLM's experiment, teacher-forced: a text's NLL through a streaming window (a window alone, sinks plus
+    a window, or the full cache), in passes of many positions, equals an EvictionRun fed the same text pass by pass
+    (`step(input_id)`) and transformers' eager attention with the same positions masked (Gemma's local layers keep
+    their own window)."""
+    model, hf = tiny_model(family), hf_model(tiny_model_dir(family))
+    ids = prompt_ids(model)
+    n = len(ids) - 1
+    nll = stream_nll(model, ids, window, chunk=7)  # chunks that end mid-window
+    run = EvictionRun(model, ids[:2], budget=window, max_new_tokens=n)
+    run.prefill()  # position 0 in full, then the pass at position 1
+    with pytest.raises(InvalidSettingError):
+        run.step(input_id=model.info.vocab)
+    for p in range(2, n + 1):
+        run.step(input_id=ids[p])
+    assert [s.position for s in run.steps] == list(range(1, n + 1)) and run.finished
+    targets = torch.tensor(ids[1:])
+    by_pass = torch.stack([-torch.log_softmax(s.logits, dim=-1)[ids[s.position + 1]] for s in run.steps[:-1]])
+    assert nll.shape == (n,) and torch.allclose(nll[1:], by_pass, atol=1e-5)
+    logits = assert_decode_matches(hf, run, monkeypatch).logits[0]
+    assert torch.allclose(nll, F.cross_entropy(logits[:n], targets, reduction="none"), atol=1e-5)
 
 
 @pytest.mark.parametrize("name,params", [("snapkv", {"window_size": 8, "kernel_size": 7}),

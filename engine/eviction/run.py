@@ -35,7 +35,7 @@ from engine.eviction.policies import Policy, check_ratio, n_kept_for_ratio, sele
 from engine.eviction.rows import LayerRows
 from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockTable, kv_bytes_per_token
 from engine.model import Model
-from engine.settings import check_prompt_fits
+from engine.settings import check_prompt_fits, require_integer
 from engine.trace import Capture
 
 HIDDEN_STATES_BUFFER = 256  # DecodingPress's default: how many of the latest passes it scores from, at most
@@ -68,6 +68,28 @@ class StreamingWindow:
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise InvalidSettingError(f"the streaming window's {name} must be an integer ≥ {least}, "
                                           f"got {value!r}")
+
+    def keep(self, positions: torch.Tensor) -> torch.Tensor | None:
+        """The rows each KV head keeps of rows holding `positions` (kv_heads, n): the `n_sink` with the first
+        positions and the latest `window`, (kv_heads, n_sink + window); None while n is no more than that."""
+        if positions.shape[1] <= self.n_sink + self.window:
+            return None
+        order = positions.argsort(dim=1)  # rows by position
+        return torch.cat((order[:, :self.n_sink], order[:, -self.window:]), dim=1)
+
+    def reads(self, length: int) -> torch.Tensor:
+        """(length, length) bool: row p is what the pass at position p reads when the window streams from
+        position 0 (each pass appends its position, reads, then `keep`s): a teacher-forced pass over many
+        positions masks each query with its row (`engine.eviction.nll`)."""
+        rows = LayerRows(1, 0, torch.device("cpu"))
+        reads = torch.zeros(length, length, dtype=torch.bool)
+        for p in range(length):
+            rows.append(p, 1)
+            reads[p] = rows.mask(length)[0]
+            kept = self.keep(rows.positions)
+            if kept is not None:
+                rows.keep(kept)
+        return reads
 
 
 @dataclass
@@ -141,9 +163,12 @@ class EvictionRun:
 
     @property
     def finished(self) -> bool:
-        return bool(self.generated) and (self.generated[-1] in self.model.eos_ids
-                                         or len(self.generated) >= self.max_new_tokens
-                                         or self.table.length + 1 >= self.model.info.context_limit)
+        return bool(self.generated) and (self.generated[-1] in self.model.eos_ids or self._out_of_room)
+
+    @property
+    def _out_of_room(self) -> bool:
+        """max_new_tokens passes have run, or the next would pass the context limit."""
+        return len(self.generated) >= self.max_new_tokens or self.table.length + 1 >= self.model.info.context_limit
 
     def kept_positions(self, layer: int, kv_head: int) -> list[int]:
         """The positions (layer, KV head) holds now, ascending; every cached one for a sliding-window layer's
@@ -194,15 +219,19 @@ class EvictionRun:
         self.table.slide()
         return self._pass(self.prompt_ids[-1], n)
 
-    def step(self) -> EvictionStep:
-        """One answer token in, the next out, over what each (layer, KV head) kept."""
+    def step(self, input_id: int | None = None) -> EvictionStep:
+        """One token in, the next out, over what each (layer, KV head) kept. The token in is the last greedy one,
+        or `input_id`: teacher forcing, a given text read pass by pass (a greedy EOS does not end it; only
+        max_new_tokens passes or the context limit do)."""
         if self.closed:
             raise SessionStateError("the run is closed")
         if not self.steps:
             raise SessionStateError("call prefill() before step()")
-        if self.finished:
+        if self.finished if input_id is None else self._out_of_room:
             raise SessionStateError("the run has ended")
-        return self._pass(self.generated[-1], self.table.length)
+        if input_id is not None:
+            require_integer("input_id", input_id, 0, self.model.info.vocab - 1)
+        return self._pass(self.generated[-1] if input_id is None else input_id, self.table.length)
 
     def close(self) -> None:
         if not self.closed:
@@ -284,10 +313,9 @@ class EvictionRun:
 
     def _evict_by_position(self, layer: int, window: StreamingWindow) -> Eviction | None:
         rows = self.rows[layer]
-        if rows.count <= window.n_sink + window.window:
+        kept = window.keep(rows.positions)
+        if kept is None:
             return None
-        order = rows.positions.argsort(dim=1)  # rows by position
-        kept = torch.cat((order[:, :window.n_sink], order[:, -window.window:]), dim=1)
         eviction = Eviction(rows.positions.cpu(), None, kept.cpu())
         rows.keep(kept)
         return eviction

@@ -4,9 +4,12 @@ Chinese, and a phone (390×844), from a running server.
     HF_HUB_OFFLINE=1 streamlit run app.py --server.port 8599 &
     python scripts/screenshots.py http://localhost:8599 /tmp/kvscope-shots            # every shot (~28)
     python scripts/screenshots.py http://localhost:8599 /tmp/kvscope-shots attention  # only these views
+    python scripts/screenshots.py http://localhost:8599 /tmp/kvscope-shots chapter:12-15  # lesson chapters
 
 Files are named `{view}-{lang}-{1280x720|1280x720-large|390x844}.png`; each shows what a viewer sees without
-scrolling (step 8, the page's defaults otherwise). Needs Debian's chromium and the playwright package (see .ci/run).
+scrolling (step 8, the page's defaults otherwise). A chapter is shot as the lesson opens it, on each language's
+own model (English: SmolLM2, Chinese: Gemma 3 270M): `chapter{n}-{lang}-{suffix}.png`, the projector with large text
+and a phone as a student opens it. Needs Debian's chromium and the playwright package (see .ci/run).
 """
 
 import sys
@@ -36,12 +39,30 @@ def shoot(page, base: str, view: str, lang: str, large: bool, path: Path) -> Non
     print(path)
 
 
+def shoot_chapter(page, base: str, number: int, lang: str, large: bool, path: Path) -> None:
+    page.goto(f"{base}/?chapter={number}&lang={lang}" + ("&large=1" if large else ""))
+    page.wait_for_selector(".st-key-chapter-figure", timeout=120_000)
+    page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=120_000)
+    time.sleep(2)  # let Plotly finish drawing
+    page.screenshot(path=str(path))
+    print(path)
+
+
 def main(base: str, folder: str, views: tuple[str, ...] = VIEWS) -> None:
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
+    chapters = [spec.removeprefix("chapter:") for spec in views if spec.startswith("chapter:")]
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=ARGS)
-        for viewport, large, suffix, screen_views in SCREENS:
+        for spec in chapters:
+            first, _, last = spec.partition("-")
+            for viewport, large, suffix in ((PROJECTOR, True, "1280x720-large"), (PHONE, False, "390x844")):
+                page = browser.new_page(viewport=viewport)
+                for lang in LANGS:
+                    for number in range(int(first), int(last or first) + 1):
+                        shoot_chapter(page, base, number, lang, large, out / f"chapter{number}-{lang}-{suffix}.png")
+                page.close()
+        for viewport, large, suffix, screen_views in SCREENS if not chapters else ():
             page = browser.new_page(viewport=viewport)
             for lang in LANGS:
                 for view in (v for v in screen_views if v in views):

@@ -18,7 +18,7 @@ import torch
 
 from engine.attention import AttentionResult, attend
 from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockPool, BlockTable, kv_bytes_per_token
-from engine.layers import linear, mlp, norm, project_qkv
+from engine.layers import ROWS_AS_BATCH, linear, mlp, norm, project_qkv
 from engine.recorder import ForwardRecord, StepRecorder
 from engine.rope import Rope, apply_rope
 from engine.trace import Capture
@@ -167,7 +167,7 @@ class Model:
     def forward(self, ids: list[int], positions: list[int], table: BlockTable, capture: Capture, kv_splits: int = 1,
                 write: bool = True, kept: list[torch.Tensor | None] | None = None,
                 observe: Callable[[int, AttentionResult], None] | None = None,
-                head: bool = True) -> ForwardRecord | torch.Tensor:
+                head: bool = True, prefill: bool = False) -> ForwardRecord | torch.Tensor:
         """Process `ids` at `positions`, the last `len(ids)` positions `table` has reserved (`table.append`).
 
         Each layer writes the new K/V into the pool, then attends over every cached position it can see
@@ -179,7 +179,16 @@ class Model:
         layer's attention as it is computed (eviction scores from it without a record of every layer's rows).
         `head=False` stops before `lm_head` and returns the final norm's output for every row, (T, hidden): a pass
         that only fills the cache ignores it (`engine.replay`); `logits` turns rows of it into logits.
+        `prefill=True` computes the rows as one batch even when a prefix hit leaves one (`layers.ROWS_AS_BATCH`):
+        its numbers are then those of the same row in a cold prefill, in every dtype.
         """
+        token = ROWS_AS_BATCH.set(prefill)
+        try:
+            return self._forward(ids, positions, table, capture, kv_splits, write, kept, observe, head)
+        finally:
+            ROWS_AS_BATCH.reset(token)
+
+    def _forward(self, ids, positions, table, capture, kv_splits, write, kept, observe, head):
         info = self.info
         ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)
         pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)

@@ -72,7 +72,8 @@ class Replay:
         """Replay the session's passes up to (not including) pass `count`: `traces` are the session's."""
         for trace in traces[self.passes:count]:
             self.table.append(len(trace.input_ids))
-            self.model.forward(trace.input_ids, trace.positions, self.table, REPLAY_CAPTURE, self.kv_splits, head=False)
+            self.model.forward(trace.input_ids, trace.positions, self.table, REPLAY_CAPTURE, self.kv_splits, head=False,
+                               prefill=trace.phase == "prefill")
             self.passes += 1
 
     def table_before(self, trace: StepTrace) -> BlockTable:

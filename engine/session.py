@@ -190,7 +190,7 @@ class DecodeSession:
             raise SessionStateError(f"step {index!r} has not run; steps 0…{len(self.traces) - 1} have")
         original = self.traces[index]
         record = self.model.forward(original.input_ids, original.positions, self._table_after(original),
-                                    self.capture, self.kv_splits, write=False)
+                                    self.capture, self.kv_splits, write=False, prefill=original.phase == "prefill")
         token_id, stages = sample(record.logits, self.sampling, original.step)
         if token_id != original.token_id:
             raise RuntimeError(f"rebuilding step {index} drew token {token_id} where the run drew "
@@ -256,7 +256,7 @@ class DecodeSession:
         with self.pool.lock:  # bookkeeping only: forward passes of sessions sharing the pool run at once
             placed = self.table.append(len(ids))
             evicted = self.prefix_cache.take_evictions() if self.prefix_cache is not None else []
-        record = model.forward(ids, positions, self.table, self.capture, self.kv_splits)
+        record = model.forward(ids, positions, self.table, self.capture, self.kv_splits, prefill=phase == "prefill")
         clock.lap("forward")
         step = len(self.traces)
         token_id, stages = sample(record.logits, self.sampling, step)

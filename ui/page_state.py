@@ -21,6 +21,7 @@ from ui.lesson import CHAPTERS, WINDOW_PROMPTS
 from ui.runs import RunConfig
 from ui.settings import Limits, StepLimits, fit_state
 from ui.state import CHOICES, AppState, Problem, default_prompt, language_defaults, parse_query, to_query
+from ui.views.widgets import HEAD_VIEWS
 from viz.attention import focused_head
 
 ss = st.session_state
@@ -132,8 +133,11 @@ def enter_chapter(number: int, keep: frozenset[str] = frozenset()) -> None:
             ss.w_prompt = default_prompt(ss.w_lang)
         if chapter.window_prompt and "prompt" not in keep:  # set once the model is known (`page.apply_window_prompt`)
             ss.pending_window_prompt = True
-    if chapter.view == "attention":
-        ss.focused_head_chosen = False  # open on a head with a pattern worth talking about
+    if chapter.view in HEAD_VIEWS and not {"layer", "head"} & keep:
+        # open on the head with a pattern in the chapter's own run, whatever head the class came from: the chapter's
+        # text names it, and must read the same on every visit
+        ss.w_layer, ss.w_head = 0, 0
+        ss.focused_head_chosen, ss.focus_from_chapter = False, True
 
 
 SETTING_KEYS = tuple((f.name, "w_" + f.name) for f in fields(AppState) if f.name != "step")  # name → widget key
@@ -170,13 +174,14 @@ def write_link(state: AppState) -> None:
 
 
 def open_on_focused_head(state: AppState, trace: engine.StepTrace | None) -> None:
-    """Once per browser session (and on entering an attention chapter), when the link chose no layer or head and
-    nobody has picked one, start the layer and head pickers on a head whose attention shows a pattern (layer 0,
+    """Once per browser session (and on entering a chapter that shows a head), when the link chose no layer or head
+    and nobody has picked one, start the layer and head pickers on a head whose attention shows a pattern (layer 0,
     head 0 is usually diffuse). The step calls it before drawing what shows a head: views only read the pickers."""
     if ss.get("focused_head_chosen") or trace is None or trace.attention is None:
         return
     ss.focused_head_chosen = True
-    if "layer" in st.query_params or "head" in st.query_params or (state.layer, state.head) != (0, 0):
+    linked = not ss.pop("focus_from_chapter", False) and ("layer" in st.query_params or "head" in st.query_params)
+    if linked or (state.layer, state.head) != (0, 0):  # the link's head (not the last chapter's), or one picked
         return
     ss.w_layer, ss.w_head = focused_head(trace.attention[:, :, -1].float().numpy())
 

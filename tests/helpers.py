@@ -128,3 +128,14 @@ def box(page, selector: str) -> dict:
     found = locator.bounding_box()
     assert found is not None, f"{selector} is not drawn"
     return found
+
+
+# Button labels and the title cut by their box (in the page, not in the closed sidebar); token chips outside theirs.
+NOT_CUT = """() => [...document.querySelectorAll(
+    '.st-key-b_chapter_back button p, .st-key-b_chapter_next button p, [class*="st-key-b_"] button p, h1')]
+    .filter(el => el.offsetParent !== null && el.getBoundingClientRect().right > 0)  // not in the closed sidebar
+    .filter(el => el.scrollWidth > el.clientWidth + 1).map(el => el.textContent)"""
+CHIPS_OUTSIDE = """() => { const box = document.querySelector('.kv-stream-box').getBoundingClientRect();
+    return [...document.querySelectorAll('.kv-stream-box .kv-chip')].map(c => c.getBoundingClientRect())
+        .filter(c => c.bottom > box.top && c.top < box.bottom)  // the chips scrolled into the box's view
+        .filter(c => c.left < box.left - 1 || c.right > box.right + 1).length; }"""

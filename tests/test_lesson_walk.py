@@ -3,7 +3,8 @@ in English and Gemma 3 270M in Chinese, each on a student's page and on the teac
 in the header). Each walk is one page: chapter 1 to the last by PageDown, back to 1 by PageUp, then chapter 11
 opened from its link and chapters 12–15 revisited (PageDown to 15, PageUp to 12). At every chapter:
 
-- its figure (container `chapter-figure`) is wholly on the first screen;
+- its figure (container `chapter-figure`), its title and Next are wholly on the first screen, no button label or
+  title is cut and the token chips stay in their box;
 - no warning or error is shown (a chapter's own settings are valid for the running model; nobody's link asked for
   anything);
 - its text is the same on every visit (the numbers come from the chapter's own run, not from where the class came
@@ -19,7 +20,8 @@ The session's server (conftest.py); Debian's chromium and the `playwright` packa
 
 import pytest
 
-from tests.helpers import WAIT_MS, link, open_whole_view_in, settled_box, until_link, widget
+from tests.helpers import (CHIPS_OUTSIDE, NOT_CUT, WAIT_MS, box, link, open_whole_view_in, settled_box,
+                           until_link, widget)
 from tests.server import settled_text
 from tests.test_controls import batch_slider, click_then_key, layer_picker, nothing, scores_on, text_on_page
 from ui import strings
@@ -53,6 +55,10 @@ class Walk:
         figure = settled_box(page, ".st-key-chapter-figure")
         assert figure is not None and figure["height"] > 100, (number, figure)  # the chapter's part was drawn there
         assert figure["y"] >= 0 and figure["y"] + figure["height"] <= SCREEN, (number, figure)
+        for element in ("h1", ".st-key-b_next button"):  # the title and Next on the first screen too
+            assert box(page, element)["y"] + box(page, element)["height"] <= SCREEN, (number, element)
+        assert page.evaluate(NOT_CUT) == [], number  # no button label or title cut
+        assert page.evaluate(CHIPS_OUTSIDE) == 0, number  # the token chips stay in their box
         assert page.locator(SHOWN_PROBLEMS).all_inner_texts() == [], number
         text = page.locator(".st-key-chapter").inner_text()
         assert text.strip(), number

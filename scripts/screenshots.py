@@ -30,19 +30,11 @@ SCREENS = ((PROJECTOR, False, "1280x720", VIEWS), (PROJECTOR, True, "1280x720-la
            (PHONE, False, "390x844", ("attention", "kv")))
 
 
-def shoot(page, base: str, view: str, lang: str, large: bool, path: Path) -> None:
-    page.goto(f"{base}/?step=8&view={view}&lang={lang}" + ("&large=1" if large else ""))
+def shoot(page, link: str, shown: str, path: Path) -> None:
+    """Open `link`, wait until the page has finished its run and shows `shown`, then save the first screen."""
+    page.goto(link)
     page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=120_000)
-    page.wait_for_selector(".st-key-generated code", timeout=120_000)
-    time.sleep(2)  # let Plotly finish drawing
-    page.screenshot(path=str(path))
-    print(path)
-
-
-def shoot_chapter(page, base: str, number: int, lang: str, large: bool, path: Path) -> None:
-    page.goto(f"{base}/?chapter={number}&lang={lang}" + ("&large=1" if large else ""))
-    page.wait_for_selector(".st-key-chapter-figure", timeout=120_000)
-    page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=120_000)
+    page.wait_for_selector(shown, timeout=120_000)
     time.sleep(2)  # let Plotly finish drawing
     page.screenshot(path=str(path))
     print(path)
@@ -60,13 +52,15 @@ def main(base: str, folder: str, views: tuple[str, ...] = VIEWS) -> None:
                 page = browser.new_page(viewport=viewport)
                 for lang in LANGS:
                     for number in range(int(first), int(last or first) + 1):
-                        shoot_chapter(page, base, number, lang, large, out / f"chapter{number}-{lang}-{suffix}.png")
+                        link = f"{base}/?chapter={number}&lang={lang}" + ("&large=1" if large else "")
+                        shoot(page, link, ".st-key-chapter-figure", out / f"chapter{number}-{lang}-{suffix}.png")
                 page.close()
         for viewport, large, suffix, screen_views in SCREENS if not chapters else ():
             page = browser.new_page(viewport=viewport)
             for lang in LANGS:
                 for view in (v for v in screen_views if v in views):
-                    shoot(page, base, view, lang, large, out / f"{view}-{lang}-{suffix}.png")
+                    link = f"{base}/?step=8&view={view}&lang={lang}" + ("&large=1" if large else "")
+                    shoot(page, link, ".st-key-generated code", out / f"{view}-{lang}-{suffix}.png")
             page.close()
         browser.close()
 

@@ -182,13 +182,6 @@ class Model:
         `prefill=True` computes the rows as one batch even when a prefix hit leaves one (`layers.ROWS_AS_BATCH`):
         its numbers are then those of the same row in a cold prefill, in every dtype.
         """
-        token = ROWS_AS_BATCH.set(prefill)
-        try:
-            return self._forward(ids, positions, table, capture, kv_splits, write, kept, observe, head)
-        finally:
-            ROWS_AS_BATCH.reset(token)
-
-    def _forward(self, ids, positions, table, capture, kv_splits, write, kept, observe, head):
         info = self.info
         ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)
         pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
@@ -203,8 +196,12 @@ class Model:
             observe=observe,
         )
         recorder = StepRecorder(capture, positions, info.layers, info.q_heads, info.hidden, x.dtype, self.device)
-        for layer in self.layers:
-            x = layer(x, context, recorder)
+        token = ROWS_AS_BATCH.set(prefill)
+        try:
+            for layer in self.layers:
+                x = layer(x, context, recorder)
+        finally:
+            ROWS_AS_BATCH.reset(token)
         if not head:  # lm_head's vocab-sized product is most of a decode step's work
             return norm(x, self.weights.norm)
         final_hidden = norm(x[-1], self.weights.norm)

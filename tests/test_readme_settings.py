@@ -45,12 +45,16 @@ def test_the_tables_defaults_are_the_limits_defaults():
 
 
 def test_the_defaults_read_outside_limits(monkeypatch):
-    """The variables read outside `Limits`: the follower's poll, where converted models live, the room store."""
+    """The variables read outside `Limits`: the follower's poll, the leader's heartbeat, where converted models live, the room store."""
     table = table_defaults()
     source = (ROOT / "ui" / "follow" / "follower.py").read_text(encoding="utf-8")
     poll = re.search(r'POLL_SECONDS = float\(os\.environ\.get\("KVSCOPE_FOLLOW_POLL_S"\) or ([0-9.]+)\)', source)
     assert poll, "ui/follow/follower.py no longer reads KVSCOPE_FOLLOW_POLL_S as this test expects"
     assert table["KVSCOPE_FOLLOW_POLL_S"] == written(float(poll.group(1)))
+    source = (ROOT / "ui" / "follow" / "leader.py").read_text(encoding="utf-8")
+    lead = re.search(r'LEAD_SECONDS = float\(os\.environ\.get\("KVSCOPE_LEAD_S"\) or ([0-9.]+)\)', source)
+    assert lead, "ui/follow/leader.py no longer reads KVSCOPE_LEAD_S as this test expects"
+    assert table["KVSCOPE_LEAD_S"] == written(float(lead.group(1)))
 
     from engine import embedded
     monkeypatch.delenv("KVSCOPE_CACHE", raising=False)

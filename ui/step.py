@@ -77,7 +77,8 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
     In the lesson: the chapter's header, then its figure beside the step's controls and the chapter's text, the
     text so far, and the whole view under them, closed: a chapter change draws the chapter's figure, not five."""
     chapter = CHAPTERS[ss.w_chapter - 1] if ss.get("w_chapter") else None
-    places = step_places(chapter)
+    side = layout_side()
+    places = step_places(chapter, side)
     step_buttons(places.buttons, runner, busy=True)
     places.play.toggle(t("play"), key="w_playing", on_change=request_full_run)  # Play sets the fragment's timer
     if ss.get("w_playing"):
@@ -110,12 +111,12 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
     st.radio(t("view"), VIEWS, key="w_view", horizontal=True, format_func=labels("view_"),
              label_visibility="collapsed")  # hidden in the lesson: the chapter sets the view
     if chapter is None:
-        view_place, details_place = st.container(), st.container()
+        view_place, details_place = fresh_place(st, side), st.container()
         placed = CHAPTER_FIGURE.set(None)
     else:  # under the chapter, the text so far, then the view's other parts: built only while opened
         details_place = st.container()
         whole = opened(t("lesson_whole_view"), "x_whole_view")
-        view_place = whole.container()
+        view_place = fresh_place(whole, side)
         placed = CHAPTER_FIGURE.set(ChapterFigure(chapter.figure, *places.chapter_figure,
                                                   CHAPTER_FIGURE_HEIGHT[ctx.large], whole.open))
     sent = None
@@ -162,7 +163,26 @@ class StepPlaces:
     chapter_figure: tuple | None  # the lesson's places for the chapter's figure and, under it, its controls
 
 
-def step_places(chapter) -> StepPlaces:
+def layout_side() -> bool:
+    """Which of its two slots each place of the step's layout takes in this run (`fresh_place`): the other side
+    when this run draws another chapter or view than the session's last one did."""
+    layout = (ss.get("w_chapter"), ss.get("w_view"))
+    if ss.get("drawn_layout") != layout:
+        ss.drawn_layout, ss.layout_side = layout, not ss.get("layout_side", False)
+    return ss.layout_side
+
+
+def fresh_place(parent, side: bool, key: str | None = None):
+    """A container in `parent` that holds nothing of another layout's. Streamlit hands a container drawn where one
+    was the old one's elements, and drops those past the new run's last only when the run ends; a timed fragment
+    (the leader's status, a follower's banner) starting then left them on screen: the last chapter's figure stayed
+    under the new one. So a place has two slots and changes slot with the layout: the slot it leaves is emptied at
+    once, and the one it takes held an empty element, not a container."""
+    slots = parent.empty(), parent.empty()
+    return slots[side].container(key=key)
+
+
+def step_places(chapter, side: bool) -> StepPlaces:
     """Where the step's parts go. Free exploration: the counter, the step buttons with Play, the token stream, one
     under the other. The lesson: the chapter's title; the counter beside the chapter buttons; the step buttons;
     then the chapter's figure, and beside it the token stream and the chapter's text."""
@@ -182,7 +202,8 @@ def step_places(chapter) -> StepPlaces:
         return StepPlaces(controls, counter, buttons, play_column, controls, None)
     figure_column, beside = st.columns([0.65, 0.35])  # the step picture needs 760 px
     return StepPlaces(controls, counter, buttons, play_column, beside,
-                      (figure_column.container(key="chapter-figure"), figure_column.container(key="chapter-controls")))
+                      (fresh_place(figure_column, side, "chapter-figure"),
+                       fresh_place(figure_column, side, "chapter-controls")))
 
 
 def header_place(parent):

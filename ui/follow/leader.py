@@ -1,5 +1,5 @@
 """The leader's side of following (`ui.follow.page`): the students' link and its QR code, a publish of the page's
-state on every draw (`publish`, from the page's link writer) and, every second, a refresh of its room and a word on
+state on every draw (`publish`, from the page's link writer) and, every `LEAD_SECONDS`, a refresh of its room and a word on
 whether students can follow it (`lead_status`: the store failing, or another page on the same leader link has taken
 the room, with a button to take it back). No page waits for the store: publishing is the RoomSync thread's.
 """
@@ -7,6 +7,7 @@ the room, with a button to take it back). No page waits for the store: publishin
 from __future__ import annotations
 
 import html
+import os
 from collections.abc import Callable
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
@@ -16,7 +17,8 @@ import streamlit as st
 from ui.follow.room_link import follow_state, room_query, sync
 from ui.state import AppState
 
-LEAD_SECONDS = 1.0  # the leader's heartbeat (well inside rooms.ROOM_TTL_SECONDS) and check of its status
+# the leader's heartbeat (well inside rooms.ROOM_TTL_SECONDS) and check of its status
+LEAD_SECONDS = float(os.environ.get("KVSCOPE_LEAD_S") or 1.0)
 
 # The leader's panel and status (container `follow-lead`) are a collapsed strip in Streamlit's header bar, out of
 # the page's flow: the teacher's page keeps the chapter's figure on the projector's first screen, as a student's

@@ -1,7 +1,7 @@
 """bfloat16: the engine against transformers in the same dtype, and the memory a Qwen3-0.6B-shaped model takes.
 
-Precision (README, "Models"): weights, activations, residual adds and the KV cache are bfloat16; the
-matmuls accumulate in float32 inside the kernels and round their outputs to bfloat16; RMSNorm's
+Precision (docs/models.md, "dtype and precision"): weights, activations, residual adds and the KV cache are
+bfloat16; the matmuls accumulate in float32 inside the kernels and round their outputs to bfloat16; RMSNorm's
 mean-of-squares and rsqrt, softmax, and RoPE's cos/sin are computed in float32 and rounded to bfloat16
 where transformers rounds them; the logits come out of lm_head in bfloat16 and are widened to float32
 for sampling. Those are transformers' own (eager) casts, in the same order, so on CPU the two agree

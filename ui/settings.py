@@ -36,8 +36,8 @@ KVSCOPE_MEMORY_MB          the host's memory, in MB (default 0: the container's 
 KVSCOPE_STORE              where "follow the teacher" rooms live (ui/follow/store.py): unset, in this process (one
                            server); redis://host:port/db, in Redis, shared by several app servers (ui/follow/room_link.py)
 
-The defaults fit Streamlit Community Cloud's free tier (2.7 GB) with 30 students at once; README's
-"Hosting" section has the measured figures.
+The defaults fit Streamlit Community Cloud's free tier (2.7 GB) with 30 students at once; docs/benchmarks.md
+("A class on one free host") has the measured figures.
 """
 
 from __future__ import annotations

@@ -160,12 +160,20 @@ def test_followers_follow_again_by_themselves_after_an_app_server_restart(tmp_pa
                 entries = record(follower)
                 up = max(published, drawn(entries, restart_at))
                 following = (strings.t("follow_following"), strings.t("follow_rejoined"))
-                back = first(entries, lambda e: e[1] == "notRunning" and e[2] == expected["counter"]
+                back = first(seen_from(entries, up), lambda e: e[1] == "notRunning" and e[2] == expected["counter"]
                              and any(text in (e[3] or "") for text in following), up)
                 assert back is not None and back - up <= BACK_MS, [(t - up, *rest) for t, *rest in entries]
             _, now = timed_next(leader, 3)  # and they follow the teacher's next move
             for follower in followers:
                 shows(follower, now)
+
+
+def seen_from(entries, moment: int) -> list:
+    """What a page showed from `moment` on: the entry on screen at `moment` (dated `moment`: a follower whose own
+    first draw on the new server already showed it in step and following changes nothing after), then the later
+    ones."""
+    before = [entry for entry in entries if entry[0] <= moment]
+    return [(moment, *before[-1][1:])] * bool(before) + [entry for entry in entries if entry[0] > moment]
 
 
 def drawn(entries, restart_at: int) -> int:

@@ -173,7 +173,8 @@ def seen_from(entries, moment: int) -> list:
     first draw on the new server already showed it in step and following changes nothing after), then the later
     ones."""
     before = [entry for entry in entries if entry[0] <= moment]
-    return [(moment, *before[-1][1:])] * bool(before) + [entry for entry in entries if entry[0] > moment]
+    after = [entry for entry in entries if entry[0] > moment]
+    return [(moment, *before[-1][1:]), *after] if before else after
 
 
 def drawn(entries, restart_at: int) -> int:

@@ -1,7 +1,7 @@
 """The leader's side of following (`ui.follow.page`): the students' link and its QR code, a publish of the page's
-state on every draw (`publish`, from the page's link writer) and, every `LEAD_SECONDS`, a refresh of its room and a word on
-whether students can follow it (`lead_status`: the store failing, or another page on the same leader link has taken
-the room, with a button to take it back). No page waits for the store: publishing is the RoomSync thread's.
+state on every draw (`publish`, from the page's link writer) and, every `LEAD_SECONDS`, a refresh of its room and a
+word on whether students can follow it (`lead_status`: the store failing, or another page on the same leader link has
+taken the room, with a button to take it back). No page waits for the store: publishing is the RoomSync thread's.
 """
 
 from __future__ import annotations

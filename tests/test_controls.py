@@ -449,15 +449,25 @@ WORST_CASE = {"prompt": " ".join(["token"] * 382), "chat": 0, "block_size": 1, "
               "seed": 3}  # the limits' worst case for going back: 510 blocks of one slot
 
 
-@pytest.mark.parametrize("view", [{"view": v} for v in VIEWS] + [{"view": "kv", "pool": "busy"}],
-                         ids=list(VIEWS) + ["kv-busy"])
-def test_back_moves_one_step_on_every_view_at_the_limits_worst_case(server, page, view):
-    """← from step 128 of a 382-token prompt in blocks of one slot lands on step 127 and draws it (how long it
-    takes: bench/browser_latency.py --parts worst)."""
-    open_page(page, server, **WORST_CASE, **view)
+def test_back_moves_one_step_on_every_view_at_the_limits_worst_case(server, page):
+    """From step 128 of a 382-token prompt in blocks of one slot, each view in turn (from the radio; the KV view
+    with its own pool, then with the busy one): ← lands one step back and draws it, with no error (how long it
+    takes: bench/browser_latency.py --parts worst). One page: the run is the link's, each view reads it at the
+    step ← reached."""
+    open_page(page, server, **WORST_CASE)
     step = int(link(page)["step"])
     assert step > 100  # the run went on (no end of text early)
-    press(page, "b_back")
-    until_link(page, step=step - 1)
-    expect(page.locator(".kv-counter")).to_contain_text(str(step - 1))
-    assert page.locator('[data-testid="stException"]').count() == 0
+    moves = [(view, pool) for view in VIEWS[1:] + VIEWS[:1] for pool in ("own", "busy")[:1 + (view == "kv")]]
+    for view, pool in moves:  # the views after flow, then flow; the KV view twice, its busy pool second
+        if pool == "busy":
+            widget(page, "w_pool").locator("label", has_text=strings.t("pool_busy")).click()
+            until_link(page, view=view, pool="busy", step=step)
+        else:
+            widget(page, "w_view").locator("label", has_text=strings.t("view_" + view)).click()
+            until_link(page, view=None if view == "flow" else view, step=step)
+        press(page, "b_back")
+        step -= 1
+        until_link(page, step=step)
+        expect(page.locator(".kv-counter")).to_contain_text(str(step))
+        assert page.locator('[data-testid="stException"]').count() == 0, (view, pool)
+        assert page.locator(MAIN + ' [data-testid="stAlertContentError"]').count() == 0, (view, pool)

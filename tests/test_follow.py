@@ -345,3 +345,34 @@ def test_each_page_draws_in_the_turn_of_its_role(leader, monkeypatch):
     asked.clear()
     follower.button(key="b_next").click().run()
     assert step_of(follower) == step_of(leader) + 1 and asked and set(asked) == {turns.EXPLORER}
+
+
+def test_a_follower_back_by_itself_says_so_through_the_teachers_next_move(leader, monkeypatch):
+    """The room gone (a store restarted empty), the follower waits; the teacher's page publishes again and then
+    moves at once (its move made during the outage): the follower follows both and says it is back, until
+    REJOINED_SECONDS have passed on its clock, when it says it follows as usual."""
+    from tests.helpers import Clock
+    from ui.follow import follower as follower_side
+
+    clock = Clock()
+    monkeypatch.setattr(follower_side, "clock", clock)
+    student = start(follow=code_in(follow_link(leader)))
+    code = code_in(follow_link(leader))
+    room_link.room_sync().rooms.store.delete(rooms.KEY_PREFIX + code)
+    room_link.room_sync().watch(code)  # the next read finds no room
+    settle()
+    student.run()
+    assert [w.value for w in student.warning] == [strings.t("follow_gone")]
+    leader.run()  # the teacher's page draws again: its room is published again
+    settle()
+    student.run()
+    assert strings.t("follow_rejoined") in [i.value for i in student.info]
+    leader.button(key="b_next").click().run()
+    settle()
+    clock.now += follower_side.REJOINED_SECONDS - 1
+    student.run()
+    assert step_of(student) == step_of(leader) == 3
+    assert strings.t("follow_rejoined") in [i.value for i in student.info]
+    clock.now += 2
+    student.run()
+    assert banner(student) == "follow_following" and step_of(student) == 3

@@ -15,6 +15,7 @@ banner then says so.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 
 import streamlit as st
@@ -29,6 +30,10 @@ from ui.state import AppState, parse_query
 # the safety net (a run that was asked for but lost), so it can be slow: a poll is a script run per follower.
 POLL_SECONDS = float(os.environ.get("KVSCOPE_FOLLOW_POLL_S") or 3.0)
 JOIN_WAIT = 1.0  # a page waits at most this for a room's first read (opening a follow link, a throttled tab)
+# The banner says the page follows again by itself this long: a returning room's first read may be its state from
+# before the outage, and the teacher's move made meanwhile comes a moment later; the student must still read it.
+REJOINED_SECONDS = 10.0
+clock = time.monotonic  # tests move it by hand
 
 
 def take_step() -> None:
@@ -99,7 +104,10 @@ def follow_seen(seen: Seen, take_any: bool = False) -> None:
     applied = (seen.room.version, seen.room.query)  # the version alone restarts at 1 on an emptied store
     if not take_any and mine.mode == "following" and mine.seen == applied:
         return
-    mine.rejoined = mine.mode == "waiting" and not take_any
+    if take_any:
+        mine.rejoined_at = None
+    elif mine.mode == "waiting":
+        mine.rejoined_at = clock()
     mine.mode, mine.seen, mine.pending = "following", applied, seen.room.query
     mine.error = None
 
@@ -112,7 +120,8 @@ def banner(t: Callable[..., str]) -> None:
     with st.container(key="follow-banner"):
         message, button = st.columns([4, 1], vertical_alignment="center")
         if mine.mode == "following":
-            message.info(t("follow_rejoined" if mine.rejoined else "follow_following"),
+            rejoined = mine.rejoined_at is not None and clock() - mine.rejoined_at < REJOINED_SECONDS
+            message.info(t("follow_rejoined" if rejoined else "follow_following"),
                          icon=":material/school:")
             button.button(t("follow_leave"), key="b_follow_leave", on_click=leave, width="stretch")
         elif mine.mode == "alone":

@@ -35,7 +35,7 @@ class FollowState:
     # The follower's side
     mode: str | None = None  # "following" | "alone" | "waiting"
     seen: tuple[int, dict[str, str]] | None = None  # the room's version and state applied
-    rejoined: bool = False  # following again by itself
+    rejoined_at: float | None = None  # when it followed again by itself (`time.monotonic`)
     pending: dict[str, str] | None = None  # the leader's link, to apply
     shown: dict[str, str] | None = None  # what the follower's page shows, as a room's link
     taken: dict | None = None  # the follower's state as taken from the leader (`followed_part`)

@@ -457,8 +457,12 @@ def test_back_moves_one_step_on_every_view_at_the_limits_worst_case(server, page
     open_page(page, server, **WORST_CASE)
     step = int(link(page)["step"])
     assert step > 100  # the run went on (no end of text early)
-    moves = [(view, pool) for view in VIEWS[1:] + VIEWS[:1] for pool in ("own", "busy")[:1 + (view == "kv")]]
-    for view, pool in moves:  # the views after flow, then flow; the KV view twice, its busy pool second
+    moves = []
+    for view in VIEWS[1:] + VIEWS[:1]:  # the views after flow, then flow
+        moves.append((view, "own"))
+        if view == "kv":
+            moves.append((view, "busy"))  # the KV view again, on the busy pool
+    for view, pool in moves:
         if pool == "busy":
             widget(page, "w_pool").locator("label", has_text=strings.t("pool_busy")).click()
             until_link(page, view=view, pool="busy", step=step)

@@ -356,8 +356,8 @@ def test_a_follower_back_by_itself_says_so_through_the_teachers_next_move(leader
 
     clock = Clock()
     monkeypatch.setattr(follower_side, "clock", clock)
-    student = start(follow=code_in(follow_link(leader)))
     code = code_in(follow_link(leader))
+    student = start(follow=code)
     room_link.room_sync().rooms.store.delete(rooms.KEY_PREFIX + code)
     room_link.room_sync().watch(code)  # the next read finds no room
     settle()

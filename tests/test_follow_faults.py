@@ -83,6 +83,13 @@ def timed_next(leader, step: int) -> tuple[float, dict]:
     return time.perf_counter() - started, shown(leader)
 
 
+def followed(leader, followers, step: int) -> None:
+    """A press of Next on the leader's page, then every follower shows what it shows."""
+    _, now = timed_next(leader, step)
+    for follower in followers:
+        shows(follower, now)
+
+
 def back_in_step(followers, now: dict) -> None:
     """Each follower shows `now`, following again by itself and saying so."""
     for follower in followers:
@@ -99,9 +106,7 @@ def test_a_paused_or_stopped_redis_never_slows_the_teacher_and_followers_come_ba
             running_server(tmp_path / "log.txt", env={"KVSCOPE_STORE": store_url}) as (server, _):
         open_class(server, leader, followers)
         for step in (2, 3):
-            _, now = timed_next(leader, step)
-            for follower in followers:
-                shows(follower, now)
+            followed(leader, followers, step)
 
         os.kill(store.pid, signal.SIGSTOP)  # hung: connections open, nothing answers
         for page, says in ((followers[0], DOWN), (followers[1], DOWN), (leader, LEAD_DOWN)):
@@ -118,9 +123,7 @@ def test_a_paused_or_stopped_redis_never_slows_the_teacher_and_followers_come_ba
         with redis_process(tmp_path, port=int(store_url.rsplit(":", 1)[1].split("/")[0])):  # back, empty
             back_in_step(followers, now)
             expect(leader.get_by_text(LEAD_DOWN)).to_have_count(0, timeout=FOLLOW_MS)
-            _, now = timed_next(leader, 6)
-            for follower in followers:
-                shows(follower, now)
+            followed(leader, followers, 6)
 
 
 def first(entries, condition, after: int) -> int | None:
@@ -150,9 +153,7 @@ def test_followers_follow_again_by_themselves_after_an_app_server_restart(tmp_pa
                 back = first(seen_from(entries, up), lambda e: e[1] == "notRunning" and e[2] == expected["counter"]
                              and any(text in (e[3] or "") for text in following), up)
                 assert back is not None, [(t - up, *rest) for t, *rest in entries]
-            _, now = timed_next(leader, 3)  # and they follow the teacher's next move
-            for follower in followers:
-                shows(follower, now)
+            followed(leader, followers, 3)  # and they follow the teacher's next move
 
 
 def seen_from(entries, moment: int) -> list:

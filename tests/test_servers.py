@@ -266,8 +266,8 @@ def test_followers_on_both_servers_are_back_in_step_after_a_killed_redis_returns
     """The teacher (on app1) moves while Redis is down: the script is held (SIGSTOP) so that it starts no Redis
     until the move is made, as a Redis that takes a while to come back. The new Redis is empty; the teacher's page
     publishes its room again and both followers, one beside the teacher (app1) and one that reads the room through
-    Redis alone (app2), show the teacher's step and say they follow again, by themselves (how soon: bench/store_faults.py
-    measures a return on one server)."""
+    Redis alone (app2), show the teacher's step and say they follow again, by themselves (how soon:
+    bench/store_faults.py measures a return on one server)."""
     leader, beside, across = pages
     first, other = list(deployment.ports)[:2]
     for page, name in zip(pages, (first, first, other)):

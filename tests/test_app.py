@@ -330,7 +330,7 @@ def test_a_setting_whose_widget_state_was_dropped_comes_back(monkeypatch):
     from ui import page_state
 
     at = start(prompt="Keep this prompt, please", chat=0, step=2)
-    drawn = at.session_state["drawn_state"]
+    drawn = at.session_state["page"].drawn_state
     assert drawn["prompt"] == "Keep this prompt, please" and drawn["chat"] is False
     state = {"drawn_state": drawn, "w_chat": True}  # the prompt's widget state is gone; chat was changed since
     monkeypatch.setattr(page_state, "ss", state)

@@ -674,19 +674,19 @@ def test_a_revisited_chapter_reads_the_run_its_first_visit_computed(embedded_mod
     The store of its own (its size is part of its key) has room for them all: this is not about eviction."""
     monkeypatch.setenv("KVSCOPE_SHARED_RUNS_MB", "4321")
     at = start(chapter=9)
-    store = at.session_state["runner"].runs
+    store = at.session_state["page"].runner.runs
     seen = {}
     for number in range(9, 14):  # 9 … 13: paging, costs, split-KV and both cases
         if number > 9:
             at.button(key="b_chapter_next").click().run()
         assert_clean(at)
-        seen[number] = at.query_params["step"], at.session_state["runner"].session.generated[:]
+        seen[number] = at.query_params["step"], at.session_state["page"].runner.session.generated[:]
     built = store.built
     for number in range(12, 8, -1):  # back to 9: all visited
         at.button(key="b_chapter_back").click().run()
         assert_clean(at)
         assert at.query_params["chapter"] == str(number)
-        assert (at.query_params["step"], at.session_state["runner"].session.generated[:]) == seen[number]
+        assert (at.query_params["step"], at.session_state["page"].runner.session.generated[:]) == seen[number]
     assert store.built == built
 
 

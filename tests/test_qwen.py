@@ -166,11 +166,11 @@ def test_the_thinking_switch_in_the_sidebar(hosted, qwen3_shaped):
     assert_clean(at)
     tokenizer = qwen3_shaped.tokenizer
     assert at.toggle(key="w_think").value is False
-    assert at.session_state["runner"].prompt_ids == rendered_ids(tokenizer, PROMPT, enable_thinking=False)
+    assert at.session_state["page"].runner.prompt_ids == rendered_ids(tokenizer, PROMPT, enable_thinking=False)
     at.toggle(key="w_think").set_value(True).run()
     assert_clean(at)
     assert at.query_params["think"] == "1"
-    assert at.session_state["runner"].prompt_ids == rendered_ids(tokenizer, PROMPT, enable_thinking=True)
+    assert at.session_state["page"].runner.prompt_ids == rendered_ids(tokenizer, PROMPT, enable_thinking=True)
     embedded = start(step=1)
     assert not [w for w in embedded.toggle if w.key == "w_think"]  # SmolLM2's template has no switch
 

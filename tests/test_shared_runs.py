@@ -168,7 +168,7 @@ def test_two_browser_sessions_on_one_link_share_one_run(monkeypatch):
     assert not first.exception and not second.exception
     assert after_first[0] >= 1 and (calls.prefills, calls.steps) == after_first  # the second page computed nothing
     assert shown_text(second) == shown_text(first)
-    assert first.session_state.runner.run is second.session_state.runner.run
+    assert first.session_state["page"].runner.run is second.session_state["page"].runner.run
 
 
 def test_the_store_keeps_no_build_lock_for_keys_read_before_or_failed():

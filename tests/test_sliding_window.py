@@ -152,7 +152,7 @@ def test_the_window_chapter_on_gemma_shows_local_rows_lose_their_oldest_columns_
     at = start(chapter=chapter.number, lang="zh")
     assert_clean(at)
     head = int(at.session_state["w_head"]) if "w_head" in at.session_state else 0
-    session = at.session_state["runner"].session
+    session = at.session_state["page"].runner.session
     assert session.prompt_ids == traces[0].input_ids and session.traces[0].context_length > window - size
     seen = {}
     for step in range(chapter.step, chapter.step + further + 1):

@@ -65,6 +65,32 @@ def test_no_view_writes_session_state(path):
     assert session_state_writes(path.read_text(encoding="utf-8")) == []
 
 
+WIDGET_PREFIXES = ("w_", "b_", "x_")  # a widget's key says what it is: a setting, a button, an expander
+TYPED_STATE = ("page_session", "lesson_session", "follow_state", "ui.session", "room_link")  # ui/session.py's
+
+
+@pytest.mark.parametrize("path", sorted(VIEWS_DIR.glob("*.py")), ids=lambda path: path.name)
+def test_no_view_reaches_the_sessions_typed_state(path):
+    """What a view shows comes in its `ViewContext`: no view fetches the session's typed state (whose fields the
+    check above cannot see being written)."""
+    source = path.read_text(encoding="utf-8")
+    assert [name for name in TYPED_STATE if name in source] == []
+
+
+def test_the_session_holds_its_widgets_and_three_typed_states(embedded_model):
+    """Besides its widgets' keys, a session keeps one dataclass per concern (ui/session.py): a step, a view, a
+    chapter with an article's case and a move back out of the lesson leave no other key behind."""
+    at = start(step=2, view="attention")
+    at.button(key="b_next").click().run()
+    at.radio(key="w_view").set_value("kv").run()
+    at = start(chapter=4)  # a new session, in the lesson
+    at.button(key="b_chapter_next").click().run()
+    at.button(key="b_chapter_back").click().run()
+    assert_clean(at)
+    left = {key for key in at.session_state if not key.startswith(WIDGET_PREFIXES)}
+    assert left == {"page", "lesson", "follow"}, sorted(left)
+
+
 def test_head_views_are_the_views_that_draw_the_layer_and_head_pickers():
     drawing = {view for view, module in MODULES.items()
                if "layer_head_pickers(" in (VIEWS_DIR / f"{module}.py").read_text(encoding="utf-8")}

@@ -22,6 +22,7 @@ class ViewContext:
     step: int  # tokens generated and shown
     trace: StepTrace | None  # the step that produced the newest shown token (None before the prefill)
     stage: str | None = None  # the stage of one step a lesson chapter talks about (viz.step_picture.STAGES)
+    measured_again: int = 0  # the page's presses of the costs view's "measure again"
 
     def t(self, key: str, **values) -> strings.Shown:
         """A string in the page's language, its values shown as text (`ui.strings.t`)."""

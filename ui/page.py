@@ -17,15 +17,16 @@ from ui import cases, chapter_top, keys, memory, model_card, strings
 from ui.follow import page as follow
 from ui.classroom import ClassroomCache
 from ui.page_state import (chat_problem, current_state, engine_error, fit_to_budget, follow_leader, go_to_chapter,
-                           labels, restore_lost_settings, run_config, run_lock, show_problem, ss, start_from_link, t,
-                           write_link)
+                           labels, restore_lost_settings, run_config, run_lock, show_problem, ss, start_from_link,
+                           switch_language, t, use_default_model, use_lesson_prompt, write_link)
 from ui.runner import Runner
+from ui.session import lesson_session, page_session
 from ui.run_store import RunStore
 from ui.settings import DTYPES, Limits, load_limits, model_limits, step_limits
-from ui.state import LANGS, POLICIES, AppState, bounds, clean_prompt, language_defaults
+from ui.state import LANGS, POLICIES, bounds, clean_prompt
 from ui.step import stepper_and_view
 from ui.views import lesson
-from ui.lesson import CHAPTERS, WINDOW_PROMPTS
+from ui.lesson import WINDOW_PROMPTS
 from ui.views.flow import PICTURE_CSS
 
 log = logging.getLogger("kvscope")
@@ -133,20 +134,22 @@ def draw_page() -> None:
 def settle_state(limits: Limits) -> None:
     """The session's settings for this run, before any widget: from the link (the first run), what Streamlit
     lost, the leader's state for a follower."""
-    if "initialized" not in ss:
+    page = page_session()
+    if not page.from_link:
         start_from_link(limits)
     restore_lost_settings()
     follow.take_over(lambda query, own: follow_leader(query, limits, own))  # before any widget, as the link is
-    if ss.pop("stop_playing", False):
-        ss.w_playing = False
-    ss.pop("full_rerun", None)  # this run is one
+    if page.stop_playing:
+        ss.w_playing, page.stop_playing = False, False
+    page.full_rerun = False  # this run is one
 
 
 def prepare_run(model: engine.Model, limits: Limits) -> Runner:
     """The session's run, and what it changes in the settings before the widgets show them: a chapter's fresh
     cache or case, the chat switch on a base model, the host's step budget."""
-    runner = runner_for(model, limits)
-    if ss.pop("forget_published", False):
+    runner, lesson = runner_for(model, limits), lesson_session()
+    if lesson.forget_published:
+        lesson.forget_published = False
         runner.forget_published()
     apply_pending_case(runner, limits)  # it sets the prompt and chat switch
     apply_window_prompt(model)
@@ -164,8 +167,10 @@ def draw(limits: Limits, model: engine.Model | None, failure: str, runner: Runne
         if not in_lesson:  # a lesson's header is its chapter's title
             st.title(t("title"))
         follow.show(t)
-        for problem in ss.pop("problems", []):
+        page = page_session()
+        for problem in page.problems:
             show_problem(problem)
+        page.problems = []
         if limits.bad_dtype:
             st.warning(t("dtype_bad", value=limits.bad_dtype, allowed=" / ".join(DTYPES), used=limits.dtype))
     # After the banner: it reaches the screen first.
@@ -225,32 +230,6 @@ def load_with_stages(spec: str, parent) -> engine.Model:
     return model
 
 
-def switch_language() -> None:
-    """A page switched language: what is still the old language's default (its model with its chat switch, its
-    prompt) becomes the new one's, so a page switched to Chinese on the default model opens on the Chinese model.
-    A follower's language is its own: the teacher's model and prompt stay."""
-    if follow.follows_a_room():
-        return
-    old = language_defaults(ss.get("drawn_state", {}).get("lang", AppState.lang))
-    new = language_defaults(ss.w_lang)
-    if ss.w_model == old.model:
-        ss.w_model, ss.w_chat = new.model, new.chat
-    if ss.w_prompt in (old.prompt, WINDOW_PROMPTS.get(old.lang)):
-        ss.w_prompt = new.prompt
-        chapter = ss.get("w_chapter")  # the window chapter's own prompt comes back in the new language, on a model
-        ss.pending_window_prompt = bool(chapter) and CHAPTERS[chapter - 1].window_prompt  # with a window
-
-
-def use_default_model() -> None:
-    ss.w_model = "embedded"
-
-
-def use_lesson_prompt() -> None:
-    """The lesson's own prompt and chat switch for the page's language, in place of one that cannot run."""
-    defaults = language_defaults(ss.w_lang)
-    ss.w_prompt, ss.w_chat = defaults.prompt, defaults.chat
-
-
 @st.cache_resource(show_spinner=False, max_entries=3)
 def classroom_cache(spec: str, tokens: int, lease_seconds: int) -> ClassroomCache:
     """The class-wide prefix cache (only when the host turns it on): one per model for the server."""
@@ -268,19 +247,21 @@ def run_store(spec: str, max_bytes: int) -> RunStore:
 def runner_for(model: engine.Model, limits: Limits) -> Runner:
     """This browser session's view of a run: on the class's prefix cache when the host shares one, else a run
     shared with every page that has the same settings and prompt history."""
-    runner = ss.get("runner")
+    page = page_session()
+    runner = page.runner
     if runner is None or runner.model is not model:
         if runner is not None:
             runner.close()
         runs = (classroom_cache(ss.w_model, limits.shared_cache_tokens, limits.lease_seconds)
                 if limits.shared_prefix_cache else run_store(ss.w_model, limits.shared_runs_mb * 10**6))
-        runner = ss.runner = Runner(model, limits.cache_tokens, limits.full_traces, runs, limits)
+        runner = page.runner = Runner(model, limits.cache_tokens, limits.full_traces, runs, limits)
     return runner
 
 
 def apply_pending_case(runner: Runner, limits: Limits) -> None:
     """The article's cases: the cached prompt alone published (prefilled at the case's settings), then the edit."""
-    which = ss.pop("pending_case", None)
+    lesson = lesson_session()
+    which, lesson.pending_case = lesson.pending_case, None
     if which is None:
         return
     ss.w_chat = False
@@ -293,7 +274,9 @@ def apply_pending_case(runner: Runner, limits: Limits) -> None:
 def apply_window_prompt(model: engine.Model) -> None:
     """The sliding-window chapter on a model with a window: the lesson's prompt long enough to pass it (on a model
     without one, the chapter shows what it keeps instead, on the class's prompt)."""
-    if ss.pop("pending_window_prompt", False) and model.info.sliding_window is not None:
+    lesson = lesson_session()
+    pending, lesson.pending_window_prompt = lesson.pending_window_prompt, False
+    if pending and model.info.sliding_window is not None:
         ss.w_prompt = WINDOW_PROMPTS.get(ss.w_lang, WINDOW_PROMPTS["en"])
 
 

@@ -1,5 +1,6 @@
-"""The page's state: its settings in Streamlit's session state (`w_<setting>` keys, one per `AppState` field, and
-`step`), read from and written to the page's link, the lesson's chapters entered, and today's language for text.
+"""The page's state: its settings in Streamlit's session state (`w_<setting>` keys, one per `AppState` field) and
+its step (`ui.session.PageSession`), read from and written to the page's link, the lesson's chapters entered, and
+today's language for text.
 Shared by the page (`ui.page`) and the step's fragment (`ui.step`); draws nothing but the problems it is given.
 """
 
@@ -19,6 +20,7 @@ from ui.follow import page as follow
 from ui.follow.room_link import OWN
 from ui.lesson import CHAPTERS, WINDOW_PROMPTS
 from ui.runs import RunConfig
+from ui.session import lesson_session, page_session
 from ui.settings import Limits, StepLimits, fit_state
 from ui.state import CHOICES, AppState, Problem, default_prompt, language_defaults, parse_query, to_query
 from ui.views.widgets import HEAD_VIEWS
@@ -40,28 +42,26 @@ def labels(prefix: str):
 
 
 def run_lock() -> threading.RLock:
-    """One script run at a time in a browser session. Each press starts a new run and Streamlit stops the old
-    one only at its next Streamlit call, so without this a run could still be inside the engine while the
-    next one moves the step or reconfigures the same run."""
-    return ss.setdefault("run_lock", threading.RLock())
+    """One script run at a time in a browser session (`PageSession.run_lock`)."""
+    return page_session().run_lock
 
 
 def request_full_run() -> None:
     """A control inside the step's fragment changed what the rest of the page shows (the chapter and its
     settings, Play, an article's case): the fragment's next run hands over to a run of the whole page."""
-    ss.full_rerun = True
+    page_session().full_rerun = True
 
 
 def start_from_link(limits: Limits) -> None:
     apply_link(st.query_params.to_dict(), limits)
-    ss.initialized = True
+    page_session().from_link = True
 
 
 def follow_leader(query: dict[str, str], limits: Limits, own: frozenset[str] = OWN) -> None:
     """A follower takes the leader's state (`query`: the leader's link), keeping its `own` settings (its language
     and text size)."""
     apply_link(query, limits, mine=own)
-    ss.stop_playing = True  # the leader's steps drive this page now
+    page_session().stop_playing = True  # the leader's steps drive this page now
 
 
 def apply_link(params: dict[str, str], limits: Limits, mine: frozenset[str] = frozenset()) -> None:
@@ -74,7 +74,8 @@ def apply_link(params: dict[str, str], limits: Limits, mine: frozenset[str] = fr
     state, problems = parse_query(params)
     if "lesson" in params and params["lesson"] == params.get("chapter"):
         problems = [replace(p, param="lesson") if p.param == "chapter" else p for p in problems]
-    ss.chat_asked = "chat" in params and state.chat and "chat" not in mine
+    page = page_session()
+    page.chat_asked = "chat" in params and state.chat and "chat" not in mine
     if not limits.model_allowed(state.model):
         problems.append(Problem("model", state.model[:80], "embedded", "model_not_allowed"))
         state = replace(state, model="embedded")
@@ -82,8 +83,8 @@ def apply_link(params: dict[str, str], limits: Limits, mine: frozenset[str] = fr
     for f in fields(AppState):
         if f.name != "step" and f.name not in mine:
             ss["w_" + f.name] = getattr(state, f.name)
-    ss.step = state.step
-    ss.problems = ss.get("problems", []) + problems
+    page.step = state.step
+    page.problems += problems
     if state.chapter and state.chapter != chapter_before:
         enter_chapter(state.chapter, keep=frozenset(params))  # the link's own values stay
 
@@ -99,8 +100,9 @@ def go_to_chapter(number: int) -> None:
     with run_lock():
         in_lesson, settings_before = bool(ss.get("w_chapter")), sidebar_settings()
         enter_chapter(number)
-        if (not (in_lesson and number) or sidebar_settings() != settings_before or "pending_case" in ss
-                or "pending_window_prompt" in ss):
+        lesson = lesson_session()
+        if (not (in_lesson and number) or sidebar_settings() != settings_before or lesson.pending_case
+                or lesson.pending_window_prompt):
             request_full_run()
 
 
@@ -115,29 +117,59 @@ def enter_chapter(number: int, keep: frozenset[str] = frozenset()) -> None:
     ss.w_chapter = number
     if not number:
         return
-    chapter = CHAPTERS[number - 1]
-    for name, value in {"view": chapter.view, "step": chapter.step, **chapter.settings}.items():
+    chapter, lesson = CHAPTERS[number - 1], lesson_session()
+    if "step" not in keep:
+        page_session().step = chapter.step
+    for name, value in {"view": chapter.view, **chapter.settings}.items():
         if name not in keep or name == "view":
-            ss[name if name == "step" else "w_" + name] = value
+            ss["w_" + name] = value
     if chapter.case:
-        ss.pending_case = chapter.case
+        lesson.pending_case = chapter.case
         if ss.get("w_prompt") not in cases.CASE_PROMPTS:  # a case turns the chat switch off: put it back after
-            ss.chat_before_case = ss.get("w_chat", language_defaults(ss.get("w_lang", "en")).chat)
+            lesson.chat_before_case = ss.get("w_chat", language_defaults(ss.get("w_lang", "en")).chat)
     else:  # a chapter's run starts from an empty prefix cache: the same run on every visit, for every page
-        ss.forget_published = True
+        lesson.forget_published = True
         if ss.w_prompt in cases.CASE_PROMPTS and "prompt" not in keep:  # back from a case: the usual prompt, and
             # the chat switch the page had before it (never one the model cannot use: a base model has no template)
             ss.w_prompt = default_prompt(ss.w_lang)
-            ss.w_chat = ss.pop("chat_before_case", language_defaults(ss.w_lang).chat)
+            before, lesson.chat_before_case = lesson.chat_before_case, None
+            ss.w_chat = language_defaults(ss.w_lang).chat if before is None else before
         elif ss.w_prompt in WINDOW_PROMPTS.values() and "prompt" not in keep:  # back from the window's chapter
             ss.w_prompt = default_prompt(ss.w_lang)
         if chapter.window_prompt and "prompt" not in keep:  # set once the model is known (`page.apply_window_prompt`)
-            ss.pending_window_prompt = True
+            lesson.pending_window_prompt = True
     if chapter.view in HEAD_VIEWS and not {"layer", "head"} & keep:
         # open on the head with a pattern in the chapter's own run, whatever head the class came from: the chapter's
         # text names it, and must read the same on every visit
         ss.w_layer, ss.w_head = 0, 0
-        ss.focused_head_chosen, ss.focus_from_chapter = False, True
+        page = page_session()
+        page.focused_head_chosen, page.focus_from_chapter = False, True
+
+
+def switch_language() -> None:
+    """A page switched language: what is still the old language's default (its model with its chat switch, its
+    prompt) becomes the new one's, so a page switched to Chinese on the default model opens on the Chinese model.
+    A follower's language is its own: the teacher's model and prompt stay."""
+    if follow.follows_a_room():
+        return
+    old = language_defaults(page_session().drawn_state.get("lang", AppState.lang))
+    new = language_defaults(ss.w_lang)
+    if ss.w_model == old.model:
+        ss.w_model, ss.w_chat = new.model, new.chat
+    if ss.w_prompt in (old.prompt, WINDOW_PROMPTS.get(old.lang)):
+        ss.w_prompt = new.prompt
+        chapter = ss.get("w_chapter")  # the window chapter's own prompt comes back in the new language, on a model
+        lesson_session().pending_window_prompt = bool(chapter) and CHAPTERS[chapter - 1].window_prompt  # with a window
+
+
+def use_default_model() -> None:
+    ss.w_model = "embedded"
+
+
+def use_lesson_prompt() -> None:
+    """The lesson's own prompt and chat switch for the page's language, in place of one that cannot run."""
+    defaults = language_defaults(ss.w_lang)
+    ss.w_prompt, ss.w_chat = defaults.prompt, defaults.chat
 
 
 SETTING_KEYS = tuple((f.name, "w_" + f.name) for f in fields(AppState) if f.name != "step")  # name → widget key
@@ -148,24 +180,25 @@ def current_state() -> AppState:
     """The page's state from its widgets (a setting whose widget is not drawn yet keeps its default). Read a few
     times per run of every page: one look-up per setting (each goes through Streamlit's session proxy)."""
     values = {name: value for name, key in SETTING_KEYS if (value := ss.get(key, _UNSET)) is not _UNSET}
-    return AppState(step=ss.step, **values)
+    return AppState(step=page_session().step, **values)
 
 
 def restore_lost_settings() -> None:
     """Put back any setting whose widget state Streamlit dropped (the last state drawn is kept under a key no
     widget owns): a text area that lost its state would come back empty, and the page would refuse to run. Seen
     once under a class's load, as a page whose link turned to `prompt=` with nobody typing."""
-    for name, value in ss.get("drawn_state", {}).items():
+    drawn = page_session().drawn_state
+    for name, value in drawn.items():
         if "w_" + name not in ss:
             log.warning("setting %s was lost by its widget and restored", name)  # the name only, never the value
             ss["w_" + name] = value
     for name, options in CHOICES.items():  # a drop-down's labels change with the language: the browser may send
         if ss.get("w_" + name, options[0]) not in options:  # back the old label of the option it showed
-            ss["w_" + name] = ss.get("drawn_state", {}).get(name, getattr(AppState, name))
+            ss["w_" + name] = drawn.get(name, getattr(AppState, name))
 
 
 def write_link(state: AppState) -> None:
-    ss.drawn_state = {f.name: getattr(state, f.name) for f in fields(AppState) if f.name != "step"}
+    page_session().drawn_state = {f.name: getattr(state, f.name) for f in fields(AppState) if f.name != "step"}
     leader.publish(state)  # a leader's every draw (a play tick too) reaches its followers
     follower.check(state)  # a follower's own move (Play's tick too) leaves following
     query = to_query(state) | follow.link_params()
@@ -177,10 +210,11 @@ def open_on_focused_head(state: AppState, trace: engine.StepTrace | None) -> Non
     """Once per browser session (and on entering a chapter that shows a head), when the link chose no layer or head
     and nobody has picked one, start the layer and head pickers on a head whose attention shows a pattern (layer 0,
     head 0 is usually diffuse). The step calls it before drawing what shows a head: views only read the pickers."""
-    if ss.get("focused_head_chosen") or trace is None or trace.attention is None:
+    page = page_session()
+    if page.focused_head_chosen or trace is None or trace.attention is None:
         return
-    ss.focused_head_chosen = True
-    linked = not ss.pop("focus_from_chapter", False) and ("layer" in st.query_params or "head" in st.query_params)
+    from_chapter, page.focused_head_chosen, page.focus_from_chapter = page.focus_from_chapter, True, False
+    linked = not from_chapter and ("layer" in st.query_params or "head" in st.query_params)
     if linked or (state.layer, state.head) != (0, 0):  # the link's head (not the last chapter's), or one picked
         return
     ss.w_layer, ss.w_head = focused_head(trace.attention[:, :, -1].float().numpy())
@@ -189,12 +223,12 @@ def open_on_focused_head(state: AppState, trace: engine.StepTrace | None) -> Non
 def load_case(which: str) -> None:
     """The prefix view's press: publish the article's cached prompt, then load the edited one, at its prefill (the
     prefill looks it up). A chapter's case takes the chapter's (or link's) step instead."""
-    ss.pending_case, ss.step = which, 1
+    lesson_session().pending_case, page_session().step = which, 1
 
 
 def measure_again() -> None:
     """The costs view's press: its timings are measured anew (a new count, a new cache entry)."""
-    ss.measure_again = ss.get("measure_again", 0) + 1
+    page_session().measured_again += 1
 
 
 def run_config(state: AppState, limits: Limits) -> RunConfig:
@@ -211,11 +245,12 @@ def chat_problem(can_chat: bool) -> None:
     """A model without a chat template (a base model) takes its prompt as it is: the chat switch goes off, and a
     link that asked for chat=1 is told why. A switch that was on by default, by the language or by a chapter
     goes off without a word: nobody asked for it."""
-    asked = ss.pop("chat_asked", False)
+    page = page_session()
+    asked, page.chat_asked = page.chat_asked, False
     if ss.w_chat and not can_chat:
         ss.w_chat = False
         if asked:
-            ss.problems = ss.get("problems", []) + [Problem("chat", "1", "0", "no_chat_template")]
+            page.problems.append(Problem("chat", "1", "0", "no_chat_template"))
 
 
 # The engine's errors a page meets with its own input, as the engine words them (English), and the string the page
@@ -253,4 +288,4 @@ def fit_to_budget(step: StepLimits) -> None:
     state, problems = fit_state(current_state(), step)
     for problem in problems:
         ss["w_" + problem.param] = getattr(state, problem.param)
-    ss.problems = ss.get("problems", []) + problems
+    page_session().problems += problems

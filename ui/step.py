@@ -18,6 +18,7 @@ from ui.lesson import CHAPTERS
 from ui.page_state import (current_state, go_to_chapter, open_on_focused_head, request_full_run, run_lock,
                            show_problem, ss, t, labels, write_link)
 from ui.runner import Runner
+from ui.session import PlayClock, lesson_session, page_session
 from ui import views
 from ui.state import clamp
 from ui.views import VIEWS, lesson, stepper
@@ -36,11 +37,14 @@ def stepper_and_view(model: engine.Model, runner: Runner) -> None:
     session can start again; the shared model and other sessions are untouched."""
     follower.take_step()  # a follower: the leader's new step (a run of this fragment alone follows the leader's move)
     follower.check(current_state())  # a follower who moved on their own is told at once, above the fragment
-    if ss.pop("full_rerun", False) or "pending_case" in ss:  # an article's case is loaded before any widget
+    page, lesson = page_session(), lesson_session()
+    if page.full_rerun or lesson.pending_case:  # an article's case is loaded before any widget
+        page.full_rerun = False
         st.rerun(scope="app")  # a control in here changed what the rest of the page shows
     try:
         with run_lock():  # a fragment's rerun does not pass through main
-            if ss.pop("forget_published", False):  # a chapter entered in this fragment: its run, from an empty cache
+            if lesson.forget_published:  # a chapter entered in this fragment: its run, from an empty cache
+                lesson.forget_published = False
                 runner.forget_published()
                 runner.configure(runner.config)
             role = turns.LEADER if follow.leading() else turns.FOLLOWER if follow.following() else turns.EXPLORER
@@ -61,13 +65,14 @@ def stepper_and_view(model: engine.Model, runner: Runner) -> None:
 
 def reset_session() -> None:
     """Drop this browser session's run (its K/V blocks go back); the settings and link stay."""
-    runner = ss.pop("runner", None)
+    page = page_session()
+    runner, page.runner = page.runner, None
     if runner is not None:
         try:
             runner.close()
         except Exception:  # noqa: BLE001 — the run is being discarded anyway
             log.warning("closing a failed run raised", exc_info=True)
-    ss.step = 0
+    page.step = 0
     request_full_run()  # the page builds the session's new run
 
 
@@ -77,33 +82,34 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
     In the lesson: the chapter's header, then its figure beside the step's controls and the chapter's text, the
     text so far, and the whole view under them, closed: a chapter change draws the chapter's figure, not five."""
     chapter = CHAPTERS[ss.w_chapter - 1] if ss.get("w_chapter") else None
+    page = page_session()
     side = layout_side()
     places = step_places(chapter, side)
     step_buttons(places.buttons, runner, busy=True)
     places.play.toggle(t("play"), key="w_playing", on_change=request_full_run)  # Play sets the fragment's timer
     if ss.get("w_playing"):
-        if runner.finished and ss.step >= runner.generated:
-            ss.stop_playing = True
+        if runner.finished and page.step >= runner.generated:
+            page.stop_playing = True
             st.rerun(scope="app")
-        ss.step = play_step(ss.step, ss.w_pace)
+        page.step = play_step(page.step, ss.w_pace)
     else:
-        ss.pop("play_clock", None)  # a Play started later starts its own clock
-    requested = ss.step
-    ss.step = runner.advance_to(requested)
+        page.play_clock = None  # a Play started later starts its own clock
+    requested = page.step
+    page.step = runner.advance_to(requested)
     state, problems = clamp(current_state(), model.info.layers, model.info.q_heads)
     for problem in problems:
         ss["w_" + problem.param] = getattr(state, problem.param)
-    ctx = ViewContext(runner=runner, state=state, step=ss.step, trace=runner.trace(ss.step),
-                      stage=chapter.stage if chapter else None)
+    ctx = ViewContext(runner=runner, state=state, step=page.step, trace=runner.trace(page.step),
+                      stage=chapter.stage if chapter else None, measured_again=page.measured_again)
     if ctx.state.view in HEAD_VIEWS or chapter is not None and ctx.trace is not None and ctx.trace.split is not None:
         open_on_focused_head(ctx.state, ctx.trace)  # its pickers, or the chapter's split text, show a layer and head
     with places.controls:
-        if ss.step < requested:
-            st.warning(t("step_unreachable", step=requested, reached=ss.step, reason=runner.stop_reason))
+        if page.step < requested:
+            st.warning(t("step_unreachable", step=requested, reached=page.step, reason=runner.stop_reason))
         for problem in problems:
             show_problem(problem)
-        ss.counter_html = stepper.counter_html(ctx)
-        places.counter.html(ss.counter_html)
+        page.counter_html = stepper.counter_html(ctx)
+        places.counter.html(page.counter_html)
     with places.beside:
         stepper.render(ctx, lines=1 if chapter else None)
         if chapter is not None:
@@ -134,22 +140,15 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
     write_link(current_state())
 
 
-@dataclass(frozen=True)
-class PlayClock:
-    start: float  # clock() when Play started, or when its pace or step last changed other than by its ticks
-    step: int  # the step then
-    pace: float
-    last: int  # the step Play's last tick set
-
-
 def play_step(step: int, pace: float) -> int:
     """Play's next step: one more each tick, and more when ticks came late (a slow draw, a busy server), so that
     the tokens keep the pace's clock. A step or pace changed by hand starts the clock again."""
-    now, playing = clock(), ss.get("play_clock")
+    page = page_session()
+    now, playing = clock(), page.play_clock
     if playing is None or playing.pace != pace or playing.last != step:
         playing = PlayClock(now, step, pace, step)
     nxt = max(step + 1, playing.step + 1 + int((now - playing.start) / pace + 1e-9))  # + rounding of floats
-    ss.play_clock = replace(playing, last=nxt)
+    page.play_clock = replace(playing, last=nxt)
     return nxt
 
 
@@ -166,10 +165,10 @@ class StepPlaces:
 def layout_side() -> bool:
     """Which of its two slots each place of the step's layout takes in this run (`fresh_place`): the other side
     when this run draws another chapter or view than the session's last one did."""
-    layout = (ss.get("w_chapter"), ss.get("w_view"))
-    if ss.get("drawn_layout") != layout:
-        ss.drawn_layout, ss.layout_side = layout, not ss.get("layout_side", False)
-    return ss.layout_side
+    page, layout = page_session(), (ss.get("w_chapter"), ss.get("w_view"))
+    if page.drawn_layout != layout:
+        page.drawn_layout, page.layout_side = layout, not page.layout_side
+    return page.layout_side
 
 
 def fresh_place(parent, side: bool, key: str | None = None):
@@ -209,22 +208,26 @@ def step_places(chapter, side: bool) -> StepPlaces:
 def header_place(parent):
     """The step's header line, holding the last step's until this step's replaces it: it never blinks out (an
     `st.empty` first would clear it on screen while the step is computed)."""
-    return parent.html(ss.counter_html) if "counter_html" in ss else parent.empty()
+    shown = page_session().counter_html
+    return parent.html(shown) if shown is not None else parent.empty()
 
 
 def step_buttons(place, runner: Runner, busy: bool = False) -> None:
     """Prefill, Back, Next, Reset, drawn in `place`. While a step is computed and drawn (`busy`) they are
     greyed and their arrow keys unbound: Streamlit would merge or drop presses made during a run, so they
     are refused visibly instead. Back and Next move by one from the step current when a press is handled."""
-    buttons = (("prefill", "b_prefill", (1, True), {"disabled": ss.step >= 1}),
-               ("back", "b_back", (-1, False), {"shortcut": "Left", "disabled": ss.step == 0}),
+    page = page_session()
+    buttons = (("prefill", "b_prefill", (1, True), {"disabled": page.step >= 1}),
+               ("back", "b_back", (-1, False), {"shortcut": "Left", "disabled": page.step == 0}),
                ("next", "b_next", (1, False),
-                {"shortcut": "Right", "disabled": runner.finished and ss.step >= runner.generated}),
+                {"shortcut": "Right", "disabled": runner.finished and page.step >= runner.generated}),
                ("reset", "b_reset", (0, True), {}))
     # One row that never wraps (a phone keeps it): one element, where columns were five (each is a message to
     # every page of a class, twice a step). Next is the widest (page CSS), being pressed most.
     row = place.container(horizontal=True, wrap=False, key="step-buttons-busy" if busy else "step-buttons")
-    moved = False if busy else ss.pop("moved", False)  # the live buttons are this step's: a new press may move
+    moved = page.moved and not busy
+    if not busy:  # the live buttons are this step's: a new press may move
+        page.moved = False
     for label, key, move_args, options in buttons:
         if busy:
             row.button(t(label), key=key + "_busy", disabled=True, width="stretch")
@@ -244,7 +247,8 @@ def move(amount: int, absolute: bool) -> None:
     the two calls 55 ms apart in the server's log). A press moved and not yet drawn (`moved`, cleared when the
     live step buttons are drawn) is that second call."""
     with run_lock():  # callbacks run before main, maybe while a stopped run is still stepping
-        if ss.get("moved"):
+        page = page_session()
+        if page.moved:
             return
-        ss.step = max(0, amount if absolute else ss.step + amount)
-        ss.moved = True
+        page.step = max(0, amount if absolute else page.step + amount)
+        page.moved = True

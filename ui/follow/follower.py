@@ -24,6 +24,7 @@ from ui import streamlit_internals
 from ui.follow import push
 from ui.follow.room_link import follow_state, followed_part, followed_query, room_query, sync
 from ui.follow.sync import Seen
+from ui.session import page_session
 from ui.state import AppState, parse_query
 
 # A follower's page runs as soon as this server's RoomSync reads a new state of its room (`ui.follow.push`); the poll is
@@ -52,7 +53,7 @@ def take_step() -> None:
     if pending is None:
         return
     if following and mine.shown is not None and without_step(followed_query(pending)) == without_step(mine.shown):
-        st.session_state.step = parse_query(pending)[0].step
+        page_session().step = parse_query(pending)[0].step
         mine.pending = None
         mine.fresh = True  # the next `check` keeps this step as the leader's
     else:

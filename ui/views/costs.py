@@ -103,7 +103,7 @@ def _timing(_ctx: ViewContext, model: str, prompt: int, context: int, again: int
 
 def per_token(ctx: ViewContext, context: int) -> None:
     """Prefill vs decode per token, measured now (steady, with their spread), beside decode's floor."""
-    again = st.session_state.get("measure_again", 0)
+    again = ctx.measured_again
     prompt = len(ctx.runner.prompt_ids)
     at = max(prompt, context - context % TIMING_EVERY)  # a step press does not start a new measurement
     if ctx.runner.short_of_memory():  # a measurement's scratch pool and passes: left for a quieter moment

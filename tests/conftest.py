@@ -194,3 +194,26 @@ def store(request):
     url = request.getfixturevalue("redis_url")
     redis.Redis.from_url(url).flushdb()
     return RedisStore(url)
+
+
+def pytest_collection_modifyitems(items):
+    """Groups for pytest-xdist's two workers (pytest.ini: `-n 2 --dist loadgroup`), each group's tests in one
+    worker, one after the other."""
+    for item in items:
+        group = xdist_group(set(item.fixturenames))
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def xdist_group(fixtures: set[str]) -> str | None:
+    """The tests on the session's server share one worker (a second server would load every model again); those
+    with browsers and servers of their own share another; the Qwen3-shaped ones share its 1.19 GB folder; the
+    rest run wherever a worker is free. Most of a browser test's time is waiting on its page or its server, and
+    an AppTest computes with one thread: two workers keep both cores busy."""
+    if fixtures & {"server", "app_server"}:
+        return "session-server"
+    if fixtures & {"browser", "page"}:
+        return "own-servers"
+    if "qwen3_shaped_dir" in fixtures:
+        return "qwen3-shaped"
+    return None

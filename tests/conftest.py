@@ -12,6 +12,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # two workers on two cores: one thread each (the app computes with one too)
+    torch.set_num_threads(1)
+
 import engine  # noqa: E402
 from engine import embedded  # noqa: E402
 from engine.loader import AUTO  # noqa: E402
@@ -200,7 +203,8 @@ def pytest_collection_modifyitems(items):
     """Groups for pytest-xdist's two workers (pytest.ini: `-n 2 --dist loadgroup`), each group's tests in one
     worker, one after the other."""
     for item in items:
-        group = xdist_group(set(item.fixturenames))
+        parameters = item.callspec.params if hasattr(item, "callspec") else {}  # a parameter may be named `page`
+        group = xdist_group(set(item.fixturenames) - set(parameters))
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
 

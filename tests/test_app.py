@@ -330,10 +330,11 @@ def test_a_setting_whose_widget_state_was_dropped_comes_back(monkeypatch):
     from ui import page_state
 
     at = start(prompt="Keep this prompt, please", chat=0, step=2)
-    drawn = at.session_state["page"].drawn_state
-    assert drawn["prompt"] == "Keep this prompt, please" and drawn["chat"] is False
-    state = {"drawn_state": drawn, "w_chat": True}  # the prompt's widget state is gone; chat was changed since
+    page = at.session_state["page"]
+    assert page.drawn_state["prompt"] == "Keep this prompt, please" and page.drawn_state["chat"] is False
+    state = {"page": page, "w_chat": True}  # the prompt's widget state is gone; chat was changed since
     monkeypatch.setattr(page_state, "ss", state)
+    monkeypatch.setattr(page_state, "page_session", lambda: state["page"])
     page_state.restore_lost_settings()
     assert state["w_prompt"] == "Keep this prompt, please" and state["w_chat"] is True
 

@@ -1,5 +1,6 @@
 """Layout in headless Chromium, for a projector (1280×720, large text) and a phone (390×844), in English and
-Chinese, each (view, language, screen) page loaded once and measured for everything that must hold on it:
+Chinese: one page per (language, screen), each view in turn (the first from the link, the others from the view
+radio, as a class moves between them), measured for everything that must hold on it:
 
 - on the projector, the Next button and the view's main figure are on the first screen, and the header's step
   counter names the step, its phase and the input position;
@@ -22,7 +23,7 @@ import engine
 from tests.server import settled_text
 from ui import strings
 from ui.state import VIEWS, default_prompt, parse_query
-from tests.helpers import box
+from tests.helpers import box, until_link
 
 pytestmark = pytest.mark.browser
 
@@ -30,9 +31,7 @@ PROJECTOR = {"width": 1280, "height": 720}
 PHONE = {"width": 390, "height": 844}
 FIGURE_SHOWN = 200  # px of the main figure that must be on the first screen
 FIGURE_VIEWS = [view for view in VIEWS if view != "costs"]  # the costs view's charts are laid out by issue 18's part 3
-# (view, language, screen): the projector with large text for every view; the phone for the views with figures
-PAGES = [(view, lang, "projector") for view in VIEWS for lang in ("en", "zh")] + \
-        [(view, lang, "phone") for view in FIGURE_VIEWS for lang in ("en", "zh")]
+SCREENS = [(lang, screen) for lang in ("en", "zh") for screen in ("projector", "phone")]
 
 # What a page's figures get wrong, measured in the page: titles wider than their box or the window, titles still
 # drawn by Plotly, legends on an axis's title or tick labels, Plotly's toolbar on a title.
@@ -69,22 +68,33 @@ def screen_page(browser, viewport: dict, **options):
         context.close()
 
 
-@pytest.mark.parametrize(("view", "lang", "screen"), PAGES, ids=["-".join(p) for p in PAGES])
-def test_each_page_is_laid_out_for_its_screen(server, browser, view, lang, screen, request):
+@pytest.mark.parametrize(("lang", "screen"), SCREENS, ids=["-".join(s) for s in SCREENS])
+def test_each_view_is_laid_out_for_its_screen(server, browser, lang, screen, request):
+    """The projector shows every view with large text; the phone the views with figures. Each view is measured at
+    the page's top, as a student who opens it sees it."""
     large = screen == "projector"
-    viewport = PROJECTOR if large else PHONE
+    viewport, views = (PROJECTOR, VIEWS) if large else (PHONE, FIGURE_VIEWS)
+    # A page in Chinese opens on embedded-zh (Gemma 3 270M), one in English on SmolLM2.
+    model = request.getfixturevalue("embedded_model" if lang == "en" else "embedded_zh_model")
     with screen_page(browser, viewport) as page:
-        page.goto(f"{server}/?step=8&view={view}&lang={lang}&kv_splits=4" + ("&large=1" if large else ""))
+        page.goto(f"{server}/?step=8&view={views[0]}&lang={lang}&kv_splits=4" + ("&large=1" if large else ""))
         settled_text(page)
-        # A page in Chinese opens on embedded-zh (Gemma 3 270M), one in English on SmolLM2.
-        assert_step_counter(page, lang, request.getfixturevalue("embedded_model" if lang == "en"
-                                                                 else "embedded_zh_model"))
-        if large:
-            assert_next_and_the_main_figure_on_the_first_screen(page)
-        else:
-            assert_next_and_the_step_buttons_fit_the_phone(page)
-        if view in FIGURE_VIEWS:
-            assert_figures_laid_out(page)
+        for view in views:
+            if view != views[0]:
+                page.locator(".st-key-w_view label", has_text=strings.t("view_" + view, lang)).click()
+                until_link(page, view=view, step="8")
+                page.evaluate("() => { window.scrollTo(0, 0); document.querySelector('[data-testid=stMain]')"
+                              ".scrollTo(0, 0); }")
+            try:
+                assert_step_counter(page, lang, model)
+                if large:
+                    assert_next_and_the_main_figure_on_the_first_screen(page)
+                else:
+                    assert_next_and_the_step_buttons_fit_the_phone(page)
+                if view in FIGURE_VIEWS:
+                    assert_figures_laid_out(page)
+            except AssertionError as error:
+                raise AssertionError(f"the {view} view: {error}") from error
 
 
 def assert_next_and_the_main_figure_on_the_first_screen(page) -> None:

@@ -199,25 +199,12 @@ def store(request):
     return RedisStore(url)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(items):
-    """Groups for pytest-xdist's two workers (pytest.ini: `-n 2 --dist loadgroup`), each group's tests in one
-    worker, one after the other."""
+    """pytest-xdist's two workers (pytest.ini: `-n 2 --dist loadgroup`) take the tests one by one, each worker
+    with its own session fixtures (its own server and Chromium): most of a browser test's time is spent waiting on
+    its page or its server, and an AppTest computes with one thread, so two workers keep both cores busy. Only the
+    Qwen3-shaped tests go to one worker together: their 1.19 GB folder is written once."""
     for item in items:
-        parameters = item.callspec.params if hasattr(item, "callspec") else {}  # a parameter may be named `page`
-        group = xdist_group(set(item.fixturenames) - set(parameters))
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
-
-
-def xdist_group(fixtures: set[str]) -> str | None:
-    """The tests on the session's server share one worker (a second server would load every model again); those
-    with browsers and servers of their own share another; the Qwen3-shaped ones share its 1.19 GB folder; the
-    rest run wherever a worker is free. Most of a browser test's time is waiting on its page or its server, and
-    an AppTest computes with one thread: two workers keep both cores busy."""
-    if fixtures & {"server", "app_server"}:
-        return "session-server"
-    if fixtures & {"browser", "page"}:
-        return "own-servers"
-    if "qwen3_shaped_dir" in fixtures:
-        return "qwen3-shaped"
-    return None
+        if "qwen3_shaped_dir" in item.fixturenames:
+            item.add_marker(pytest.mark.xdist_group("qwen3-shaped"))

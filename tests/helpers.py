@@ -104,21 +104,23 @@ def metric_value(page, key: str) -> str:
     return widget(page, key).locator('[data-testid="stMetricValue"]').inner_text().strip()
 
 
-def settled_box(page, selector: str, still_ms: int = 400) -> dict | None:
+# True once the element's box (or its absence) has stayed the same for `frames` painted frames with no element left
+# from the last run on the page. Its state is kept on `window` between the frames Playwright polls it in.
+STILL_BOX = """([selector, frames]) => {
+    const el = document.querySelector(selector), r = el && el.getBoundingClientRect();
+    const now = r ? [r.x, r.y, r.width, r.height].join() : 'none';
+    const stale = document.querySelector('[data-testid="stMain"] [data-stale="true"]');
+    if (stale || window.kvBox !== now) { window.kvBox = now; window.kvStill = 0; return false; }
+    return ++window.kvStill >= frames; }"""
+
+
+def settled_box(page, selector: str, frames: int = 10) -> dict | None:
     """The bounding box of `selector` once the page has stopped changing it: no element left from the last run
-    (Streamlit marks those `data-stale` until it clears them) and the box the same for `still_ms` (a chart being
-    mounted draws at a default height first). None if it is not drawn."""
-    locator = page.locator(selector)
-    last, since = None, 0
-    for _ in range(WAIT_MS // 100):
-        stale = page.locator('[data-testid="stMain"] [data-stale="true"]').count()
-        found = locator.bounding_box()
-        if stale or found != last:
-            last, since = found, 0
-        elif (since := since + 100) >= still_ms:
-            return found
-        page.wait_for_timeout(100)
-    raise AssertionError(f"{selector} still changing after {WAIT_MS} ms: {last}")
+    (Streamlit marks those `data-stale` until it clears them) and the box the same for `frames` painted frames (a
+    chart being mounted draws at a default height first). None if it is not drawn."""
+    page.evaluate("() => { window.kvBox = undefined; }")
+    page.wait_for_function(STILL_BOX, arg=[selector, frames], polling="raf", timeout=WAIT_MS)
+    return page.locator(selector).bounding_box() if page.locator(selector).count() else None
 
 
 def box(page, selector: str) -> dict:

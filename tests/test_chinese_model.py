@@ -8,7 +8,6 @@ from playwright.sync_api import expect
 
 from engine.characters import REPLACEMENT
 from tests.server import settled_text
-from ui import strings
 from ui.lesson import CHAPTERS
 
 pytestmark = pytest.mark.browser

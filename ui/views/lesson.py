@@ -142,7 +142,7 @@ def prefix_facts(ctx: ViewContext, closest: tuple[list[int], int], hit) -> dict:
     runner = ctx.runner
     reuse = {policy: r.reused_tokens for policy, r in runner.policy_reuse().items()}
     cached_labels = [position_label(c) for c in runner.prompt_cells(cached)]
-    radix, block = reuse["radix"], reuse["block"]
+    radix = reuse["radix"]
     size = ctx.state.block_size
     policy = ctx.t("policy_" + hit.policy)
     if hit.reused_tokens >= radix:

@@ -123,7 +123,8 @@ def embedded_zh_model() -> engine.Model:
 
 @pytest.fixture(scope="session")
 def browser():
-    """Headless Chromium, one for the whole session: each test gets a context of its own (`page`)."""
+    """Headless Chromium, one for the whole session of each xdist worker: each test gets a context of its own
+    (`page`)."""
     from tests.server import chromium
 
     with chromium() as browser:
@@ -143,8 +144,8 @@ def page(request, browser):
 
 @pytest.fixture(scope="session")
 def app_server(tmp_path_factory):
-    """The app on a real Streamlit server on loopback, one for the whole session (each model loads once, at the
-    first page that needs it): (url, process, log path). A test that needs a fresh server or other settings starts
+    """The app on a real Streamlit server on loopback, one for the whole session of each xdist worker (each model
+    loads once, at the first page that needs it): (url, process, log path). A test that needs a fresh server or other settings starts
     its own (tests/server.py's `running_server`)."""
     from tests.server import running_server
 

@@ -145,8 +145,8 @@ def page(request, browser):
 @pytest.fixture(scope="session")
 def app_server(tmp_path_factory):
     """The app on a real Streamlit server on loopback, one for the whole session of each xdist worker (each model
-    loads once, at the first page that needs it): (url, process, log path). A test that needs a fresh server or other settings starts
-    its own (tests/server.py's `running_server`)."""
+    loads once, at the first page that needs it): (url, process, log path). A test that needs a fresh server or
+    other settings starts its own (tests/server.py's `running_server`)."""
     from tests.server import running_server
 
     log_path = tmp_path_factory.mktemp("server") / "log.txt"

@@ -147,9 +147,9 @@ def settle_state(limits: Limits) -> None:
 def prepare_run(model: engine.Model, limits: Limits) -> Runner:
     """The session's run, and what it changes in the settings before the widgets show them: a chapter's fresh
     cache or case, the chat switch on a base model, the host's step budget."""
-    runner, lesson = runner_for(model, limits), lesson_session()
-    if lesson.forget_published:
-        lesson.forget_published = False
+    runner, lesson_state = runner_for(model, limits), lesson_session()
+    if lesson_state.forget_published:
+        lesson_state.forget_published = False
         runner.forget_published()
     apply_pending_case(runner, limits)  # it sets the prompt and chat switch
     apply_window_prompt(model)
@@ -260,8 +260,8 @@ def runner_for(model: engine.Model, limits: Limits) -> Runner:
 
 def apply_pending_case(runner: Runner, limits: Limits) -> None:
     """The article's cases: the cached prompt alone published (prefilled at the case's settings), then the edit."""
-    lesson = lesson_session()
-    which, lesson.pending_case = lesson.pending_case, None
+    lesson_state = lesson_session()
+    which, lesson_state.pending_case = lesson_state.pending_case, None
     if which is None:
         return
     ss.w_chat = False
@@ -274,8 +274,8 @@ def apply_pending_case(runner: Runner, limits: Limits) -> None:
 def apply_window_prompt(model: engine.Model) -> None:
     """The sliding-window chapter on a model with a window: the lesson's prompt long enough to pass it (on a model
     without one, the chapter shows what it keeps instead, on the class's prompt)."""
-    lesson = lesson_session()
-    pending, lesson.pending_window_prompt = lesson.pending_window_prompt, False
+    lesson_state = lesson_session()
+    pending, lesson_state.pending_window_prompt = lesson_state.pending_window_prompt, False
     if pending and model.info.sliding_window is not None:
         ss.w_prompt = WINDOW_PROMPTS.get(ss.w_lang, WINDOW_PROMPTS["en"])
 

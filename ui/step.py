@@ -37,14 +37,14 @@ def stepper_and_view(model: engine.Model, runner: Runner) -> None:
     session can start again; the shared model and other sessions are untouched."""
     follower.take_step()  # a follower: the leader's new step (a run of this fragment alone follows the leader's move)
     follower.check(current_state())  # a follower who moved on their own is told at once, above the fragment
-    page, lesson = page_session(), lesson_session()
-    if page.full_rerun or lesson.pending_case:  # an article's case is loaded before any widget
+    page, lesson_state = page_session(), lesson_session()
+    if page.full_rerun or lesson_state.pending_case:  # an article's case is loaded before any widget
         page.full_rerun = False
         st.rerun(scope="app")  # a control in here changed what the rest of the page shows
     try:
         with run_lock():  # a fragment's rerun does not pass through main
-            if lesson.forget_published:  # a chapter entered in this fragment: its run, from an empty cache
-                lesson.forget_published = False
+            if lesson_state.forget_published:  # a chapter entered in this fragment: its run, from an empty cache
+                lesson_state.forget_published = False
                 runner.forget_published()
                 runner.configure(runner.config)
             role = turns.LEADER if follow.leading() else turns.FOLLOWER if follow.following() else turns.EXPLORER

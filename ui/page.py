@@ -147,9 +147,8 @@ def settle_state(limits: Limits) -> None:
 def prepare_run(model: engine.Model, limits: Limits) -> Runner:
     """The session's run, and what it changes in the settings before the widgets show them: a chapter's fresh
     cache or case, the chat switch on a base model, the host's step budget."""
-    runner, lesson_state = runner_for(model, limits), lesson_session()
-    if lesson_state.forget_published:
-        lesson_state.forget_published = False
+    runner = runner_for(model, limits)
+    if lesson_session().take("forget_published"):
         runner.forget_published()
     apply_pending_case(runner, limits)  # it sets the prompt and chat switch
     apply_window_prompt(model)
@@ -167,10 +166,8 @@ def draw(limits: Limits, model: engine.Model | None, failure: str, runner: Runne
         if not in_lesson:  # a lesson's header is its chapter's title
             st.title(t("title"))
         follow.show(t)
-        page = page_session()
-        for problem in page.problems:
+        for problem in page_session().take("problems"):
             show_problem(problem)
-        page.problems = []
         if limits.bad_dtype:
             st.warning(t("dtype_bad", value=limits.bad_dtype, allowed=" / ".join(DTYPES), used=limits.dtype))
     # After the banner: it reaches the screen first.
@@ -260,8 +257,7 @@ def runner_for(model: engine.Model, limits: Limits) -> Runner:
 
 def apply_pending_case(runner: Runner, limits: Limits) -> None:
     """The article's cases: the cached prompt alone published (prefilled at the case's settings), then the edit."""
-    lesson_state = lesson_session()
-    which, lesson_state.pending_case = lesson_state.pending_case, None
+    which = lesson_session().take("pending_case")
     if which is None:
         return
     ss.w_chat = False
@@ -274,9 +270,7 @@ def apply_pending_case(runner: Runner, limits: Limits) -> None:
 def apply_window_prompt(model: engine.Model) -> None:
     """The sliding-window chapter on a model with a window: the lesson's prompt long enough to pass it (on a model
     without one, the chapter shows what it keeps instead, on the class's prompt)."""
-    lesson_state = lesson_session()
-    pending, lesson_state.pending_window_prompt = lesson_state.pending_window_prompt, False
-    if pending and model.info.sliding_window is not None:
+    if lesson_session().take("pending_window_prompt") and model.info.sliding_window is not None:
         ss.w_prompt = WINDOW_PROMPTS.get(ss.w_lang, WINDOW_PROMPTS["en"])
 
 

@@ -132,7 +132,7 @@ def enter_chapter(number: int, keep: frozenset[str] = frozenset()) -> None:
         if ss.w_prompt in cases.CASE_PROMPTS and "prompt" not in keep:  # back from a case: the usual prompt, and
             # the chat switch the page had before it (never one the model cannot use: a base model has no template)
             ss.w_prompt = default_prompt(ss.w_lang)
-            before, lesson.chat_before_case = lesson.chat_before_case, None
+            before = lesson.take("chat_before_case")
             ss.w_chat = language_defaults(ss.w_lang).chat if before is None else before
         elif ss.w_prompt in WINDOW_PROMPTS.values() and "prompt" not in keep:  # back from the window's chapter
             ss.w_prompt = default_prompt(ss.w_lang)
@@ -213,7 +213,7 @@ def open_on_focused_head(state: AppState, trace: engine.StepTrace | None) -> Non
     page = page_session()
     if page.focused_head_chosen or trace is None or trace.attention is None:
         return
-    from_chapter, page.focused_head_chosen, page.focus_from_chapter = page.focus_from_chapter, True, False
+    from_chapter, page.focused_head_chosen = page.take("focus_from_chapter"), True
     linked = not from_chapter and ("layer" in st.query_params or "head" in st.query_params)
     if linked or (state.layer, state.head) != (0, 0):  # the link's head (not the last chapter's), or one picked
         return
@@ -246,7 +246,7 @@ def chat_problem(can_chat: bool) -> None:
     link that asked for chat=1 is told why. A switch that was on by default, by the language or by a chapter
     goes off without a word: nobody asked for it."""
     page = page_session()
-    asked, page.chat_asked = page.chat_asked, False
+    asked = page.take("chat_asked")
     if ss.w_chat and not can_chat:
         ss.w_chat = False
         if asked:

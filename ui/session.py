@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING
 
 import streamlit as st
@@ -26,8 +26,18 @@ class PlayClock:
     last: int  # the step Play's last tick set
 
 
+class OneShot:
+    """A dataclass some of whose fields are one-shot: left by one run for the next, which reads each once."""
+
+    def take(self, name: str):
+        """Field `name`'s value; the field is back to its default."""
+        value, default = getattr(self, name), next(f for f in fields(self) if f.name == name)
+        setattr(self, name, default.default_factory() if default.default is MISSING else default.default)
+        return value
+
+
 @dataclass
-class PageSession:
+class PageSession(OneShot):
     step: int = 0  # the step asked for, then the one shown
     runner: Runner | None = None  # this session's view of its run
     # One script run at a time in a session: each press starts a new run and Streamlit stops the old one only at
@@ -51,7 +61,7 @@ class PageSession:
 
 
 @dataclass
-class LessonSession:
+class LessonSession(OneShot):
     """What entering a chapter leaves for the run that draws it."""
     pending_case: str | None = None  # an article's case to load (`ui.cases`)
     chat_before_case: bool | None = None  # the chat switch before a case turned it off

@@ -4,6 +4,8 @@ waits and presses (Playwright's sync API; the server and the browser themselves 
 
 from urllib.parse import parse_qs, urlparse
 
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
 import engine
 from tests.server import settled_text
 
@@ -104,23 +106,28 @@ def metric_value(page, key: str) -> str:
     return widget(page, key).locator('[data-testid="stMetricValue"]').inner_text().strip()
 
 
-# True once the element's box (or its absence) has stayed the same for `frames` painted frames with no element left
-# from the last run on the page. Its state is kept on `window` between the frames Playwright polls it in.
+# True once the element is drawn and its box has stayed the same for `frames` painted frames with no element left
+# from the last run on the page. Its state is kept on `window` between the frames Playwright polls it in. An element
+# not drawn yet is not settled: between two runs (a fragment's run handing over to the whole page's) the page says
+# "not running" for a moment while the next run's elements are still to come.
 STILL_BOX = """([selector, frames]) => {
     const el = document.querySelector(selector), r = el && el.getBoundingClientRect();
-    const now = r ? [r.x, r.y, r.width, r.height].join() : 'none';
+    const now = r ? [r.x, r.y, r.width, r.height].join() : null;
     const stale = document.querySelector('[data-testid="stMain"] [data-stale="true"]');
-    if (stale || window.kvBox !== now) { window.kvBox = now; window.kvStill = 0; return false; }
+    if (now === null || stale || window.kvBox !== now) { window.kvBox = now; window.kvStill = 0; return false; }
     return ++window.kvStill >= frames; }"""
 
 
-def settled_box(page, selector: str, frames: int = 10) -> dict | None:
-    """The bounding box of `selector` once the page has stopped changing it: no element left from the last run
-    (Streamlit marks those `data-stale` until it clears them) and the box the same for `frames` painted frames (a
-    chart being mounted draws at a default height first). None if it is not drawn."""
+def settled_box(page, selector: str, frames: int = 10) -> dict:
+    """The bounding box of `selector` once the page has drawn it and stopped changing it: no element left from the
+    last run (Streamlit marks those `data-stale` until it clears them) and the box the same for `frames` painted
+    frames (a chart being mounted draws at a default height first). Fails if it is not drawn within `WAIT_MS`."""
     page.evaluate("() => { window.kvBox = undefined; }")
-    page.wait_for_function(STILL_BOX, arg=[selector, frames], polling="raf", timeout=WAIT_MS)
-    return page.locator(selector).bounding_box() if page.locator(selector).count() else None
+    try:
+        page.wait_for_function(STILL_BOX, arg=[selector, frames], polling="raf", timeout=WAIT_MS)
+    except PlaywrightTimeout:
+        raise AssertionError(f"{selector} was not drawn and still within {WAIT_MS} ms") from None
+    return page.locator(selector).bounding_box()
 
 
 def box(page, selector: str) -> dict:

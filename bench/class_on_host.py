@@ -21,7 +21,7 @@ The class (`--students 30`; fewer keep the same shares):
   button's trigger in a rerun of the step's fragment, as the → key's press in a browser sends (so the server does
   an explorer's whole work: the step, its view's figures, the messages; only no browser draws them). 8 of them (4 +
   4) open the heaviest link the host allows, after bench/step_memory.py's worst case: a prompt 2 tokens
-  shorter than the longest the host allows on that model (ui/settings.py `model_limits`: 382 on SmolLM2 and 814 on
+  shorter than the longest the host allows on that model (ui/settings.py `model_limits`: 382 on SmolLM2 and 686 on
   Gemma 3 270M by default, their own on each page), block size 1 and 64 KV splits,
   which the app fits into its step budget (ui/settings.py `StepLimits`: the values it kept are printed), at a late
   step (KVSCOPE_MAX_NEW_TOKENS − presses − 1, so every press still computes one), on the attention or the KV view;

@@ -48,11 +48,11 @@ def test_the_defaults_read_outside_limits(monkeypatch):
     """The variables read outside `Limits`: the follower's poll, the leader's heartbeat, where converted models live, the room store."""
     table = table_defaults()
     source = (ROOT / "ui" / "follow" / "follower.py").read_text(encoding="utf-8")
-    poll = re.search(r'POLL_SECONDS = float\(os\.environ\.get\("KVSCOPE_FOLLOW_POLL_S"\) or ([0-9.]+)\)', source)
+    poll = re.search(r'POLL_SECONDS = env_seconds\(os\.environ, "KVSCOPE_FOLLOW_POLL_S", ([0-9.]+),', source)
     assert poll, "ui/follow/follower.py no longer reads KVSCOPE_FOLLOW_POLL_S as this test expects"
     assert table["KVSCOPE_FOLLOW_POLL_S"] == written(float(poll.group(1)))
     source = (ROOT / "ui" / "follow" / "leader.py").read_text(encoding="utf-8")
-    lead = re.search(r'LEAD_SECONDS = float\(os\.environ\.get\("KVSCOPE_LEAD_S"\) or ([0-9.]+)\)', source)
+    lead = re.search(r'LEAD_SECONDS = env_seconds\(os\.environ, "KVSCOPE_LEAD_S", ([0-9.]+),', source)
     assert lead, "ui/follow/leader.py no longer reads KVSCOPE_LEAD_S as this test expects"
     assert table["KVSCOPE_LEAD_S"] == written(float(lead.group(1)))
 

@@ -88,6 +88,20 @@ def test_host_limits_come_from_the_environment():
     assert load_limits({"KVSCOPE_ALLOW_ANY_MODEL": "1"}).model_allowed("/some/folder")
 
 
+def test_a_setting_in_seconds_is_clamped_and_a_bad_one_is_the_default():
+    """The follower's poll and the leader's heartbeat are read so too (ui/follow): a typo in a host's secrets
+    must not stop the app from starting, nor a 0 make a page poll without pause."""
+    from ui.settings import env_seconds
+
+    assert env_seconds({"S": "2.5"}, "S", 3.0, 0.1, 10.0) == 2.5
+    assert env_seconds({"S": "0"}, "S", 3.0, 0.1, 10.0) == 0.1 and env_seconds({"S": "-4"}, "S", 3.0, 0.1, 10.0) == 0.1
+    assert env_seconds({"S": "99"}, "S", 3.0, 0.1, 10.0) == 10.0
+    assert env_seconds({"S": "three"}, "S", 3.0, 0.1, 10.0) == 3.0
+    assert env_seconds({"S": ""}, "S", 3.0, 0.1, 10.0) == env_seconds({}, "S", 3.0, 0.1, 10.0) == 3.0
+    assert load_limits({"KVSCOPE_MIN_PACE": "0.01"}).min_pace == 0.05
+    assert load_limits({"KVSCOPE_MIN_PACE": "fast"}).min_pace == 0.3
+
+
 def test_a_page_in_chinese_opens_on_the_chinese_model_with_its_base_model_prompt():
     """lang=zh alone: Gemma 3 270M (embedded-zh), chat off (a base model has no template), a prompt to go on from;
     none of them is written into the link, and naming another model keeps it."""

@@ -1,43 +1,11 @@
-"""Limits the host sets, from the environment, with defaults that fit a small shared machine.
+"""Limits the host sets, from the environment (`load_limits`), with defaults that fit a small shared machine. Every
+variable, its default, range and meaning is in one table: docs/hosting.md, "Settings" (tests/test_readme_settings.py
+holds the two together).
 
-KVSCOPE_MODELS             comma-separated model specs the app may load besides the two embedded ones, which are
-                           always allowed ("embedded", English; "embedded-zh", Chinese; each loaded when a page
-                           first asks for it, `ui.page.read_model` keeping up to 3 models)
-KVSCOPE_ALLOW_ANY_MODEL    1: any hub id or local folder may be loaded (a teacher's own laptop)
-KVSCOPE_MAX_PROMPT_TOKENS  longest prompt, in tokens (default 384), for a model whose K/V take SmolLM2's 46,080 B a
-                           token; a model with smaller K/V gets more, within the step memory (`model_limits`)
-KVSCOPE_MAX_NEW_TOKENS     most tokens one run generates (default 128)
-KVSCOPE_CACHE_TOKENS       K/V positions in each browser session's pool, prefix cache included (default 512), scaled
-                           as the prompt's limit
-KVSCOPE_FULL_TRACES        latest steps whose tensors a session keeps; older ones are rebuilt by one pass (default 8)
-KVSCOPE_SHARED_RUNS_MB     memory for the runs pages share (the same settings and prompt history: one run), in MB;
-                           the least recently used are dropped beyond it (default 256)
-KVSCOPE_SHARED_PREFIX_CACHE 1: one prefix cache for the whole class (prompts then reuse each other's K/V)
-KVSCOPE_SHARED_CACHE_TOKENS K/V positions in that shared pool (default 8192)
-KVSCOPE_LEASE_SECONDS      a student's run in that shared pool not used for this long gives its blocks
-                           back; it is rebuilt when the student returns (default 600)
-KVSCOPE_MIN_PACE           fastest autoplay, seconds per token (default 0.3)
-KVSCOPE_DTYPE              the weights' and KV cache's dtype: auto (default: each model its own, `engine.loader.
-                           held_dtype`: SmolLM2 float32, Gemma 3 270M bfloat16, so both and a class fit a 2.7 GB
-                           host; another model bfloat16 when saved so), float32 or bfloat16 for every model. Any
-                           other value: auto, and the page says the setting was not understood
-KVSCOPE_THREADS            torch threads one pass of one page computes with (default 1). On a shared server the
-                           passes of several pages (and, on a laptop, the browser) run at once: with 2 threads on 2
-                           busy cores a decode step took 266 ms, with 1 thread 116 ms, a 200-token prefill 1.8 s
-                           against 1.0 s. Alone, a decode step is as fast with 1 (95 ms) as with 2 (92 ms); only a
-                           long prefill gains from more (0.9 → 0.6 s): a teacher's own machine may set more
-KVSCOPE_STEP_MEMORY_MB     memory one step of one page may add over the loaded model, in MB (default 128); the
-                           largest kv_splits, the smallest block size and the longest attention heatmap follow
-                           from it (`StepLimits`), and what does not fit is refused or clamped with a message
-KVSCOPE_MEMORY_MB          the host's memory, in MB (default 0: the container's limit, if it has one). When the
-                           server holds so much that one more heavy step would pass it, pages leave out their
-                           costliest figures and say so (ui/memory.py `short_of_memory`) instead of risking the
-                           process
-KVSCOPE_STORE              where "follow the teacher" rooms live (ui/follow/store.py): unset, in this process (one
-                           server); redis://host:port/db, in Redis, shared by several app servers (ui/follow/room_link.py)
-
-The defaults fit Streamlit Community Cloud's free tier (2.7 GB) with 30 students at once; docs/benchmarks.md
-("A class on one free host") has the measured figures.
+Why one torch thread per page by default (KVSCOPE_THREADS): on a shared server the passes of several pages (and, on a
+laptop, the browser) run at once. With 2 threads on 2 busy cores a decode step took 266 ms, with 1 thread 116 ms, a
+200-token prefill 1.8 s against 1.0 s. Alone, a decode step is as fast with 1 (95 ms) as with 2 (92 ms); only a long
+prefill gains from more (0.9 → 0.6 s): a teacher's own machine may set more.
 """
 
 from __future__ import annotations
@@ -93,12 +61,16 @@ def _int(env, name: str, default: int, low: int, high: int) -> int:
         return default
 
 
+def env_seconds(env, name: str, default: float, low: float, high: float = float("inf")) -> float:
+    """A setting in seconds: clamped into [low, high]; the default when it is unset, empty or not a number."""
+    try:
+        return min(max(float(env.get(name) or default), low), high)
+    except ValueError:
+        return default
+
+
 def load_limits(env=os.environ) -> Limits:
     extra = tuple(m.strip() for m in env.get("KVSCOPE_MODELS", "").split(",") if m.strip())
-    try:
-        pace = max(0.05, float(env.get("KVSCOPE_MIN_PACE", Limits.min_pace)))
-    except ValueError:
-        pace = Limits.min_pace
     dtype, bad_dtype = _dtype(env)
     return Limits(
         models=Limits.models + tuple(m for m in extra if m not in Limits.models),
@@ -111,7 +83,7 @@ def load_limits(env=os.environ) -> Limits:
         shared_prefix_cache=env.get("KVSCOPE_SHARED_PREFIX_CACHE", "0") == "1",
         shared_cache_tokens=_int(env, "KVSCOPE_SHARED_CACHE_TOKENS", Limits.shared_cache_tokens, 64, 10_000_000),
         lease_seconds=_int(env, "KVSCOPE_LEASE_SECONDS", Limits.lease_seconds, 10, 7 * 24 * 3600),
-        min_pace=pace,
+        min_pace=env_seconds(env, "KVSCOPE_MIN_PACE", Limits.min_pace, 0.05),
         step_memory_mb=_int(env, "KVSCOPE_STEP_MEMORY_MB", Limits.step_memory_mb, 16, 1_000_000),
         memory_mb=_int(env, "KVSCOPE_MEMORY_MB", Limits.memory_mb, 0, 10_000_000),
         threads=_int(env, "KVSCOPE_THREADS", Limits.threads, 1, 1024),
@@ -130,7 +102,7 @@ class StepLimits:
 
     The budget is shared out: the attention view's full-heatmap pass (estimated by ModelInfo.attention_bytes,
     with its n × n record) may use all of it; the split-KV records of the kept traces a quarter; per-block
-    bookkeeping an eighth. The default prompt and answer limits fit well inside it (README, "Hosting").
+    bookkeeping an eighth. The default prompt and answer limits fit well inside it (docs/hosting.md, "Settings").
     """
 
     max_kv_splits: int

@@ -25,11 +25,12 @@ from ui.follow import push
 from ui.follow.room_link import follow_state, followed_part, followed_query, room_query, sync
 from ui.follow.sync import Seen
 from ui.session import page_session
+from ui.settings import env_seconds
 from ui.state import AppState, parse_query
 
 # A follower's page runs as soon as this server's RoomSync reads a new state of its room (`ui.follow.push`); the poll is
 # the safety net (a run that was asked for but lost), so it can be slow: a poll is a script run per follower.
-POLL_SECONDS = float(os.environ.get("KVSCOPE_FOLLOW_POLL_S") or 3.0)
+POLL_SECONDS = env_seconds(os.environ, "KVSCOPE_FOLLOW_POLL_S", 3.0, 0.1, 3600.0)
 JOIN_WAIT = 1.0  # a page waits at most this for a room's first read (opening a follow link, a throttled tab)
 # The banner says the page follows again by itself this long: a returning room's first read may be its state from
 # before the outage, and the teacher's move made meanwhile comes a moment later; the student must still read it.

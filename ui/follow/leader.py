@@ -15,10 +15,11 @@ import segno
 import streamlit as st
 
 from ui.follow.room_link import follow_state, room_query, sync
+from ui.settings import env_seconds
 from ui.state import AppState
 
 # the leader's heartbeat (well inside rooms.ROOM_TTL_SECONDS) and check of its status
-LEAD_SECONDS = float(os.environ.get("KVSCOPE_LEAD_S") or 1.0)
+LEAD_SECONDS = env_seconds(os.environ, "KVSCOPE_LEAD_S", 1.0, 0.1, 10.0)
 
 # The leader's panel and status (container `follow-lead`) are a collapsed strip in Streamlit's header bar, out of
 # the page's flow: the teacher's page keeps the chapter's figure on the projector's first screen, as a student's

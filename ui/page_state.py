@@ -201,9 +201,12 @@ def write_link(state: AppState) -> None:
     page_session().drawn_state = {f.name: getattr(state, f.name) for f in fields(AppState) if f.name != "step"}
     leader.publish(state)  # a leader's every draw (a play tick too) reaches its followers
     follower.check(state)  # a follower's own move (Play's tick too) leaves following
-    query = to_query(state) | follow.link_params()
-    if st.query_params.to_dict() != query:
-        st.query_params.from_dict(query)
+    # Sent on every draw, even when Streamlit's copy of the link already holds it: that copy is shared by a
+    # session's runs, and a run stopped for a newer one (Streamlit's fast reruns start the newer before the older
+    # has stopped) can write it after the newer run read the browser's link, then be stopped inside the send. The
+    # newer run would find the copy up to date and the browser's link would stay a step behind its screen. An
+    # unchanged link leaves the browser's history alone.
+    st.query_params.from_dict(to_query(state) | follow.link_params())
 
 
 def open_on_focused_head(state: AppState, trace: engine.StepTrace | None) -> None:

@@ -166,8 +166,10 @@ def draw(limits: Limits, model: engine.Model | None, failure: str, runner: Runne
         if not in_lesson:  # a lesson's header is its chapter's title
             st.title(t("title"))
         follow.show(t)
-        for problem in page_session().take("problems"):
+        page = page_session()
+        for problem in page.problems:
             show_problem(problem)
+        page.take("problems")  # once all are shown: a run stopped midway leaves them to the next
         if limits.bad_dtype:
             st.warning(t("dtype_bad", value=limits.bad_dtype, allowed=" / ".join(DTYPES), used=limits.dtype))
     # After the banner: it reaches the screen first.

@@ -54,19 +54,22 @@ def _dtype(env) -> tuple[str, str]:
     return (name, "") if name in DTYPES else (DTYPES[0], given)
 
 
-def _int(env, name: str, default: int, low: int, high: int) -> int:
+def _number(env, name: str, default, low, high, kind):
+    """Setting `name` read as `kind` and clamped into [low, high]; the default when it is unset, empty or not a
+    number."""
     try:
-        return min(max(int(env.get(name, default)), low), high)
+        return min(max(kind(env.get(name) or default), low), high)
     except ValueError:
         return default
+
+
+def _int(env, name: str, default: int, low: int, high: int) -> int:
+    return _number(env, name, default, low, high, int)
 
 
 def env_seconds(env, name: str, default: float, low: float, high: float = float("inf")) -> float:
-    """A setting in seconds: clamped into [low, high]; the default when it is unset, empty or not a number."""
-    try:
-        return min(max(float(env.get(name) or default), low), high)
-    except ValueError:
-        return default
+    """A setting in seconds (Play's fastest pace, the follower's poll, the leader's heartbeat)."""
+    return _number(env, name, default, low, high, float)
 
 
 def load_limits(env=os.environ) -> Limits:

@@ -43,7 +43,8 @@ def stepper_and_view(model: engine.Model, runner: Runner) -> None:
         st.rerun(scope="app")  # a control in here changed what the rest of the page shows
     try:
         with run_lock():  # a fragment's rerun does not pass through main
-            if lesson_state.take("forget_published"):  # a chapter entered in this fragment: its run, from an empty cache
+            # a chapter entered in this fragment: its run, from an empty cache
+            if lesson_state.take("forget_published"):
                 runner.forget_published()
                 runner.configure(runner.config)
             role = turns.LEADER if follow.leading() else turns.FOLLOWER if follow.following() else turns.EXPLORER

@@ -130,6 +130,12 @@ def settled_box(page, selector: str, frames: int = 10) -> dict:
     return page.locator(selector).bounding_box()
 
 
+def overlap(a: dict, b: dict) -> bool:
+    """Whether two bounding boxes overlap."""
+    return (a["x"] < b["x"] + b["width"] and b["x"] < a["x"] + a["width"]
+            and a["y"] < b["y"] + b["height"] and b["y"] < a["y"] + a["height"])
+
+
 def box(page, selector: str) -> dict:
     """The bounding box of the one element `selector` finds, drawn."""
     locator = page.locator(selector)
@@ -138,6 +144,8 @@ def box(page, selector: str) -> dict:
     assert found is not None, f"{selector} is not drawn"
     return found
 
+
+STREAM_CHIPS = ".st-key-token-stream .kv-stream > .kv-chip"  # the stream's own chips, not the legend's
 
 # Button labels and the title cut by their box (in the page, not in the closed sidebar); token chips outside theirs.
 NOT_CUT = """() => [...document.querySelectorAll(

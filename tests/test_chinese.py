@@ -7,17 +7,17 @@ from urllib.parse import urlencode
 import pytest
 
 from engine.characters import REPLACEMENT
+from tests.helpers import STREAM_CHIPS
 from tests.server import settled_text
 from ui import strings
 
 pytestmark = pytest.mark.browser
 
 PROMPT = "解释什么是Transformer"
-STREAM_CHIPS = ".st-key-token-stream .kv-stream > .kv-chip"  # the stream's own chips, not the legend's
 
 
 def test_a_chinese_prompt_shows_characters_not_bytes(server, page, tokenizer):
-    # SmolLM2's byte-level tokenizer (a page in Chinese opens on embedded-zh otherwise: tests/test_chinese_model.py)
+    # SmolLM2's byte-level tokenizer (a page in Chinese opens on embedded-zh otherwise: tests/test_lesson_walk.py's Chinese walk)
     page.goto(f"{server}/?" + urlencode({"prompt": PROMPT, "chat": "0", "step": "3", "lang": "zh", "model": "embedded"}))
     settled_text(page)
     chips = [t.strip() for t in page.locator(STREAM_CHIPS).all_inner_texts()]

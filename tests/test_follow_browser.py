@@ -117,15 +117,25 @@ def pages(browser):
         context.close()
 
 
-def test_two_followers_follow_the_leader_until_one_explores_on_its_own(server, pages):
+def test_two_followers_follow_by_the_leaders_push_until_each_explores_on_its_own(slow_polls_server, pages):
+    """One class on a server whose followers poll every 600 s, so what reaches a follower came by the leader's push
+    (ui/follow/push.py) or by its own press, never by its poll:
+    - the leader's link and QR code; both followers follow it, and a move of the step runs a follower's step alone:
+      what the follower is sent holds the new step and none of the sidebar's widgets (a run of the whole page sends
+      them all; a change of view still does);
+    - the first leaves by its button: it stays where it was while the other follows, its presses are its own, and it
+      returns;
+    - the second presses Next: it is told at once, by the press's own run (how soon: bench/browser_latency.py, its
+      `follow` part), and stays at its own step while the teacher moves on, until it returns."""
     leader, first, second = pages
-    leader.goto(f"{server}/?lead=1")
+    sent = Received(first)
+    leader.goto(f"{slow_polls_server}/?lead=1")
     settled_text(leader)
     leader.wait_for_function("() => (new URL(location.href).searchParams.get('lead') || '1') !== '1'",
                              timeout=WAIT_MS)
     secret = link(leader)["lead"]
     href = leader.locator(".st-key-follow-link a").get_attribute("href")
-    assert href.startswith(server + "/?follow=") and secret not in href  # absolute: the browser's address
+    assert href.startswith(slow_polls_server + "/?follow=") and secret not in href  # absolute: the browser's address
     assert rooms.is_code(parse_qs(urlparse(href).query)["follow"][0])
     assert leader.locator(".st-key-follow-share .kv-follow-qr img").count() == 1  # the QR code
     for follower in (first, second):
@@ -135,7 +145,7 @@ def test_two_followers_follow_the_leader_until_one_explores_on_its_own(server, p
         shows(follower, shown(leader))
         assert "lead" not in link(follower) and secret not in follower.content()
 
-    class_follows(leader, (first, second), steps=4, view="attention")
+    class_follows(leader, (first, second), steps=4, view="attention", sent=sent)
     for follower in (first, second):  # and once its draw has finished, its link says so too
         settled_text(follower)
         assert {k: link(follower).get(k) for k in ("step", "view")} == {"step": "4", "view": "attention"}
@@ -155,6 +165,21 @@ def test_two_followers_follow_the_leader_until_one_explores_on_its_own(server, p
     shows(first, now)
     expect(first.get_by_text(strings.t("follow_following"))).to_be_visible()
 
+    press(second, "b_next")
+    expect(second.get_by_text(strings.t("follow_alone"))).to_be_visible(timeout=WAIT_MS)
+    expect(second.locator(".st-key-b_follow_return button")).to_be_visible()
+    second.wait_for_function("() => new URL(location.href).searchParams.get('step') === '7'", timeout=WAIT_MS)
+    own = shown(second)
+    for step in ("7", "8"):  # the teacher moves on; the first follows
+        now = leader_moves(leader, "b_next", step=step)
+        shows(first, now)
+    time.sleep(2)  # had the second still followed, the leader's push would have moved it by now
+    assert shown(second) == own and link(second)["step"] == "7"
+    expect(second.get_by_text(strings.t("follow_alone"))).to_be_visible()
+    expect(first.get_by_text(strings.t("follow_following"))).to_be_visible()
+    press(second, "b_follow_return")
+    shows(second, now)
+
 
 def test_an_unknown_follow_code_says_so_in_the_browser(server, pages):
     page = pages[0]
@@ -173,34 +198,3 @@ def test_the_leader_stops_sharing_and_its_followers_are_told(server, pages):
     expect(leader.locator(".st-key-follow-link")).to_have_count(0)
     expect(follower.get_by_text(strings.t("follow_gone"))).to_be_visible(timeout=FOLLOW_MS)
     assert follower.locator('[data-testid="stException"]').count() == 0
-
-
-def test_a_follower_who_presses_next_is_told_at_once_and_stays_at_its_own_step(slow_polls_server, pages):
-    """The banner changes with the press's own run (the poll is 600 s away); how soon is measured in
-    bench/browser_latency.py (its `follow` part)."""
-    leader, moved, stays = pages
-    open_class(slow_polls_server, leader, (moved, stays), "&step=2")
-    press(moved, "b_next")
-    expect(moved.get_by_text(strings.t("follow_alone"))).to_be_visible(timeout=WAIT_MS)
-    expect(moved.locator(".st-key-b_follow_return button")).to_be_visible()
-    moved.wait_for_function("() => new URL(location.href).searchParams.get('step') === '3'", timeout=WAIT_MS)
-    own = shown(moved)
-    for step in ("3", "4"):  # the teacher moves on; the other follower follows
-        now = leader_moves(leader, "b_next", step=step)
-        shows(stays, now)
-    time.sleep(2)  # four of a follower's polls: had the one who moved still followed, it would have moved by now
-    assert shown(moved) == own and link(moved)["step"] == "3"
-    expect(moved.get_by_text(strings.t("follow_alone"))).to_be_visible()
-    expect(stays.get_by_text(strings.t("follow_following"))).to_be_visible()
-    press(moved, "b_follow_return")
-    shows(moved, now)
-
-
-def test_followers_move_with_the_leader_at_once_with_their_polls_slowed_right_down(slow_polls_server, pages):
-    """The leader's move reaches its followers on the same server by itself (ui/follow/push.py), not by their polls.
-    A move of the step runs a follower's step alone: what the follower is sent holds the new step and none of the
-    sidebar's widgets (a run of the whole page sends them all; a change of view still does)."""
-    leader, first, second = pages
-    sent = Received(first)
-    open_class(slow_polls_server, leader, (first, second))
-    class_follows(leader, (first, second), steps=3, view="kv", sent=sent)

@@ -10,20 +10,27 @@ whichever way a chapter is reached; the way back and the revisit are the student
 - no warning or error is shown (a chapter's own settings are valid for the running model; nobody's link asked for
   anything);
 - its text is the same on every visit (the numbers come from the chapter's own run, not from where the class came
-  from).
+  from);
+- on the teacher's page, the leader's strip in the header is on screen and covers neither the title, the chapter's
+  buttons, Next nor the figure;
+- in Chinese on Gemma, the chapters on tokens, attention, paging and the article's Case 2 show characters and whole
+  words in the token stream (never a byte chip or U+FFFD) beside their figure.
 
 On the backward walk of each student's page, → steps after a click on each kind of control the lesson shows: the
 whole view's expander and the K/V radio (chapter 8), the layer picker and the scores toggle (chapter 6), the batch
-slider (chapter 10) (the view radio is hidden in the lesson: the chapter sets the view). tests/test_controls.py covers
-the same controls on SmolLM2's free page; these are the lesson's, on both models.
+slider (chapter 10) (the view radio is hidden in the lesson: the chapter sets the view), and PageUp then changes the
+chapter. tests/test_controls.py covers the same controls on SmolLM2's free page; these are the lesson's, on both
+models.
 
 The session's server (conftest.py); Debian's chromium and the `playwright` package, as tests/test_browser.py.
 """
 
 import pytest
+from playwright.sync_api import expect
 
-from tests.helpers import (CHIPS_OUTSIDE, NOT_CUT, WAIT_MS, box, link, open_whole_view_in, settled_box,
-                           until_link, widget)
+from engine.characters import REPLACEMENT
+from tests.helpers import (CHIPS_OUTSIDE, NOT_CUT, STREAM_CHIPS, WAIT_MS, box, link, open_whole_view_in, overlap,
+                           settled_box, until_link, widget)
 from tests.server import settled_text
 from tests.test_controls import batch_slider, click_then_key, layer_picker, nothing, scores_on, text_on_page
 from ui import strings
@@ -37,13 +44,19 @@ REVISITED = range(12, 16)  # the prefix-cache, context and window chapters: the 
 SHOWN_PROBLEMS = '[data-testid="stAlertContentWarning"], [data-testid="stAlertContentError"]'
 # model → the page's language (a page in Chinese opens on Gemma 3 270M, one in English on SmolLM2)
 MODELS = {"smollm2": "en", "gemma3": "zh"}
+# Chapter key → whole words Gemma's tokenizer keeps as one token, each a chip of the Chinese page's stream.
+WHOLE_WORDS = {"tokens": ["什么是", "缓存"], "attention": ["什么是", "缓存"], "paging": ["什么是", "缓存"],
+               "prefix_case2": ["解释", "什么是", "语言", "模型"]}
+STRIP = ".st-key-follow-share"  # the leader's panel, collapsed in the header
+UNDER_STRIP = ("h1", ".st-key-b_chapter_next button", ".st-key-b_chapter_back button", ".st-key-b_next button",
+               ".st-key-chapter-figure")
 
 
 class Walk:
     """One page walking the lesson: each chapter it arrives at is checked, and its text kept from the first visit."""
 
-    def __init__(self, page, lang: str):
-        self.page, self.lang = page, lang
+    def __init__(self, page, lang: str, lead: bool):
+        self.page, self.lang, self.lead = page, lang, lead
         self.first_text: dict[int, str] = {}
 
     def arrive(self, number: int, same_text: bool = True) -> None:
@@ -64,6 +77,11 @@ class Walk:
         text = page.locator(".st-key-chapter").inner_text()
         assert text.strip(), number
         assert not same_text or text == self.first_text.setdefault(number, text), number
+        if self.lead:
+            strip_leaves_room(page, number)
+        key = CHAPTERS[number - 1].key
+        if self.lang == "zh" and key in WHOLE_WORDS:
+            whole_characters(page, key)
 
     def key(self, key: str, number: int) -> None:
         self.page.keyboard.press(key)
@@ -85,22 +103,47 @@ def test_a_students_page_walks_the_lesson_forward_back_and_revisited(server, pag
     for number in reversed(REVISITED[:-1]):
         walk.key("PageUp", number)
     assert "lead" not in link(page)
+    assert "model" not in page.url  # each language's model is its default: not written into the link
 
 
 @pytest.mark.parametrize("model", MODELS)
 def test_the_teachers_page_walks_the_lesson_forward(server, page, model):
-    forward(page, f"{server}/?lang={MODELS[model]}&large=1&lead=1", MODELS[model])
+    forward(page, f"{server}/?lang={MODELS[model]}&large=1&lead=1", MODELS[model], lead=True)
     assert "lead" in link(page)
 
 
-def forward(page, base: str, lang: str) -> Walk:
+def forward(page, base: str, lang: str, lead: bool = False) -> Walk:
     """Chapter 1 opened from its link, then each chapter to the last by PageDown, each checked on arrival."""
-    walk = Walk(page, lang)
+    walk = Walk(page, lang, lead)
     page.goto(f"{base}&chapter=1")
     walk.arrive(1)
     for number in range(2, LAST + 1):
         walk.key("PageDown", number)
     return walk
+
+
+def strip_leaves_room(page, number: int) -> None:
+    """The leader's strip is on screen and covers none of the chapter's title, buttons and figure."""
+    strip = box(page, STRIP)
+    assert strip["y"] >= 0 and strip["x"] + strip["width"] <= page.viewport_size["width"], (number, strip)
+    for other in UNDER_STRIP:
+        if page.locator(other).count():  # the first chapter has no Back, the last no Next chapter
+            assert not overlap(strip, box(page, other)), (number, other)
+
+
+def whole_characters(page, key: str) -> None:
+    """The token stream shows characters and whole words, never a byte chip; nothing on the page (nor a tooltip)
+    is U+FFFD; a chart is drawn beside it (Case 2's figure is the alignment table)."""
+    chips = [t.strip() for t in page.locator(STREAM_CHIPS).all_inner_texts()]
+    stream = page.locator(".st-key-token-stream .kv-stream").inner_text()
+    assert "⟨" not in stream and REPLACEMENT not in stream, (key, chips)  # no byte chips
+    for word in WHOLE_WORDS[key]:
+        assert word in chips, (key, word, chips)  # a whole word is one chip
+    if key != "prefix_case2":
+        expect(page.locator(".st-key-chapter-figure [data-testid='stPlotlyChart']").first).to_be_visible()
+    everything = page.evaluate("() => document.body.textContent + [...document.querySelectorAll('[title]')]"
+                               ".map(e => e.title).join(' ')")
+    assert REPLACEMENT not in everything, key
 
 
 def controls_then_arrow(page, number: int, lang: str) -> None:

@@ -286,6 +286,7 @@ def test_followers_on_both_servers_are_back_in_step_after_a_killed_redis_returns
     for follower in (beside, across):
         shows(follower, now, timeout_ms=WAIT_MS)
         expect(follower.get_by_text(strings.t("follow_rejoined"))).to_be_visible(timeout=WAIT_MS)
+    expect(leader.get_by_text(LEAD_DOWN)).to_have_count(0, timeout=FOLLOW_MS)  # the teacher is told it is back
     _, now = timed_next(leader, 3)  # and the room goes on in the new Redis
     for follower in (beside, across):
         shows(follower, now)

@@ -161,10 +161,10 @@ def test_the_chapters_numbers_are_its_figures_data(model_name, lang, request):
     assert set(found) == {"kept", "share", "sink", "bytes"}, set(found)
     full, _ = found["sink"]
     sink_layer = int(np.argmax(full))
-    assert f"{100 * full[sink_layer]:.1f}%" in text and layer_words(sink_layer) in text
+    assert f"{100 * full[sink_layer]:.1f}%" in text and layer_words(sink_layer, lang) in text
     by_layer = found["share"].mean(axis=1)
     share_layer = int(np.argmax(by_layer))
-    assert f"{100 * by_layer[share_layer]:.1f}%" in text and layer_words(share_layer) in text
+    assert f"{100 * by_layer[share_layer]:.1f}%" in text and layer_words(share_layer, lang) in text
     for value in found["bytes"]:
         assert f"{value / 1024:,.1f} KiB" in text, value
     kept = found["kept"]
@@ -224,7 +224,7 @@ def test_a_bad_link_value_is_named_in_the_pages_language(param, value, reason, l
     at = start(view="eviction", step=2, lang=lang, model="embedded", **{param: value})
     assert_clean(at)
     warnings = [w.value.replace("\\", "") for w in at.warning]  # Markdown's escapes undone
-    reason_text = strings.t("reason_" + reason)
+    reason_text = strings.t("reason_" + reason, lang)
     assert any(f"{param}={value}" in w and reason_text in w for w in warnings), warnings
     assert kept_map(at).size  # the view still draws, at the fallback
 
@@ -233,7 +233,7 @@ def test_a_bad_link_value_is_named_in_the_pages_language(param, value, reason, l
 def test_settings_that_cannot_run_say_why_in_the_pages_language(lang, embedded_model):
     at = start(view="eviction", step=2, lang=lang, model="embedded", evict="snapkv", evict_at="decode", interval=1)
     assert_clean(at)
-    assert strings.t("evict_snapkv_interval") in [w.value for w in at.warning]
+    assert strings.t("evict_snapkv_interval", lang) in [w.value for w in at.warning]
     for prompt, key in (("Hi there, you", "evict_too_few_for_sinks"), ("Hi", "evict_short_prompt")):
         ids = engine.DecodeSession(embedded_model, prompt, chat=False).prompt_ids
         at = start(view="eviction", step=1, lang=lang, model="embedded", prompt=prompt, chat=0, evict="streaming_llm")

@@ -210,32 +210,38 @@ PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 APP_FONT = next((Path(streamlit.__file__).parent / "static").rglob("SourceSansVF-Upright*.woff2"))  # the page's font
 
 
-def drawn_boxes(browser, fig, width: int) -> tuple[list[dict], list[dict], dict]:
-    """Draw `fig` `width` px wide in the app's font (Plotly.js from the plotly package); return (the words, the
-    shapes, the figure's rect): words and shapes as {index (into the layout's annotations or shapes), rect}, rects
-    as {left, top, right, bottom} in px."""
+@pytest.fixture(scope="module")
+def plot_page(browser):
+    """One page with the app's font and Plotly.js (from the plotly package) loaded once, `MIN_WIDTH` px wide for
+    the figure: each test draws its figure anew in it."""
     font = base64.b64encode(APP_FONT.read_bytes()).decode()
+    page = browser.new_page(viewport={"width": MIN_WIDTH + 20, "height": 900})
+    page.set_content(f"<style>@font-face {{font-family: App; src: url(data:font/woff2;base64,{font})}}"
+                     "body {margin: 0}</style><div id=f></div>")
+    page.add_script_tag(path=str(PLOTLY_JS))
+    page.evaluate("() => document.fonts.load('13px App')")
+    yield page
+    page.close()
+
+
+def drawn_boxes(page, fig, width: int) -> tuple[list[dict], list[dict], dict]:
+    """Draw `fig` `width` px wide in the app's font on `plot_page`, in place of the figure before; return (the
+    words, the shapes, the figure's rect): words and shapes as {index (into the layout's annotations or shapes),
+    rect}, rects as {left, top, right, bottom} in px."""
     spec = fig.to_plotly_json()
     spec["layout"] = {**spec["layout"], "width": width, "font": {**spec["layout"]["font"], "family": "App"}}
-    page = browser.new_page(viewport={"width": width + 20, "height": 900})
-    try:
-        page.set_content(f"<style>@font-face {{font-family: App; src: url(data:font/woff2;base64,{font})}}"
-                         "body {margin: 0}</style><div id=f></div>")
-        page.add_script_tag(path=str(PLOTLY_JS))
-        page.evaluate("async spec => { await document.fonts.load('13px App');"
-                      " await Plotly.newPlot('f', spec.data, spec.layout, {staticPlot: true}); }",
-                      json.loads(json.dumps(spec, default=str)))
-        return page.evaluate("""() => {
-            const rect = el => { const r = el.getBoundingClientRect();
-                                 return {left: r.left, top: r.top, right: r.right, bottom: r.bottom}; };
-            const words = [...document.querySelectorAll('g.annotation')].map(g => ({
-                index: +g.dataset.index, rect: rect(g.querySelector('text'))})).filter(w => w.rect.right > w.rect.left);
-            const boxes = [...document.querySelectorAll('path[data-index]')].map(p => ({
-                index: +p.dataset.index, rect: rect(p)}));
-            return [words, boxes, rect(document.querySelector('.main-svg'))];
-        }""")
-    finally:
-        page.close()
+    page.evaluate("async spec => { Plotly.purge('f');"
+                  " await Plotly.newPlot('f', spec.data, spec.layout, {staticPlot: true}); }",
+                  json.loads(json.dumps(spec, default=str)))
+    return page.evaluate("""() => {
+        const rect = el => { const r = el.getBoundingClientRect();
+                             return {left: r.left, top: r.top, right: r.right, bottom: r.bottom}; };
+        const words = [...document.querySelectorAll('g.annotation')].map(g => ({
+            index: +g.dataset.index, rect: rect(g.querySelector('text'))})).filter(w => w.rect.right > w.rect.left);
+        const boxes = [...document.querySelectorAll('path[data-index]')].map(p => ({
+            index: +p.dataset.index, rect: rect(p)}));
+        return [words, boxes, rect(document.querySelector('.main-svg'))];
+    }""")
 
 
 def overlap(a: dict, b: dict, slack: float = 0.5) -> bool:
@@ -268,13 +274,13 @@ def containing_box(fig, annotation, boxes: list[dict]) -> dict | None:
                          ids=["prefill", "decode", "gpt2-prefill"])
 @pytest.mark.parametrize("large", [False, True], ids=["normal", "large"])
 @pytest.mark.parametrize("lang", ["en", "zh"])
-def test_no_word_overlaps_another_or_leaves_its_box(runs, browser, family, index, large, lang):
+def test_no_word_overlaps_another_or_leaves_its_box(runs, plot_page, family, index, large, lang):
     """At the narrowest width the page gives the picture, every word stays inside the figure and inside the box
     it names, no two words overlap, and no word runs into a box it does not belong to (a deck's rows included)."""
     model, _, traces = runs(family)
     fig = step_figure(traces[index], model.info, title="Step 3 (decode): id 659 in → id 70 out", large=large,
                       words=strings.figure_words(lang))
-    words, boxes, figure = drawn_boxes(browser, fig, MIN_WIDTH)
+    words, boxes, figure = drawn_boxes(plot_page, fig, MIN_WIDTH)
     assert len(words) == len([a for a in fig.layout.annotations if a.text])
     filled = [b for b in boxes if fig.layout.shapes[b["index"]].type in ("rect", "circle")
               and fig.layout.shapes[b["index"]].name != FRAME]

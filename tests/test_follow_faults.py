@@ -1,6 +1,6 @@
 """Follow the teacher when things go wrong, in headless Chromium on real servers: a teacher and two followers with
-the rooms in a real redis-server that is paused (SIGSTOP) and stopped; an app server restart; two pages on one
-leader link. No follower is clicked: they come back by themselves, saying so. How long the teacher's press takes
+the rooms in a real redis-server that is paused (SIGSTOP; one killed and started again empty is
+tests/test_servers.py's); an app server restart; two pages on one leader link. No follower is clicked: they come back by themselves, saying so. How long the teacher's press takes
 in each case, and how long the followers take to come back, is measured by bench/store_faults.py, not bounded
 here (a loaded machine's timings are not the product's)."""
 

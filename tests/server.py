@@ -11,11 +11,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"  # Debian's package; .ci/run installs it
-# Compositing on the renderer's main thread: with no GPU the compositor thread and the GPU process only add work
-# (13 % less Chromium CPU for the same page loads and presses, measured three times each).
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--disable-threaded-compositing",
-                 "--disable-threaded-animation"]
+                 "--disable-component-update", "--disable-sync"]
 
 
 _open: list = []  # the Chromium a `chromium()` further out in this process holds open

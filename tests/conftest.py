@@ -200,12 +200,20 @@ def store(request):
     return RedisStore(url)
 
 
+# Fixtures made once per worker that asks for them, each costly: a module's own servers (a server start and its
+# model loads), a model or a read of a GGUF, the Qwen3-shaped folder (1.19 GB written). The tests that share one go
+# to one worker together, so it is made once.
+ONE_WORKER = ("qwen3_shaped_dir", "deployment", "fresh_server", "small_open_host", "gguf_read", "zh_model", "bf16_zh",
+              "long_run")
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(items):
     """pytest-xdist's two workers (pytest.ini: `-n 2 --dist loadgroup`) take the tests one by one, each worker
     with its own session fixtures (its own server and Chromium): most of a browser test's time is spent waiting on
-    its page or its server, and an AppTest computes with one thread, so two workers keep both cores busy. Only the
-    Qwen3-shaped tests go to one worker together: their 1.19 GB folder is written once."""
+    its page or its server, and an AppTest computes with one thread, so two workers keep both cores busy. The
+    tests sharing one of the `ONE_WORKER` fixtures go to one worker together."""
     for item in items:
-        if "qwen3_shaped_dir" in item.fixturenames:
-            item.add_marker(pytest.mark.xdist_group("qwen3-shaped"))
+        shared = next((name for name in ONE_WORKER if name in item.fixturenames), None)
+        if shared is not None:
+            item.add_marker(pytest.mark.xdist_group(shared))

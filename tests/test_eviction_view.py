@@ -121,6 +121,30 @@ def test_the_view_draws_what_each_policy_kept_on_a_tiny_gemma(s, tiny_model, tin
     assert "no sinks" in text and "re-numbers positions" in text and "masked, not freed" in text
 
 
+def test_a_change_of_policy_computes_only_the_policys_run(embedded_model):
+    """The full cache's run does not depend on the eviction settings: pairs with other settings on the same prompt
+    share it, passes and all, and each computes its own policy's run; the shared run's passes are those of a full
+    run made alone."""
+    from ui.eviction_runs import EvictionSettings, RecordedRun, pair_for
+
+    ids = engine.DecodeSession(embedded_model, PROMPT, chat=False).prompt_ids
+    snapkv = EvictionSettings("snapkv", "prefill", 0.5, 32, 8, 28)
+    pair = pair_for(embedded_model, ids, snapkv, STEP, 2000)
+    assert pair.advance_to(STEP) == STEP
+    computed = list(pair.full.passes)
+    others = (EvictionSettings("tova", "prefill", 0.5, 32, 8, 28), EvictionSettings("knorm", "stream", 0.5, 32, 8, 6))
+    for other in others:
+        again = pair_for(embedded_model, ids, other, STEP, 2000)
+        assert again.full is pair.full and again.evicting is not pair.evicting
+        assert again.advance_to(STEP) == STEP and len(again.evicting.passes) == STEP
+        assert all(a is b for a, b in zip(again.full.passes, computed, strict=True)), "the full run was computed again"
+    alone = RecordedRun(embedded_model, ids, None, STEP)
+    alone.advance_to(STEP)
+    assert [p.token_id for p in alone.passes] == [p.token_id for p in computed]
+    assert all(np.array_equal(a.sink_share, b.sink_share) for a, b in zip(alone.passes, computed, strict=True))
+    alone.run.close()
+
+
 # -- the chapter's numbers are its figures' data ----------------------------------------------------------------
 
 

@@ -1,6 +1,7 @@
 """The eviction view's runs: the page's prompt decoded greedily twice by `engine.eviction.EvictionRun`, once over the
 full cache and once under the link's eviction settings, stepped along with the page and shared by every page that
-asks for the same pair (a class on one step computes it once).
+asks for the same pair (a class on one step computes it once). The full cache's run does not depend on the eviction
+settings, so a change of policy (what a class compares) computes only the policy's run.
 
 Plain Python (no Streamlit). What the view draws is recorded here as each pass runs (`PassRecord`: small arrays),
 so the engine's runs can drop every older step's attention and logits (`keep_full_steps=1`). Before anything is
@@ -11,7 +12,7 @@ to what fits, or the pair is refused (`EvictionPlan`).
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -25,6 +26,7 @@ from ui.state import AppState
 N_SINK = 4  # kvpress's and the StreamingLLM paper's sinks
 SNAPKV_WINDOW = 64  # kvpress's window_size; shorter where the prompt (or the decode interval) is shorter
 PAIRS = Memo(2)  # a pair holds two runs' pools: only the latest two settings stay (a class shares one)
+FULL_RUNS = Memo(2)  # the full cache's runs of those pairs, by prompt: pairs with other settings share one
 
 
 @dataclass(frozen=True)
@@ -138,11 +140,13 @@ class RecordedRun:
                                max_new_tokens=steps, keep_full_steps=1)
         self.detokenizer = IncrementalDetokenizer(model.tokenizer, prompt_ids)
         self.passes: list[PassRecord] = []
+        self.lock = threading.Lock()  # one page steps the run at a time; others read the passes it has
 
     def advance_to(self, count: int) -> None:
-        while len(self.passes) < count and not (self.passes and self.run.finished):
-            step = self.run.step() if self.passes else self.run.prefill()
-            self.passes.append(self._record(step))
+        with self.lock:
+            while len(self.passes) < count and not (self.passes and self.run.finished):
+                step = self.run.step() if self.passes else self.run.prefill()
+                self.passes.append(self._record(step))
 
     def _record(self, step) -> PassRecord:
         info, run = self.model.info, self.run
@@ -164,18 +168,16 @@ class RecordedRun:
 class EvictionPair:
     """The full cache's run and the policy's, on one prompt: what the view compares."""
 
-    full: RecordedRun
+    full: RecordedRun  # shared with the pairs of other settings on the same prompt and steps
     evicting: RecordedRun
     plan: EvictionPlan
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def advance_to(self, count: int) -> int:
         """Both runs to `count` answer tokens (or as far as they go); the passes both have."""
-        with self.lock:
-            count = min(count, self.plan.steps)
-            self.full.advance_to(count)
-            self.evicting.advance_to(count)
-            return min(len(self.full.passes), len(self.evicting.passes))
+        count = min(count, self.plan.steps)
+        self.full.advance_to(count)
+        self.evicting.advance_to(count)
+        return min(len(self.full.passes), len(self.evicting.passes))
 
 
 def pair_for(model: engine.Model, prompt_ids: list[int], settings: EvictionSettings, wanted: int,
@@ -185,13 +187,13 @@ def pair_for(model: engine.Model, prompt_ids: list[int], settings: EvictionSetti
     found = plan(model.info, len(prompt_ids), wanted, settings, step_memory_mb * 10**6)
     if found.steps == 0:
         raise EvictionTooLarge(found)
-    key = (id(model), model.info.name, tuple(prompt_ids), settings, found.steps)
+    run = (id(model), model.info.name, tuple(prompt_ids), found.steps)
 
     def build() -> EvictionPair:
-        return EvictionPair(RecordedRun(model, prompt_ids, None, found.steps),
-                            RecordedRun(model, prompt_ids, settings, found.steps), found)
+        full = FULL_RUNS.made(run, lambda: RecordedRun(model, prompt_ids, None, found.steps))
+        return EvictionPair(full, RecordedRun(model, prompt_ids, settings, found.steps), found)
 
-    return PAIRS.made(key, build)
+    return PAIRS.made((*run, settings), build)
 
 
 class EvictionTooLarge(InvalidSettingError):

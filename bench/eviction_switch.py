@@ -1,0 +1,67 @@
+"""What a change of eviction policy costs the server in the eviction view: the pair of runs (the full cache's and
+the policy's, `ui.eviction_runs`) for SnapKV is computed to step N, then a page at the same step switches to each
+other policy in turn; the seconds each switch takes to have its pair at step N (wall and this process's CPU).
+
+    HF_HUB_OFFLINE=1 python3 bench/eviction_switch.py [--step 64] [--prompt-tokens 382] [--before /old/checkout]
+
+SmolLM2 (the embedded model) in float32, one torch thread, as the app computes. With --before, the same runs first
+on the code of another checkout (e.g. a `git worktree` of the previous commit), each checkout in a fresh process,
+both in the same run: before and after figures from the same machine and minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SWITCHES = ["snapkv", "tova", "knorm", "streaming_llm", "observed_attention"]  # the first builds both runs
+
+MEASURE = """
+import json, sys, time, torch
+torch.set_num_threads(1)
+import engine
+from ui.eviction_runs import EvictionSettings, pair_for
+step, tokens = int(sys.argv[1]), int(sys.argv[2])
+model = engine.load_model("embedded", device="cpu")
+ids = model.tokenizer(" ".join(["token"] * tokens))["input_ids"]
+times = []
+for policy in %r:
+    wall, cpu = time.perf_counter(), time.process_time()
+    pair = pair_for(model, ids, EvictionSettings(policy, "prefill", 0.5, 32, 8, 28), step, 10**6)
+    assert pair.advance_to(step) == step
+    times.append([policy, time.perf_counter() - wall, time.process_time() - cpu])
+print(json.dumps(times))
+""" % SWITCHES
+
+
+def measure(root: Path, step: int, tokens: int) -> list:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, "-c", MEASURE, str(step), str(tokens)], cwd=root, env=env,
+                          capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--step", type=int, default=64)
+    parser.add_argument("--prompt-tokens", type=int, default=382)
+    parser.add_argument("--before", type=Path, help="another checkout, measured first")
+    args = parser.parse_args()
+    roots = ([("before", args.before)] if args.before else []) + [("after", ROOT)]
+    print(f"step {args.step}, a {args.prompt_tokens}-token prompt; seconds to have each policy's pair there "
+          f"(wall / CPU); load average {os.getloadavg()[0]:.2f}")
+    for name, root in roots:
+        started = time.perf_counter()
+        rows = measure(root, args.step, args.prompt_tokens)
+        cells = "  ".join(f"{policy} {wall:.2f}/{cpu:.2f}" for policy, wall, cpu in rows)
+        print(f"{name:6}  {cells}  (process {time.perf_counter() - started:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -21,6 +21,7 @@ from tests.helpers import idle, widget
 from tests.server import browser_page, settled_text
 from tests.test_gemma_views import charts, matrix
 from ui import strings
+from ui.eviction_runs import EvictionSettings, RecordedRun, pair_for
 from ui.settings import load_limits
 
 PROMPT = ("Serving systems keep a cache of keys and values; when it no longer fits, they evict some positions and "
@@ -125,8 +126,6 @@ def test_a_change_of_policy_computes_only_the_policys_run(embedded_model):
     """The full cache's run does not depend on the eviction settings: pairs with other settings on the same prompt
     share it, passes and all, and each computes its own policy's run; the shared run's passes are those of a full
     run made alone."""
-    from ui.eviction_runs import EvictionSettings, RecordedRun, pair_for
-
     ids = engine.DecodeSession(embedded_model, PROMPT, chat=False).prompt_ids
     snapkv = EvictionSettings("snapkv", "prefill", 0.5, 32, 8, 28)
     pair = pair_for(embedded_model, ids, snapkv, STEP, 2000)

@@ -1,7 +1,6 @@
 """README's table of the views says which lesson chapters each view teaches: the lesson (`ui/lesson.toml`) is the
 source, and this checks the table against it, so the two cannot drift apart."""
 
-import re
 from pathlib import Path
 
 from ui import strings

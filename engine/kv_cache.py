@@ -240,6 +240,25 @@ class BlockTable:
             self.window.append(count)
         return placed
 
+    def fork(self) -> BlockTable:
+        """A second table over the same pool holding the same positions, to be extended on its own (several runs of
+        one prompt): every full block is shared (one more reference each), the partly filled last block is copied
+        into a block of the twin's own, so neither table's appends write into the other's positions."""
+        size = self.pool.block_size
+        tail = self.length % size  # positions filled in a partly filled last block
+        shared = self.blocks[:-1] if tail else list(self.blocks)
+        self.allocator.require_free(1 if tail else 0)
+        twin = BlockTable(self.pool, [], self.length, self.allocator, dropped=self.dropped,
+                          window=self.window.fork() if self.window is not None else None)
+        for block in shared:
+            self.pool.retain(block)
+            twin.add(block)
+        if tail:
+            block, last = self.allocator.allocate(), self.blocks[-1]
+            self.pool.copy_slots([last * size + i for i in range(tail)], [block * size + i for i in range(tail)])
+            twin.add(block)
+        return twin
+
     def blocks_needed(self, count: int) -> int:
         """New blocks that `count` more positions need beyond the ones the table has."""
         size = self.pool.block_size

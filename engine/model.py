@@ -163,7 +163,6 @@ class Model:
         record = self.forward(ids, list(range(n)), table, capture)
         return record.attention[0], record.scores[0]
 
-    @torch.inference_mode()
     def forward(self, ids: list[int], positions: list[int], table: BlockTable, capture: Capture, kv_splits: int = 1,
                 write: bool = True, kept: list[torch.Tensor | None] | None = None,
                 observe: Callable[[int, AttentionResult], None] | None = None,
@@ -182,30 +181,53 @@ class Model:
         `prefill=True` computes the rows as one batch even when a prefix hit leaves one (`layers.ROWS_AS_BATCH`):
         its numbers are then those of the same row in a cold prefill, in every dtype.
         """
+        one = Pass(ids, positions, table, capture, kv_splits, write, kept, observe)
+        return self.forward_batch([one], head=head, prefill=prefill)[0]
+
+    @torch.inference_mode()
+    def forward_batch(self, passes: list[Pass], head: bool = True, prefill: bool = False
+                      ) -> list[ForwardRecord] | list[torch.Tensor]:
+        """Several sequences' passes as one: their rows go through every projection and MLP together (the
+        weights are read once for the batch, which is what makes a batch cheap when decode is memory-bound),
+        while each sequence attends only over its own table's cached K/V, with its own masks. One record (or,
+        with `head=False`, one (T, hidden) final norm output) per pass, in order; see `forward`."""
         info = self.info
-        ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)
-        pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
-        x = self.embed(ids_t, pos_t)  # (T, hidden)
-        context = PassContext(
-            positions=pos_t,
-            cos_sin={kind: rope.cos_sin(pos_t, x.dtype) for kind, rope in self.ropes.items()} if self.ropes else {},
-            kv=PagedKV.of(table, positions, write),
-            local_kv=PagedKV.of(table.window, positions, write) if table.window is not None else None,
-            kv_splits=kv_splits,
-            kept=kept,
-            observe=observe,
-        )
-        recorder = StepRecorder(capture, positions, info.layers, info.q_heads, info.hidden, x.dtype, self.device)
+        ids_t = torch.tensor([i for p in passes for i in p.ids], dtype=torch.long, device=self.device)
+        pos_t = torch.tensor([q for p in passes for q in p.positions], dtype=torch.long, device=self.device)
+        x = self.embed(ids_t, pos_t)  # (rows of every pass, hidden)
+        contexts, recorders, start = [], [], 0
+        for p in passes:
+            rows = slice(start, start + len(p.ids))
+            start = rows.stop
+            positions = pos_t[rows]
+            contexts.append(PassContext(
+                rows=rows,
+                positions=positions,
+                cos_sin={kind: rope.cos_sin(positions, x.dtype) for kind, rope in self.ropes.items()}
+                if self.ropes else {},
+                kv=PagedKV.of(p.table, p.positions, p.write),
+                local_kv=PagedKV.of(p.table.window, p.positions, p.write) if p.table.window is not None else None,
+                kv_splits=p.kv_splits,
+                kept=p.kept,
+                observe=p.observe,
+            ))
+            recorders.append(StepRecorder(p.capture, p.positions, info.layers, info.q_heads, info.hidden, x.dtype,
+                                          self.device))
         token = ROWS_AS_BATCH.set(prefill)
         try:
             for layer in self.layers:
-                x = layer(x, context, recorder)
+                x = layer(x, contexts, recorders)
         finally:
             ROWS_AS_BATCH.reset(token)
         if not head:  # lm_head's vocab-sized product is most of a decode step's work
-            return norm(x, self.weights.norm)
-        final_hidden = norm(x[-1], self.weights.norm)
-        return recorder.finish(self.logits(final_hidden), final_hidden)
+            out = norm(x, self.weights.norm)
+            return [out[c.rows] for c in contexts]
+        if len(passes) == 1:  # one row: lm_head as a matrix-vector product
+            final_hidden = norm(x[-1], self.weights.norm)
+            return [recorders[0].finish(self.logits(final_hidden), final_hidden)]
+        final_hidden = norm(x[[c.rows.stop - 1 for c in contexts]], self.weights.norm)  # (passes, hidden)
+        logits = self.logits(final_hidden)
+        return [r.finish(logits[i], final_hidden[i]) for i, r in enumerate(recorders)]
 
     def logits(self, final_hidden: torch.Tensor) -> torch.Tensor:
         """lm_head over the final norm's output: (hidden,) → (vocab,), or (T, hidden) → (T, vocab); float32.
@@ -218,6 +240,20 @@ class Model:
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
         return logits.float()
+
+
+@dataclass
+class Pass:
+    """One sequence's part of a (batched) forward pass: `Model.forward`'s arguments, less the batch's own."""
+
+    ids: list[int]
+    positions: list[int]
+    table: BlockTable
+    capture: Capture
+    kv_splits: int = 1
+    write: bool = True
+    kept: list[torch.Tensor | None] | None = None
+    observe: Callable[[int, AttentionResult], None] | None = None
 
 
 @dataclass
@@ -250,8 +286,9 @@ class PagedKV:
 
 @dataclass
 class PassContext:
-    """What every layer of one forward pass shares."""
+    """What every layer of a forward pass shares for one of its sequences."""
 
+    rows: slice  # this sequence's rows of the batch
     positions: torch.Tensor  # (T,) the query positions
     cos_sin: dict[str, tuple[torch.Tensor, torch.Tensor]]  # RoPE's (T, head_dim) each, per layer kind; {} if learned
     kv: PagedKV  # the global layers' cache
@@ -272,12 +309,14 @@ class DecoderLayer:
         self.window = info.window(index)  # None: a global layer
         self.kind = info.layer_kinds[index]
 
-    def __call__(self, x0: torch.Tensor, context: PassContext, recorder: StepRecorder) -> torch.Tensor:
-        """x0 (T, hidden) → x2 (T, hidden). The second add is onto x1, not x0."""
-        x1 = x0 + self.output_norm(self.attention(norm(x0, self.w.input_layernorm), context, recorder),
+    def __call__(self, x0: torch.Tensor, contexts: list[PassContext], recorders: list[StepRecorder]) -> torch.Tensor:
+        """x0 (T, hidden) → x2 (T, hidden), T the rows of every sequence. The second add is onto x1, not x0."""
+        x1 = x0 + self.output_norm(self.attention(norm(x0, self.w.input_layernorm), contexts, recorders),
                                    self.w.attention_output_norm)
         x2 = x1 + self.output_norm(mlp(norm(x1, self.w.post_attention_layernorm), self.w), self.w.mlp_output_norm)
-        recorder.residuals(self.index, x0, x1, x2)
+        for context, recorder in zip(contexts, recorders):
+            rows = context.rows
+            recorder.residuals(self.index, x0[rows], x1[rows], x2[rows])
         return x2
 
     @staticmethod
@@ -285,12 +324,13 @@ class DecoderLayer:
         """What a branch adds to the stream: its output, normalised first where the layer has that norm (Gemma)."""
         return branch if n is None else norm(branch, n)
 
-    def attention(self, h: torch.Tensor, context: PassContext, recorder: StepRecorder) -> torch.Tensor:
+    def attention(self, h: torch.Tensor, contexts: list[PassContext], recorders: list[StepRecorder]) -> torch.Tensor:
         """h (T, hidden), normalised → o_proj of the concatenated head outputs (T, hidden).
 
-        Project q, k, v; normalise q and k per head (Qwen3, Gemma); rotate them by position (RoPE, with the
-        layer kind's base); write k, v to the paged pool and read back the cached positions this layer
-        keeps; attend over them (within the window for a local layer; in merged splits when asked).
+        Project q, k, v (every sequence's rows at once); normalise q and k per head (Qwen3, Gemma); then per
+        sequence: rotate them by position (RoPE, with the layer kind's base); write k, v to its paged table and
+        read back the cached positions this layer keeps; attend over them (within the window for a local layer;
+        in merged splits when asked).
         """
         t = h.shape[0]
         q, k, v = project_qkv(h, self.w)
@@ -299,6 +339,12 @@ class DecoderLayer:
         v = v.reshape(t, self.kv_heads, self.head_dim)
         if self.w.q_norm is not None:
             q, k = norm(q, self.w.q_norm), norm(k, self.w.k_norm)
+        outputs = [self.attend_one(q[c.rows], k[c.rows], v[c.rows], c, r) for c, r in zip(contexts, recorders)]
+        return linear(outputs[0] if len(outputs) == 1 else torch.cat(outputs), self.w.o_proj)
+
+    def attend_one(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: PassContext,
+                   recorder: StepRecorder) -> torch.Tensor:
+        """One sequence's rows: q (T, q_heads, D), k and v (T, kv_heads, D) → the head outputs (T, q_heads × D)."""
         if context.cos_sin:
             cos_sin = context.cos_sin[self.kind]
             q, k = apply_rope(q, *cos_sin), apply_rope(k, *cos_sin)
@@ -311,4 +357,4 @@ class DecoderLayer:
         recorder.attention(self.index, result)
         if context.observe is not None:
             context.observe(self.index, result)
-        return linear(result.output, self.w.o_proj)
+        return result.output

@@ -33,11 +33,14 @@ from engine.attention import AttentionResult
 from engine.errors import InvalidSettingError, SessionStateError
 from engine.eviction.policies import Policy, check_ratio, n_kept_for_ratio, select
 from engine.eviction.rows import LayerRows
-from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockTable, kv_bytes_per_token
-from engine.model import Model
+from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockPool, BlockTable, kv_bytes_per_token
+from engine.model import Model, Pass
+from engine.recorder import ForwardRecord
 from engine.settings import check_prompt_fits, require_integer
 from engine.trace import Capture
 
+NO_RECORD = Capture(attention=False, residuals=False)  # the context's prefill: its K/V, and what `observe` sees
+ONE_ROW = Capture(residuals=False)  # a pass's attention row: what the evictions and the view read
 HIDDEN_STATES_BUFFER = 256  # DecodingPress's default: how many of the latest passes it scores from, at most
 
 
@@ -127,7 +130,10 @@ class EvictionRun:
 
     def __init__(self, model: Model, prompt_ids: list[int], policy: Policy | None = None, *,
                  compression_ratio: float = 0.0, budget: DecodeBudget | StreamingWindow | None = None,
-                 block_size: int = DEFAULT_BLOCK_SIZE, max_new_tokens: int = 32, keep_full_steps: int = 32):
+                 block_size: int = DEFAULT_BLOCK_SIZE, max_new_tokens: int = 32, keep_full_steps: int = 32,
+                 pool: BlockPool | None = None):
+        """`pool`: a pool shared with other runs of the prompt (`engine.eviction.batch`), which then give this run
+        its table after their common prefill; by default a pool of its own."""
         check_ratio(compression_ratio)
         if policy is None and (compression_ratio > 0 or isinstance(budget, DecodeBudget)):
             raise InvalidSettingError("a compression ratio or a decode budget needs a policy to score positions")
@@ -149,7 +155,7 @@ class EvictionRun:
         self.max_new_tokens = max_new_tokens
         self.keep_full_steps = keep_full_steps
         capacity = min(len(self.prompt_ids) + max_new_tokens, model.info.context_limit)
-        self.table = BlockTable(model.new_pool(math.ceil(capacity / block_size), block_size))
+        self.table = BlockTable(pool or model.new_pool(math.ceil(capacity / block_size), block_size))
         info = model.info
         self.evicting = [i for i in range(info.layers) if info.window(i) is None]  # layers eviction applies to
         self.rows: dict[int, LayerRows] = {}
@@ -205,19 +211,24 @@ class EvictionRun:
     def prefill(self) -> EvictionStep:
         """The context (the prompt but its last token) in one pass, in full; then the evictions after a prefill;
         then the last prompt token over what was kept: its logits give the first answer token."""
+        context = self.prompt_ids[:-1]
+        n = len(context)
+        observe = self.start_prefill(self.table)
+        self.table.append(n)
+        self.model.forward(context, list(range(n)), self.table, NO_RECORD, observe=observe)
+        self.table.slide()
+        return self._solo_pass(self.prompt_ids[-1], n)
+
+    def start_prefill(self, table: BlockTable) -> Callable[[int, AttentionResult], None] | None:
+        """Ready the rows for the context's prefill into `table` (this run's, or one its batch shares); what
+        must observe that prefill's attention to evict after it (None: nothing to evict)."""
         if self.closed:
             raise SessionStateError("the run is closed")
         if self.steps:
             raise SessionStateError("prefill() runs once, at the start; call step() to decode")
-        context = self.prompt_ids[:-1]
-        n = len(context)
+        n = len(self.prompt_ids) - 1
         self.rows = {i: LayerRows(self.model.info.kv_heads, n, self.model.device) for i in self.evicting}
-        observe = self._prefill_evictor(n) if self.compression_ratio > 0 else None
-        self.table.append(n)
-        self.model.forward(context, list(range(n)), self.table, Capture(attention=False, residuals=False),
-                           observe=observe)
-        self.table.slide()
-        return self._pass(self.prompt_ids[-1], n)
+        return self._prefill_evictor(n, table) if self.compression_ratio > 0 else None
 
     def step(self, input_id: int | None = None) -> EvictionStep:
         """One token in, the next out, over what each (layer, KV head) kept. The token in is the last greedy one,
@@ -231,7 +242,7 @@ class EvictionRun:
             raise SessionStateError("the run has ended")
         if input_id is not None:
             require_integer("input_id", input_id, 0, self.model.info.vocab - 1)
-        return self._pass(self.generated[-1] if input_id is None else input_id, self.table.length)
+        return self._solo_pass(self.generated[-1] if input_id is None else input_id, self.table.length)
 
     def close(self) -> None:
         if not self.closed:
@@ -240,14 +251,24 @@ class EvictionRun:
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _pass(self, token_id: int, position: int) -> EvictionStep:
+    def _solo_pass(self, token_id: int, position: int) -> EvictionStep:
+        opened = self.open_pass(token_id, position)
+        return self.close_pass(opened, self.model.forward_batch([opened])[0])
+
+    def open_pass(self, token_id: int, position: int) -> Pass:
+        """Reserve `position` for `token_id` and say what the pass reads: its part of a (batched) forward pass,
+        whose record `close_pass` takes."""
         self.table.append(1)
         for rows in self.rows.values():
             rows.append(position, 1)
         length = position + 1
         kept = [self.rows[i].mask(length) if i in self.rows else None for i in range(self.model.info.layers)]
-        record = self.model.forward([token_id], [position], self.table, Capture(residuals=False), kept=kept)
+        return Pass([token_id], [position], self.table, ONE_ROW, kept=kept)
+
+    def close_pass(self, opened: Pass, record: ForwardRecord) -> EvictionStep:
+        """The step the opened pass made (`record`), and the evictions after it."""
         self.table.slide()
+        token_id, position, kept = opened.ids[0], opened.positions[0], opened.kept
         probs, scores = record.attention[:, :, -1], record.scores[:, :, -1]  # (layers, q_heads, L)
         step = EvictionStep(step=len(self.steps), position=position, input_id=token_id,
                             token_id=int(record.logits.argmax()),
@@ -269,16 +290,16 @@ class EvictionRun:
                               else ~m.cpu().repeat_interleave(group, dim=0) for m in kept])
         return (full * hidden).sum(dim=-1)
 
-    def _prefill_evictor(self, n: int) -> Callable[[int, AttentionResult], None]:
-        """What evicts each layer during the context's prefill, as soon as its attention has run: only the query
-        rows the policy reads are held, and only that layer's, never every layer's n × n at once."""
+    def _prefill_evictor(self, n: int, table: BlockTable) -> Callable[[int, AttentionResult], None]:
+        """What evicts each layer during the context's prefill into `table`, as soon as its attention has run: only
+        the query rows the policy reads are held, and only that layer's, never every layer's n × n at once."""
         self.policy.check_rows(n, n)
         queries, n_kept = self.policy.query_rows(n), n_kept_for_ratio(n, self.compression_ratio)
 
         def observe(layer: int, result: AttentionResult) -> None:
             if layer in self.rows:
                 probs = result.probs[:, -queries:] if queries else None
-                self.prefill_evictions[layer] = self._evict_by_score(layer, probs, n_kept)
+                self.prefill_evictions[layer] = self._evict_by_score(layer, probs, n_kept, table)
 
         return observe
 
@@ -301,10 +322,12 @@ class EvictionRun:
                 self.passes_since_eviction = 0
         return evictions
 
-    def _evict_by_score(self, layer: int, probs: torch.Tensor | None, n_kept: int) -> Eviction:
-        """Score layer `layer`'s rows by the policy and keep the `n_kept` best of each KV head."""
+    def _evict_by_score(self, layer: int, probs: torch.Tensor | None, n_kept: int,
+                        table: BlockTable | None = None) -> Eviction:
+        """Score layer `layer`'s rows by the policy and keep the `n_kept` best of each KV head (its keys read from
+        `table`, by default the run's own)."""
         rows = self.rows[layer]
-        keys, _, _ = self.table.read(layer)
+        keys, _, _ = (table or self.table).read(layer)
         by_row = rows.gather_probs(probs) if probs is not None else None
         scores = self.policy.score(rows.gather_keys(keys), by_row, n_kept)
         eviction = Eviction(rows.positions.cpu(), scores.float().cpu(), select(scores, n_kept).cpu())

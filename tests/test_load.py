@@ -1,4 +1,4 @@
-"""A class at once: eight browser sessions on the session's server, each with its own prompt, opening together and
+"""A class at once: `SESSIONS` browser sessions on the session's server, each with its own prompt, opening together and
 stepping together.
 
 Checks what must hold however busy the server is: no errors, every session gets its own prompt and tokens and sees
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.load
 
 SESSIONS = 6  # more than the two explorers the server runs at once (ui/follow/turns.py): pages wait their turn
 STEPS = 2  # Right-arrow presses per session after the link's own step
-WAIT_MS = 300_000  # any one wait: eight pages share 2 cores with the server
+WAIT_MS = 300_000  # any one wait: every session's page shares 2 cores with the server
 
 
 def prompt_for(i: int) -> str:

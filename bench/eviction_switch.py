@@ -1,6 +1,7 @@
 """What a change of eviction policy costs the server in the eviction view: the pair of runs (the full cache's and
 the policy's, `ui.eviction_runs`) for SnapKV is computed to step N, then a page at the same step switches to each
-other policy in turn; the seconds each switch takes to have its pair at step N (wall and this process's CPU).
+other policy in turn; the seconds each switch takes to have its pair at step N (wall and this process's CPU). The
+first figure is the first pair's: it computes the lab (every policy at the timing) or, before labs, two runs.
 
     HF_HUB_OFFLINE=1 python3 bench/eviction_switch.py [--step 64] [--prompt-tokens 382] [--before /old/checkout]
 
@@ -25,15 +26,22 @@ SWITCHES = ["snapkv", "tova", "knorm", "streaming_llm", "observed_attention"]  #
 MEASURE = """
 import json, sys, time, torch
 torch.set_num_threads(1)
+import inspect
 import engine
 from ui.eviction_runs import EvictionSettings, pair_for
 step, tokens = int(sys.argv[1]), int(sys.argv[2])
 model = engine.load_model("embedded", device="cpu")
 ids = model.tokenizer(" ".join(["token"] * tokens))["input_ids"]
+if "store" in inspect.signature(pair_for).parameters:  # the labs in the run store (a checkout before: module memos)
+    from ui.run_store import RunStore
+    store = RunStore(10**10)
+    get = lambda settings: pair_for(store, model, ids, settings, step, 10**6)
+else:
+    get = lambda settings: pair_for(model, ids, settings, step, 10**6)
 times = []
 for policy in %r:
     wall, cpu = time.perf_counter(), time.process_time()
-    pair = pair_for(model, ids, EvictionSettings(policy, "prefill", 0.5, 32, 8, 28), step, 10**6)
+    pair = get(EvictionSettings(policy, "prefill", 0.5, 32, 8, 28))
     assert pair.advance_to(step) == step
     times.append([policy, time.perf_counter() - wall, time.process_time() - cpu])
 print(json.dumps(times))

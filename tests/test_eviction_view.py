@@ -5,7 +5,9 @@ the page's language; the host's step memory caps or refuses the pair; in a brows
 link, and the chapter's figure is whole on a projector's first screen."""
 
 import re
+import threading
 from functools import cache
+from unittest.mock import patch
 from urllib.parse import urlencode
 
 import numpy as np
@@ -21,7 +23,8 @@ from tests.helpers import idle, widget
 from tests.server import browser_page, settled_text
 from tests.test_gemma_views import charts, matrix
 from ui import strings
-from ui.eviction_runs import EvictionSettings, RecordedRun, pair_for
+from ui.eviction_runs import EvictionLab, EvictionSettings, pair_for
+from ui.run_store import RunStore
 from ui.settings import load_limits
 
 PROMPT = ("Serving systems keep a cache of keys and values; when it no longer fits, they evict some positions and "
@@ -122,26 +125,91 @@ def test_the_view_draws_what_each_policy_kept_on_a_tiny_gemma(s, tiny_model, tin
     assert "no sinks" in text and "re-numbers positions" in text and "masked, not freed" in text
 
 
-def test_a_change_of_policy_computes_only_the_policys_run(embedded_model):
-    """The full cache's run does not depend on the eviction settings: pairs with other settings on the same prompt
-    share it, passes and all, and each computes its own policy's run; the shared run's passes are those of a full
-    run made alone."""
+def test_a_change_of_policy_reads_runs_the_lab_has_computed(embedded_model):
+    """Every policy at one timing is a run of one lab: a page switching policy at the same step reads passes already
+    computed (none is computed again), the full cache's run is shared, and the runs equal each run made alone."""
     ids = engine.DecodeSession(embedded_model, PROMPT, chat=False).prompt_ids
+    store = RunStore(10**9)
     snapkv = EvictionSettings("snapkv", "prefill", 0.5, 32, 8, 28)
-    pair = pair_for(embedded_model, ids, snapkv, STEP, 2000)
+    pair = pair_for(store, embedded_model, ids, snapkv, STEP, 2000)
     assert pair.advance_to(STEP) == STEP
-    computed = list(pair.full.passes)
-    others = (EvictionSettings("tova", "prefill", 0.5, 32, 8, 28), EvictionSettings("knorm", "stream", 0.5, 32, 8, 6))
-    for other in others:
-        again = pair_for(embedded_model, ids, other, STEP, 2000)
-        assert again.full is pair.full and again.evicting is not pair.evicting
-        assert again.advance_to(STEP) == STEP and len(again.evicting.passes) == STEP
-        assert all(a is b for a, b in zip(again.full.passes, computed, strict=True)), "the full run was computed again"
-    alone = RecordedRun(embedded_model, ids, None, STEP)
-    alone.advance_to(STEP)
-    assert [p.token_id for p in alone.passes] == [p.token_id for p in computed]
-    assert all(np.array_equal(a.sink_share, b.sink_share) for a, b in zip(alone.passes, computed, strict=True))
-    alone.run.close()
+    computed = {name: list(run.passes) for name, run in pair.lab.runs.items()}
+    assert set(computed) == {None, *POLICIES} and all(len(p) == STEP for p in computed.values())
+    for policy in POLICIES:
+        again = pair_for(store, embedded_model, ids, EvictionSettings(policy, "prefill", 0.5, 32, 8, 28), STEP, 2000)
+        assert again.lab is pair.lab and again.full is pair.full
+        assert again.advance_to(STEP) == STEP
+        assert all(a is b for a, b in zip(again.evicting.passes, computed[policy], strict=True)), "computed again"
+    assert store.built == 1
+    other_timing = pair_for(store, embedded_model, ids, EvictionSettings("knorm", "stream", 0.5, 32, 8, 6), STEP, 2000)
+    assert other_timing.lab is not pair.lab and store.built == 2 and set(other_timing.lab.runs) == {None, "stream"}
+    other_timing.advance_to(STEP)
+    for s in (dict(evict="tova", evict_at="prefill", ratio=0.5), dict(evict="knorm", evict_at="stream",
+                                                                      stream_window=6)):
+        alone = engine_run(embedded_model, ids, s, STEP)
+        lab_pair = pair if s["evict_at"] == "prefill" else other_timing
+        name = "tova" if s["evict_at"] == "prefill" else "stream"
+        assert [p.token_id for p in lab_pair.lab.runs[name].passes] == alone.generated
+        for record, step in zip(lab_pair.lab.runs[name].passes, alone.steps):
+            for layer, mask in enumerate(step.kept):
+                if mask is not None:
+                    assert np.array_equal(record.kept[layer], mask.numpy().astype(np.int8))
+        alone.close()
+
+
+def test_pages_asking_at_once_build_one_lab(embedded_model):
+    """Two pages asking for the same lab at the same moment: one builds it, the other waits and reads it."""
+    ids = engine.DecodeSession(embedded_model, PROMPT, chat=False).prompt_ids
+    store = RunStore(10**9)
+    settings = EvictionSettings("tova", "prefill", 0.5, 32, 8, 28)
+    building, go = threading.Event(), threading.Event()
+    made = []
+
+    def slow_lab(*args):
+        building.set()
+        go.wait(60)
+        made.append(EvictionLab(*args))
+        return made[-1]
+
+    results = []
+    with patch("ui.eviction_runs.EvictionLab", side_effect=slow_lab):
+        first = threading.Thread(target=lambda: results.append(pair_for(store, embedded_model, ids, settings, 2,
+                                                                        2000)))
+        first.start()
+        assert building.wait(60)
+        second = threading.Thread(target=lambda: results.append(pair_for(store, embedded_model, ids, settings, 2,
+                                                                         2000)))
+        second.start()
+        go.set()
+        first.join(60)
+        second.join(60)
+    assert len(made) == 1 and store.built == 1
+    assert len(results) == 2 and results[0].lab is results[1].lab is made[0]
+
+
+def test_labs_are_counted_and_swept_by_the_run_store(embedded_model):
+    """A lab's bytes count in the store (it grows as it steps); older labs go when the store is over its bytes, and
+    an idle one at the sweep."""
+    ids = engine.DecodeSession(embedded_model, PROMPT, chat=False).prompt_ids
+    now = [0.0]
+    store = RunStore(10**9, idle_seconds=60, clock=lambda: now[0])
+    prefill = EvictionSettings("tova", "prefill", 0.5, 32, 8, 28)
+    pair = pair_for(store, embedded_model, ids, prefill, STEP, 2000)
+    before = pair.lab.nbytes
+    pair.advance_to(STEP)
+    grown = pair.lab.nbytes
+    assert before == 0 < grown  # nothing computed until a page steps it
+    pool = pair.lab.batch.pool
+    assert grown >= pool.used_blocks * pool.block_size * embedded_model.info.kv_bytes_per_token
+    streaming = EvictionSettings("knorm", "stream", 0.5, 32, 8, 6)
+    stream = pair_for(store, embedded_model, ids, streaming, STEP, 2000)
+    stream.advance_to(STEP)
+    assert len(store.keys) == 2
+    store.max_bytes = stream.lab.nbytes  # room for the newest only
+    store.trim()
+    assert store.keys == [("eviction", id(embedded_model), tuple(ids), STEP, streaming.timing)]
+    now[0] = 61.0
+    assert store.expire() == 1 and store.keys == []
 
 
 # -- the chapter's numbers are its figures' data ----------------------------------------------------------------

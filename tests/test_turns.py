@@ -39,7 +39,7 @@ class Page:
 def queued(role: str, count: int = 1) -> None:
     """Wait until `count` runs of `role` wait for a turn (the test's threads got there)."""
     with turns._changed:  # noqa: SLF001
-        assert turns._changed.wait_for(lambda: turns._queued[role] >= count, WAIT)  # noqa: SLF001
+        assert turns._changed.wait_for(lambda: len(turns._queued[role]) >= count, WAIT)  # noqa: SLF001
 
 
 def test_followers_draw_one_at_a_time():
@@ -121,6 +121,85 @@ def test_a_follower_that_only_waits_gives_its_turn_away_and_the_leaders_aside_ke
     explorer.done()
 
 
+class LongWork:
+    """An explorer's catch-up in a thread: it takes a turn, then does `steps` steps, each waiting for the test's
+    go, calling `turns.share` between two steps."""
+
+    def __init__(self, steps: int, role: str = EXPLORER):
+        self.go = [threading.Event() for _ in range(steps)]
+        self.started = [threading.Event() for _ in range(steps)]
+        self.finished = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(role,), daemon=True)
+        self.thread.start()
+
+    def _run(self, role):
+        with turns.turn(role):
+            for started, go in zip(self.started, self.go):
+                started.set()
+                assert go.wait(WAIT)
+                turns.share()
+        self.finished.set()
+
+
+@pytest.fixture
+def now(monkeypatch):
+    """The turns' clock, moved by the test."""
+    clock = [0.0]
+    monkeypatch.setattr(turns, "clock", lambda: clock[0])
+    return clock
+
+
+def test_long_work_gives_way_between_steps_to_a_press_that_waits(monkeypatch, now):
+    monkeypatch.setattr(turns, "EXPLORERS", 1)
+    heavy = LongWork(3)
+    assert heavy.started[0].wait(WAIT)
+    press = Page(EXPLORER)
+    queued(EXPLORER)
+    heavy.go[0].set()  # a step within SHARE_SECONDS of the turn: it goes on, the press still waits
+    assert heavy.started[1].wait(WAIT) and not press.began.is_set()
+    now[0] += turns.SHARE_SECONDS
+    heavy.go[1].set()  # the next step ends past it: the press goes next, before the heavy page's third step
+    assert press.began.wait(WAIT)
+    queued(EXPLORER)  # the heavy page waits behind it
+    assert not heavy.started[2].is_set()
+    press.done()
+    assert heavy.started[2].wait(WAIT)  # then goes on
+    heavy.go[2].set()
+    assert heavy.finished.wait(WAIT)
+
+
+def test_long_work_goes_on_when_nobody_waits_and_gives_way_to_the_leader(now):
+    heavy = LongWork(3)
+    assert heavy.started[0].wait(WAIT)
+    now[0] += 10 * turns.SHARE_SECONDS
+    heavy.go[0].set()  # nobody waits: no pause
+    assert heavy.started[1].wait(WAIT)
+    leader = Page(LEADER)
+    assert leader.began.wait(WAIT)
+    heavy.go[1].set()  # the teacher draws: the student's work waits for it
+    queued(EXPLORER)
+    assert not heavy.started[2].is_set()
+    leader.done()
+    assert heavy.started[2].wait(WAIT)
+    heavy.go[2].set()
+    assert heavy.finished.wait(WAIT)
+
+
+def test_pages_waiting_for_a_turn_go_in_the_order_they_came(monkeypatch):
+    monkeypatch.setattr(turns, "EXPLORERS", 1)
+    first = Page(EXPLORER)
+    assert first.began.wait(WAIT)
+    waiting = []
+    for count in range(1, 4):
+        waiting.append(Page(EXPLORER))
+        queued(EXPLORER, count)
+    first.done()
+    for i, page in enumerate(waiting):
+        assert page.began.wait(WAIT)
+        assert not any(later.began.is_set() for later in waiting[i + 1:])
+        page.done()
+
+
 def test_a_thread_takes_no_second_turn():
     with turns.turn(FOLLOWER):
         with turns.turn(EXPLORER):
@@ -131,4 +210,4 @@ def test_a_thread_takes_no_second_turn():
 def no_turn_left_held():
     yield
     assert turns.drawing() == {LEADER: 0, FOLLOWER: 0, EXPLORER: 0}
-    assert turns._queued == {FOLLOWER: 0, EXPLORER: 0}  # noqa: SLF001
+    assert {role: len(q) for role, q in turns._queued.items()} == {FOLLOWER: 0, EXPLORER: 0}  # noqa: SLF001

@@ -1,32 +1,36 @@
-"""The eviction view's runs: the page's prompt decoded greedily twice by `engine.eviction.EvictionRun`, once over the
-full cache and once under the link's eviction settings, stepped along with the page and shared by every page that
-asks for the same pair (a class on one step computes it once). The full cache's run does not depend on the eviction
-settings, so a change of policy (what a class compares) computes only the policy's run.
+"""The eviction view's runs: the page's prompt decoded greedily over the full cache and under each policy at the
+link's timing (after the prefill at a ratio, during decode to a budget, or a streaming window), all in one
+`engine.eviction.EvictionBatch` (one prefill, one batched pass per step), stepped along with the pages and kept in
+the server's run store (`ui.run_store`: counted in its bytes, dropped when idle, built once for pages asking at
+once). A page compares the full cache with its policy (`EvictionPair`); another policy at the same timing is a run
+the lab has already computed, so a class comparing policies computes each step once.
 
 Plain Python (no Streamlit). What the view draws is recorded here as each pass runs (`PassRecord`: small arrays),
-so the engine's runs can drop every older step's attention and logits (`keep_full_steps=1`). Before anything is
-built the pair's memory is estimated against the host's step budget (KVSCOPE_STEP_MEMORY_MB): its steps are capped
-to what fits, or the pair is refused (`EvictionPlan`).
+so the engine's runs can drop every older step's attention, logits and masks (`keep_full_steps=1`). Before anything
+is built the lab's memory is estimated against the host's step budget (KVSCOPE_STEP_MEMORY_MB): its steps are
+capped to what fits, or the lab is refused (`EvictionPlan`).
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 import engine
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import InvalidSettingError
-from engine.eviction import DecodeBudget, EvictionRun, Policy, StreamingWindow
-from ui.runs import Memo
+from engine.eviction import POLICIES, DecodeBudget, EvictionRun, Policy, StreamingWindow
+from engine.eviction.batch import EvictionBatch, Variant
+from engine.kv_cache import DEFAULT_BLOCK_SIZE
+from ui.follow import turns
+from ui.run_store import RunStore
 from ui.state import AppState
 
 N_SINK = 4  # kvpress's and the StreamingLLM paper's sinks
 SNAPKV_WINDOW = 64  # kvpress's window_size; shorter where the prompt (or the decode interval) is shorter
-PAIRS = Memo(2)  # a pair holds two runs' pools: only the latest two settings stay (a class shares one)
-FULL_RUNS = Memo(2)  # the full cache's runs of those pairs, by prompt: pairs with other settings share one
+STREAM = "stream"  # the streaming window's run in a lab (it keeps by position: no policy)
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,27 @@ class EvictionSettings:
             return StreamingWindow(N_SINK, self.window)
         return None
 
+    @property
+    def timing(self) -> EvictionSettings:
+        """These settings less the policy: what a lab's runs share (the policy picks one of them)."""
+        return replace(self, policy="")
+
+    @property
+    def run_name(self) -> str:
+        """The lab's run these settings read: the policy's, or the streaming window's."""
+        return STREAM if self.at == "stream" else self.policy
+
+    def variants(self, context: int) -> dict[str | None, Variant]:
+        """The lab's runs at this timing, by name: the full cache (None) first, then every policy (or the
+        streaming window alone)."""
+        names = [STREAM] if self.at == "stream" else list(POLICIES)
+        runs: dict[str | None, Variant] = {None: Variant(None)}
+        for name in names:
+            settings = replace(self, policy=name)
+            ratio = self.ratio if self.at == "prefill" else 0.0
+            runs[name] = Variant(settings.engine_policy(context), ratio, settings.engine_budget())
+        return runs
+
 
 @dataclass(frozen=True)
 class EvictionPlan:
@@ -81,18 +106,19 @@ def evictions(settings: EvictionSettings, steps: int) -> int:
     return {"prefill": 1, "stream": steps, "decode": -(-steps // settings.interval)}[settings.at]
 
 
-def pair_bytes(info: engine.ModelInfo, prompt: int, steps: int, settings: EvictionSettings) -> int:
-    """What a pair decoding `steps` tokens after a `prompt`-token prompt holds at most, in bytes: two paged pools;
-    per pass and run, the mask of what each (layer, KV head) read (the engine's bool and the record's int8) and
-    the shares recorded (three float32 per layer and Q head); per eviction, its rows (positions and rows int64,
-    scores float32); each run's latest attention and logits; the prefill's one layer of n × n probabilities and
-    scores."""
+def lab_bytes(info: engine.ModelInfo, prompt: int, steps: int, settings: EvictionSettings) -> int:
+    """What a lab decoding `steps` tokens after a `prompt`-token prompt holds at most, in bytes: one paged pool (the
+    prompt's K/V once, each run's answer and a copied block of its own); per pass and run, the record's mask of what
+    each (layer, KV head) read (int8), the engine's mask of its latest pass (bool) and the shares recorded (three
+    float32 per layer and Q head); per eviction of a policy's run, its rows (positions and rows int64, scores
+    float32); each run's latest attention and logits; the prefill's one layer of n × n probabilities and scores."""
+    runs = len(settings.variants(prompt - 1))
     length = prompt + steps
-    pool = 2 * length * info.kv_bytes_per_token
-    masks = 2 * steps * info.layers * info.kv_heads * length * 2
-    shares = 2 * steps * 3 * info.layers * info.q_heads * 4
-    evicted = evictions(settings, steps) * info.layers * info.kv_heads * length * 20
-    latest = 2 * (info.layers * info.q_heads * length * 4 + info.vocab * 4)
+    pool = (prompt + runs * (steps + 2 * DEFAULT_BLOCK_SIZE)) * info.kv_bytes_per_token
+    masks = runs * (steps + 1) * info.layers * info.kv_heads * length
+    shares = runs * steps * 3 * info.layers * info.q_heads * 4
+    evicted = (runs - 1) * evictions(settings, steps) * info.layers * info.kv_heads * length * 20
+    latest = runs * (info.layers * info.q_heads * length * 4 + info.vocab * 4)
     prefill = info.q_heads * prompt * prompt * 4 * 2
     return pool + masks + shares + evicted + latest + prefill
 
@@ -100,12 +126,12 @@ def pair_bytes(info: engine.ModelInfo, prompt: int, steps: int, settings: Evicti
 def plan(info: engine.ModelInfo, prompt: int, wanted: int, settings: EvictionSettings, budget_bytes: int
          ) -> EvictionPlan:
     """The most steps (up to `wanted`) whose pair fits `budget_bytes` (0: not even one)."""
-    fits = lambda s: pair_bytes(info, prompt, s, settings) <= budget_bytes  # noqa: E731 — grows with s
+    fits = lambda s: lab_bytes(info, prompt, s, settings) <= budget_bytes  # noqa: E731 — grows with s
     low, high = 0, wanted
     while low < high:
         middle = (low + high + 1) // 2
         low, high = (middle, high) if fits(middle) else (low, middle - 1)
-    return EvictionPlan(low, pair_bytes(info, prompt, max(low, 1), settings), wanted)
+    return EvictionPlan(low, lab_bytes(info, prompt, max(low, 1), settings), wanted)
 
 
 @dataclass
@@ -127,28 +153,16 @@ OUTSIDE_WINDOW = 2
 
 
 class RecordedRun:
-    """An EvictionRun stepped on demand, each pass recorded (`passes[i]` made answer token i + 1)."""
+    """One run of a lab, each of its passes recorded (`passes[i]` made answer token i + 1)."""
 
-    def __init__(self, model: engine.Model, prompt_ids: list[int], settings: EvictionSettings | None, steps: int):
-        context = len(prompt_ids) - 1
-        policy = settings.engine_policy(context) if settings else None
+    def __init__(self, model: engine.Model, run: EvictionRun):
         self.model = model
-        self.policy = policy
-        self.run = EvictionRun(model, prompt_ids, policy,
-                               compression_ratio=settings.ratio if settings and settings.at == "prefill" else 0.0,
-                               budget=settings.engine_budget() if settings else None,
-                               max_new_tokens=steps, keep_full_steps=1)
-        self.detokenizer = IncrementalDetokenizer(model.tokenizer, prompt_ids)
+        self.run = run
+        self.policy = run.policy
+        self.detokenizer = IncrementalDetokenizer(model.tokenizer, run.prompt_ids)
         self.passes: list[PassRecord] = []
-        self.lock = threading.Lock()  # one page steps the run at a time; others read the passes it has
 
-    def advance_to(self, count: int) -> None:
-        with self.lock:
-            while len(self.passes) < count and not (self.passes and self.run.finished):
-                step = self.run.step() if self.passes else self.run.prefill()
-                self.passes.append(self._record(step))
-
-    def _record(self, step) -> PassRecord:
+    def record(self, step) -> None:
         info, run = self.model.info, self.run
         length = step.position + 1
         kept = np.ones((info.layers, info.kv_heads, length), dtype=np.int8)
@@ -159,41 +173,73 @@ class RecordedRun:
                 kept[layer, :, :length - info.cached_positions(layer, length)] = OUTSIDE_WINDOW
         attention = step.attention.float()
         final = run.finished
-        return PassRecord(step.position, step.token_id, self.detokenizer.add(step.token_id, final=final), kept,
-                          step.evicted_share.float().numpy(), attention[:, :, 0].numpy(), run.kept_bytes(),
-                          run.allocated_bytes(), run.full_bytes())
+        self.passes.append(PassRecord(step.position, step.token_id, self.detokenizer.add(step.token_id, final=final),
+                                      kept, step.evicted_share.float().numpy(), attention[:, :, 0].numpy(),
+                                      run.kept_bytes(), run.allocated_bytes(), run.full_bytes()))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.kept.nbytes + p.evicted_share.nbytes + p.sink_share.nbytes for p in self.passes)
+
+
+class EvictionLab:
+    """The full cache's run and every policy's at one timing, on one prompt, stepped together as pages ask."""
+
+    def __init__(self, model: engine.Model, prompt_ids: list[int], timing: EvictionSettings, steps: int):
+        variants = timing.variants(len(prompt_ids) - 1)
+        self.model = model  # held: the store's key names it by id, which stays its own while the lab lives
+        self.batch = EvictionBatch(model, prompt_ids, list(variants.values()), max_new_tokens=steps,
+                                   keep_full_steps=1)
+        self.runs = {name: RecordedRun(model, run) for name, run in zip(variants, self.batch.runs)}
+        self.lock = threading.Lock()  # one page steps the lab at a time; others read the passes it has
+
+    def advance_to(self, count: int) -> None:
+        """Every run to `count` answer tokens, or as far as it goes; the page's turn shared between two passes
+        (`turns.share`), with the lab's lock let go."""
+        while True:
+            with self.lock:
+                if not any(len(r.passes) < count and not (r.passes and r.run.finished) for r in self.runs.values()):
+                    return
+                steps = self.batch.step() if self.runs[None].passes else self.batch.prefill()
+                for recorded, step in zip(self.runs.values(), steps):
+                    if step is not None:
+                        recorded.record(step)
+            turns.share()
+
+    @property
+    def nbytes(self) -> int:
+        """The pool's blocks in use and every run's records (the engine's latest step of each is left out: small)."""
+        pool = self.batch.pool
+        return pool.used_blocks * pool.block_size * pool.bytes_per_token + sum(r.nbytes for r in self.runs.values())
 
 
 @dataclass
 class EvictionPair:
-    """The full cache's run and the policy's, on one prompt: what the view compares."""
+    """The full cache's run and the policy's, on one prompt: what the view compares (two runs of one lab)."""
 
-    full: RecordedRun  # shared with the pairs of other settings on the same prompt and steps
+    full: RecordedRun
     evicting: RecordedRun
     plan: EvictionPlan
+    lab: EvictionLab
 
     def advance_to(self, count: int) -> int:
         """Both runs to `count` answer tokens (or as far as they go); the passes both have."""
-        count = min(count, self.plan.steps)
-        self.full.advance_to(count)
-        self.evicting.advance_to(count)
-        return min(len(self.full.passes), len(self.evicting.passes))
+        self.lab.advance_to(min(count, self.plan.steps))
+        return min(len(self.full.passes), len(self.evicting.passes), self.plan.steps)
 
 
-def pair_for(model: engine.Model, prompt_ids: list[int], settings: EvictionSettings, wanted: int,
+def pair_for(store: RunStore, model: engine.Model, prompt_ids: list[int], settings: EvictionSettings, wanted: int,
              step_memory_mb: int) -> EvictionPair:
-    """The shared pair for these settings (built once); raises `InvalidSettingError` (the engine's, or a plan with
-    no step that fits the host's step memory) before anything is held."""
+    """The pair for these settings, from the lab of their timing in `store` (built once); raises
+    `InvalidSettingError` (the engine's, or a plan with no step that fits the host's step memory) before anything
+    is held."""
     found = plan(model.info, len(prompt_ids), wanted, settings, step_memory_mb * 10**6)
     if found.steps == 0:
         raise EvictionTooLarge(found)
-    run = (id(model), model.info.name, tuple(prompt_ids), found.steps)
-
-    def build() -> EvictionPair:
-        full = FULL_RUNS.made(run, lambda: RecordedRun(model, prompt_ids, None, found.steps))
-        return EvictionPair(full, RecordedRun(model, prompt_ids, settings, found.steps), found)
-
-    return PAIRS.made((*run, settings), build)
+    timing = settings.timing
+    key = ("eviction", id(model), tuple(prompt_ids), found.steps, timing)
+    lab = store.get(key, lambda: EvictionLab(model, prompt_ids, timing, found.steps))
+    return EvictionPair(lab.runs[None], lab.runs[settings.run_name], found, lab)
 
 
 class EvictionTooLarge(InvalidSettingError):

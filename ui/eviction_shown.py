@@ -12,7 +12,7 @@ import numpy as np
 
 from engine.errors import InvalidSettingError
 from ui.context import ViewContext
-from ui.eviction_runs import EvictionPair, EvictionSettings, EvictionTooLarge, PassRecord, first_difference, pair_for
+from ui.eviction_runs import EvictionPair, EvictionSettings, EvictionTooLarge, PassRecord, first_difference
 from viz.eviction import EVICTED, KEPT
 
 
@@ -69,10 +69,7 @@ class EvictionShown:
 def shown_eviction(ctx: ViewContext) -> EvictionShown:
     """The pair for the page's settings, advanced to its step (raises InvalidSettingError where they cannot run)."""
     settings = EvictionSettings.of(ctx.state)
-    runner = ctx.runner
-    pair = pair_for(runner.model, list(runner.prompt_ids), settings, runner.limits.max_new_tokens,
-                    runner.limits.step_memory_mb)
-    passes = pair.advance_to(max(ctx.step, 1))
+    pair, passes = ctx.runner.eviction_pair(settings, ctx.step)
     return EvictionShown(settings, pair, passes)
 
 

@@ -20,6 +20,8 @@ from engine.timing import DecodeTiming, measure_decode
 from engine.tokens import TokenCell, token_cells
 from engine.trace import PrefixHit, SplitKVTrace, StepTrace
 from ui import memory
+from ui.eviction_runs import EvictionPair, EvictionSettings, pair_for
+from ui.run_store import RunStore
 from ui.runs import Lease, OwnRuns, Run, RunConfig, RunSource
 from ui.settings import Limits, step_limits
 
@@ -35,16 +37,18 @@ class Runner:
 
     runs: where its runs come from, each held by a lease (`ui.runs.Lease`): the store that shares them between
     pages (`ui.run_store`), the class's shared prefix cache (`ui.classroom`), or None: this page's own.
+    labs: the store the eviction view's labs live in (the server's run store; by default one of this page's own).
     """
 
     def __init__(self, model: engine.Model, cache_tokens: int, keep_full_traces: int = Limits.full_traces,
-                 runs: RunSource | None = None, limits: Limits = Limits()):
+                 runs: RunSource | None = None, limits: Limits = Limits(), labs: RunStore | None = None):
         self.model = model
         self.cache_tokens = cache_tokens  # the pool's size in positions, whatever the block size
         self.keep_full_traces = keep_full_traces
         self.max_attention_tokens = step_limits(limits, model.info).max_attention_tokens  # the host's step memory
         self.limits = limits
         self.runs = OwnRuns() if runs is None else runs
+        self.labs = RunStore(limits.shared_runs_mb * 10**6) if labs is None else labs
         self.lock = threading.RLock()  # this page's own state
         self.config: RunConfig | None = None
         self.lease: Lease | None = None
@@ -138,6 +142,16 @@ class Runner:
         if reached - before >= CATCH_UP_STEPS:
             memory.release_free_memory()
         return reached
+
+    def eviction_pair(self, settings: EvictionSettings, step: int) -> tuple[EvictionPair, int]:
+        """The full cache's run and the policy's on this run's prompt (`ui.eviction_runs`: from the lab of the
+        settings' timing, which every page shares), advanced to `step` answer tokens; and the passes both have.
+        Raises InvalidSettingError where the settings cannot run."""
+        pair = pair_for(self.labs, self.model, list(self.prompt_ids), settings, self.limits.max_new_tokens,
+                        self.limits.step_memory_mb)
+        passes = pair.advance_to(max(step, 1))
+        self.labs.trim()  # the lab may have grown past the store's bytes: older runs go first
+        return pair, passes
 
     def trace(self, step: int) -> StepTrace | None:
         """The trace that produced token `step` (1-based), with its tensors (rebuilt if it was slimmed)."""

@@ -20,6 +20,7 @@ import engine
 from engine.busy_pool import BusyPoolPicture, BusyPoolReplay
 from engine.tokens import TokenCell, candidate_cells, token_cells
 from engine.trace import StepTrace
+from ui.follow import turns
 
 CAPTURE = engine.Capture(attention_budget=1_000_000)  # a prefill keeps at most 4 MB each of probs and scores
 
@@ -89,14 +90,19 @@ class Run:
         self._busy_pictures: list[BusyPoolPicture] = []  # step s's picture at s − 1 (plain data)
 
     def advance_to(self, step: int) -> int:
-        """Run prefill/decode until `step` tokens exist (or the run ends); return the step reached."""
-        with self.lock:
-            session = self.session
-            if step >= 1 and not session.traces:
-                session.prefill()
-            while len(session.generated) < step and not session.finished:
-                session.step()
-            return min(step, len(session.generated))
+        """Run prefill/decode until `step` tokens exist (or the run ends); return the step reached. Between two
+        steps the run's lock is let go and the page's turn shared (`turns.share`): a long catch-up does not hold up
+        the pages waiting behind it."""
+        session = self.session
+        while True:
+            with self.lock:
+                if step >= 1 and not session.traces:
+                    session.prefill()
+                elif len(session.generated) < step and not session.finished:
+                    session.step()
+                else:
+                    return min(step, len(session.generated))
+            turns.share()
 
     def trace(self, step: int) -> StepTrace | None:
         """The trace that produced token `step` (1-based), with its tensors: if it was slimmed, rebuilt by one

@@ -117,8 +117,8 @@ class EvictionStep:
     position: int
     input_id: int
     token_id: int  # greedy: the argmax of the logits
-    kept: list[torch.Tensor | None]  # per layer: (kv_heads, position + 1) bool, what this pass's attention read
     # Dropped (None) once the step is older than the run's `keep_full_steps`, so a long run's memory stays bounded:
+    kept: list[torch.Tensor | None] | None  # per layer: (kv_heads, position + 1) bool, what this pass's attention read
     logits: torch.Tensor | None  # (vocab,) float32
     attention: torch.Tensor | None  # (layers, q_heads, position + 1): the probabilities it used (0 where evicted)
     evicted_share: torch.Tensor  # (layers, q_heads): the share full attention puts on the positions `kept` hid
@@ -279,7 +279,7 @@ class EvictionRun:
         self.steps.append(step)
         if len(self.steps) > self.keep_full_steps:
             old = self.steps[-self.keep_full_steps - 1]
-            old.logits = old.attention = None
+            old.logits = old.attention = old.kept = None
         return step
 
     def _evicted_share(self, scores: torch.Tensor, kept: list[torch.Tensor | None]) -> torch.Tensor:

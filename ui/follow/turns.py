@@ -9,18 +9,25 @@ event loop, which sends every page's messages, too little of the interpreter to 
 - **explorers** (a page on its own: a student exploring, anyone without a room) start only while no leader or
   follower draws or waits, `EXPLORERS` at a time; a page that must wait is told so (`waiting`).
 
-No page waits for ever: a follower past `TURN_WAIT`, an explorer past `EXPLORER_WAIT`, draws anyway. A turn is
-given up while its page only waits (the paint gap before its figures, `aside`), except the leader's: the
-teacher's figures come next, and a student's heavy step started meanwhile would hold them up.
+Pages waiting for a turn of one role go in the order they came. Long work never holds a turn through its whole
+length: between its steps (a link's catch-up of a hundred steps, the eviction lab's), a page that has held its turn
+for `SHARE_SECONDS` gives way to the pages waiting ahead of its role, and to the leader while it draws (`share`),
+then queues again behind them: an ordinary press that arrives meanwhile goes next, and the heavy page still goes on.
+A student's wait is then the work ahead of them. No page waits for ever all the same: a follower past `TURN_WAIT`,
+an explorer past `EXPLORER_WAIT`, draws anyway. A turn is given up while its page only waits (the paint gap
+before its figures, `aside`), except the leader's: the teacher's figures come next, and a student's heavy step
+started meanwhile would hold them up.
 
 Lock order: a page's own run lock, then a turn, then a shared run's or a memo's build lock. A page never waits
-for a turn while it holds one.
+for a turn while it holds one, and `share` is called with no shared run's lock held.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -29,15 +36,22 @@ FOLLOWERS = 1  # followers drawing at once (2 and 3 were measured too: a later f
 EXPLORERS = 2  # explorers drawing at once, when the class is quiet: one per core
 TURN_WAIT = 3.0  # seconds a follower waits at most (it never holds up a class for good)
 EXPLORER_WAIT = 10.0  # seconds an explorer waits at most: a class that keeps drawing never starves a student
+SHARE_SECONDS = 0.1  # a turn held this long gives way, between two steps, to the pages waiting ahead (`share`)
+clock = time.monotonic  # when a turn was taken (tests set their own)
 
-_changed = threading.Condition()  # guards the two counts below
+_changed = threading.Condition()  # guards the counts and queues below
 _drawing = {LEADER: 0, FOLLOWER: 0, EXPLORER: 0}  # runs drawing now, by role
-_queued = {FOLLOWER: 0, EXPLORER: 0}  # runs waiting for a turn, by role
-_held = threading.local()  # the role this thread holds a turn for, if any
+_queued: dict[str, deque[int]] = {FOLLOWER: deque(), EXPLORER: deque()}  # tickets of the runs waiting, by role
+_tickets = itertools.count()
+_held = threading.local()  # the role this thread holds a turn for, if any, and since when
 
 
-def _free(role: str) -> bool:
-    """Whether a run of `role` may start now (under `_changed`)."""
+def _free(role: str, ticket: int | None) -> bool:
+    """Whether the run of `role` holding `ticket` (None: not queued) may start now (under `_changed`): nobody of its
+    role waits ahead of it, and its role has room."""
+    queue = _queued.get(role)
+    if queue and queue[0] != ticket:
+        return False
     if role == FOLLOWER:
         return _drawing[FOLLOWER] < FOLLOWERS
     if role == EXPLORER:
@@ -46,22 +60,24 @@ def _free(role: str) -> bool:
 
 
 def _take(role: str, waiting: Callable[[], None] | None) -> None:
-    """Wait for a turn of `role` (at most its wait; then it draws anyway), and count it as drawing."""
+    """Wait for a turn of `role` behind the runs of its role already waiting (at most its wait; then it draws
+    anyway), and count it as drawing."""
     patience = {FOLLOWER: TURN_WAIT, EXPLORER: EXPLORER_WAIT}.get(role, 0.0)
     with _changed:
-        if _free(role):
+        if _free(role, None):
             _drawing[role] += 1
             return
-        _queued[role] += 1
+        ticket = next(_tickets)
+        _queued[role].append(ticket)
     if waiting is not None:
         waiting()  # outside the lock: it draws on the page
     deadline = time.monotonic() + patience
     with _changed:
-        while not _free(role) and (left := deadline - time.monotonic()) > 0:
+        while not _free(role, ticket) and (left := deadline - time.monotonic()) > 0:
             _changed.wait(left)
-        _queued[role] -= 1
+        _queued[role].remove(ticket)
         _drawing[role] += 1
-        _changed.notify_all()  # an explorer may have waited for this follower's queue to empty
+        _changed.notify_all()  # the next in line, or an explorer waiting for this follower's queue to empty
 
 
 def _give_back(role: str) -> None:
@@ -78,12 +94,32 @@ def turn(role: str, waiting: Callable[[], None] | None = None) -> Iterator[None]
         yield
         return
     _take(role, waiting)
-    _held.role = role
+    _held.role, _held.since = role, clock()
     try:
         yield
     finally:
         _held.role = None
         _give_back(role)
+
+
+def share() -> None:
+    """Between two steps of long work (called holding no shared run's lock): once this thread has held its turn for
+    `SHARE_SECONDS`, give way to the pages waiting ahead of its role (a follower to followers; an explorer to
+    followers, explorers, and the leader while it draws), and queue behind them for the turn back. No-op for the
+    leader, for a thread without a turn, or when nobody waits."""
+    role = getattr(_held, "role", None)
+    if role in (None, LEADER) or clock() - _held.since < SHARE_SECONDS:
+        return
+    with _changed:
+        ahead = _queued[FOLLOWER] or (role == EXPLORER and (_queued[EXPLORER] or _drawing[LEADER]))
+    if not ahead:
+        return
+    _held.role = None
+    _give_back(role)
+    try:
+        _take(role, None)
+    finally:
+        _held.role, _held.since = role, clock()
 
 
 @contextmanager
@@ -100,7 +136,7 @@ def aside() -> Iterator[None]:
         yield
     finally:
         _take(role, None)
-        _held.role = role
+        _held.role, _held.since = role, clock()
 
 
 def drawing() -> dict[str, int]:

@@ -13,6 +13,7 @@ a load, not a conversion. Under a minute alone on a 2-core machine, about half o
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -72,7 +73,7 @@ def test_the_cloud_requirements_pin_the_packages_the_chinese_model_reads():
 
 
 @pytest.fixture(scope="module")
-def cloud_venv(tmp_path_factory) -> Path:
+def cloud_venv(tmp_path_factory):
     """A fresh venv holding what cloud/requirements.txt lists (less the CPU wheel): its bin folder."""
     folder = tmp_path_factory.mktemp("cloud")
     requirements = folder / "requirements.txt"
@@ -84,7 +85,8 @@ def cloud_venv(tmp_path_factory) -> Path:
                               "--disable-pip-version-check", "-r", str(requirements)],
                              capture_output=True, text=True, timeout=INSTALL_SECONDS)
     assert install.returncode == 0, install.stdout + install.stderr
-    return venv / "bin"
+    yield venv / "bin"
+    shutil.rmtree(venv, ignore_errors=True)  # about 2 GB; pytest keeps its last three sessions' folders
 
 
 @pytest.fixture(scope="module")

@@ -47,6 +47,11 @@ The server's /proc/<pid>/status is read every 100 ms (VmRSS, RssAnon, RssFile). 
   header / the end of that run, p50 and p90 (all explorers; the heavy ones on their own line).
 `--langs zh`: a Chinese class on `embedded-zh` alone (the teacher's page too; one model loaded), with the same
 roles; `--langs en,zh` (the default) as above.
+`--explore`: a class exploring on its own, no teacher: every student opens their own link at the same moment and
+presses → `--presses` times, each press as soon as the last one's run ended. 8 open the heaviest links (as above,
+4 per model), 5 the eviction view at step 32 of the default prompt, each with another policy (half on each model),
+the rest ordinary links. Printed: the ordinary, heavy and eviction presses (→ step sent, p50 / p90), each role's
+page opening times, the peak RSS, and the server's CPU seconds per press.
 `--before <ref>`: the same class first against a `git worktree` of `ref`, then against this checkout, in one run;
 both side by side. The output ends with a markdown table. Memory and speed are measured here, never asserted in
 tests. Run by hand, not in CI.
@@ -90,6 +95,8 @@ LIMIT_BYTES = int(2.7 * 2**30)  # Streamlit Community Cloud's memory for one app
 
 COUNTER = re.compile(rb'kv-counter">\D*?(\d+)')  # the header's step: "step 8 · …" or "第 8 步 · …"
 LIGHT_VIEWS = ("split", "prefix", "costs", "flow")
+EVICTION_POLICIES = ("snapkv", "tova", "knorm", "streaming_llm", "observed_attention")
+EVICTION_STEP = 32
 HEAVY_VIEWS = ("attention", "kv")
 FINISHED = (ForwardMsg.FINISHED_SUCCESSFULLY, ForwardMsg.FINISHED_FRAGMENT_RUN_SUCCESSFULLY)
 OPEN_S = 900  # the explorers' first runs, all at once on 2 cores
@@ -103,7 +110,7 @@ MIB = 1024  # kB
 
 @dataclass(frozen=True)
 class Seat:
-    role: str  # "follower", "light" (an explorer on an ordinary link) or "heavy" (on the heaviest link)
+    role: str  # "follower", "light" (an explorer on an ordinary link), "heavy" (on the heaviest link) or "evict"
     lang: str  # "en" or "zh"
     number: int  # in its role
 
@@ -114,6 +121,14 @@ def roster(students: int, langs: tuple[str, ...] = ("en", "zh")) -> list[Seat]:
     followers = round(students * 2 / 3)
     heavy = round((students - followers) * 0.8)
     counts = {"follower": followers, "heavy": heavy, "light": students - followers - heavy}
+    return [Seat(role, langs[i % len(langs)], i) for role, count in counts.items() for i in range(count)]
+
+
+def explorers_roster(students: int, langs: tuple[str, ...] = ("en", "zh")) -> list[Seat]:
+    """A class on its own: 8 on the heaviest links, 5 on the eviction view, the rest on ordinary links (fewer
+    students keep those shares); each role shared equally among `langs`."""
+    heavy, evict = round(students * 8 / 30), round(students * 5 / 30)
+    counts = {"heavy": heavy, "evict": evict, "light": students - heavy - evict}
     return [Seat(role, langs[i % len(langs)], i) for role, count in counts.items() for i in range(count)]
 
 
@@ -159,6 +174,9 @@ def link_for(seat: Seat, follow_query: str, prompt: str, late_step: int) -> str:
         return follow_query + lang
     if seat.role == "light":
         return f"step=1&view={LIGHT_VIEWS[seat.number % 4]}&temperature=1&seed={100 + seat.number}{lang}"
+    if seat.role == "evict":
+        policy = EVICTION_POLICIES[seat.number % len(EVICTION_POLICIES)]
+        return f"step={EVICTION_STEP}&view=eviction&evict={policy}&ratio=0.5{lang}"
     return (f"prompt={quote(prompt)}&chat=0&block_size=1&kv_splits={APP_MAX_KV_SPLITS}&step={late_step}"
             f"&view={HEAVY_VIEWS[seat.number // 2 % 2]}{lang}")
 
@@ -347,7 +365,9 @@ class ClassRun:
     hwm: int = 0
     teacher: list[dict] = field(default_factory=list)  # press_step's times per press
     lags: list[list[float | None]] = field(default_factory=list)  # per press, per follower
-    explored: dict[str, list[tuple[float, float]]] = field(default_factory=lambda: {"light": [], "heavy": []})
+    explored: dict[str, list[tuple[float, float]]] = field(
+        default_factory=lambda: {"light": [], "heavy": [], "evict": []})
+    opened: dict[str, list[float]] = field(default_factory=dict)  # a class exploring: each page's opening, by role
     greyed: int = 0  # explorers' presses not made: Next greyed (the answer ended)
     lost: int = 0  # explorers' presses whose step never came
     errors: list[str] = field(default_factory=list)  # why
@@ -477,6 +497,78 @@ def run_class(root: Path, label: str, args, prompts: dict, late_step: int) -> Cl
     return result
 
 
+def open_and_explore(student: Student, opened_at: float, presses: int, result: ClassRun) -> None:
+    """A student on their own: their page's opening time, then their presses, each as soon as the last one ended."""
+    ready = wait_for(student.ready, OPEN_S, every=0.05)
+    if ready is None:
+        result.errors.append(student.error or f"{student.seat} did not open in {OPEN_S} s")
+        return
+    now = time.perf_counter()
+    result.opened.setdefault(student.seat.role, []).append(1000 * (now - opened_at))
+    explore(student, presses, now, 0.0, result)
+
+
+def run_exploring_class(root: Path, label: str, args, prompts: dict, late_step: int) -> ClassRun:
+    """`--explore`: the class opens its links at one moment (after one page per model loaded it) and explores."""
+    result = ClassRun(label)
+    log = Path(tempfile.gettempdir()) / f"kvscope-class-exploring-{label.split()[0]}.log"
+    print(f"{label}: app of {root} (server log {log})", flush=True)
+    with running_server(log, root=root) as (url, process), ServerMemory(process.pid) as memory:
+        memory.phase = "models load"
+        for lang in args.langs:
+            warm = Student(url, "step=1" + ("&lang=zh" if lang == "zh" else ""), Seat("warm-up", lang, 0))
+            assert wait_for(warm.ready, OPEN_S, every=0.2), f"the {lang} model did not load"
+            warm.close()
+        memory.phase = "idle"
+        time.sleep(3)
+        result.idle = memory.read()
+        seats = explorers_roster(args.students, args.langs)
+        memory.phase = "class"
+        start = time.perf_counter()
+        with CpuSplit(psutil.Process(process.pid)) as cpu:
+            students = [Student(url, link_for(s, "", prompts.get(s), late_step), s) for s in seats]
+            threads = [threading.Thread(target=open_and_explore, args=(s, start, args.presses, result), daemon=True)
+                       for s in students]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=OPEN_S + WAIT_S * args.presses)
+        result.cpu = (*cpu.used, time.perf_counter() - start)
+        result.peak = result.class_peak = memory.peak()
+        result.hwm = memory.read()["VmHWM"]
+        result.joined_rss = result.idle
+        for student in students:
+            student.close()
+    report_exploring(result)
+    return result
+
+
+def exploring_rows(run: ClassRun) -> dict[str, str]:
+    presses = sum(map(len, run.explored.values()))
+    opens = sum(map(len, run.opened.values()))
+    opened = lambda role: ms(run.opened.get(role, []))  # noqa: E731
+    return {
+        "server idle, both models loaded": memory_text(run.idle),
+        "peak RSS (when)": peak_text(run.peak),
+        "VmHWM, and of the host's 2.7 GiB": f"{run.hwm / MIB:.0f} MiB, {run.hwm * 1024 / LIMIT_BYTES:.0%}",
+        "ordinary presses → step sent, p50 / p90": ms([shown for shown, _ in run.explored["light"]]),
+        "eviction presses → step sent, p50 / p90": ms([shown for shown, _ in run.explored["evict"]]),
+        "heavy presses → step sent, p50 / p90": ms([shown for shown, _ in run.explored["heavy"]]),
+        "ordinary pages open, p50 / p90": opened("light"),
+        "eviction pages open, p50 / p90": opened("evict"),
+        "heavy pages open, p50 / p90": opened("heavy"),
+        "server's CPU per open or press": f"{run.cpu[0] / max(1, presses + opens):.2f} s",
+        "presses made / lost": f"{presses} / {run.lost}",
+    }
+
+
+def report_exploring(run: ClassRun) -> None:
+    for error in run.errors:
+        print(f"  lost: {error[:300]}")
+    for name, value in exploring_rows(run).items():
+        print(f"  {name:44s} {value}", flush=True)
+
+
 # -- the figures ----------------------------------------------------------------------------------------------
 
 
@@ -543,10 +635,10 @@ def report(run: ClassRun) -> None:
         print(f"  {name:44s} {value}", flush=True)
 
 
-def table(runs: list[ClassRun]) -> str:
+def table(runs: list[ClassRun], exploring: bool = False) -> str:
     lines = ["| class on one host | " + " | ".join(run.label for run in runs) + " |",
              "|---|" + "---|" * len(runs)]
-    by_run = [rows(run) for run in runs]
+    by_run = [exploring_rows(run) if exploring else rows(run) for run in runs]
     return "\n".join(lines + [f"| {name} | " + " | ".join(r[name] for r in by_run) + " |" for name in by_run[0]])
 
 
@@ -571,29 +663,32 @@ def main() -> None:
     parser.add_argument("--langs", type=lambda text: tuple(text.split(",")), default=("en", "zh"),
                         help="the class's languages: en,zh (both models) or zh (embedded-zh alone)")
     parser.add_argument("--before", help="a git ref to run the same class against first, in the same run")
+    parser.add_argument("--explore", action="store_true", help="a class exploring on its own (no teacher)")
     args = parser.parse_args()
     limits = load_limits()
     late_step = max(1, limits.max_new_tokens - args.presses - 1)
     tokens = {lang: heaviest_prompt(limits, lang) for lang in args.langs}
-    seats = roster(args.students, args.langs)
+    seats = explorers_roster(args.students, args.langs) if args.explore else roster(args.students, args.langs)
     prompts = {seat: exact_prompt(seat.lang, tokens[seat.lang], seat.number)
                for seat in seats if seat.role == "heavy"}
     print(f"{args.students} students: " + ", ".join(f"{sum(s.role == r and s.lang == l for s in seats)} {r} {l}"
-                                                     for r in ("follower", "light", "heavy") for l in ("en", "zh"))
+                                                     for r in ("follower", "light", "heavy", "evict")
+                                                     for l in ("en", "zh"))
           + f"; {args.presses} presses every {args.pace:.0f} s; heavy links ask for a prompt of "
           + ", ".join(f"{count} tokens ({lang})" for lang, count in tokens.items()) + ", "
           f"block_size 1, kv_splits {APP_MAX_KV_SPLITS}, step {late_step}; the servers' environment: "
           + (" ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("KVSCOPE_"))
              or "no KVSCOPE_* (each checkout's defaults)"), flush=True)
     runs = []
+    run = run_exploring_class if args.explore else run_class
     with contextlib.ExitStack() as stack:
         if args.before:
             sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.before], check=True,
                                  capture_output=True, text=True).stdout.strip()
-            runs.append(run_class(stack.enter_context(worktree(args.before)), f"before ({args.before}, {sha})",
-                                  args, prompts, late_step))
-        runs.append(run_class(ROOT, "after (this checkout)", args, prompts, late_step))
-    print("\n" + table(runs))
+            runs.append(run(stack.enter_context(worktree(args.before)), f"before ({args.before}, {sha})",
+                            args, prompts, late_step))
+        runs.append(run(ROOT, "after (this checkout)", args, prompts, late_step))
+    print("\n" + table(runs, args.explore))
 
 
 if __name__ == "__main__":

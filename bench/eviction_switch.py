@@ -44,6 +44,8 @@ for policy in %r:
     pair = get(EvictionSettings(policy, "prefill", 0.5, 32, 8, 28))
     assert pair.advance_to(step) == step
     times.append([policy, time.perf_counter() - wall, time.process_time() - cpu])
+import resource
+times.append(["peak RSS MiB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 0])
 print(json.dumps(times))
 """ % SWITCHES
 
@@ -67,7 +69,8 @@ def main() -> None:
     for name, root in roots:
         started = time.perf_counter()
         rows = measure(root, args.step, args.prompt_tokens)
-        cells = "  ".join(f"{policy} {wall:.2f}/{cpu:.2f}" for policy, wall, cpu in rows)
+        *rows, (_, peak, _) = rows
+        cells = "  ".join(f"{policy} {wall:.2f}/{cpu:.2f}" for policy, wall, cpu in rows) + f"  peak RSS {peak:.0f} MiB"
         print(f"{name:6}  {cells}  (process {time.perf_counter() - started:.0f} s)")
 
 

@@ -14,9 +14,10 @@ from tests.helpers import metric_value, open_whole_view_in, press, until_link, w
 from tests.test_runner import case_expectation
 from ui import strings
 from ui.cases import CASE_BLOCK_SIZE, CASES
+from ui.lesson import number_of
 
 POLICIES = ("whole", "block", "radix")
-CASE_OF_CHAPTER = {12: "case1", 13: "case2"}
+CASE_OF_CHAPTER = {number_of("prefix_case1"): "case1", number_of("prefix_case2"): "case2"}
 ROUNDS = 3
 # A browser's routes (the buttons, PageDown / PageUp) go round twice: the second opening of a case is the first that
 # can meet the page's earlier copy of its edit. The third round is the AppTest routes' (the same server code).
@@ -75,12 +76,13 @@ def test_a_chapters_link_gives_the_articles_result_every_time(chapter, embedded_
 
 
 def test_the_chapter_buttons_give_the_articles_result_every_time(embedded_model):
-    """PageDown / PageUp are the buttons' shortcuts: 11 → 12 → 13 → 14 and back, three times (the whole view under
-    each chapter opened once, at the start: it stays open)."""
-    at = open_whole_view(start(chapter=11))
+    """PageDown / PageUp are the buttons' shortcuts: from the chapter before the cases through both to the one after,
+    and back, three times (the whole view under each chapter opened once, at the start: it stays open)."""
+    case1 = number_of("prefix_case1")
+    at = open_whole_view(start(chapter=case1 - 1))
     for _ in range(ROUNDS):
-        for key, arrives in (("b_chapter_next", 12), ("b_chapter_next", 13), ("b_chapter_next", 14),
-                             ("b_chapter_back", 13), ("b_chapter_back", 12), ("b_chapter_back", 11)):
+        for key, arrives in (("b_chapter_next", case1), ("b_chapter_next", case1 + 1), ("b_chapter_next", case1 + 2),
+                             ("b_chapter_back", case1 + 1), ("b_chapter_back", case1), ("b_chapter_back", case1 - 1)):
             at.button(key=key).click().run()
             assert_clean(at)
             assert at.query_params["chapter"] == str(arrives)
@@ -91,7 +93,7 @@ def test_the_chapter_buttons_give_the_articles_result_every_time(embedded_model)
 def test_the_chapter_list_gives_the_articles_result_every_time(embedded_model):
     at = open_whole_view(start(chapter=3))
     for _ in range(ROUNDS):
-        for number in (13, 12, 3):  # the other case, then another chapter, between two openings of each
+        for number in (*sorted(CASE_OF_CHAPTER, reverse=True), 3):  # the other case, then another chapter, between
             at.button(key=f"b_toc_{number}").click().run()
             assert_clean(at)
             assert at.query_params["chapter"] == str(number)
@@ -132,13 +134,15 @@ def test_the_case_buttons_in_a_browser(server, embedded_model):
 
 @pytest.mark.browser
 def test_page_down_and_page_up_in_a_browser(server, embedded_model):
-    """A presenter's clicker: 12, PageDown to 13 and 14, PageUp back to 13 and 12, twice."""
+    """A presenter's clicker: Case 1, PageDown to Case 2 and the chapter after, PageUp back to Case 2 and 1, twice."""
     with browser_page() as page:
-        page.goto(f"{server}/?chapter=12")
+        page.goto(f"{server}/?chapter={number_of('prefix_case1')}")
         open_whole_view_in(page)  # once: it stays open from chapter to chapter
         page_shows_case(page, embedded_model.tokenizer, "case1")
         for _ in range(BROWSER_ROUNDS):
-            for key, arrives in (("PageDown", 13), ("PageDown", 14), ("PageUp", 13), ("PageUp", 12)):
+            case1 = number_of("prefix_case1")
+            for key, arrives in (("PageDown", case1 + 1), ("PageDown", case1 + 2), ("PageUp", case1 + 1),
+                                 ("PageUp", case1)):
                 page.locator("h1").first.click()  # the page has the focus, not a field
                 page.keyboard.press(key)
                 until_link(page, chapter=str(arrives))

@@ -1,4 +1,4 @@
-"""The eviction view and chapter 16 ("What the cache forgets"): the view draws, for each policy and on SmolLM2 and a
+"""The eviction view and its chapter ("What the cache forgets"): the view draws, for each policy and on SmolLM2 and a
 tiny Gemma-shaped model, the positions the engine's own run kept (and what each policy's definition keeps); the
 chapter's numbers are its figures' data on both embedded models; bad link values and settings get a message in
 the page's language; the host's step memory caps or refuses the pair; in a browser the view's controls reach the
@@ -23,6 +23,7 @@ from tests.helpers import idle, widget
 from tests.server import browser_page, settled_text
 from tests.test_gemma_views import charts, matrix
 from ui import strings
+from ui.lesson import number_of
 from ui.eviction_runs import EvictionLab, EvictionSettings, pair_for
 from ui.run_store import RunStore
 from ui.settings import load_limits
@@ -244,7 +245,7 @@ def layer_words(layer: int, lang: str) -> str:
 @pytest.mark.parametrize(("model_name", "lang"), [("embedded", "en"), ("embedded-zh", "zh")])
 def test_the_chapters_numbers_are_its_figures_data(model_name, lang, request):
     request.getfixturevalue({"embedded": "embedded_model", "embedded-zh": "embedded_zh_model"}[model_name])
-    at = start(chapter=16, lang=lang)
+    at = start(chapter=number_of("evicting"), lang=lang)
     assert_clean(at)
     at = open_whole_view(at)
     assert_clean(at)

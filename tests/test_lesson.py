@@ -9,7 +9,9 @@ import re
 from dataclasses import dataclass
 from functools import cache
 
+import numpy as np
 import pytest
+import torch
 from playwright.sync_api import expect
 
 import engine
@@ -18,12 +20,13 @@ from engine.tokens import token_cells
 from tests.app_helpers import VIEW_TITLES, assert_clean, open_whole_view, start
 from tests.test_eviction_view import eviction_numbers, strong_sink
 from tests.test_app import english_left
+from tests.test_gemma_views import charts, matrix
 from tests.runs import decode
 from tests.helpers import WAIT_MS, Received, press
 from tests.server import browser_page, settled_text
 from ui import strings
 from ui.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
-from ui.lesson import CHAPTERS, WINDOW_PROMPTS, fill
+from ui.lesson import CHAPTERS, WINDOW_PROMPTS, fill, number_of
 from ui.state import default_prompt, language_defaults, parse_query
 from viz.style import fmt_size
 from viz.tokens import position_label
@@ -169,8 +172,54 @@ def expected_numbers(chapter, run: Run, at) -> list[str]:
         "context_window": lambda: growth_numbers(run),
         "sliding_window": lambda: window_numbers(run, chapter.settings["block_size"], at.session_state["w_lang"]),
         "evicting": lambda: eviction_numbers(run.model, run.shown[:run.n], chapter.step),
+        "contexts": lambda: contexts_numbers(run.model, at.session_state["w_model"], at.session_state["w_lang"])[0],
     }[chapter.key]()
     return [str(x) for x in numbers]
+
+
+def contexts_numbers(model: engine.Model, spec: str, lang: str) -> tuple[list[str], dict[str, list[float]]]:
+    """The fixed-weights chapter, computed with transformers on the same weights: the token's id and its two
+    positions, the last layer's number, and per layer the cosines between its two contexts of the keys before RoPE
+    (k_proj's output, after k_norm where the model has one, from forward hooks), of the keys as cached, and of the
+    values as cached."""
+    from transformers import AutoModelForCausalLM
+
+    from engine.loader import resolve_source
+    from engine.prompt import tokenize_prompt
+
+    first, second, word = (str(strings.t(key, lang)) for key in ("contexts_first", "contexts_second", "contexts_word"))
+    ends = []
+    for sentence in (first, second):
+        ids = tokenize_prompt(model, sentence, chat=False)
+        head = tokenize_prompt(model, sentence[:sentence.index(word) + len(word)], chat=False)
+        assert ids[:len(head)] == head
+        ends.append((ids[:len(head)], len(head) - 1))
+    hf = AutoModelForCausalLM.from_pretrained(resolve_source(spec), dtype=model.dtype).eval()
+    per_context = []
+    for ids, index in ends:
+        before = []
+        hooks = [(getattr(layer.self_attn, "k_norm", None) or layer.self_attn.k_proj).register_forward_hook(
+            lambda module, args, out: before.append(token_row(out.detach()[0], len(ids), index)))
+            for layer in hf.model.layers]
+        with torch.inference_mode():
+            cache = hf(torch.tensor([ids]), use_cache=True).past_key_values
+        for hook in hooks:
+            hook.remove()
+        per_context.append(dict(unrotated=before, keys=[layer.keys[0, :, -1].float().flatten() for layer in cache.layers],
+                                values=[layer.values[0, :, -1].float().flatten() for layer in cache.layers]))
+    a, b = per_context
+    cos = {name: [torch.nn.functional.cosine_similarity(x.double(), y.double(), dim=0).item()
+                  for x, y in zip(a[name], b[name])] for name in a}
+    id_ = ends[0][0][ends[0][1]]
+    position, layer = ("position {}", "layer {}") if lang == "en" else ("位置 {}", "第 {} 层")
+    return [str(id_), position.format(ends[0][1]), position.format(ends[1][1]), layer.format(len(cos["keys"]) - 1)], cos
+
+
+def token_row(keys: torch.Tensor, n: int, index: int) -> torch.Tensor:
+    """Position `index` of one sequence's keys, laid flat: (n, kv_heads × D), (n, kv_heads, D), or (kv_heads, n, D)
+    where a model normalises them after moving the heads first (Gemma 3 in transformers)."""
+    by_position = keys.transpose(0, 1) if keys.dim() == 3 and keys.shape[1] == n and keys.shape[0] != n else keys
+    return by_position[index].float().flatten()
 
 
 def post_norms(run: Run) -> bool:
@@ -197,7 +246,7 @@ def growth_numbers(run: Run) -> list[str]:
 
 
 WINDOW_WORDS = {"en": ("{} to {}", "{} blocks of {}", "**{} blocks**", "in {} blocks."),
-                "zh": ("{} 至 {}", "{} 个块，每块 {} 个", "**{} 个块**", "共 {} 个块。")}  # how chapter 15 writes them
+                "zh": ("{} 至 {}", "{} 个块，每块 {} 个", "**{} 个块**", "共 {} 个块。")}  # how the window chapter writes them
 
 
 def window_numbers(run: Run, size: int, lang: str) -> list[str]:
@@ -258,6 +307,10 @@ def premises(chapter, run: Run, at) -> dict[tuple[str, str | None], bool]:
         strong = strong_sink(run.model, run.shown[:run.n], chapter.step)
         return {(part, None): strong for part in ("question", "answer")} | {
             (part, "weak_sink"): not strong for part in ("question", "answer")}
+    if chapter.key == "contexts":  # layer 0 reads the embedding alone only where the position enters by RoPE
+        rope = info.positions.startswith("RoPE")
+        return {(part, None): rope for part in ("body", "look", "claim")} | {
+            (part, "learned"): not rope for part in ("body", "look", "claim")}
     if chapter.key == "prefill":
         return {(part, None): n >= 2 for part in ("question", "answer")} | {
             (part, "one_token"): n == 1 for part in ("question", "answer")}
@@ -374,6 +427,51 @@ def tells_the_truth(at, chapter, model: engine.Model, lang: str, prompt: str | N
         assert not english_left([text]), english_left([text])
 
 
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: f"{p[0]}-{p[1]}")
+def test_the_fixed_weights_chapter_quotes_and_draws_the_cosines_transformers_computes(page, request):
+    """The same token in two contexts, on each embedded model: transformers' own keys (before RoPE, from hooks) and
+    values are the same at layer 0 and differ from layer 1 on; the chapter's five cosines and its chart's three lines
+    are transformers' (float32: to the text's three decimals; bfloat16, Gemma: to 1e-2, as two implementations'
+    bfloat16 passes round apart through the layers)."""
+    model_name, lang = page
+    model = request.getfixturevalue(FIXTURES[model_name])
+    at = start(chapter=number_of("contexts"), **page_link(model_name, lang))
+    assert_clean(at)
+    _, cos = contexts_numbers(model, model_name, lang)
+    assert cos["unrotated"][0] > 1 - 1e-6 and cos["values"][0] > 1 - 1e-6  # layer 0: the same key and value
+    assert cos["keys"][0] < 1 - 1e-4  # turned by two positions
+    assert max(cos["unrotated"][1:]) < 1 - 1e-4 and max(cos["values"][1:]) < 1 - 1e-4  # then differing
+    quoted = [float(x) for x in re.findall(r"(?<![\d.])[01]\.\d{3}(?![\d])", plain(lesson_text(at)))]
+    expected = [cos["keys"][0], min(cos["unrotated"][1:]), min(cos["values"][1:]), cos["unrotated"][-1],
+                cos["values"][-1]]
+    close = 1e-2 if model.dtype == torch.bfloat16 else 1e-3
+    assert quoted == pytest.approx(expected, abs=close), (quoted, expected)
+    same = [float(x) for x in re.findall(r"(?<![\d.])[01]\.\d{5}(?![\d])", plain(lesson_text(at)))]
+    assert same == pytest.approx([cos["unrotated"][0], cos["values"][0]], abs=1e-5), same  # layer 0, before RoPE
+    chart = next(c for c in charts(at) if c["data"][0]["type"] == "scatter")
+    lines = [np.asarray(matrix(trace["y"]), dtype=float) for trace in chart["data"]]  # before RoPE, cached K, V
+    for line, name in zip(lines, ("unrotated", "keys", "values"), strict=True):
+        np.testing.assert_allclose(line, cos[name], atol=close / 10 if model.dtype == torch.float32 else close)
+
+
+def test_on_a_model_with_learned_positions_the_fixed_weights_chapter_says_layer_0_differs(tiny_model, tiny_model_dir,
+                                                                                          monkeypatch):
+    """GPT-2 adds a position's row to the embedding: the chapter's variant for it is shown (not "the same at layer
+    0"), with the values' cosine at layer 0 that its figure draws, in both languages."""
+    folder = tiny_model_dir("gpt2")
+    monkeypatch.setenv("KVSCOPE_MODELS", folder)
+    chapter = CHAPTERS[number_of("contexts") - 1]
+    for lang in ("en", "zh"):
+        at = start(chapter=chapter.number, model=folder, lang=lang, chat=0)
+        assert_clean(at)
+        shown = shown_parts(at, lang)
+        assert shown_variant(chapter, "body", lang, shown["body"]) == ["learned"], shown["body"]
+        chart = next(c for c in charts(at) if c["data"][0]["type"] == "scatter")
+        assert len(chart["data"]) == 2  # no keys before RoPE: there is no RoPE
+        v0 = float(np.asarray(matrix(chart["data"][1]["y"]), dtype=float)[0])
+        assert v0 < 1 - 1e-3 and f"{v0:.3f}" in plain(shown["body"])
+
+
 LONG_PROMPT = "什么是 KV 缓存？KV 缓存是一种用来存放注意力键和值的结构。" * 36  # over 600 of Gemma 3's tokens
 
 
@@ -399,7 +497,7 @@ def test_past_the_window_the_chapters_say_so(key, embedded_zh_model, monkeypatch
 def test_chapters_tell_different_things_and_cover_every_teaching_point():
     bodies = [c.part("body", lang) for c in CHAPTERS for lang in ("en", "zh")]
     assert len(set(bodies)) == len(bodies) and len(CHAPTERS) >= 10
-    assert {p for c in CHAPTERS for p in c.points} == {f"T{i}" for i in range(1, 17)}
+    assert {p for c in CHAPTERS for p in c.points} == {f"T{i}" for i in range(1, 18)}
     for c in CHAPTERS:  # the same placeholders in both languages: a number is never missing in one of them
         for variant in (None, *c.variants):
             texts = [c.text[lang][variant] if variant else c.text[lang] for lang in ("en", "zh")]
@@ -428,7 +526,7 @@ def test_every_variant_is_checked_against_its_run():
     checked = {"prefill": {"one_token"}, "residual": {"post_norms"}, "gqa": {"mha"},
                "long_context": {"window_doubling"}, "prefix_case1": {"all_agree"},
                "context_window": {"windowed", "rough", "past_window", "one_token"},
-               "sliding_window": {"inside_window", "no_window"}, "evicting": {"weak_sink"}}
+               "sliding_window": {"inside_window", "no_window"}, "evicting": {"weak_sink"}, "contexts": {"learned"}}
     for c in CHAPTERS:
         assert set(c.variants) == checked.get(c.key, set()) | unchecked.get(c.key, set()), c.key
 
@@ -452,17 +550,17 @@ def test_the_growth_chart_is_the_chapters_numbers(embedded_model, embedded_zh_mo
             assert per_token.loc[run.window] > 3 * per_token.loc[info.context_limit]  # the bend
 
 
-def test_walking_chapters_12_to_15_on_gemma_raises_no_warning(embedded_zh_model):
-    """Chapters 12 and 13 load the article's cases (chat off); the chapters after them put the lesson's prompt
+def test_walking_from_the_cases_to_the_window_chapter_on_gemma_raises_no_warning(embedded_zh_model):
+    """The two case chapters load the article's cases (chat off); the chapters after them put the lesson's prompt
     back with the chat switch the page had. On Gemma 3 (no chat template) that is off: no "chat=1" problem
     appears that nobody's link asked for, in Chinese and in English, forward and back."""
     for lang in ("zh", "en"):
-        at = start(chapter=12, **page_link("embedded-zh", lang))
+        at = start(chapter=number_of("prefix_case1"), **page_link("embedded-zh", lang))
         for move in ["b_chapter_next"] * 3 + ["b_chapter_back"] * 3 + ["b_chapter_next"] * 3:
             at.button(key=move).click().run()
             assert_clean(at)
             assert not at.warning, (lang, at.query_params["chapter"], [w.value for w in at.warning])
-        assert at.query_params["chapter"] == "15" and at.session_state["w_chat"] is False
+        assert at.query_params["chapter"] == str(number_of("sliding_window")) and at.session_state["w_chat"] is False
     plain_page = start(model="embedded-zh", lang="en")  # the English default (chat on) on a base model
     assert_clean(plain_page)
     assert not plain_page.warning, [w.value for w in plain_page.warning]
@@ -478,9 +576,10 @@ def test_an_engine_error_is_in_the_pages_language_and_the_lesson_stays(embedded_
     for lang, prompt, model in (("zh", "什么是 KV 缓存？" * 300, embedded_zh_model), ("en", "What is a KV cache? " * 300,
                                                                                   embedded_model)):
         allowed = model_limits(load_limits(), model.info).max_prompt_tokens  # each model its own
-        at = start(chapter=15, lang=lang, prompt=prompt)
+        window = CHAPTERS[number_of("sliding_window") - 1]
+        at = start(chapter=window.number, lang=lang, prompt=prompt)
         assert not at.exception, at.exception
-        assert [t.value for t in at.title] == [f"15/{len(CHAPTERS)} · {CHAPTERS[14].part('title', lang)}"]
+        assert [t.value for t in at.title] == [f"{window.number}/{len(CHAPTERS)} · {window.part('title', lang)}"]
         errors = [e.value for e in at.error]
         assert len(errors) == 1 and f"{allowed}" in errors[0], errors
         if lang == "zh":
@@ -488,7 +587,7 @@ def test_an_engine_error_is_in_the_pages_language_and_the_lesson_stays(embedded_
         assert not at.button(key="b_chapter_back").disabled
         at.button(key="b_lesson_prompt").click().run()
         assert_clean(at)
-        assert at.session_state["w_prompt"] == default_prompt(lang) and at.query_params["chapter"] == "15"
+        assert at.session_state["w_prompt"] == default_prompt(lang) and at.query_params["chapter"] == str(window.number)
         assert at.container("chapter").markdown  # the chapter's text is back
 
 
@@ -526,7 +625,7 @@ def test_a_malformed_chapter_falls_back_with_a_message(value, embedded_model):
 def test_a_link_to_a_chapter_with_another_view_opens_the_chapters_view_and_figure(embedded_model):
     """The chapter sets the view (its selector is hidden in the lesson): a hand-edited link naming another view still
     shows the chapter's figure, not an empty place; the link's other values stay."""
-    chapter = CHAPTERS[8]  # paging: its figure is the pool, in the paged-KV view
+    chapter = CHAPTERS[number_of("paging") - 1]  # its figure is the pool, in the paged-KV view
     at = start(chapter=chapter.number, view="flow", step=5)
     assert_clean(at)
     state, _ = parse_query(dict(at.query_params.items()))
@@ -536,7 +635,7 @@ def test_a_link_to_a_chapter_with_another_view_opens_the_chapters_view_and_figur
 
 
 def test_leaving_the_lesson_keeps_the_page_as_it_is(embedded_model):
-    at = start(chapter=9)  # paging: kv view, step 6, blocks of 4
+    at = start(chapter=number_of("paging"))  # kv view, step 6, blocks of 4
     at.button(key="b_lesson_leave").click().run()
     assert_clean(at)
     state, _ = parse_query(dict(at.query_params.items()))
@@ -592,9 +691,10 @@ def test_keys_buttons_and_the_list_move_through_the_chapters(server):
         open_sidebar(page)
         page.locator(".st-key-b_toc_1 button").click()  # the chapter the sidebar was last drawn on
         chapter_in_link(page, 1)
-        page.locator(".st-key-b_toc_12 button").click()
-        chapter_in_link(page, 12)  # the article's Case 1, loaded on entering
-        shows_chapter(page, 12)
+        case1 = number_of("prefix_case1")
+        page.locator(f".st-key-b_toc_{case1} button").click()
+        chapter_in_link(page, case1)  # the article's Case 1, loaded on entering
+        shows_chapter(page, case1)
         params = dict(p.split("=", 1) for p in page.url.split("?", 1)[1].split("&"))
         assert (params["view"], params["block_size"], params["step"]) == ("prefix", "4", "1")
         sent.clear()
@@ -673,16 +773,17 @@ def test_a_revisited_chapter_reads_the_run_its_first_visit_computed(embedded_mod
     visit only (the store's count of builds does not move on the way back), and shows the same step's token.
     The store of its own (its size is part of its key) has room for them all: this is not about eviction."""
     monkeypatch.setenv("KVSCOPE_SHARED_RUNS_MB", "4321")
-    at = start(chapter=9)
+    first, last = number_of("paging"), number_of("prefix_case2")  # paging, costs, split-KV and both cases
+    at = start(chapter=first)
     store = at.session_state["page"].runner.runs
     seen = {}
-    for number in range(9, 14):  # 9 … 13: paging, costs, split-KV and both cases
-        if number > 9:
+    for number in range(first, last + 1):
+        if number > first:
             at.button(key="b_chapter_next").click().run()
         assert_clean(at)
         seen[number] = at.query_params["step"], at.session_state["page"].runner.session.generated[:]
     built = store.built
-    for number in range(12, 8, -1):  # back to 9: all visited
+    for number in range(last - 1, first - 1, -1):  # back to the first: all visited
         at.button(key="b_chapter_back").click().run()
         assert_clean(at)
         assert at.query_params["chapter"] == str(number)

@@ -1,7 +1,8 @@
 """The whole lesson walked as a class walks it (issue 34), in headless Chromium at 1280×720 with large text: SmolLM2
 in English and Gemma 3 270M in Chinese, each on a student's page and on the teacher's (`lead=1`, the students' panel
 in the header). Each walk is one page. A student's: chapter 1 to the last by PageDown, back to 1 by PageUp, then
-chapter 11 opened from its link and chapters 12–15 revisited (PageDown to 15, PageUp to 12). The teacher's: chapter 1
+the split-KV chapter opened from its link and the four after it revisited (PageDown through the cases, the context
+window and the sliding window, PageUp back to Case 1). The teacher's: chapter 1
 to the last by PageDown (what the header's panel changes is where each chapter's figure and buttons fall, the same
 whichever way a chapter is reached; the way back and the revisit are the students' walks' checks). At every chapter:
 
@@ -17,8 +18,9 @@ whichever way a chapter is reached; the way back and the revisit are the student
   words in the token stream (never a byte chip or U+FFFD) beside their figure.
 
 On the backward walk of each student's page, → steps after a click on each kind of control the lesson shows: the
-whole view's expander and the K/V radio (chapter 8), the layer picker and the scores toggle (chapter 6), the batch
-slider (chapter 10) (the view radio is hidden in the lesson: the chapter sets the view), and PageUp then changes the
+whole view's expander and the K/V radio (the KV cache chapter), the layer picker and the scores toggle (the attention
+chapter), the batch slider (the long-context chapter) (the view radio is hidden in the lesson: the chapter sets the
+view), and PageUp then changes the
 chapter. tests/test_controls.py covers the same controls on SmolLM2's free page; these are the lesson's, on both
 models.
 
@@ -34,13 +36,14 @@ from tests.helpers import (CHIPS_OUTSIDE, NOT_CUT, STREAM_CHIPS, WAIT_MS, box, l
 from tests.server import settled_text
 from tests.test_controls import batch_slider, click_then_key, layer_picker, nothing, scores_on, text_on_page
 from ui import strings
-from ui.lesson import CHAPTERS
+from ui.lesson import CHAPTERS, number_of
 
 pytestmark = pytest.mark.browser
 
 SCREEN = 720  # the projector's height (conftest.py's page: 1280×720)
 LAST = len(CHAPTERS)
-REVISITED = range(12, 16)  # the prefix-cache, context and window chapters: the ones that once changed on a revisit
+# the prefix-cache, context and window chapters: the ones that once changed on a revisit
+REVISITED = range(number_of("prefix_case1"), number_of("sliding_window") + 1)
 SHOWN_PROBLEMS = '[data-testid="stAlertContentWarning"], [data-testid="stAlertContentError"]'
 # model → the page's language (a page in Chinese opens on Gemma 3 270M, one in English on SmolLM2)
 MODELS = {"smollm2": "en", "gemma3": "zh"}
@@ -152,14 +155,14 @@ def controls_then_arrow(page, number: int, lang: str) -> None:
     clicked on the way back, where no chapter is visited again)."""
     step = int(link(page)["step"])
     chapter = str(number)
-    if number == 10:  # the costs view: the batch slider under the chapter's chart
+    if number == number_of("long_context"):  # the costs view: the batch slider under the chapter's chart
         click_then_key(page, *batch_slider(page, 0.25), "ArrowRight", chapter=chapter, step=str(step + 1))
-    elif number == 8:  # the KV view: the whole view's expander, then its K/V radio
+    elif number == number_of("kv_cache"):  # the KV view: the whole view's expander, then its K/V radio
         click_then_key(page, lambda: open_whole_view_in(page), nothing, "ArrowRight", chapter=chapter,
                        step=str(step + 1))
         click_then_key(page, *kv_radio(page, lang), "ArrowRight", chapter=chapter, step=str(step + 2))
         close_whole_view(page)
-    elif number == 6:  # the attention view: the layer picker and the scores toggle under the heatmap
+    elif number == number_of("attention"):  # the attention view: the layer picker and the scores toggle
         click_then_key(page, *layer_picker(page), "ArrowRight", chapter=chapter, step=str(step + 1))
         click_then_key(page, *scores_on(page), "ArrowRight", chapter=chapter, step=str(step + 2))
 

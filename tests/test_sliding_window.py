@@ -13,7 +13,7 @@ from tests.app_helpers import assert_clean, start
 from tests.conftest import GEMMA_WINDOW
 from tests.runs import decode
 from tests.test_gemma_views import charts, matrix
-from ui.lesson import CHAPTERS, WINDOW_PROMPTS
+from ui.lesson import CHAPTERS, WINDOW_PROMPTS, number_of
 from ui.settings import load_limits
 
 W = GEMMA_WINDOW
@@ -215,11 +215,12 @@ def test_each_models_limits_let_gemma_pass_its_window_in_the_bytes_smollm2_had(e
 
 
 def test_the_window_chapter_keeps_its_own_prompt_in_the_pages_language_and_model(embedded_model, embedded_zh_model):
-    """Chapter 15 runs its own prompt only on a model with a window, in the page's language; leaving it for another
+    """The window chapter runs its own prompt only on a model with a window, in the page's language; leaving it for another
     chapter, or a language (and so a model) without a window, puts the class's prompt back."""
     from ui.state import default_prompt
 
-    at = start(chapter=15, lang="en")  # SmolLM2: no window, the class's prompt
+    window = number_of("sliding_window")
+    at = start(chapter=window, lang="en")  # SmolLM2: no window, the class's prompt
     assert at.session_state["w_prompt"] == default_prompt("en")
     at.selectbox(key="w_lang").set_value("zh").run()  # the Chinese page's model, Gemma 3: the chapter's own prompt
     assert_clean(at)
@@ -228,8 +229,8 @@ def test_the_window_chapter_keeps_its_own_prompt_in_the_pages_language_and_model
     at.selectbox(key="w_lang").set_value("en").run()
     assert_clean(at)
     assert at.session_state["w_model"] == "embedded" and at.session_state["w_prompt"] == default_prompt("en")
-    at = start(chapter=15, lang="en", model="embedded-zh")
+    at = start(chapter=window, lang="en", model="embedded-zh")
     assert at.session_state["w_prompt"] == WINDOW_PROMPTS["en"]
     at.button(key="b_chapter_back").click().run()
     assert_clean(at)
-    assert at.session_state["w_prompt"] == default_prompt("en") and at.query_params["chapter"] == "14"
+    assert at.session_state["w_prompt"] == default_prompt("en") and at.query_params["chapter"] == str(window - 1)

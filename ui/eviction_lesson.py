@@ -1,4 +1,4 @@
-"""Chapter 16 ("What the cache forgets"): its numbers, read from the arrays the eviction view draws
+"""The eviction chapter ("What the cache forgets"): its numbers, read from the arrays the eviction view draws
 (`ui.eviction_shown`), and the variant its run calls for."""
 
 from __future__ import annotations

@@ -76,6 +76,11 @@ CHAPTERS = read_chapters()
 WINDOW_PROMPTS = read_window_prompts()
 
 
+def number_of(key: str) -> int:
+    """The chapter `key`'s number (1-based, as the link's `chapter`): code names chapters by key, not by place."""
+    return next(c.number for c in CHAPTERS if c.key == key)
+
+
 class _Missing:
     """A number this step does not have (e.g. no split before the prefill): shown as a dash, whatever its format."""
 
@@ -90,7 +95,7 @@ class _Count(int):
         return super().__format__(spec or ",")
 
 
-NOT_COUNTS = frozenset({"id"})  # a token id is a name, written as the vocabulary numbers it: 12345
+NOT_COUNTS = frozenset({"id", "ctx_id"})  # a token id is a name, written as the vocabulary numbers it: 12345
 
 
 class _Facts(dict):

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import engine
 from engine.busy_pool import BusyPoolPicture
+from engine.context_kv import TokenInContexts, token_in_contexts
 from engine.prefix_cache import PolicyReuse, PromptHistory
-from engine.prompt import PromptSegment, has_chat_template, prompt_segments, template_can_think
+from engine.prompt import PromptSegment, has_chat_template, prompt_segments, template_can_think, tokenize_prompt
 from engine.split_kv import split_demo
 from engine.timing import DecodeTiming, measure_decode
 from engine.tokens import TokenCell, token_cells
@@ -54,6 +55,7 @@ class Runner:
         self.lease: Lease | None = None
         self.history = PromptHistory()  # the prompts this browser session published
         self._saw_prefill = False  # this page reached step 1 of its run: leaving it publishes the prompt
+        self._contexts: dict[tuple[str, str, str], TokenInContexts] = {}  # `token_in_contexts`, per sentence pair
 
     @property
     def run(self) -> Run | None:
@@ -152,6 +154,26 @@ class Runner:
         passes = pair.advance_to(max(step, 1))
         self.labs.trim()  # the lab may have grown past the store's bytes: older runs go first
         return pair, passes
+
+    def token_in_contexts(self, first: str, second: str, word: str) -> TokenInContexts:
+        """The last token of `word` in two sentences, each read as a prompt without a chat template: its K and V in
+        every layer of both (`engine.context_kv`), computed once per page and pair. Raises InvalidSettingError where
+        `word` is missing from a sentence or ends on different ids in the two."""
+        key = (first, second, word)
+        with self.lock:
+            if key not in self._contexts:
+                (a, i), (b, j) = (self._word_end(text, word) for text in (first, second))
+                self._contexts[key] = token_in_contexts(self.model, a, i, b, j)
+            return self._contexts[key]
+
+    def _word_end(self, sentence: str, word: str) -> tuple[list[int], int]:
+        """`sentence`'s ids and the index of the last token of `word`'s first occurrence in it."""
+        end = sentence.find(word) + len(word)
+        ids = tokenize_prompt(self.model, sentence, chat=False)
+        head = tokenize_prompt(self.model, sentence[:end], chat=False)
+        if end < len(word) or ids[:len(head)] != head:
+            raise engine.InvalidSettingError(f"“{word}” is not a whole run of tokens in “{sentence}” on this model")
+        return ids, len(head) - 1
 
     def trace(self, step: int) -> StepTrace | None:
         """The trace that produced token `step` (1-based), with its tensors (rebuilt if it was slimmed)."""

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import streamlit as st
 
+from engine.errors import InvalidSettingError
 from ui.context import ViewContext
+from ui.contexts_shown import shown_contexts
 from ui.strings import Shown
 from ui.views.chapter_part import Part, shown
 from ui.views.figures import figure, memo_key, shared_table, table
 from ui.views.widgets import layer_head_pickers, titled, words
 from ui.state import POOLS
-from viz.kv_cache import (block_table_frame, busy_pool_figure, difference_text, kv_bytes_table, kv_values_figure,
-                          layer_lengths_figure, layer_lengths_frame, layer_lengths_table, lengths_default,
-                          occupancy_bar, pool_figure, window_saving)
+from viz.kv_cache import (block_table_frame, busy_pool_figure, contexts_figure, difference_text, kv_bytes_table,
+                          kv_values_figure, layer_lengths_figure, layer_lengths_frame, layer_lengths_table,
+                          lengths_default, occupancy_bar, pool_figure, window_saving)
 from viz.style import fmt_int, fmt_size
 from viz.window import layer_reach_figure, layer_reach_frame
 
@@ -38,6 +40,7 @@ def render(ctx: ViewContext) -> None:
     layer, head = layer_head_pickers(ctx)
     layer_reach(ctx, head)
     kv_values(ctx, layer, head, length)
+    contexts(ctx)
     layer_lengths(ctx, length)
     if shown():
         st.markdown(ctx.t("bytes_title"))
@@ -122,6 +125,28 @@ def layer_reach(ctx: ViewContext, head: int) -> None:
             layer_reach_frame(trace.attention[:, head, -1].float().numpy(), trace.scores[:, head, -1].float().numpy()),
             info.layer_kinds, trace.window_start, ctx.t("reach_title", head=head), ctx.large, words(ctx)),
             f"reach-H{head}", memo_key(ctx, "reach", head))
+
+
+def contexts(ctx: ViewContext) -> None:
+    """One token in two contexts (the article's 苹果 in 我吃苹果 and 苹果手机): how alike its K and V are in each
+    layer, and the numbers that say why: fixed weights, inputs that carry the context."""
+    place = Part("contexts")
+    if not place.shown:
+        return
+    with place:
+        try:
+            shown = shown_contexts(ctx)
+        except InvalidSettingError as error:
+            st.info(ctx.t("contexts_unavailable", error=str(error)))
+            return
+        both = shown.both
+        figure(lambda: contexts_figure(both.key_cosines(), both.unrotated_key_cosines(), both.value_cosines(),
+                                       ctx.t("contexts_title", word=shown.word), ctx.large, words(ctx)),
+               "kv-contexts", memo_key(ctx, "contexts", per_step=False))
+        facts = shown.facts()
+        st.markdown(ctx.t("contexts_where", **facts))
+        layer0 = "contexts_layer0_same" if facts["ctx_rope"] else "contexts_layer0_learned"
+        st.markdown(ctx.t(layer0, **facts))
 
 
 def layer_lengths(ctx: ViewContext, length: int) -> None:

@@ -10,6 +10,7 @@ from engine.reference_models import reference_info
 from engine.split_kv import worked_example
 from engine.timing import crossover_batch, crossover_context, decode_step_bytes, weight_bytes_read
 from ui import eviction_lesson, strings
+from ui.contexts_shown import contexts_facts
 from ui.strings import Shown
 from ui.context import ViewContext
 from ui.lesson import CHAPTERS, Chapter, fill
@@ -59,7 +60,8 @@ def facts(ctx: ViewContext) -> dict:
             out.update(busy_facts(runner.busy_pool(ctx.step)))
         if trace.split is not None:
             out.update(split_facts(ctx))
-        out.update(eviction_lesson.facts(ctx) if ctx.state.view == "eviction" else {})  # chapter 16's, its figures'
+        out.update(eviction_lesson.facts(ctx) if ctx.state.view == "eviction" else {})  # the eviction chapter's, its figures'
+        out.update(contexts_facts(ctx) if (chapter := current(ctx)) and chapter.figure == "contexts" else {})
         if ctx.state.view == "attention" and trace.attention is not None:
             out.update(attention_facts(ctx, context))
         out.update(inputs_tokens=ctx.t("count_tokens", n=len(trace.input_ids)))
@@ -187,6 +189,7 @@ VARIANTS = {
     "prefill": lambda f: ("one_token" if f["n"] == 1 else None,),
     "residual": lambda f: ("post_norms" if f["norms"] == 4 else None,),
     "gqa": lambda f: ("mha" if f["group"] == 1 else None,),
+    "contexts": lambda f: ("learned" if not f.get("ctx_rope", True) else None,),
     "long_context": lambda f: (None if f.get("kv_doubles", True) else "window_doubling",),
     "prefix_case1": _prefix_case1,
     "context_window": _context_window,
@@ -197,7 +200,7 @@ VARIANTS = {
 
 
 def cost_facts(info, context: int) -> dict:
-    """What one decode step reads at `context` positions, for this model and Qwen3-0.6B (chapter 10): the weights,
+    """What one decode step reads at `context` positions, for this model and Qwen3-0.6B (the long-context chapter): the weights,
     and the batch (or context) from which the K/V passes them."""
     qwen = reference_info("Qwen3-0.6B")
     batch = crossover_batch(info, context)
@@ -232,7 +235,7 @@ def window_facts(ctx: ViewContext, context: int) -> dict:
 
 
 def busy_facts(picture) -> dict:
-    """This run replayed in a pool other requests used first (chapter 9): where its first blocks landed."""
+    """This run replayed in a pool other requests used first (the paging chapter): where its first blocks landed."""
     table = picture.block_table
     shown = ", ".join(f"{logical} → {physical}" for logical, physical in enumerate(table[:4]))
     return dict(busy_map=Shown(shown + (", …" if len(table) > 4 else "")),

@@ -198,13 +198,18 @@ class EvictionLab:
         (`turns.share`), with the lab's lock let go."""
         while True:
             with self.lock:
-                if not any(len(r.passes) < count and not (r.passes and r.run.finished) for r in self.runs.values()):
+                if self._short_of(count):
+                    steps = self.batch.step() if self.runs[None].passes else self.batch.prefill()
+                    for recorded, step in zip(self.runs.values(), steps):
+                        if step is not None:
+                            recorded.record(step)
+                if not self._short_of(count):  # no turn shared after the last pass: the page draws next
                     return
-                steps = self.batch.step() if self.runs[None].passes else self.batch.prefill()
-                for recorded, step in zip(self.runs.values(), steps):
-                    if step is not None:
-                        recorded.record(step)
             turns.share()
+
+    def _short_of(self, count: int) -> bool:
+        """Whether some run that can go on has fewer than `count` passes."""
+        return any(len(r.passes) < count and not (r.passes and r.run.finished) for r in self.runs.values())
 
     @property
     def nbytes(self) -> int:

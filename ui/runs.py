@@ -96,13 +96,16 @@ class Run:
         session = self.session
         while True:
             with self.lock:
-                if step >= 1 and not session.traces:
-                    session.prefill()
-                elif len(session.generated) < step and not session.finished:
-                    session.step()
-                else:
+                if self._short_of(step):
+                    session.step() if session.traces else session.prefill()
+                if not self._short_of(step):  # no turn shared after the last pass: the page draws next
                     return min(step, len(session.generated))
             turns.share()
+
+    def _short_of(self, step: int) -> bool:
+        """Whether another pass is needed for `step` tokens (a prefill first)."""
+        session = self.session
+        return (step >= 1 and not session.traces) or (len(session.generated) < step and not session.finished)
 
     def trace(self, step: int) -> StepTrace | None:
         """The trace that produced token `step` (1-based), with its tensors: if it was slimmed, rebuilt by one

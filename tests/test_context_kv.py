@@ -70,3 +70,21 @@ def test_different_ids_or_an_index_outside_raise_a_clear_error(tiny_model):
         token_in_contexts(model, ids, 0, ids, 1)
     with pytest.raises(InvalidSettingError, match="outside"):
         token_in_contexts(model, ids, len(ids), ids, 0)
+
+
+@pytest.mark.browser
+def test_the_kv_views_two_contexts_open_on_a_click_in_a_browser(server, page):
+    """Outside the lesson the part waits closed under the KV view (a press there builds nothing more); a click opens
+    it: the chart and the sentence naming the token and its two positions."""
+    from playwright.sync_api import expect
+
+    from tests.helpers import WAIT_MS, idle, widget
+
+    page.goto(f"{server}/?view=kv&step=2")
+    idle(page)
+    part = widget(page, "x_contexts")
+    expect(part.locator("[data-testid='stPlotlyChart']")).to_have_count(0)
+    part.locator("summary").first.click()
+    expect(part.locator("[data-testid='stPlotlyChart']")).to_be_visible(timeout=WAIT_MS)
+    expect(part).to_contain_text("token 11977", timeout=WAIT_MS)  # " apple" in both sentences, on SmolLM2
+    expect(part).to_contain_text("position 3")

@@ -10,7 +10,7 @@ from ui.contexts_shown import shown_contexts
 from ui.strings import Shown
 from ui.views.chapter_part import Part, shown
 from ui.views.figures import figure, memo_key, shared_table, table
-from ui.views.widgets import layer_head_pickers, titled, words
+from ui.views.widgets import layer_head_pickers, opened, titled, words
 from ui.state import POOLS
 from viz.kv_cache import (block_table_frame, busy_pool_figure, contexts_figure, difference_text, kv_bytes_table,
                           kv_values_figure, layer_lengths_figure, layer_lengths_frame, layer_lengths_table,
@@ -129,24 +129,33 @@ def layer_reach(ctx: ViewContext, head: int) -> None:
 
 def contexts(ctx: ViewContext) -> None:
     """One token in two contexts (the article's 苹果 in 我吃苹果 and 苹果手机): how alike its K and V are in each
-    layer, and the numbers that say why: fixed weights, inputs that carry the context."""
+    layer, and the numbers that say why: fixed weights, inputs that carry the context. The chapter's figure on its
+    first screen; in the whole view, built only when opened (a press on the KV view costs nothing more)."""
     place = Part("contexts")
     if not place.shown:
         return
     with place:
-        try:
-            shown = shown_contexts(ctx)
-        except InvalidSettingError as error:
-            st.info(ctx.t("contexts_unavailable", error=str(error)))
+        if place.height:
+            draw_contexts(ctx)
             return
-        both = shown.both
-        figure(lambda: contexts_figure(both.key_cosines(), both.unrotated_key_cosines(), both.value_cosines(),
-                                       ctx.t("contexts_title", word=shown.word), ctx.large, words(ctx)),
-               "kv-contexts", memo_key(ctx, "contexts", per_step=False))
-        facts = shown.facts()
-        st.markdown(ctx.t("contexts_where", **facts))
-        layer0 = "contexts_layer0_same" if facts["ctx_rope"] else "contexts_layer0_learned"
-        st.markdown(ctx.t(layer0, **facts))
+        with opened(ctx.t("contexts_open"), "x_contexts") as box:
+            if box.open:
+                draw_contexts(ctx)
+
+
+def draw_contexts(ctx: ViewContext) -> None:
+    try:
+        shown = shown_contexts(ctx)
+    except InvalidSettingError as error:
+        st.info(ctx.t("contexts_unavailable", error=str(error)))
+        return
+    both = shown.both
+    figure(lambda: contexts_figure(both.key_cosines(), both.unrotated_key_cosines(), both.value_cosines(),
+                                   ctx.t("contexts_title", word=shown.word), ctx.large, words(ctx)),
+           "kv-contexts", memo_key(ctx, "contexts", per_step=False))
+    facts = shown.facts()
+    st.markdown(ctx.t("contexts_where", **facts))
+    st.markdown(ctx.t("contexts_layer0_same" if facts["ctx_rope"] else "contexts_layer0_learned", **facts))
 
 
 def layer_lengths(ctx: ViewContext, length: int) -> None:

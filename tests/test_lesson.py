@@ -699,7 +699,7 @@ def test_keys_buttons_and_the_list_move_through_the_chapters(server):
         assert (params["view"], params["block_size"], params["step"]) == ("prefix", "4", "1")
         sent.clear()
         press(page, "b_chapter_back")
-        chapter_in_link(page, 11)
+        chapter_in_link(page, number_of("split_kv"))
         assert "view=split" in page.url and "kv_splits=4" in page.url
         assert sent.carries("w_top_p")
         open_sidebar(page)

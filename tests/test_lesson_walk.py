@@ -178,6 +178,6 @@ def kv_radio(page, lang: str):
 
 def close_whole_view(page) -> None:
     """Close the whole view again: the chapters after this one are walked as a class sees them, with it closed."""
-    widget(page, "x_whole_view").locator("summary").click()
+    widget(page, "x_whole_view").locator("summary").first.click()  # its own; the KV view has one inside
     page.wait_for_function("() => !document.querySelector('.st-key-x_whole_view details[open]')", timeout=WAIT_MS)
     settled_text(page)

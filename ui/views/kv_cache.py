@@ -135,15 +135,15 @@ def contexts(ctx: ViewContext) -> None:
     if not place.shown:
         return
     with place:
-        if place.height:
-            draw_contexts(ctx)
+        if place.height:  # the chapter's text says what the figure shows: the figure alone fits its first screen
+            draw_contexts(ctx, explained=False)
             return
         with opened(ctx.t("contexts_open"), "x_contexts") as box:
             if box.open:
                 draw_contexts(ctx)
 
 
-def draw_contexts(ctx: ViewContext) -> None:
+def draw_contexts(ctx: ViewContext, explained: bool = True) -> None:
     try:
         shown = shown_contexts(ctx)
     except InvalidSettingError as error:
@@ -153,9 +153,10 @@ def draw_contexts(ctx: ViewContext) -> None:
     figure(lambda: contexts_figure(both.key_cosines(), both.unrotated_key_cosines(), both.value_cosines(),
                                    ctx.t("contexts_title", word=shown.word), ctx.large, words(ctx)),
            "kv-contexts", memo_key(ctx, "contexts", per_step=False))
-    facts = shown.facts()
-    st.markdown(ctx.t("contexts_where", **facts))
-    st.markdown(ctx.t("contexts_layer0_same" if facts["ctx_rope"] else "contexts_layer0_learned", **facts))
+    if explained:
+        facts = shown.facts()
+        st.markdown(ctx.t("contexts_where", **facts))
+        st.markdown(ctx.t("contexts_layer0_same" if facts["ctx_rope"] else "contexts_layer0_learned", **facts))
 
 
 def layer_lengths(ctx: ViewContext, length: int) -> None:

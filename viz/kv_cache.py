@@ -238,6 +238,7 @@ def contexts_figure(key_cosines: list[float], unrotated_cosines: list[float] | N
             fig.add_scatter(x=layers, y=values, mode="lines+markers", name=words[name],
                             line=dict(color=color, dash=dash),
                             hovertemplate=words["layer"] + " %{x}: %{y:.4f}<extra>" + words[name] + "</extra>")
-    fig.update_layout(xaxis=dict(title=words["layer"], dtick=max(1, len(layers) // 15)),
+    fig.update_layout(xaxis=dict(title=words["layer"], dtick=max(1, len(layers) // 15),
+                                 range=[-0.5, len(layers) - 0.5]),
                       yaxis=dict(title=words["contexts_cosine"]), legend=TOP_LEGEND)
     return finish(fig, title, large, height=first_screen_height(large))

@@ -94,3 +94,14 @@ def test_forked_tables_write_their_own_positions(tiny_model):
     k_second, _, _ = second.table.read(0)
     assert torch.equal(k_first[:n], k_second[:n])
     assert not torch.allclose(k_first[n], k_second[n])
+
+
+def test_a_runs_records_count_every_evictions_rows(tiny_model):
+    """What a run keeps about its passes (`records_nbytes`, which the run store counts) includes each eviction's rows:
+    a streaming window evicts at every pass, so its records hold at least the positions it ranked each time."""
+    model = tiny_model("llama")
+    ids = model.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
+    run = alone(model, ids, Variant(None, budget=StreamingWindow(2, 9)))
+    rows = sum(8 * e.positions.numel() for step in run.steps for e in step.evictions if e is not None)
+    assert rows > 0 and run.records_nbytes() >= rows + sum(s.evicted_share.nbytes for s in run.steps)
+    run.close()

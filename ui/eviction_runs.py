@@ -179,7 +179,9 @@ class RecordedRun:
 
     @property
     def nbytes(self) -> int:
-        return sum(p.kept.nbytes + p.evicted_share.nbytes + p.sink_share.nbytes for p in self.passes)
+        """The passes recorded here and what the engine's run keeps of them."""
+        recorded = sum(p.kept.nbytes + p.evicted_share.nbytes + p.sink_share.nbytes for p in self.passes)
+        return recorded + self.run.records_nbytes()
 
 
 class EvictionLab:
@@ -213,7 +215,7 @@ class EvictionLab:
 
     @property
     def nbytes(self) -> int:
-        """The pool's blocks in use and every run's records (the engine's latest step of each is left out: small)."""
+        """The pool's blocks in use and every run's records."""
         pool = self.batch.pool
         return pool.used_blocks * pool.block_size * pool.bytes_per_token + sum(r.nbytes for r in self.runs.values())
 

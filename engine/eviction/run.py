@@ -206,6 +206,18 @@ class EvictionRun:
         """Bytes the cache would hold for the same positions without eviction."""
         return self.model.info.kv_bytes(self.table.length)
 
+    def records_nbytes(self) -> int:
+        """Bytes of what the run keeps about its passes: each step's masks, shares, latest attention and logits,
+        and every eviction's rows and scores (the K/V are the pool's: `allocated_bytes`)."""
+        def tensors(step: EvictionStep) -> list[torch.Tensor | None]:
+            return [*(step.kept or ()), step.logits, step.attention, step.evicted_share]
+
+        evictions = [e for step in self.steps for e in step.evictions if e is not None]
+        evictions += [e for e in self.prefill_evictions if e is not None]
+        held = [t for step in self.steps for t in tensors(step)]
+        held += [t for e in evictions for t in (e.positions, e.scores, e.kept_rows)]
+        return sum(t.nbytes for t in held if t is not None)
+
     # -- passes --------------------------------------------------------------------------------
 
     def prefill(self) -> EvictionStep:

@@ -200,6 +200,23 @@ def test_pages_waiting_for_a_turn_go_in_the_order_they_came(monkeypatch):
         page.done()
 
 
+def test_a_page_back_from_aside_goes_before_the_pages_that_queued_meanwhile():
+    """A page that only waited (its paint gap) was drawing: it takes its turn back before a page that came later."""
+    waiter = Page(FOLLOWER, aside=True)
+    assert waiter.began.wait(WAIT)
+    other = Page(FOLLOWER)
+    assert other.began.wait(WAIT)  # drew while the waiter waited
+    later = Page(FOLLOWER)
+    queued(FOLLOWER)
+    waiter.finish.set()  # back from aside: queued ahead of `later`
+    queued(FOLLOWER, 2)
+    other.done()
+    assert waiter.back.wait(WAIT) and not later.began.is_set()
+    waiter.done()
+    assert later.began.wait(WAIT)
+    later.done()
+
+
 def test_a_thread_takes_no_second_turn():
     with turns.turn(FOLLOWER):
         with turns.turn(EXPLORER):

@@ -46,9 +46,9 @@ _tickets = itertools.count()
 _held = threading.local()  # the role this thread holds a turn for, if any, and since when
 
 
-def _free(role: str, ticket: int | None) -> bool:
-    """Whether the run of `role` holding `ticket` (None: not queued) may start now (under `_changed`): nobody of its
-    role waits ahead of it, and its role has room."""
+def _free(role: str, ticket: int) -> bool:
+    """Whether the run of `role` holding `ticket` may start now (under `_changed`): nobody of its role waits ahead of
+    it, and its role has room."""
     queue = _queued.get(role)
     if queue and queue[0] != ticket:
         return False
@@ -59,25 +59,34 @@ def _free(role: str, ticket: int | None) -> bool:
     return True
 
 
-def _take(role: str, waiting: Callable[[], None] | None) -> None:
-    """Wait for a turn of `role` behind the runs of its role already waiting (at most its wait; then it draws
-    anyway), and count it as drawing."""
+def _take(role: str, waiting: Callable[[], None] | None, ahead: bool = False) -> None:
+    """Wait for a turn of `role` behind the runs of its role already waiting, or before them (`ahead`: a page coming
+    back from `aside`, which was drawing), at most its wait (then it draws anyway), and count it as drawing."""
     patience = {FOLLOWER: TURN_WAIT, EXPLORER: EXPLORER_WAIT}.get(role, 0.0)
     with _changed:
-        if _free(role, None):
-            _drawing[role] += 1
+        ticket, queue = next(_tickets), _queued.get(role)
+        if queue is not None:
+            queue.appendleft(ticket) if ahead else queue.append(ticket)
+        if _free(role, ticket):
+            _start(role, ticket)
             return
-        ticket = next(_tickets)
-        _queued[role].append(ticket)
+        _changed.notify_all()  # one more waiting (what `drawing`'s readers and the tests watch)
     if waiting is not None:
         waiting()  # outside the lock: it draws on the page
     deadline = time.monotonic() + patience
     with _changed:
         while not _free(role, ticket) and (left := deadline - time.monotonic()) > 0:
             _changed.wait(left)
-        _queued[role].remove(ticket)
-        _drawing[role] += 1
-        _changed.notify_all()  # the next in line, or an explorer waiting for this follower's queue to empty
+        _start(role, ticket)
+
+
+def _start(role: str, ticket: int) -> None:
+    """Count the run holding `ticket` as drawing (under `_changed`)."""
+    queue = _queued.get(role)
+    if queue is not None:
+        queue.remove(ticket)
+    _drawing[role] += 1
+    _changed.notify_all()  # the next in line, or an explorer waiting for this follower's queue to empty
 
 
 def _give_back(role: str) -> None:
@@ -135,7 +144,7 @@ def aside() -> Iterator[None]:
     try:
         yield
     finally:
-        _take(role, None)
+        _take(role, None, ahead=True)  # it was drawing: back before the pages that queued meanwhile
         _held.role, _held.since = role, clock()
 
 

@@ -2,6 +2,7 @@
 while the class is quiet (and are told when they wait), a page that only waits gives its turn away, and nobody
 waits for ever. Threads stand for page runs; each blocks in its turn until the test lets it go."""
 
+import itertools
 import threading
 
 import pytest
@@ -10,6 +11,7 @@ from ui.follow import turns
 from ui.follow.turns import EXPLORER, FOLLOWER, LEADER
 
 WAIT = 5.0  # seconds: a bound for a test that would otherwise hang, never a pace
+ORDER = itertools.count()  # what happened first, across the pages' threads
 
 
 class Page:
@@ -23,10 +25,12 @@ class Page:
 
     def _run(self):
         with turns.turn(self.role, self.told.set):
+            self.began_at = next(ORDER)
             self.began.set()
             if self.aside:
                 with turns.aside():
                     self.finish.wait(WAIT)
+                self.back_at = next(ORDER)
                 self.back.set()
             self.finish.wait(WAIT)
 
@@ -211,10 +215,33 @@ def test_a_page_back_from_aside_goes_before_the_pages_that_queued_meanwhile():
     waiter.finish.set()  # back from aside: queued ahead of `later`
     queued(FOLLOWER, 2)
     other.done()
-    assert waiter.back.wait(WAIT) and not later.began.is_set()
+    assert waiter.back.wait(WAIT) and later.began.wait(WAIT)
+    assert waiter.back_at < later.began_at
     waiter.done()
-    assert later.began.wait(WAIT)
     later.done()
+
+
+def test_a_run_stopped_while_it_waits_leaves_the_line(monkeypatch):
+    """Streamlit stops a page's run at its next call, which may be the notice that it waits: its place in line goes
+    with it, and the page after it does not wait for a turn nobody will take (here: its whole patience)."""
+    monkeypatch.setattr(turns, "EXPLORERS", 1)
+    monkeypatch.setattr(turns, "EXPLORER_WAIT", 60.0)
+    holder = Page(EXPLORER)
+    assert holder.began.wait(WAIT)
+
+    def stopped():
+        raise RuntimeError("a newer run of this page")
+
+    failed = []
+    thread = threading.Thread(target=lambda: failed.append(pytest.raises(RuntimeError, turns._take, EXPLORER, stopped)))
+    thread.start()
+    thread.join(WAIT)
+    assert failed and not turns._queued[EXPLORER]  # noqa: SLF001
+    after = Page(EXPLORER)
+    queued(EXPLORER)
+    holder.done()
+    assert after.began.wait(WAIT)
+    after.done()
 
 
 def test_a_thread_takes_no_second_turn():

@@ -71,21 +71,33 @@ def _take(role: str, waiting: Callable[[], None] | None, ahead: bool = False) ->
             _start(role, ticket)
             return
         _changed.notify_all()  # one more waiting (what `drawing`'s readers and the tests watch)
-    if waiting is not None:
-        waiting()  # outside the lock: it draws on the page
-    deadline = time.monotonic() + patience
-    with _changed:
-        while not _free(role, ticket) and (left := deadline - time.monotonic()) > 0:
-            _changed.wait(left)
-        _start(role, ticket)
+    started = False
+    try:
+        if waiting is not None:
+            waiting()  # outside the lock: it draws on the page
+        deadline = time.monotonic() + patience
+        with _changed:
+            while not _free(role, ticket) and (left := deadline - time.monotonic()) > 0:
+                _changed.wait(left)
+            _start(role, ticket)
+            started = True
+    finally:
+        if not started:  # stopped while it waited (a newer run of the page: Streamlit stops a script at a call)
+            with _changed:
+                _leave(role, ticket)
 
 
 def _start(role: str, ticket: int) -> None:
     """Count the run holding `ticket` as drawing (under `_changed`)."""
-    queue = _queued.get(role)
-    if queue is not None:
-        queue.remove(ticket)
+    _leave(role, ticket)
     _drawing[role] += 1
+
+
+def _leave(role: str, ticket: int) -> None:
+    """`ticket` leaves the line (under `_changed`): a ticket left behind would hold up every run after it."""
+    queue = _queued.get(role)
+    if queue is not None and ticket in queue:
+        queue.remove(ticket)
     _changed.notify_all()  # the next in line, or an explorer waiting for this follower's queue to empty
 
 

@@ -17,11 +17,11 @@ from engine.model import Model, ModelInfo
 from engine.prefix_cache import POLICIES, PrefixCache
 from engine.sampler import Sampling
 from engine.session import DecodeSession
-from engine.trace import Candidate, Capture, PrefixHit, SplitKVTrace, StepTrace
+from engine.trace import NO_RECORD, Candidate, Capture, PrefixHit, SplitKVTrace, StepTrace
 
 __all__ = [
     "EMBEDDED", "POLICIES", "SUPPORTED_FAMILIES", "BlockPool", "BlockTable", "CacheFullError", "Candidate",
-    "Capture", "DecodeSession", "PrefixCache", "PrefixHit", "SplitKVTrace", "split_kv",
+    "NO_RECORD", "Capture", "DecodeSession", "PrefixCache", "PrefixHit", "SplitKVTrace", "split_kv",
     "EmptyPromptError", "InvalidSettingError", "KvscopeError", "Model", "ModelInfo", "ModelNotFoundError",
     "PromptTooLongError", "Sampling", "SessionStateError", "StepTrace", "UnsupportedModelError", "load_model",
 ]

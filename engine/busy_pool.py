@@ -21,9 +21,7 @@ import torch
 
 from engine.kv_cache import BlockPool, BlockTable
 from engine.model import Model
-from engine.trace import Capture
-
-NO_RECORD = Capture(attention=False, residuals=False)
+from engine.trace import NO_RECORD
 
 
 @dataclass(frozen=True)

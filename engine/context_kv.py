@@ -24,9 +24,7 @@ from engine.errors import InvalidSettingError
 from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockTable
 from engine.model import Model
 from engine.rope import apply_rope
-from engine.trace import Capture
-
-NO_RECORD = Capture(attention=False, residuals=False)
+from engine.trace import NO_RECORD
 
 
 @dataclass

@@ -25,9 +25,7 @@ import torch
 
 from engine.kv_cache import BlockTable
 from engine.model import Model
-from engine.trace import Capture, StepTrace
-
-REPLAY_CAPTURE = Capture(attention=False, residuals=False)  # a replayed pass only fills the cache
+from engine.trace import NO_RECORD, StepTrace
 
 
 def reused_window_kv(table: BlockTable, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -72,7 +70,7 @@ class Replay:
         """Replay the session's passes up to (not including) pass `count`: `traces` are the session's."""
         for trace in traces[self.passes:count]:
             self.table.append(len(trace.input_ids))
-            self.model.forward(trace.input_ids, trace.positions, self.table, REPLAY_CAPTURE, self.kv_splits, head=False,
+            self.model.forward(trace.input_ids, trace.positions, self.table, NO_RECORD, self.kv_splits, head=False,
                                prefill=trace.phase == "prefill")
             self.passes += 1
 

@@ -23,7 +23,7 @@ import torch
 from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockTable
 from engine.model import Model, ModelInfo
 from engine.session import DecodeSession
-from engine.trace import Capture
+from engine.trace import NO_RECORD
 
 WARM_UP_PROMPT_TOKENS = 24
 WARM_UP_DECODE_STEPS = 4
@@ -185,7 +185,6 @@ def measure_decode(model: Model, prompt: int, context: int, steps: int = TIMED_S
     are cut to fit the model's context limit.
     """
     info, device = model.info, model.device
-    capture = Capture(attention=False, residuals=False)
     context = max(1, min(context, info.context_limit - untimed - steps))
     prompt = max(1, min(prompt, context))
     total = context + untimed + steps
@@ -198,7 +197,7 @@ def measure_decode(model: Model, prompt: int, context: int, steps: int = TIMED_S
         table.append(count)
         _sync(device)
         clock = time.perf_counter()
-        model.forward(ids[start:start + count], list(range(start, start + count)), table, capture)
+        model.forward(ids[start:start + count], list(range(start, start + count)), table, NO_RECORD)
         _sync(device)
         table.slide()
         return 1000 * (time.perf_counter() - clock)

@@ -23,6 +23,9 @@ class Capture:
     layers: tuple[int, ...] | None = None  # record attention of these layers only (None: all)
 
 
+NO_RECORD = Capture(attention=False, residuals=False)  # a pass that only fills the cache (or feeds `observe`)
+
+
 @dataclass
 class Candidate:
     """One of the most likely next tokens, with its probability at each sampling stage."""

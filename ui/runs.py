@@ -40,7 +40,6 @@ class RunConfig:
 
 Seeds = tuple[tuple[int, ...], ...]  # prompts (token ids) a run's prefix cache holds before its own prefill
 RunKey = tuple[RunConfig, Seeds]
-SEED_CAPTURE = engine.Capture(attention=False, residuals=False)  # a seed prompt's prefill only fills the cache
 # A run's traces that keep their tensors hold at most this (with the newest always): an ordinary run keeps the
 # latest KVSCOPE_FULL_TRACES or a few fewer (SmolLM2: ~1.5 MB a step at 500 positions; Gemma, its 262,144 logits:
 # ~2.5 MB), a run in 64 KV splits (~6.5 MB a step, its split record) one or two: a class's heaviest links held
@@ -70,8 +69,8 @@ class Run:
                                        capacity_blocks=-(-tokens // config.block_size) + 2)
             for ids in seeds:
                 with engine.DecodeSession(model, list(ids), prefix_cache=cache, max_new_tokens=1,
-                                          keep_full_traces=1, capture=SEED_CAPTURE) as seed:
-                    seed.prefill()  # closing publishes its prompt's K/V
+                                          keep_full_traces=1, capture=engine.NO_RECORD) as seed:
+                    seed.prefill()  # it only fills the cache: closing publishes its prompt's K/V
         self.cache = cache
         session = engine.DecodeSession(
             model, config.prompt, chat=config.chat, think=config.think, sampling=config.sampling,

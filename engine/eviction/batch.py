@@ -21,9 +21,10 @@ from dataclasses import dataclass
 
 from engine.errors import InvalidSettingError
 from engine.eviction.policies import Policy
-from engine.eviction.run import NO_RECORD, DecodeBudget, EvictionRun, EvictionStep, StreamingWindow
+from engine.eviction.run import DecodeBudget, EvictionRun, EvictionStep, StreamingWindow
 from engine.kv_cache import DEFAULT_BLOCK_SIZE
 from engine.model import Model
+from engine.trace import NO_RECORD
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,7 @@ from engine.eviction.run import StreamingWindow
 from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockTable
 from engine.model import Model
 from engine.settings import require_integer
-from engine.trace import Capture
-
-NO_RECORD = Capture(attention=False, residuals=False)
+from engine.trace import NO_RECORD
 
 
 def stream_nll(model: Model, ids: list[int], window: StreamingWindow | None = None, chunk: int = 256,

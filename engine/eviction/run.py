@@ -37,9 +37,8 @@ from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockPool, BlockTable, kv_bytes_
 from engine.model import Model, Pass
 from engine.recorder import ForwardRecord
 from engine.settings import check_prompt_fits, require_integer
-from engine.trace import Capture
+from engine.trace import NO_RECORD, Capture
 
-NO_RECORD = Capture(attention=False, residuals=False)  # the context's prefill: its K/V, and what `observe` sees
 ONE_ROW = Capture(residuals=False)  # a pass's attention row: what the evictions and the view read
 HIDDEN_STATES_BUFFER = 256  # DecodingPress's default: how many of the latest passes it scores from, at most
 

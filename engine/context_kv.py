@@ -46,6 +46,11 @@ class TokenInContexts:
     def unrotated_key_cosines(self) -> list[float] | None:
         return None if self.unrotated_keys is None else _cosines(*self.unrotated_keys)
 
+    @property
+    def nbytes(self) -> int:
+        held = [*self.keys, *self.values, *(self.unrotated_keys or ())]
+        return sum(t.nbytes for t in held)
+
     def largest_difference(self, which: str, layer: int) -> float:
         """The largest |a − b| between the two contexts' `which` ("keys", "values", "unrotated_keys") at `layer`."""
         a, b = getattr(self, which)

@@ -88,3 +88,14 @@ def test_the_kv_views_two_contexts_open_on_a_click_in_a_browser(server, page):
     expect(part.locator("[data-testid='stPlotlyChart']")).to_be_visible(timeout=WAIT_MS)
     expect(part).to_contain_text("token 11977", timeout=WAIT_MS)  # " apple" in both sentences, on SmolLM2
     expect(part).to_contain_text("position 3")
+
+
+def test_every_page_on_a_model_reads_one_computation_of_the_two_contexts(tiny_model):
+    """The pair's K/V are the model's, not a page's: pages sharing the server's run store compute them once."""
+    from ui.run_store import RunStore
+    from ui.runner import Runner
+
+    model, store = tiny_model("llama"), RunStore(10**9)
+    first, second = (Runner(model, cache_tokens=64, store=store) for _ in range(2))
+    both = first.token_in_contexts(FIRST, SECOND, "apple")
+    assert second.token_in_contexts(FIRST, SECOND, "apple") is both and store.built == 1

@@ -251,10 +251,10 @@ def runner_for(model: engine.Model, limits: Limits) -> Runner:
     if runner is None or runner.model is not model:
         if runner is not None:
             runner.close()
-        store = run_store(ss.w_model, limits.shared_runs_mb * 10**6)  # the eviction view's labs live there too
+        store = run_store(ss.w_model, limits.shared_runs_mb * 10**6)  # the eviction labs and the two-contexts K/V too
         runs = (classroom_cache(ss.w_model, limits.shared_cache_tokens, limits.lease_seconds)
                 if limits.shared_prefix_cache else store)
-        runner = page.runner = Runner(model, limits.cache_tokens, limits.full_traces, runs, limits, labs=store)
+        runner = page.runner = Runner(model, limits.cache_tokens, limits.full_traces, runs, limits, store=store)
     return runner
 
 

@@ -38,24 +38,24 @@ class Runner:
 
     runs: where its runs come from, each held by a lease (`ui.runs.Lease`): the store that shares them between
     pages (`ui.run_store`), the class's shared prefix cache (`ui.classroom`), or None: this page's own.
-    labs: the store the eviction view's labs live in (the server's run store; by default one of this page's own).
+    store: where what pages share beside their run lives, the eviction view's labs and the two-contexts K/V (the
+    server's run store; by default one of this page's own).
     """
 
     def __init__(self, model: engine.Model, cache_tokens: int, keep_full_traces: int = Limits.full_traces,
-                 runs: RunSource | None = None, limits: Limits = Limits(), labs: RunStore | None = None):
+                 runs: RunSource | None = None, limits: Limits = Limits(), store: RunStore | None = None):
         self.model = model
         self.cache_tokens = cache_tokens  # the pool's size in positions, whatever the block size
         self.keep_full_traces = keep_full_traces
         self.max_attention_tokens = step_limits(limits, model.info).max_attention_tokens  # the host's step memory
         self.limits = limits
         self.runs = OwnRuns() if runs is None else runs
-        self.labs = RunStore(limits.shared_runs_mb * 10**6) if labs is None else labs
+        self.store = RunStore(limits.shared_runs_mb * 10**6) if store is None else store
         self.lock = threading.RLock()  # this page's own state
         self.config: RunConfig | None = None
         self.lease: Lease | None = None
         self.history = PromptHistory()  # the prompts this browser session published
         self._saw_prefill = False  # this page reached step 1 of its run: leaving it publishes the prompt
-        self._contexts: dict[tuple[str, str, str], TokenInContexts] = {}  # `token_in_contexts`, per sentence pair
 
     @property
     def run(self) -> Run | None:
@@ -149,22 +149,22 @@ class Runner:
         """The full cache's run and the policy's on this run's prompt (`ui.eviction_runs`: from the lab of the
         settings' timing, which every page shares), advanced to `step` answer tokens; and the passes both have.
         Raises InvalidSettingError where the settings cannot run."""
-        pair = pair_for(self.labs, self.model, list(self.prompt_ids), settings, self.limits.max_new_tokens,
+        pair = pair_for(self.store, self.model, list(self.prompt_ids), settings, self.limits.max_new_tokens,
                         self.limits.step_memory_mb)
         passes = pair.advance_to(max(step, 1))
-        self.labs.trim()  # the lab may have grown past the store's bytes: older runs go first
+        self.store.trim()  # the lab may have grown past the store's bytes: older runs go first
         return pair, passes
 
     def token_in_contexts(self, first: str, second: str, word: str) -> TokenInContexts:
         """The last token of `word` in two sentences, each read as a prompt without a chat template: its K and V in
-        every layer of both (`engine.context_kv`), computed once per page and pair. Raises InvalidSettingError where
-        `word` is missing from a sentence or ends on different ids in the two."""
-        key = (first, second, word)
-        with self.lock:
-            if key not in self._contexts:
-                (a, i), (b, j) = (self._word_end(text, word) for text in (first, second))
-                self._contexts[key] = token_in_contexts(self.model, a, i, b, j)
-            return self._contexts[key]
+        every layer of both (`engine.context_kv`), computed once for every page on this model (the store's entry).
+        Raises InvalidSettingError where `word` is missing from a sentence or ends on different ids in the two."""
+        def build() -> TokenInContexts:
+            (a, i), (b, j) = (self._word_end(text, word) for text in (first, second))
+            return token_in_contexts(self.model, a, i, b, j)
+
+        info = self.model.info
+        return self.store.get(("contexts", info.name, info.dtype, first, second, word), build)
 
     def _word_end(self, sentence: str, word: str) -> tuple[list[int], int]:
         """`sentence`'s ids and the index of the last token of `word`'s first occurrence in it."""

@@ -107,15 +107,22 @@ def test_nobody_waits_past_its_patience(monkeypatch):
 
 
 def test_a_follower_that_only_waits_gives_its_turn_away_and_the_leaders_aside_keeps_its_own():
+    """A page that only waits (its paint gap) gives its turn away; it was drawing, so it takes it back before a page
+    that came meanwhile. The leader's paint gap keeps its turn."""
     waiter = Page(FOLLOWER, aside=True)
     assert waiter.began.wait(WAIT)
     other = Page(FOLLOWER)
     assert other.began.wait(WAIT)  # drew while the waiter waited
+    later = Page(FOLLOWER)
+    queued(FOLLOWER)
     waiter.finish.set()
     assert not waiter.back.wait(0.2)  # then waits for its turn back
+    queued(FOLLOWER, 2)  # ahead of `later`
     other.done()
-    assert waiter.back.wait(WAIT)
+    assert waiter.back.wait(WAIT) and later.began.wait(WAIT)
+    assert waiter.back_at < later.began_at
     waiter.done()
+    later.done()
     leader = Page(LEADER, aside=True)
     assert leader.began.wait(WAIT)
     explorer = Page(EXPLORER)
@@ -202,23 +209,6 @@ def test_pages_waiting_for_a_turn_go_in_the_order_they_came(monkeypatch):
         assert page.began.wait(WAIT)
         assert not any(later.began.is_set() for later in waiting[i + 1:])
         page.done()
-
-
-def test_a_page_back_from_aside_goes_before_the_pages_that_queued_meanwhile():
-    """A page that only waited (its paint gap) was drawing: it takes its turn back before a page that came later."""
-    waiter = Page(FOLLOWER, aside=True)
-    assert waiter.began.wait(WAIT)
-    other = Page(FOLLOWER)
-    assert other.began.wait(WAIT)  # drew while the waiter waited
-    later = Page(FOLLOWER)
-    queued(FOLLOWER)
-    waiter.finish.set()  # back from aside: queued ahead of `later`
-    queued(FOLLOWER, 2)
-    other.done()
-    assert waiter.back.wait(WAIT) and later.began.wait(WAIT)
-    assert waiter.back_at < later.began_at
-    waiter.done()
-    later.done()
 
 
 def test_a_run_stopped_while_it_waits_leaves_the_line(monkeypatch):

@@ -11,6 +11,7 @@ from engine.context_kv import TokenInContexts
 from engine.errors import InvalidSettingError
 from ui.context import ViewContext
 
+
 @dataclass
 class ContextsShown:
     first: str
@@ -22,13 +23,14 @@ class ContextsShown:
         """The numbers the part's and the chapter's text quote, by the names their templates use."""
         both = self.both
         keys, values, unrotated = both.key_cosines(), both.value_cosines(), both.unrotated_key_cosines()
+        content = unrotated or keys  # the keys as their content differs: before RoPE where the model has it
         later = range(1, len(keys))
-        k_low = min(later, key=lambda i: (unrotated or keys)[i]) if later else 0
+        k_low = min(later, key=lambda i: content[i]) if later else 0
         v_low = min(later, key=lambda i: values[i]) if later else 0
         out = dict(ctx_first=self.first, ctx_second=self.second, ctx_word=self.word, ctx_id=both.token_id,
                    ctx_p1=both.positions[0], ctx_p2=both.positions[1], ctx_k0=keys[0], ctx_v0=values[0],
-                   ctx_k_low=(unrotated or keys)[k_low], ctx_k_low_layer=k_low, ctx_v_low=values[v_low],
-                   ctx_v_low_layer=v_low, ctx_k_last=(unrotated or keys)[-1], ctx_v_last=values[-1],
+                   ctx_k_low=content[k_low], ctx_k_low_layer=k_low, ctx_v_low=values[v_low],
+                   ctx_v_low_layer=v_low, ctx_k_last=content[-1], ctx_v_last=values[-1],
                    ctx_last_layer=len(keys) - 1, ctx_rope=unrotated is not None)
         if unrotated is not None:
             out.update(ctx_k0_unrotated=unrotated[0])

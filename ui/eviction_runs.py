@@ -82,11 +82,10 @@ class EvictionSettings:
         """The lab's runs at this timing, by name: the full cache (None) first, then every policy (or the
         streaming window alone)."""
         names = [STREAM] if self.at == "stream" else list(POLICIES)
+        ratio, budget = (self.ratio if self.at == "prefill" else 0.0), self.engine_budget()
         runs: dict[str | None, Variant] = {None: Variant(None)}
         for name in names:
-            settings = replace(self, policy=name)
-            ratio = self.ratio if self.at == "prefill" else 0.0
-            runs[name] = Variant(settings.engine_policy(context), ratio, settings.engine_budget())
+            runs[name] = Variant(replace(self, policy=name).engine_policy(context), ratio, budget)
         return runs
 
 
@@ -232,7 +231,7 @@ class EvictionPair:
     def advance_to(self, count: int) -> int:
         """Both runs to `count` answer tokens (or as far as they go); the passes both have."""
         self.lab.advance_to(min(count, self.plan.steps))
-        return min(len(self.full.passes), len(self.evicting.passes), self.plan.steps)
+        return min(len(self.full.passes), len(self.evicting.passes))  # a lab decodes at most plan.steps
 
 
 def pair_for(store: RunStore, model: engine.Model, prompt_ids: list[int], settings: EvictionSettings, wanted: int,

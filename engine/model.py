@@ -11,7 +11,9 @@ collected by `engine.recorder.StepRecorder`, beside the layers.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +28,20 @@ from engine.weights import LayerWeights, Weights
 
 
 ATTENTION_COPIES = 6  # (q_heads, T, L) float32 tensors one layer's attention holds at its peak
+# Called after each layer of every pass this thread runs inside `between_layers`: a server whose pages share one
+# interpreter lets other pages' work in during a long pass (a prefill of hundreds of tokens takes seconds).
+_BETWEEN_LAYERS: ContextVar[Callable[[], None] | None] = ContextVar("between_layers", default=None)
+
+
+@contextmanager
+def between_layers(pause: Callable[[], None]) -> Iterator[None]:
+    """Call `pause()` after each layer of every pass run in this block (in this thread); the passes' numbers do not
+    change."""
+    token = _BETWEEN_LAYERS.set(pause)
+    try:
+        yield
+    finally:
+        _BETWEEN_LAYERS.reset(token)
 
 
 @dataclass(frozen=True)
@@ -213,10 +229,12 @@ class Model:
             ))
             recorders.append(StepRecorder(p.capture, p.positions, info.layers, info.q_heads, info.hidden, x.dtype,
                                           self.device))
-        token = ROWS_AS_BATCH.set(prefill)
+        token, pause = ROWS_AS_BATCH.set(prefill), _BETWEEN_LAYERS.get()
         try:
             for layer in self.layers:
                 x = layer(x, contexts, recorders)
+                if pause is not None:
+                    pause()
         finally:
             ROWS_AS_BATCH.reset(token)
         if not head:  # lm_head's vocab-sized product is most of a decode step's work

@@ -131,3 +131,21 @@ def test_residual_stream_and_dual_path_match_transformers(tiny_model, tiny_model
     assert step.input_ids == [trace.token_id]
     assert step.positions == [len(session.prompt_ids)]
     assert torch.equal(step.residual[0, 0], embedding.detach()), "decode input is the embedding row, not the last hidden"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_pause_between_layers_comes_after_each_layer_and_changes_no_number(family, tiny_model):
+    """`engine.between_layers`: the app lets other pages in during a long pass; the pass is the same pass."""
+    model = tiny_model(family)
+    prompt = "A pause between two layers changes nothing"
+    plain = engine.DecodeSession(model, prompt, max_new_tokens=3)
+    paused = engine.DecodeSession(model, prompt, max_new_tokens=3)
+    pauses = []
+    expected = [plain.prefill(), plain.step()]
+    with engine.between_layers(lambda: pauses.append(1)):
+        got = [paused.prefill(), paused.step()]
+    assert len(pauses) == 2 * model.info.layers
+    for a, b in zip(expected, got):
+        assert torch.equal(a.logits, b.logits) and a.token_id == b.token_id
+    plain.close()
+    paused.close()

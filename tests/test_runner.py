@@ -10,6 +10,7 @@ import torch
 import engine
 from tests.helpers import Clock
 from ui.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
+from ui.follow import turns
 from ui.classroom import ClassroomCache
 from ui.runner import Runner
 from ui.run_store import RunStore
@@ -326,3 +327,46 @@ def test_a_link_opened_late_hands_its_garbage_back_and_a_press_does_not(tiny_mod
     assert len(trims) == 1
     runner.advance_to(late + 5)  # already computed: nothing to do
     assert len(trims) == 1
+
+
+def test_a_prefill_gives_way_between_two_layers_to_a_press_that_waits(tiny_model, monkeypatch):
+    """A page's prefill shares its turn between layers (a 700-token prefill holds one core for seconds): a press
+    waiting for a turn draws before the prefill's pass ends, and the prefill's numbers are those of a pass alone."""
+    model = tiny_model("llama")
+    monkeypatch.setattr(turns, "EXPLORERS", 1)
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(turns, "clock", lambda: float(next(ticks)))  # every check is a second later: it shares
+    runner = Runner(model, cache_tokens=256)
+    runner.configure(config())
+    holding, go, seen, press_done = (threading.Event() for _ in range(4))
+    traces_seen = []
+
+    def prefill_page():
+        with turns.turn(turns.EXPLORER):
+            holding.set()
+            assert go.wait(5)
+            runner.advance_to(1)
+
+    def press():
+        with turns.turn(turns.EXPLORER):
+            traces_seen.append(len(runner.session.traces))
+            seen.set()
+            assert press_done.wait(5)
+
+    prefilling = threading.Thread(target=prefill_page, daemon=True)
+    prefilling.start()
+    assert holding.wait(5)
+    pressing = threading.Thread(target=press, daemon=True)
+    pressing.start()
+    with turns._changed:  # noqa: SLF001 — the press waits for a turn
+        assert turns._changed.wait_for(lambda: turns._queued[turns.EXPLORER], 5)  # noqa: SLF001
+    go.set()
+    assert seen.wait(5)
+    assert traces_seen == [0]  # the press drew while the prefill's pass was under way
+    press_done.set()
+    prefilling.join(5)
+    pressing.join(5)
+    assert len(runner.session.traces) == 1
+    alone = engine.DecodeSession(model, config().prompt, sampling=config().sampling, block_size=4, max_new_tokens=40)
+    assert torch.equal(runner.session.traces[0].logits, alone.prefill().logits)
+    alone.close()

@@ -20,11 +20,12 @@ class Page:
     def __init__(self, role: str, aside: bool = False):
         self.role, self.aside = role, aside
         self.began, self.finish, self.told, self.back = (threading.Event() for _ in range(4))
+        self.class_first = None  # what the page was told when it waited: whether the teacher's class went first
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self):
-        with turns.turn(self.role, self.told.set):
+        with turns.turn(self.role, self._waits):
             self.began_at = next(ORDER)
             self.began.set()
             if self.aside:
@@ -33,6 +34,10 @@ class Page:
                 self.back_at = next(ORDER)
                 self.back.set()
             self.finish.wait(WAIT)
+
+    def _waits(self, class_first: bool):
+        self.class_first = class_first
+        self.told.set()
 
     def done(self):
         self.finish.set()
@@ -43,7 +48,8 @@ class Page:
 def queued(role: str, count: int = 1) -> None:
     """Wait until `count` runs of `role` wait for a turn (the test's threads got there)."""
     with turns._changed:  # noqa: SLF001
-        assert turns._changed.wait_for(lambda: len(turns._queued[role]) >= count, WAIT)  # noqa: SLF001
+        assert turns._changed.wait_for(lambda: len(turns._queued[role]) + len(turns._resuming[role]) >= count,  # noqa: SLF001
+                                       WAIT)
 
 
 def test_followers_draw_one_at_a_time():
@@ -64,7 +70,7 @@ def test_the_leader_never_waits_and_explorers_wait_while_it_draws():
     assert leader.began.wait(WAIT) and not leader.told.is_set()  # beside a drawing follower, at once
     explorer = Page(EXPLORER)
     queued(EXPLORER)
-    assert explorer.told.is_set() and not explorer.began.is_set()
+    assert explorer.told.is_set() and explorer.class_first and not explorer.began.is_set()
     follower.done()
     assert not explorer.began.wait(0.2)  # the leader still draws
     leader.done()
@@ -87,6 +93,7 @@ def test_an_explorer_waits_for_followers_waiting_their_turn_then_explorers_draw_
     assert others[0].began.wait(WAIT)  # EXPLORERS at once
     queued(EXPLORER)
     assert sum(page.began.is_set() for page in others) == turns.EXPLORERS - 1
+    assert [page.class_first for page in others if page.told.is_set()] == [False]  # classmates go first, no teacher
     explorer.done()
     assert all(page.began.wait(WAIT) for page in others)
     for page in others:
@@ -179,6 +186,57 @@ def test_long_work_gives_way_between_steps_to_a_press_that_waits(monkeypatch, no
     assert heavy.finished.wait(WAIT)
 
 
+def test_long_work_resumes_behind_the_presses_that_came_while_it_waited(monkeypatch, now):
+    """Two catch-ups take turns; a press that comes while one waits to resume goes before it, though it came later."""
+    monkeypatch.setattr(turns, "EXPLORERS", 1)
+    first = LongWork(2)
+    assert first.started[0].wait(WAIT)
+    second = LongWork(2)
+    queued(EXPLORER)
+    now[0] += turns.SHARE_SECONDS
+    first.go[0].set()  # gives way to the second, and waits to resume
+    assert second.started[0].wait(WAIT)
+    press = Page(EXPLORER)
+    queued(EXPLORER)
+    now[0] += turns.SHARE_SECONDS
+    second.go[0].set()  # gives way: to the press, which came after the first catch-up queued again
+    assert press.began.wait(WAIT)
+    assert not first.started[1].is_set() and not second.started[1].is_set()
+    press.done()
+    assert first.started[1].wait(WAIT)  # then the catch-ups, in the order they queued
+    first.go[1].set()
+    assert second.started[1].wait(WAIT)
+    second.go[1].set()
+    assert first.finished.wait(WAIT) and second.finished.wait(WAIT)
+
+
+def test_a_page_waiting_for_a_shared_runs_lock_gives_its_turn_to_the_page_stepping_it(monkeypatch, now):
+    """A page sharing its turn in the middle of a shared run's pass holds the run's lock; a page that takes the turn
+    and then asks for that run waits aside, and the first page's pass goes on at once (not after a patience)."""
+    monkeypatch.setattr(turns, "EXPLORERS", 1)
+    monkeypatch.setattr(turns, "EXPLORER_WAIT", 60.0)
+    lock = turns.TurnLock()
+    stepping, reader_has_lock = LongWork(2), threading.Event()
+
+    def read():
+        with turns.turn(EXPLORER), lock:
+            reader_has_lock.set()
+
+    with lock:  # the run's lock, as the stepping page's pass holds it (in the test's thread: RLock-free of it)
+        assert stepping.started[0].wait(WAIT)
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        queued(EXPLORER)
+        now[0] += turns.SHARE_SECONDS
+        stepping.go[0].set()  # shares: the reader takes the turn, finds the lock held, and gives the turn back
+        assert stepping.started[1].wait(WAIT)
+        assert not reader_has_lock.is_set()
+    stepping.go[1].set()
+    assert stepping.finished.wait(WAIT)
+    reader.join(WAIT)
+    assert reader_has_lock.is_set()
+
+
 def test_long_work_goes_on_when_nobody_waits_and_gives_way_to_the_leader(now):
     heavy = LongWork(3)
     assert heavy.started[0].wait(WAIT)
@@ -219,7 +277,7 @@ def test_a_run_stopped_while_it_waits_leaves_the_line(monkeypatch):
     holder = Page(EXPLORER)
     assert holder.began.wait(WAIT)
 
-    def stopped():
+    def stopped(class_first):
         raise RuntimeError("a newer run of this page")
 
     failed = []
@@ -245,3 +303,4 @@ def no_turn_left_held():
     yield
     assert turns.drawing() == {LEADER: 0, FOLLOWER: 0, EXPLORER: 0}
     assert {role: len(q) for role, q in turns._queued.items()} == {FOLLOWER: 0, EXPLORER: 0}  # noqa: SLF001
+    assert {role: len(q) for role, q in turns._resuming.items()} == {FOLLOWER: 0, EXPLORER: 0}  # noqa: SLF001

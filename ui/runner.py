@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import engine
@@ -127,18 +128,19 @@ class Runner:
     def finished(self) -> bool:
         return self.session.finished
 
-    def advance_to(self, step: int) -> int:
-        """Run prefill/decode until `step` tokens exist (or the run ends); return the step reached."""
+    def advance_to(self, step: int, progress: Callable[[int], None] | None = None) -> int:
+        """Run prefill/decode until `step` tokens exist (or the run ends); return the step reached. `progress(tokens)`
+        is told after each pass but the last (`Run.advance_to`)."""
         with self.lock:
             lease = self.lease
             with lease.held() as run:
                 before = len(run.session.generated)
                 try:
-                    reached = run.advance_to(step)
+                    reached = run.advance_to(step, progress)
                 except engine.CacheFullError:
                     if not lease.make_room():
                         raise
-                    reached = run.advance_to(step)  # pages that left gave blocks back; the failed call changed nothing
+                    reached = run.advance_to(step, progress)  # pages that left gave blocks back; the failed call changed nothing
             self._saw_prefill = self._saw_prefill or reached >= 1
         lease.grown()  # outside the page's lock: the store sizes its runs
         if reached - before >= CATCH_UP_STEPS:

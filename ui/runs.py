@@ -62,7 +62,7 @@ class Run:
         self.model = model
         self.config = config
         self.seeds = seeds
-        self.lock = threading.RLock()  # stepping; a shared pool has its own lock for bookkeeping
+        self.lock = turns.TurnLock()  # stepping; a shared pool has its own lock for bookkeeping
         if cache is None:
             tokens = max(pool_tokens, config.max_prompt_tokens + config.max_new_tokens)  # always one longest run
             cache = engine.PrefixCache(model, policy=config.policy, block_size=config.block_size,
@@ -88,17 +88,20 @@ class Run:
         self._busy: BusyPoolReplay | None = None  # this run replayed in a busy pool, as far as a page asked
         self._busy_pictures: list[BusyPoolPicture] = []  # step s's picture at s − 1 (plain data)
 
-    def advance_to(self, step: int) -> int:
-        """Run prefill/decode until `step` tokens exist (or the run ends); return the step reached. Between two
-        steps the run's lock is let go and the page's turn shared (`turns.share`): a long catch-up does not hold up
-        the pages waiting behind it."""
+    def advance_to(self, step: int, progress: Callable[[int], None] | None = None) -> int:
+        """Run prefill/decode until `step` tokens exist (or the run ends); return the step reached. Long work shares
+        the page's turn (`turns.share`) between two layers of a pass, and between two passes with the run's lock let
+        go: a long catch-up or prefill does not hold up the pages waiting behind it. `progress(tokens)` is told after
+        each pass but the last."""
         session = self.session
         while True:
-            with self.lock:
+            with self.lock, engine.between_layers(turns.share):
                 if self._short_of(step):
                     session.step() if session.traces else session.prefill()
                 if not self._short_of(step):  # no turn shared after the last pass: the page draws next
                     return min(step, len(session.generated))
+            if progress is not None:
+                progress(len(session.generated))
             turns.share()
 
     def _short_of(self, step: int) -> bool:

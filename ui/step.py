@@ -27,7 +27,8 @@ from ui.views.paint import TEXT_SENT
 from ui.views.widgets import HEAD_VIEWS, opened
 
 log = logging.getLogger("kvscope")
-clock = time.monotonic  # Play's clock (tests set their own)
+clock = time.monotonic  # the page's clock: Play's ticks, a catch-up's notice (tests set their own)
+NOTICE_SECONDS = 0.5  # a catch-up's notice: after this long, and no oftener (each is a message to the page)
 CHAPTER_FIGURE_HEIGHT = {False: 480, True: 440}  # px: what the first screen has below the lesson's header
 
 
@@ -48,8 +49,13 @@ def stepper_and_view(model: engine.Model, runner: Runner) -> None:
                 runner.forget_published()
                 runner.configure(runner.config)
             role = turns.LEADER if follow.leading() else turns.FOLLOWER if follow.following() else turns.EXPLORER
-            told = []  # an explorer is told while the class goes first; the notice goes once its turn comes
-            with turns.turn(role, lambda: told.append(st.empty()) or told[0].caption(t("waiting_for_class"))):
+            told = []  # a page is told while others go first; the notice goes once its turn comes
+
+            def waiting(class_first: bool) -> None:
+                told.append(st.empty())
+                told[0].caption(t("waiting_for_class" if class_first else "waiting_for_pages"))
+
+            with turns.turn(role, waiting):
                 for notice in told:
                     notice.empty()
                 draw_step(model, runner)
@@ -76,6 +82,28 @@ def reset_session() -> None:
     request_full_run()  # the page builds the session's new run
 
 
+class CatchUpNotice:
+    """While the page computes many steps to reach the one asked (a link opened at a late step), it says how far it
+    got: once the work has taken `NOTICE_SECONDS`, and again at most that often. A press's one step says nothing."""
+
+    def __init__(self, place, step: int):
+        self.place, self.step, self.since = place, step, clock()
+        self.slot = None  # made in `place` at the notice's first words
+
+    def __call__(self, done: int) -> None:
+        now = clock()
+        if now - self.since < NOTICE_SECONDS:
+            return
+        if self.slot is None:
+            self.slot = self.place.empty()
+        self.slot.caption(t("catching_up", done=done, step=self.step))
+        self.since = now
+
+    def clear(self) -> None:
+        if self.slot is not None:
+            self.slot.empty()
+
+
 def draw_step(model: engine.Model, runner: Runner) -> None:
     """The step counter, the step buttons and Play in one row, the token stream, then the chosen view (its main
     figure first) and the step's text and candidates: at 1280×720 the main figure starts on the first screen.
@@ -95,7 +123,9 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
     else:
         page.play_clock = None  # a Play started later starts its own clock
     requested = page.step
-    page.step = runner.advance_to(requested)
+    catching_up = CatchUpNotice(places.controls, requested)
+    page.step = runner.advance_to(requested, catching_up)
+    catching_up.clear()
     state, problems = clamp(current_state(), model.info.layers, model.info.q_heads)
     for problem in problems:
         ss["w_" + problem.param] = getattr(state, problem.param)

@@ -10,16 +10,19 @@ event loop, which sends every page's messages, too little of the interpreter to 
   follower draws or waits, `EXPLORERS` at a time; a page that must wait is told so (`waiting`).
 
 Pages waiting for a turn of one role go in the order they came. Long work never holds a turn through its whole
-length: between its steps (a link's catch-up of a hundred steps, the eviction lab's), a page that has held its turn
-for `SHARE_SECONDS` gives way to the pages waiting ahead of its role, and to the leader while it draws (`share`),
-then queues again behind them: an ordinary press that arrives meanwhile goes next, and the heavy page still goes on.
-A student's wait is then the work ahead of them. No page waits for ever all the same: a follower past `TURN_WAIT`,
-an explorer past `EXPLORER_WAIT`, draws anyway. A turn is given up while its page only waits (the paint gap
-before its figures, `aside`), except the leader's: the teacher's figures come next, and a student's heavy step
-started meanwhile would hold them up.
+length: between its steps, and between two layers of a pass (a link's catch-up of a hundred steps, a prefill of
+seven hundred tokens in 64 KV splits, the eviction lab's steps), a page that has held its turn for `SHARE_SECONDS`
+gives way to the pages waiting ahead of its role, and to the leader while it draws (`share`), then queues again
+behind every page that waits for a fresh turn: an ordinary press that arrives while long work goes on goes before
+it, and the long work still goes on between presses. A student's wait is then the work ahead of them, at most
+about one layer's pass of long work per turn. No page waits for ever all the same: a follower past `TURN_WAIT`,
+an explorer past `EXPLORER_WAIT`, draws anyway. A turn is given up while its page only waits (the paint gap before
+its figures, `aside`; another page's step of a shared run, `TurnLock`), except the leader's: the teacher's figures
+come next, and a student's heavy step started meanwhile would hold them up.
 
-Lock order: a page's own run lock, then a turn, then a shared run's or a memo's build lock. A page never waits
-for a turn while it holds one, and `share` is called with no shared run's lock held.
+Lock order: a page's own run lock, then a turn, then a shared run's `TurnLock` or a memo's build lock. A page
+never waits for a turn while it holds one, and never for a `TurnLock` while it holds a turn: a page sharing its
+turn in the middle of a shared run's pass (holding the run's lock) gets it back from any page that wants that run.
 """
 
 from __future__ import annotations
@@ -36,45 +39,57 @@ FOLLOWERS = 1  # followers drawing at once (2 and 3 were measured too: a later f
 EXPLORERS = 2  # explorers drawing at once, when the class is quiet: one per core
 TURN_WAIT = 3.0  # seconds a follower waits at most (it never holds up a class for good)
 EXPLORER_WAIT = 10.0  # seconds an explorer waits at most: a class that keeps drawing never starves a student
-SHARE_SECONDS = 0.1  # a turn held this long gives way, between two steps, to the pages waiting ahead (`share`)
+SHARE_SECONDS = 0.1  # a turn held this long gives way, between two steps or layers, to the pages waiting ahead
 clock = time.monotonic  # when a turn was taken (tests set their own)
 
 _changed = threading.Condition()  # guards the counts and queues below
 _drawing = {LEADER: 0, FOLLOWER: 0, EXPLORER: 0}  # runs drawing now, by role
 _queued: dict[str, deque[int]] = {FOLLOWER: deque(), EXPLORER: deque()}  # tickets of the runs waiting, by role
+_resuming: dict[str, deque[int]] = {FOLLOWER: deque(), EXPLORER: deque()}  # tickets of long work that shared its turn
 _tickets = itertools.count()
 _held = threading.local()  # the role this thread holds a turn for, if any, and since when
 
 
 def _free(role: str, ticket: int) -> bool:
     """Whether the run of `role` holding `ticket` may start now (under `_changed`): nobody of its role waits ahead of
-    it, and its role has room."""
-    queue = _queued.get(role)
-    if queue and queue[0] != ticket:
+    it (long work resuming after `share` waits behind every fresh turn), and its role has room."""
+    fresh, resuming = _queued.get(role), _resuming.get(role)
+    if fresh and fresh[0] != ticket:
+        return False
+    if resuming and ticket in resuming and resuming[0] != ticket:
         return False
     if role == FOLLOWER:
         return _drawing[FOLLOWER] < FOLLOWERS
     if role == EXPLORER:
-        return not (_drawing[LEADER] or _drawing[FOLLOWER] or _queued[FOLLOWER]) and _drawing[EXPLORER] < EXPLORERS
+        return not (_drawing[LEADER] or _drawing[FOLLOWER] or _waiting(FOLLOWER)) and _drawing[EXPLORER] < EXPLORERS
     return True
 
 
-def _take(role: str, waiting: Callable[[], None] | None, ahead: bool = False) -> None:
+def _waiting(role: str) -> bool:
+    """Whether a run of `role` waits for a turn (under `_changed`)."""
+    return bool(_queued[role] or _resuming[role])
+
+
+def _take(role: str, waiting: Callable[[bool], None] | None, ahead: bool = False, resuming: bool = False) -> None:
     """Wait for a turn of `role` behind the runs of its role already waiting, or before them (`ahead`: a page coming
-    back from `aside`, which was drawing), at most its wait (then it draws anyway), and count it as drawing."""
+    back from `aside`, which was drawing), or behind every fresh turn (`resuming`: long work after `share`), at most
+    its wait (then it draws anyway), and count it as drawing. `waiting(class_first)` is told before it waits: whether
+    the teacher's class (the leader or a follower) goes first."""
     patience = {FOLLOWER: TURN_WAIT, EXPLORER: EXPLORER_WAIT}.get(role, 0.0)
     with _changed:
-        ticket, queue = next(_tickets), _queued.get(role)
+        ticket = next(_tickets)
+        queue = (_resuming if resuming else _queued).get(role)
         if queue is not None:
             queue.appendleft(ticket) if ahead else queue.append(ticket)
         if _free(role, ticket):
             _start(role, ticket)
             return
+        class_first = bool(_drawing[LEADER] or _drawing[FOLLOWER] or _waiting(FOLLOWER))
         _changed.notify_all()  # one more waiting (what `drawing`'s readers and the tests watch)
     started = False
     try:
         if waiting is not None:
-            waiting()  # outside the lock: it draws on the page
+            waiting(class_first)  # outside the lock: it draws on the page
         deadline = time.monotonic() + patience
         with _changed:
             while not _free(role, ticket) and (left := deadline - time.monotonic()) > 0:
@@ -95,9 +110,9 @@ def _start(role: str, ticket: int) -> None:
 
 def _leave(role: str, ticket: int) -> None:
     """`ticket` leaves the line (under `_changed`): a ticket left behind would hold up every run after it."""
-    queue = _queued.get(role)
-    if queue is not None and ticket in queue:
-        queue.remove(ticket)
+    for queue in (_queued.get(role), _resuming.get(role)):
+        if queue is not None and ticket in queue:
+            queue.remove(ticket)
     _changed.notify_all()  # the next in line, or an explorer waiting for this follower's queue to empty
 
 
@@ -108,9 +123,10 @@ def _give_back(role: str) -> None:
 
 
 @contextmanager
-def turn(role: str, waiting: Callable[[], None] | None = None) -> Iterator[None]:
-    """Hold a turn of `role` (LEADER, FOLLOWER or EXPLORER) for the block; `waiting` is called once, before the
-    run waits, when it must (to say so on its page). A thread that holds a turn already takes no second one."""
+def turn(role: str, waiting: Callable[[bool], None] | None = None) -> Iterator[None]:
+    """Hold a turn of `role` (LEADER, FOLLOWER or EXPLORER) for the block; `waiting(class_first)` is called once,
+    before the run waits, when it must (to say so on its page: whether the teacher's class goes first). A thread
+    that holds a turn already takes no second one."""
     if getattr(_held, "role", None) is not None:
         yield
         return
@@ -124,21 +140,21 @@ def turn(role: str, waiting: Callable[[], None] | None = None) -> Iterator[None]
 
 
 def share() -> None:
-    """Between two steps of long work (called holding no shared run's lock): once this thread has held its turn for
+    """Between two steps of long work, or two layers of its pass: once this thread has held its turn for
     `SHARE_SECONDS`, give way to the pages waiting ahead of its role (a follower to followers; an explorer to
-    followers, explorers, and the leader while it draws), and queue behind them for the turn back. No-op for the
-    leader, for a thread without a turn, or when nobody waits."""
+    followers, explorers, and the leader while it draws), and queue behind every fresh turn for the turn back. No-op
+    for the leader, for a thread without a turn, or when nobody waits."""
     role = getattr(_held, "role", None)
     if role in (None, LEADER) or clock() - _held.since < SHARE_SECONDS:
         return
     with _changed:
-        ahead = _queued[FOLLOWER] or (role == EXPLORER and (_queued[EXPLORER] or _drawing[LEADER]))
+        ahead = _waiting(FOLLOWER) or (role == EXPLORER and (_waiting(EXPLORER) or _drawing[LEADER]))
     if not ahead:
         return
     _held.role = None
     _give_back(role)
     try:
-        _take(role, None)
+        _take(role, None, resuming=True)
     finally:
         _held.role, _held.since = role, clock()
 
@@ -158,6 +174,23 @@ def aside() -> Iterator[None]:
     finally:
         _take(role, None, ahead=True)  # it was drawing: back before the pages that queued meanwhile
         _held.role, _held.since = role, clock()
+
+
+class TurnLock:
+    """A shared run's lock (reentrant) whose waiters give their turn away while they wait (`aside`), then take it
+    back: the page holding the lock may be sharing its turn in the middle of a pass, and gets it back from them."""
+
+    def __init__(self):
+        self._lock = threading.RLock()
+
+    def __enter__(self) -> None:
+        while not self._lock.acquire(blocking=False):
+            with aside():  # the turn comes back ahead of the pages that queued meanwhile
+                with self._lock:  # free now; taken again below with the turn
+                    pass
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()
 
 
 def drawing() -> dict[str, int]:

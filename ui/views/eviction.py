@@ -28,11 +28,13 @@ def render(ctx: ViewContext) -> None:
     if problem:
         st.warning(problem)
         return
-    if ctx.runner.short_of_memory():  # the pair is two more runs of the prompt: none is built on a full host
+    if ctx.runner.short_of_memory():  # the lab is more runs of the prompt: none is built on a full host
         st.info(ctx.t("short_of_memory", left_out=ctx.t("left_out_eviction")))
         return
     try:
-        with st.spinner(ctx.t("evict_computing")):
+        what = ctx.t("evict_computing_stream") if ctx.state.evict_at == "stream" else \
+            ctx.t("evict_computing_policies", count=len(POLICIES))
+        with st.spinner(ctx.t("evict_computing", what=what)):
             data = shown_eviction(ctx)
     except InvalidSettingError as error:
         st.warning(error_message(ctx, error))

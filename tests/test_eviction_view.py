@@ -216,6 +216,60 @@ def test_labs_are_counted_and_swept_by_the_run_store(embedded_model):
 # -- the chapter's numbers are its figures' data ----------------------------------------------------------------
 
 
+def test_the_lab_records_each_policys_next_token_kl_from_the_full_cache(embedded_model):
+    """Each policy's KL(full cache ‖ policy) per answer token is the KL of the two runs made alone, while their texts
+    agree; from the token after they part, none (the two predict after different texts)."""
+    steps = 6
+    ids = engine.DecodeSession(embedded_model, PROMPT, chat=False).prompt_ids
+    pair = pair_for(RunStore(10**9), embedded_model, ids, EvictionSettings("snapkv", "prefill", 0.5, 32, 8, 28),
+                    steps, 2000)
+    assert pair.advance_to(steps) == steps
+    assert all(p.kl is None for p in pair.full.passes)
+    full = EvictionRun(embedded_model, ids, None, max_new_tokens=steps)
+    full.prefill()
+    while len(full.steps) < steps:
+        full.step()
+    parted = []
+    for policy in POLICIES:
+        alone = engine_run(embedded_model, ids, dict(evict=policy, evict_at="prefill", ratio=0.5), steps)
+        expected, agree = [], True
+        for f, a in zip(full.steps, alone.steps, strict=True):
+            kl = torch.nn.functional.kl_div(a.logits.double().log_softmax(-1), f.logits.double().log_softmax(-1),
+                                            log_target=True, reduction="sum").item()
+            expected.append(kl if agree else None)
+            agree = agree and f.token_id == a.token_id
+        parted.append(not agree)
+        got = [p.kl for p in pair.lab.runs[policy].passes]
+        assert [g is None for g in got] == [e is None for e in expected], policy
+        assert [g for g in got if g is not None] == pytest.approx([e for e in expected if e is not None],
+                                                                 rel=1e-3, abs=1e-6), policy
+        alone.close()
+    full.close()
+    assert any(parted), "no policy parted: the rule after parting is not tested"
+
+
+@pytest.mark.parametrize(("model_name", "lang"), [("embedded", "en"), ("embedded-zh", "zh")])
+def test_the_cost_sentence_quotes_the_cost_figure(model_name, lang, request):
+    """The view's cost part: one line per policy at the link's timing, the page's drawn thickest, and the sentence
+    under it quotes that line at the page's token (or where its text parted)."""
+    request.getfixturevalue({"embedded": "embedded_model", "embedded-zh": "embedded_zh_model"}[model_name])
+    step = 5
+    at = start(view="eviction", step=step, lang=lang, model=model_name, evict="tova", evict_at="prefill", ratio=0.5)
+    assert_clean(at)
+    lines = [chart["data"] for chart in charts(at) if chart["data"][0].get("mode") == "lines+markers"]
+    assert len(lines) == 1 and len(lines[0]) == len(POLICIES)
+    chosen = max(lines[0], key=lambda trace: trace["line"]["width"])
+    assert chosen["name"] == strings.t("evict_short_tova", lang)
+    values = [None if v is None else float(v) for v in chosen["y"]]
+    assert len(values) == step
+    text = "\n".join(c.value for c in at.caption).replace("\\", "")
+    if values[-1] is not None:
+        assert f"{values[-1]:.3g}" in text and (f"answer token {step}," in text or f"第 {step} 个" in text)
+    else:
+        last = max(i for i, v in enumerate(values) if v is not None)
+        assert f"{values[last]:.3g}" in text and (f"answer token {last + 1} " in text or f"第 {last + 1} 个" in text)
+
+
 def figures(at) -> dict:
     """The view's figures by their shape: the kept map, the hidden share (heatmap over Q heads), the sink (two bar
     series), the bytes (one horizontal bar series)."""

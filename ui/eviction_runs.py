@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass, replace
 
 import numpy as np
+import torch
 
 import engine
 from engine.detokenizer import IncrementalDetokenizer
@@ -146,9 +147,19 @@ class PassRecord:
     kept_bytes: int  # after the pass (and its eviction): the K/V of the rows every (layer, KV head) holds
     allocated_bytes: int  # the paged blocks under them: evicted rows are masked, not freed
     full_bytes: int  # the cache without eviction at the same positions
+    # KL(full cache ‖ this run) of the two passes' next-token distributions, in nats: what evicting cost this
+    # prediction. None for the full cache's own run, and after the run's text parted from the full cache's (the two
+    # then predict after different texts, so the comparison no longer isolates eviction).
+    kl: float | None = None
 
 
 OUTSIDE_WINDOW = 2
+
+
+def next_token_kl(full: torch.Tensor, evicting: torch.Tensor) -> float:
+    """KL(P ‖ Q) in nats, P and Q the softmax of two passes' logits (vocab,): the full cache's and a policy's."""
+    p, q = full.double().log_softmax(-1), evicting.double().log_softmax(-1)
+    return float((p.exp() * (p - q)).sum())
 
 
 class RecordedRun:
@@ -160,8 +171,11 @@ class RecordedRun:
         self.policy = run.policy
         self.detokenizer = IncrementalDetokenizer(model.tokenizer, run.prompt_ids)
         self.passes: list[PassRecord] = []
+        self.agrees = True  # every pass so far made the full cache's token
 
-    def record(self, step) -> None:
+    def record(self, step, full_step=None) -> None:
+        """Record `step`, this run's newest pass; `full_step`, the full cache's pass for the same answer token (None
+        for the full cache's run itself), gives its KL while both texts agree so far."""
         info, run = self.model.info, self.run
         length = step.position + 1
         kept = np.ones((info.layers, info.kv_heads, length), dtype=np.int8)
@@ -170,11 +184,15 @@ class RecordedRun:
                 kept[layer] = mask.numpy().astype(np.int8)
             else:  # a sliding-window layer (or no eviction): its window is what it reads
                 kept[layer, :, :length - info.cached_positions(layer, length)] = OUTSIDE_WINDOW
+        kl = None
+        if full_step is not None and self.agrees:
+            kl = next_token_kl(full_step.logits, step.logits)
+            self.agrees = step.token_id == full_step.token_id
         attention = step.attention.float()
         final = run.finished
         self.passes.append(PassRecord(step.position, step.token_id, self.detokenizer.add(step.token_id, final=final),
                                       kept, step.evicted_share.float().numpy(), attention[:, :, 0].numpy(),
-                                      run.kept_bytes(), run.allocated_bytes(), run.full_bytes()))
+                                      run.kept_bytes(), run.allocated_bytes(), run.full_bytes(), kl))
 
     @property
     def nbytes(self) -> int:
@@ -201,9 +219,10 @@ class EvictionLab:
             with self.lock:
                 if self._short_of(count):
                     steps = self.batch.step() if self.runs[None].passes else self.batch.prefill()
+                    full = steps[0]  # the full cache's run is the lab's first
                     for recorded, step in zip(self.runs.values(), steps):
                         if step is not None:
-                            recorded.record(step)
+                            recorded.record(step, None if step is full else full)
                 if not self._short_of(count):  # no turn shared after the last pass: the page draws next
                     return
             turns.share()

@@ -55,6 +55,18 @@ class EvictionShown:
         """The first answer token (0-based) where the two runs part, None while they agree."""
         return first_difference(self.token_ids(self.pair.full), self.token_ids(self.pair.evicting))
 
+    def costs(self) -> dict[str, list[float | None]]:
+        """Each policy's run of the lab (the streaming window's alone at that timing): its KL from the full cache
+        at each answer token up to the page's (None once its text parted), by run name."""
+        return {name: [p.kl for p in run.passes[:self.passes]] for name, run in self.pair.lab.runs.items()
+                if name is not None}
+
+    def parted(self) -> tuple[int, float]:
+        """The policy's last answer token (1-based) compared with the full cache's, and the KL there: where its
+        text parted, once it has."""
+        last = max(i for i, p in enumerate(self.pair.evicting.passes[:self.passes]) if p.kl is not None)
+        return last + 1, self.pair.evicting.passes[last].kl
+
     def token_ids(self, run) -> list[int]:
         return [p.token_id for p in run.passes[:self.passes]]
 

@@ -116,6 +116,25 @@ def sink_figure(full: np.ndarray, evicting: np.ndarray, title: str = "", large: 
     return finish(fig, title, large, height=first_screen_height(large))
 
 
+COST_COLORS = ("blue", "orange", "green", "purple", "sky", "vermillion")  # a policy's line, in the lab's order
+
+
+def cost_figure(kl: dict[str, list[float | None]], chosen: str, title: str = "", large: bool = False,
+                words: Words = ENGLISH) -> go.Figure:
+    """kl: each policy's KL(full cache ‖ policy) of the next-token distribution, in nats, one value per answer token
+    (None once its text parted from the full cache's: a gap). `chosen`, the page's policy, is drawn thicker."""
+    fig = go.Figure()
+    for i, (name, values) in enumerate(kl.items()):
+        fig.add_trace(go.Scatter(
+            x=list(range(1, len(values) + 1)), y=values, name=name, mode="lines+markers", connectgaps=False,
+            line=dict(color=OKABE_ITO[COST_COLORS[i % len(COST_COLORS)]], width=4 if name == chosen else 1.5),
+            marker=dict(size=7 if name == chosen else 4),
+            hovertemplate=name + ", " + words["evict_token_axis"] + " %{x}: %{y:.4f}<extra></extra>"))
+    fig.update_layout(legend=TOP_LEGEND, yaxis=dict(title=words["evict_kl_axis"], rangemode="tozero"),
+                      xaxis=dict(title=words["evict_token_axis"], dtick=1 if max(map(len, kl.values())) <= 16 else None))
+    return finish(fig, title, large, height=first_screen_height(large))
+
+
 def bytes_figure(full: int, allocated: int, kept: int, title: str = "", large: bool = False,
                  words: Words = ENGLISH) -> go.Figure:
     """The cache's bytes three ways: without eviction, what the paged blocks hold (evicted rows are masked, not

@@ -13,8 +13,8 @@ from ui.state import EVICT_AT, bounds
 from ui.views.chapter_part import Part, shown
 from ui.views.figures import figure, memo_key
 from ui.views.widgets import layer_head_pickers, titled, words
-from viz.eviction import (bytes_figure, evicted_share_figure, kept_figure, kept_over_steps_figure, sink_figure,
-                          text_comparison_html)
+from viz.eviction import (bytes_figure, cost_figure, evicted_share_figure, kept_figure, kept_over_steps_figure,
+                          sink_figure, text_comparison_html)
 from viz.style import fmt_size
 
 
@@ -45,6 +45,7 @@ def render(ctx: ViewContext) -> None:
             kept_map(ctx, data, own_cache, policy)
     notes(ctx, data)
     text(ctx, data, policy)
+    cost(ctx, data, policy)
     share(ctx, data)
     sink(ctx, data, policy)
     held_bytes(ctx, data)
@@ -111,6 +112,29 @@ def text(ctx: ViewContext, data: EvictionShown, policy: str) -> None:
         st.markdown(text_comparison_html(common, full_rest, evicting_rest, policy, words(ctx)), unsafe_allow_html=True)
         st.caption(ctx.t("evict_text_same", n=data.passes) if data.difference is None
                    else ctx.t("evict_text_differs", token=data.difference + 1))
+
+
+def cost(ctx: ViewContext, data: EvictionShown, policy: str) -> None:
+    """Every policy's next-token KL from the full cache, answer token by answer token, and the page's policy's in
+    words: what evicting cost the model's predictions."""
+    if not shown("cost"):
+        return
+    with Part("cost"):
+        name = lambda run: ctx.t("evict_short_" + run, window=data.settings.window)  # noqa: E731 — legend's short
+        lines = {name(run): values for run, values in data.costs().items()}
+        chosen = name(data.settings.run_name)
+        figure(lambda: cost_figure(lines, chosen, ctx.t("evict_cost_title"), ctx.large, words(ctx)),
+               "eviction-cost", memo_key(ctx, "cost", data.passes))
+        st.caption(cost_sentence(ctx, data, policy))
+
+
+def cost_sentence(ctx: ViewContext, data: EvictionShown, policy: str) -> str:
+    if data.evicting.kl is None:  # the texts parted at an earlier token
+        token, kl = data.parted()
+        return ctx.t("evict_cost_parted", policy=policy, token=token, kl=f"{kl:.3g}")
+    same = data.evicting.token_id == data.full.token_id
+    return ctx.t("evict_cost_now", token=data.passes, policy=policy, kl=f"{data.evicting.kl:.3g}",
+                 top=ctx.t("evict_cost_top_same" if same else "evict_cost_top_differs"))
 
 
 def share(ctx: ViewContext, data: EvictionShown) -> None:

@@ -1,7 +1,9 @@
 """What a change of eviction policy costs the server in the eviction view: the pair of runs (the full cache's and
 the policy's, `ui.eviction_runs`) for SnapKV is computed to step N, then a page at the same step switches to each
 other policy in turn; the seconds each switch takes to have its pair at step N (wall and this process's CPU). The
-first figure is the first pair's: it computes the lab (every policy at the timing) or, before labs, two runs.
+first figure is the first pair's: it computes the lab (every policy at the timing) or, before labs, two runs. The
+last is the floor under any first pair: the prompt's greedy decode to step N over the full cache alone, recording
+nothing.
 
     HF_HUB_OFFLINE=1 python3 bench/eviction_switch.py [--step 64] [--prompt-tokens 382] [--before /old/checkout]
 
@@ -44,6 +46,12 @@ for policy in %r:
     pair = get(EvictionSettings(policy, "prefill", 0.5, 32, 8, 28))
     assert pair.advance_to(step) == step
     times.append([policy, time.perf_counter() - wall, time.process_time() - cpu])
+wall, cpu = time.perf_counter(), time.process_time()
+alone = engine.DecodeSession(model, ids, max_new_tokens=step, capture=engine.NO_RECORD)
+alone.prefill()
+while len(alone.generated) < step:
+    alone.step()
+times.append(["the full cache alone", time.perf_counter() - wall, time.process_time() - cpu])
 import resource
 times.append(["peak RSS MiB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 0])
 print(json.dumps(times))

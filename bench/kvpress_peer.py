@@ -8,9 +8,11 @@ is not a project dependency (it pins transformers < 5.3), so the peer side runs 
     HF_HUB_OFFLINE=1 python3 bench/kvpress_peer.py compare --model embedded --peer /tmp/peer.json
 
 `peer` runs each case as kvpress's pipeline does (the context prefilled under the press, then the last prompt
-token and greedy steps over the cache; a DecodingPress around those) with eager attention, and records per
-(layer, KV head) the positions the cache holds (each cached key row matched bit for bit to the row it was
-copied from), the logits of every step (the first in full, later ones at their top ids) and the greedy tokens.
+token and greedy steps over the cache; a DecodingPress around those; for `rerotate:` cases a KeyRerotationPress
+around the press, the last prompt token then at the position after the kept ones) with eager attention, and
+records per (layer, KV head) the positions the cache holds (each cached key row matched bit for bit to the row it
+was copied from; a turned key matches none, so there the press's own kept indices, recorded as it turns them),
+the logits of every step (the first in full, later ones at their top ids) and the greedy tokens.
 `compare` runs the same cases in our engine and prints, per case: kept positions equal, max |Δlogit|, tokens equal.
 """
 
@@ -29,6 +31,7 @@ PROMPT = ("The KV cache stores one key and one value per token, per layer and pe
           "ones with small keys. Each choice changes what the model writes next. Summarise the trade-off in one")
 STEPS = 12
 TOP_IDS = 50  # later steps' logits are kept at the peer's top ids only (the file stays small)
+REROTATE = "rerotate:"  # a case's name prefix: kvpress's KeyRerotationPress around the press
 
 # (name, policy, its parameters, prefill compression ratio, decode budget (target_size, interval) or None)
 POLICIES = [("streaming_llm", {"n_sink": 4}), ("knorm", {}), ("snapkv", {"window_size": 8, "kernel_size": 5}),
@@ -40,7 +43,7 @@ CASES = [(f"{name}@{ratio}", name, params, ratio, None) for ratio in (0.25, 0.5,
     ("decode:observed_attention", "observed_attention", {}, 0.0, (32, 4)),
     ("decode:streaming_llm", "streaming_llm", {"n_sink": 4}, 0.0, (32, 3)),
     ("decode:snapkv", "snapkv", {"window_size": 2, "kernel_size": 3}, 0.0, (32, 4)),
-]
+] + [(f"{REROTATE}{name}@0.5", name, params, 0.5, None) for name, params in POLICIES]
 
 
 def prompt_ids(tokenizer) -> list[int]:
@@ -51,8 +54,8 @@ def prompt_ids(tokenizer) -> list[int]:
 
 def run_peer(model_dir: str, out: str, only: list[str]) -> None:
     import torch
-    from kvpress import (DecodingPress, KnormPress, ObservedAttentionPress, SnapKVPress, StreamingLLMPress,
-                         TOVAPress)
+    from kvpress import (DecodingPress, KeyRerotationPress, KnormPress, ObservedAttentionPress, SnapKVPress,
+                         StreamingLLMPress, TOVAPress)
     from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
     presses = {"streaming_llm": StreamingLLMPress, "knorm": KnormPress, "snapkv": SnapKVPress, "tova": TOVAPress,
@@ -70,23 +73,29 @@ def run_peer(model_dir: str, out: str, only: list[str]) -> None:
     for name, policy, params, ratio, budget in CASES:
         if only and not any(part in name for part in only):
             continue
+        rerotate = name.startswith(REROTATE)
         if budget is None:
             press = presses[policy](compression_ratio=ratio, **params)
+            press = KeyRerotationPress(press) if rerotate else press
             decoding = None
         else:
             press = None
             decoding = DecodingPress(base_press=presses[policy](**params), target_size=budget[0],
                                      compression_interval=budget[1])
-        cache = DynamicCache()
+        cache, turned = DynamicCache(), {}
         with torch.no_grad():
             if press is not None:
-                with press(model):
+                with press(model), _recording_rerotation(KeyRerotationPress, turned):
                     model.model(input_ids=context, past_key_values=cache)
             else:
                 model.model(input_ids=context, past_key_values=cache)
-            rows = [_match_rows(layer.keys[0], keys, [list(range(n))] * len(keys))
-                    for layer, keys in zip(cache.layers, context_keys)]
-            steps, tokens, token, position = [], [], ids[-1], n
+            if rerotate:  # turned keys match no row bit for bit: the press's own kept indices say where they came from
+                rows = [turned[layer] for layer in range(len(cache.layers))]
+            else:
+                rows = [_match_rows(layer.keys[0], keys, [list(range(n))] * len(keys))
+                        for layer, keys in zip(cache.layers, context_keys)]
+            # the pipeline's first position: after the context, or after what was kept once its keys are turned
+            steps, tokens, token, position = [], [], ids[-1], cache.get_seq_length() if rerotate else n
             with decoding(model) if decoding is not None else _nothing():
                 for _ in range(STEPS):
                     before = [layer.keys[0].clone() for layer in cache.layers]
@@ -95,7 +104,7 @@ def run_peer(model_dir: str, out: str, only: list[str]) -> None:
                     # The rows now: copies of the rows before this pass plus this pass's own (the last before it
                     # was compressed); match each to where it came from.
                     rows = [_match_rows(layer.keys[0], torch.cat((old, layer_new(layer, old)), dim=1),
-                                        [p + [position] for p in r])
+                                        [p + [n + len(steps)] for p in r])  # its place in the sequence
                             for layer, old, r in zip(cache.layers, before, rows)]
                     token = int(logits.argmax())
                     top = logits.topk(TOP_IDS).indices.tolist()
@@ -109,6 +118,28 @@ def run_peer(model_dir: str, out: str, only: list[str]) -> None:
                                   "tokens": tokens, "steps": steps}
         print(name, tokens, flush=True)
         Path(out).write_text(json.dumps(results))  # after each case: a long run's cases so far can be compared
+
+
+class _recording_rerotation:
+    """While entered, KeyRerotationPress records each layer's kept indices (per KV head, ascending) in `turned`."""
+
+    def __init__(self, press_class, turned: dict):
+        self.press_class, self.turned = press_class, turned
+
+    def __enter__(self):
+        original = self.original = self.press_class.rerotate_keys
+        turned = self.turned
+
+        def recording(module, indices, keys):
+            turned[module.layer_idx] = indices[0].tolist()
+            return original(module, indices, keys)
+
+        self.press_class.rerotate_keys = staticmethod(recording)
+        return self
+
+    def __exit__(self, *exc):
+        self.press_class.rerotate_keys = staticmethod(self.original)
+        return False
 
 
 def layer_new(layer, old):
@@ -176,7 +207,8 @@ def run_compare(model_spec: str, peer_file: str) -> None:
             continue  # the peer's run stopped before this case
         theirs = peer["cases"][name]
         run = EvictionRun(model, ids, Policy(policy, **params), compression_ratio=ratio,
-                          budget=DecodeBudget(*budget) if budget else None, max_new_tokens=STEPS)
+                          budget=DecodeBudget(*budget) if budget else None, max_new_tokens=STEPS,
+                          rerotate=name.startswith(REROTATE))
         run.prefill()
         kept_first = _kept(run)
         while not run.finished and len(run.steps) < STEPS:

@@ -134,7 +134,7 @@ class Model:
         self.attention_scales = attention_scales  # per layer (GPT-2 can scale by 1/(layer+1))
         self.eos_ids = eos_ids
         self.device = device
-        self.layers = [DecoderLayer(i, layer, info, scale)
+        self.layers = [DecoderLayer(i, layer, info, scale, ropes[info.layer_kinds[i]] if ropes else None)
                        for i, (layer, scale) in enumerate(zip(weights.layers, attention_scales))]
 
     @property
@@ -210,6 +210,8 @@ class Model:
         info = self.info
         ids_t = torch.tensor([i for p in passes for i in p.ids], dtype=torch.long, device=self.device)
         pos_t = torch.tensor([q for p in passes for q in p.positions], dtype=torch.long, device=self.device)
+        rope_t = torch.tensor([q for p in passes for q in (p.rope_positions or p.positions)], dtype=torch.long,
+                              device=self.device)
         x = self.embed(ids_t, pos_t)  # (rows of every pass, hidden)
         contexts, recorders, start = [], [], 0
         for p in passes:
@@ -219,12 +221,13 @@ class Model:
             contexts.append(PassContext(
                 rows=rows,
                 positions=positions,
-                cos_sin={kind: rope.cos_sin(positions, x.dtype) for kind, rope in self.ropes.items()}
+                cos_sin={kind: rope.cos_sin(rope_t[rows], x.dtype) for kind, rope in self.ropes.items()}
                 if self.ropes else {},
                 kv=PagedKV.of(p.table, p.positions, p.write),
                 local_kv=PagedKV.of(p.table.window, p.positions, p.write) if p.table.window is not None else None,
                 kv_splits=p.kv_splits,
                 kept=p.kept,
+                key_turns=p.key_turns,
                 observe=p.observe,
             ))
             recorders.append(StepRecorder(p.capture, p.positions, info.layers, info.q_heads, info.hidden, x.dtype,
@@ -272,6 +275,11 @@ class Pass:
     write: bool = True
     kept: list[torch.Tensor | None] | None = None
     observe: Callable[[int, AttentionResult], None] | None = None
+    # Re-rotated positions (kvpress's KeyRerotationPress): the positions the rows' q and k turn by, where they are
+    # not `positions` (the cache slots they take and the causal mask's order), and per layer (kv_heads, n) the
+    # turn of each of the first n cached keys as read (None: as written).
+    rope_positions: list[int] | None = None
+    key_turns: list[torch.Tensor | None] | None = None
 
 
 @dataclass
@@ -313,14 +321,17 @@ class PassContext:
     local_kv: PagedKV | None  # the sliding-window layers' cache
     kv_splits: int
     kept: list[torch.Tensor | None] | None = None  # per layer, what eviction left each KV head (None: all)
+    key_turns: list[torch.Tensor | None] | None = None  # per layer, the cached keys' turns as read (`Pass`)
     observe: Callable[[int, AttentionResult], None] | None = None  # sees each layer's attention result
 
 
 class DecoderLayer:
     """One pre-norm decoder layer: attention, then the MLP, each added onto the residual stream."""
 
-    def __init__(self, index: int, weights: LayerWeights, info: ModelInfo, attention_scale: float):
+    def __init__(self, index: int, weights: LayerWeights, info: ModelInfo, attention_scale: float,
+                 rope: Rope | None = None):
         self.index = index
+        self.rope = rope  # its kind's RoPE; None for learned positions
         self.w = weights
         self.q_heads, self.kv_heads, self.head_dim = info.q_heads, info.kv_heads, info.head_dim
         self.scale = attention_scale
@@ -369,6 +380,9 @@ class DecoderLayer:
         local, row = context.kv.pool.rows[self.index]  # the pool of this layer's kind, and its row there
         kv = context.local_kv if local else context.kv
         cached_k, cached_v = kv.store_and_read(row, k, v)  # (L − start, kv_heads, D)
+        turns = context.key_turns[self.index] if context.key_turns is not None else None
+        if turns is not None:
+            cached_k = self.rope.turned(cached_k, turns)
         kept = context.kept[self.index] if context.kept is not None else None
         result = attend(q, cached_k, cached_v, context.positions, self.scale, context.kv_splits, self.window, kv.start,
                         kept)

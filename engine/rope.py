@@ -54,6 +54,19 @@ class Rope:
         return (angles.cos() * self.attention_scaling).to(dtype), (angles.sin() * self.attention_scaling).to(dtype)
 
 
+    def turned(self, k: torch.Tensor, turns: torch.Tensor) -> torch.Tensor:
+        """Cached keys k (L, kv_heads, head_dim), each already rotated at its own position, turned on by
+        `turns` (kv_heads, n ≤ L) more positions (0 past n): the rotation composes, R(p + d) = R(d)·R(p), so a kept
+        key moves to another position without being recomputed. As kvpress's KeyRerotationPress turns them: its
+        angles in float32, without `attention_scaling` (the key carries it already)."""
+        angles = turns.T.float()[..., None] * self.inv_freq.to(k.device)  # (n, kv_heads, head_dim / 2)
+        angles = torch.cat((angles, angles), dim=-1)
+        n, half = turns.shape[1], k.shape[-1] // 2
+        head = k[:n]
+        rotated = torch.cat((-head[..., half:], head[..., :half]), dim=-1)
+        return torch.cat((head * angles.cos().to(k.dtype) + rotated * angles.sin().to(k.dtype), k[n:]))
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate x (T, heads, head_dim) by its positions' angles; cos/sin are (T, head_dim)."""
     half = x.shape[-1] // 2

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, DynamicCache
 
 from engine.errors import InvalidSettingError
 from engine.eviction import DecodeBudget, EvictionRun, Policy, StreamingWindow, stream_nll
@@ -318,3 +318,81 @@ def test_evicted_share_is_what_full_attention_puts_on_the_evicted_positions(tiny
 def test_bad_settings_raise_a_clear_error(make, tiny_model):
     with pytest.raises(InvalidSettingError):
         make(tiny_model("llama"))
+
+
+# -- re-rotated positions (kvpress's KeyRerotationPress) ------------------------------------------------------
+
+def rerotated_hf_logits(hf, run: EvictionRun) -> list[torch.Tensor]:
+    """transformers over a compacted cache built here: the context's keys and values from its own prefill, each
+    (layer, KV head) keeping the run's kept positions, the keys turned to 0 … n_kept − 1 (R(new − old), RoPE's
+    rotate-half form); then the run's passes one token at a time from position n_kept. The logits of each."""
+    n = len(run.prompt_ids) - 1
+    with torch.no_grad():
+        prefill = hf(torch.tensor([run.prompt_ids[:-1]]), use_cache=True)
+    inv_freq = hf.model.rotary_emb.inv_freq.float()
+    cache = DynamicCache(config=hf.config)
+    for layer in range(hf.config.num_hidden_layers):
+        keys, values = prefill.past_key_values.layers[layer].keys, prefill.past_key_values.layers[layer].values
+        kept = run.prefill_evictions[layer].kept_positions  # (kv_heads, n_kept) ascending
+        n_kept = kept.shape[1]
+        index = kept[None, :, :, None].expand(1, -1, -1, keys.shape[-1])
+        k, v = keys.gather(2, index), values.gather(2, index)
+        angles = (torch.arange(n_kept)[None, :] - kept).float()[..., None] * inv_freq  # (kv_heads, n_kept, D / 2)
+        angles = torch.cat((angles, angles), dim=-1)[None]
+        half = k.shape[-1] // 2
+        k = k * angles.cos() + torch.cat((-k[..., half:], k[..., :half]), dim=-1) * angles.sin()
+        cache.update(k, v, layer)
+    logits = []
+    with torch.no_grad():
+        for i, step in enumerate(run.steps):
+            out = hf(torch.tensor([[step.input_id]]), position_ids=torch.tensor([[n_kept + i]]),
+                     cache=cache, use_cache=True)
+            logits.append(out.logits[0, -1])
+    assert n_kept < n
+    return logits
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("name,params", [("snapkv", {"window_size": 8, "kernel_size": 5}),
+                                         ("streaming_llm", {"n_sink": 4})])
+def test_rerotated_keys_decode_as_transformers_over_a_compacted_cache(family, name, params, tiny_model, tiny_model_dir):
+    model, hf = tiny_model(family), hf_model(tiny_model_dir(family))
+    run = EvictionRun(model, prompt_ids(model), Policy(name, **params), compression_ratio=0.5, max_new_tokens=STEPS,
+                      rerotate=True)
+    run.prefill()
+    while len(run.steps) < STEPS:
+        run.step()
+    plain = EvictionRun(model, prompt_ids(model), Policy(name, **params), compression_ratio=0.5, max_new_tokens=1)
+    plain.prefill()
+    assert (plain.steps[0].logits - run.steps[0].logits).abs().max() > 1e-3, "re-rotation changed nothing"
+    for step, expected in zip(run.steps, rerotated_hf_logits(hf, run), strict=True):
+        diff = (step.logits - expected).abs().max().item()
+        assert diff <= LOGIT_ATOL, f"step {step.step}: max |engine − transformers| = {diff:.3g}"
+        assert step.token_id == int(expected.argmax())
+    run.close(), plain.close()
+
+
+def test_a_kept_suffix_rerotated_reads_as_it_did_unturned(tiny_model):
+    """Keeping only the latest positions (no sinks), re-rotation moves every kept key and every later query by the
+    same number of positions: RoPE sees the same distances, so the logits are those of the run without it."""
+    model = tiny_model("llama")
+    runs = [EvictionRun(model, prompt_ids(model), Policy("streaming_llm", n_sink=0), compression_ratio=0.5,
+                        max_new_tokens=STEPS, rerotate=rerotate) for rerotate in (False, True)]
+    for run in runs:
+        run.prefill()
+        while len(run.steps) < STEPS:
+            run.step()
+    for a, b in zip(*(run.steps for run in runs), strict=True):
+        torch.testing.assert_close(a.logits, b.logits, atol=1e-5, rtol=0)
+        assert a.token_id == b.token_id
+
+
+@pytest.mark.parametrize("family,make", [
+    ("gemma3", lambda m: EvictionRun(m, [1, 2, 3, 4, 5], Policy("knorm"), compression_ratio=0.5, rerotate=True)),
+    ("gpt2", lambda m: EvictionRun(m, [1, 2, 3, 4, 5], Policy("knorm"), compression_ratio=0.5, rerotate=True)),
+    ("llama", lambda m: EvictionRun(m, [1, 2, 3, 4, 5], Policy("knorm"), rerotate=True)),
+    ("llama", lambda m: EvictionRun(m, [1, 2, 3, 4, 5], None, budget=StreamingWindow(1, 2), rerotate=True)),
+])
+def test_rerotation_where_kvpress_has_none_is_refused(family, make, tiny_model):
+    with pytest.raises(InvalidSettingError, match="re-rotation"):
+        make(tiny_model(family))

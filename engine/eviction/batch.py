@@ -29,11 +29,13 @@ from engine.trace import NO_RECORD
 
 @dataclass(frozen=True)
 class Variant:
-    """One run's eviction: `EvictionRun`'s policy, compression_ratio and budget (all None / 0: the full cache)."""
+    """One run's eviction: `EvictionRun`'s policy, compression_ratio, budget and rerotate (all None / 0 / False: the
+    full cache)."""
 
     policy: Policy | None
     compression_ratio: float = 0.0
     budget: DecodeBudget | StreamingWindow | None = None
+    rerotate: bool = False
 
 
 class EvictionBatch:
@@ -52,7 +54,8 @@ class EvictionBatch:
         self.pool = model.new_pool(blocks, block_size)
         self.runs = [EvictionRun(model, prompt_ids, v.policy, compression_ratio=v.compression_ratio, budget=v.budget,
                                  block_size=block_size, max_new_tokens=max_new_tokens,
-                                 keep_full_steps=keep_full_steps, pool=self.pool) for v in variants]
+                                 keep_full_steps=keep_full_steps, pool=self.pool, rerotate=v.rerotate)
+                     for v in variants]
 
     @property
     def finished(self) -> bool:

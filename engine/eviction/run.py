@@ -19,6 +19,12 @@ layer's attention reads only the positions its KV heads kept (`LayerRows.mask`).
 rows hold (what a compacted cache such as kvpress's holds), `allocated_bytes` what the paged blocks under
 them take, `full_bytes` what the cache would hold without eviction. Sliding-window layers (Gemma 3's local
 layers) are left to their window, as kvpress leaves them.
+
+Re-rotated positions (`rerotate=True`, kvpress's KeyRerotationPress around a policy's eviction after the prefill):
+the keys each (layer, KV head) kept of the n context positions are read turned to the positions 0 … n_kept − 1,
+in their order, and the last prompt token and the answer go on from position n_kept, as kvpress's pipeline
+places them; the cache still holds every key as written (a turn composes with the rotation already in it).
+`evicted_share` then compares with keys at their first positions.
 """
 
 from __future__ import annotations
@@ -130,10 +136,13 @@ class EvictionRun:
     def __init__(self, model: Model, prompt_ids: list[int], policy: Policy | None = None, *,
                  compression_ratio: float = 0.0, budget: DecodeBudget | StreamingWindow | None = None,
                  block_size: int = DEFAULT_BLOCK_SIZE, max_new_tokens: int = 32, keep_full_steps: int = 32,
-                 pool: BlockPool | None = None):
+                 pool: BlockPool | None = None, rerotate: bool = False):
         """`pool`: a pool shared with other runs of the prompt (`engine.eviction.batch`), which then give this run
-        its table after their common prefill; by default a pool of its own."""
+        its table after their common prefill; by default a pool of its own. `rerotate`: kvpress's
+        KeyRerotationPress around the policy (see the module docstring)."""
         check_ratio(compression_ratio)
+        if rerotate:
+            _check_rerotation(model, policy, compression_ratio, budget)
         if policy is None and (compression_ratio > 0 or isinstance(budget, DecodeBudget)):
             raise InvalidSettingError("a compression ratio or a decode budget needs a policy to score positions")
         if budget is not None and not isinstance(budget, (DecodeBudget, StreamingWindow)):
@@ -162,6 +171,8 @@ class EvictionRun:
         self.steps: list[EvictionStep] = []
         self.generated: list[int] = []
         self.passes_since_eviction = 0
+        self.rerotate = rerotate
+        self._rerotated: tuple[int, list[torch.Tensor | None]] | None = None  # made after the prefill's evictions
         self.closed = False
 
     # -- state ---------------------------------------------------------------------------------
@@ -274,7 +285,11 @@ class EvictionRun:
             rows.append(position, 1)
         length = position + 1
         kept = [self.rows[i].mask(length) if i in self.rows else None for i in range(self.model.info.layers)]
-        return Pass([token_id], [position], self.table, ONE_ROW, kept=kept)
+        if not self.rerotate:
+            return Pass([token_id], [position], self.table, ONE_ROW, kept=kept)
+        shift, turns = self._rerotation()
+        return Pass([token_id], [position], self.table, ONE_ROW, kept=kept, rope_positions=[position + shift],
+                    key_turns=turns)
 
     def close_pass(self, opened: Pass, record: ForwardRecord) -> EvictionStep:
         """The step the opened pass made (`record`), and the evictions after it."""
@@ -345,6 +360,26 @@ class EvictionRun:
         rows.keep(eviction.kept_rows.to(rows.positions.device))
         return eviction
 
+    def _rerotation(self) -> tuple[int, list[torch.Tensor | None]]:
+        """kvpress's KeyRerotationPress after the prefill's evictions: each (layer, KV head) keeps n_kept context
+        keys, turned to the positions 0 … n_kept − 1 in their order (per layer (kv_heads, context): the turn of
+        each kept key, new position − old), and the passes after it go on from position n_kept: the shift of
+        their rotary positions from their cache positions."""
+        if self._rerotated is None:
+            context, info = len(self.prompt_ids) - 1, self.model.info
+            turns: list[torch.Tensor | None] = [None] * info.layers
+            n_kept = context
+            for layer, eviction in enumerate(self.prefill_evictions):
+                if eviction is None:
+                    continue
+                kept = eviction.kept_positions  # (kv_heads, n_kept), ascending
+                n_kept = kept.shape[1]
+                turn = torch.zeros(info.kv_heads, context, dtype=torch.long)
+                turn.scatter_(1, kept, torch.arange(n_kept).expand_as(kept) - kept)
+                turns[layer] = turn.to(self.model.device)
+            self._rerotated = (n_kept - context, turns)
+        return self._rerotated
+
     def _evict_by_position(self, layer: int, window: StreamingWindow) -> Eviction | None:
         rows = self.rows[layer]
         kept = window.keep(rows.positions)
@@ -353,6 +388,20 @@ class EvictionRun:
         eviction = Eviction(rows.positions.cpu(), None, kept.cpu())
         rows.keep(kept)
         return eviction
+
+
+def _check_rerotation(model: Model, policy: Policy | None, compression_ratio: float,
+                      budget: DecodeBudget | StreamingWindow | None) -> None:
+    """Re-rotation is kvpress's KeyRerotationPress: around a policy's eviction after the prefill, on a model whose
+    every layer evicts (Gemma 3's sliding-window layers keep their own positions) and rotates its keys (RoPE)."""
+    if policy is None or compression_ratio <= 0 or budget is not None:
+        raise InvalidSettingError("re-rotation turns the keys a policy keeps after the prefill: it needs a policy "
+                                  "and a compression ratio, and no decode budget or streaming window")
+    info = model.info
+    if info.positions == "learned" or any(info.window(i) is not None for i in range(info.layers)):
+        raise InvalidSettingError(f"re-rotation needs rotary positions on every layer and no sliding-window layer; "
+                                  f"{info.name} has {info.positions} positions"
+                                  + (" and sliding-window layers" if info.sliding_window is not None else ""))
 
 
 def _check_budget(policy: Policy, budget: DecodeBudget) -> None:

@@ -36,7 +36,7 @@ class SplitRecord:
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor, scale: float,
            kv_splits: int = 1, window: int | None = None, first_key: int = 0,
-           kept: torch.Tensor | None = None) -> AttentionResult:
+           kept: torch.Tensor | None = None, sink_queries: tuple[int, torch.Tensor] | None = None) -> AttentionResult:
     """q: (T, q_heads, D) at positions q_positions (T,); k, v: (L − first_key, kv_heads, D) for positions
     first_key…L−1 (a sliding-window layer's cache starts past 0).
 
@@ -47,6 +47,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch
     kept: (kv_heads, L) bool, False where KV eviction (`engine.eviction`) dropped a position from that KV head:
     its Q heads then read only what it kept (probabilities 0 there); or (kv_heads or 1, T, L), one row per query
     (a teacher-forced pass over many positions, each reading what its own step would have kept).
+    sink_queries: (s, q_sinks), the first s keys scored against q_sinks (T, q_heads, D) instead of q: each query
+    turned back by its own turn of the sinks (StreamingLLM's positions inside the cache, `engine.eviction.nll`).
     """
     if first_key:  # the positions the cache no longer holds: a zero value and a masked score each
         k, v = (torch.cat((x.new_zeros(first_key, *x.shape[1:]), x)) for x in (k, v))
@@ -59,6 +61,11 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch
     kh = k.permute(1, 0, 2)  # (kv_heads, L, D)
     vh = v.permute(1, 0, 2)
     scores = (torch.bmm(qh, kh.transpose(1, 2)) * scale).view(kv_heads, group, t, length)
+    if sink_queries is not None:  # R(−t)q · k = q · R(t)k: each query reads the sinks turned by its own t
+        sinks, q_sinks = sink_queries
+        qs = q_sinks.view(t, kv_heads, group, d).permute(1, 2, 0, 3).reshape(kv_heads, group * t, d)
+        scores = scores.clone()
+        scores[..., :sinks] = (torch.bmm(qs, kh[:, :sinks].transpose(1, 2)) * scale).view(kv_heads, group, t, sinks)
     key_positions = torch.arange(length, device=q.device)
     hidden = key_positions[None, :] > q_positions[:, None]  # (T, L): the future
     if window is not None:  # and what slid out of the window

@@ -228,6 +228,7 @@ class Model:
                 kv_splits=p.kv_splits,
                 kept=p.kept,
                 key_turns=p.key_turns,
+                sink_turns=p.sink_turns,
                 observe=p.observe,
             ))
             recorders.append(StepRecorder(p.capture, p.positions, info.layers, info.q_heads, info.hidden, x.dtype,
@@ -280,6 +281,9 @@ class Pass:
     # turn of each of the first n cached keys as read (None: as written).
     rope_positions: list[int] | None = None
     key_turns: list[torch.Tensor | None] | None = None
+    # StreamingLLM's positions inside the cache over a teacher-forced pass (`engine.eviction.nll`): the first s keys
+    # (the sinks) read by each row turned on by its own turn (T,), on the layers that evict (`kept` not None).
+    sink_turns: tuple[int, torch.Tensor] | None = None
 
 
 @dataclass
@@ -322,6 +326,7 @@ class PassContext:
     kv_splits: int
     kept: list[torch.Tensor | None] | None = None  # per layer, what eviction left each KV head (None: all)
     key_turns: list[torch.Tensor | None] | None = None  # per layer, the cached keys' turns as read (`Pass`)
+    sink_turns: tuple[int, torch.Tensor] | None = None  # (s, (T,)): each row's turn of the first s keys (`Pass`)
     observe: Callable[[int, AttentionResult], None] | None = None  # sees each layer's attention result
 
 
@@ -384,8 +389,12 @@ class DecoderLayer:
         if turns is not None:
             cached_k = self.rope.turned(cached_k, turns)
         kept = context.kept[self.index] if context.kept is not None else None
+        sink_queries = None
+        if context.sink_turns is not None and kept is not None:
+            sinks, turns = context.sink_turns
+            sink_queries = (sinks, self.rope.turned(q, -turns.expand(q.shape[1], -1)))
         result = attend(q, cached_k, cached_v, context.positions, self.scale, context.kv_splits, self.window, kv.start,
-                        kept)
+                        kept, sink_queries)
         recorder.attention(self.index, result)
         if context.observe is not None:
             context.observe(self.index, result)

@@ -396,3 +396,53 @@ def test_a_kept_suffix_rerotated_reads_as_it_did_unturned(tiny_model):
 def test_rerotation_where_kvpress_has_none_is_refused(family, make, tiny_model):
     with pytest.raises(InvalidSettingError, match="re-rotation"):
         make(tiny_model(family))
+
+
+def rerotated_stream_hf_nll(hf, ids: list[int], window: StreamingWindow, monkeypatch) -> torch.Tensor:
+    """transformers' NLL of `ids` read through `window` with the StreamingLLM paper's positions inside the cache:
+    each query at p reads its positions (the window's own mask), and the sinks as if they sat right before the
+    window it reads, i.e. each sink key turned on by the gap p's window left after them (RoPE's rotate-half form,
+    on the key side here; the engine turns the query back)."""
+    n, sinks = len(ids) - 1, window.n_sink
+    reads = window.reads(n)
+    held = [torch.nonzero(row).flatten() for row in reads]  # what each query reads, ascending
+    gaps = torch.tensor([int(h[sinks]) - sinks if len(h) > sinks else 0 for h in held])  # after the sinks
+    lowest = torch.finfo(torch.float32).min
+    mask = torch.where(reads, 0.0, lowest)[None, None]  # (1, 1, n, n): reads are causal already
+    inv_freq = hf.model.rotary_emb.inv_freq.float()
+    module = sys.modules[type(hf.model.layers[0].self_attn).__module__]
+
+    def streamed_eager(attn, query, key, value, attention_mask, scaling, **kwargs):
+        group = attn.num_key_value_groups
+        k, v = (x.repeat_interleave(group, dim=1) for x in (key, value))  # (1, heads, n, D)
+        weights = query @ k.transpose(2, 3) * scaling
+        angles = gaps.float()[:, None] * inv_freq  # (n, D / 2)
+        angles = torch.cat((angles, angles), dim=-1)[None, None, :, None]  # (1, 1, n, 1, D)
+        sink = k[:, :, None, :sinks]  # (1, heads, 1, s, D)
+        half = sink.shape[-1] // 2
+        turned = sink * angles.cos() + torch.cat((-sink[..., half:], sink[..., :half]), dim=-1) * angles.sin()
+        weights[..., :sinks] = torch.einsum("bhpd,bhpsd->bhps", query, turned) * scaling
+        probs = torch.softmax(weights + mask, dim=-1, dtype=torch.float32)
+        return (probs @ v).transpose(1, 2).contiguous(), probs
+
+    with monkeypatch.context() as patch:
+        patch.setattr(module, "eager_attention_forward", streamed_eager)
+        with torch.no_grad():
+            logits = hf(torch.tensor([ids[:-1]])).logits[0]
+    return F.cross_entropy(logits, torch.tensor(ids[1:]), reduction="none")
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "llama3-rope"])
+def test_a_stream_with_positions_inside_the_cache_equals_transformers(family, tiny_model, tiny_model_dir,
+                                                                      monkeypatch):
+    model, hf = tiny_model(family), hf_model(tiny_model_dir(family))
+    ids = prompt_ids(model)
+    window = StreamingWindow(n_sink=2, window=5)
+    turned = stream_nll(model, ids, window, chunk=7, rerotate=True)
+    expected = rerotated_stream_hf_nll(hf, ids, window, monkeypatch)
+    assert torch.allclose(turned, expected, atol=1e-5), (turned - expected).abs().max()
+    kept_numbering = stream_nll(model, ids, window, chunk=7)
+    assert (turned - kept_numbering).abs().max() > 1e-3, "the numbering changed nothing"
+    no_sinks = StreamingWindow(n_sink=0, window=5)  # nothing before the window: the distances are the same
+    assert torch.allclose(stream_nll(model, ids, no_sinks, rerotate=True), stream_nll(model, ids, no_sinks),
+                          atol=1e-5)

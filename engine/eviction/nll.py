@@ -5,7 +5,11 @@ A `StreamingWindow` keeps by position, so what the pass at each position reads d
 `StreamingWindow.reads` gives it for every position at once, and one pass over many positions masks each query
 with its own row. That equals reading the text pass by pass through an `EvictionRun` (`run.step(input_id)`), in a
 fraction of the time (tests/test_eviction.py checks both against transformers' eager attention, masked alike).
-Keys keep the positions they were rotated at, as everywhere in `engine.eviction`; sliding-window layers (Gemma 3's
+Keys keep the positions they were rotated at, as everywhere in `engine.eviction`, unless `rerotate`: the paper's
+positions inside the cache, where the pass at p holds the sinks at 0 … s − 1 and its window right after them, so
+the gap between the last sink and the window closes. Window and query keep their distances (RoPE sees only
+those); each sink moves up by t_p = max(0, p − window − s) (`StreamingWindow.sink_turns`), which a chunked pass
+computes by scoring the sinks against each query turned back by its own t_p. Sliding-window layers (Gemma 3's
 local ones) keep their own window.
 """
 
@@ -19,24 +23,28 @@ import torch.nn.functional as F
 from engine.errors import InvalidSettingError
 from engine.eviction.run import StreamingWindow
 from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockTable
-from engine.model import Model
+from engine.model import Model, Pass
 from engine.settings import require_integer
 from engine.trace import NO_RECORD
 
 
 def stream_nll(model: Model, ids: list[int], window: StreamingWindow | None = None, chunk: int = 256,
-               block_size: int = DEFAULT_BLOCK_SIZE) -> torch.Tensor:
+               block_size: int = DEFAULT_BLOCK_SIZE, rerotate: bool = False) -> torch.Tensor:
     """(len(ids) − 1,) float32, in nats: entry p is −log p(ids[p + 1]), from the logits of the pass at position p
     reading what `window` leaves it (None: the full cache). Passes of `chunk` positions each (the memory of one
-    pass grows with chunk × len(ids))."""
+    pass grows with chunk × len(ids)). `rerotate`: positions inside the cache, as the StreamingLLM paper numbers
+    them (see the module docstring)."""
     if len(ids) < 2:
         raise InvalidSettingError(f"the NLL of a text needs at least 2 tokens, got {len(ids)}")
     if len(ids) - 1 > model.info.context_limit:
         raise InvalidSettingError(f"{model.info.name} reads at most {model.info.context_limit} positions; the text "
                                   f"needs {len(ids) - 1}")
     require_integer("chunk", chunk, 1)
+    if rerotate and (window is None or model.info.positions == "learned"):
+        raise InvalidSettingError("positions inside the cache need a streaming window and rotary positions")
     n = len(ids) - 1  # positions 0 … n − 1 each predict the next id
     reads = window.reads(n).to(model.device) if window is not None else None
+    turns = window.sink_turns(n).to(model.device) if rerotate else None
     targets = torch.tensor(ids[1:], device=model.device)
     table = BlockTable(model.new_pool(math.ceil(n / block_size), block_size))
     nll = []
@@ -48,7 +56,9 @@ def stream_nll(model: Model, ids: list[int], window: StreamingWindow | None = No
             if reads is not None:  # one row per query, shared by every KV head of every global layer
                 rows = reads[start:end, :end][None]  # (1, T, L)
                 kept = [rows if model.info.window(i) is None else None for i in range(model.info.layers)]
-            hidden = model.forward(ids[start:end], list(range(start, end)), table, NO_RECORD, kept=kept, head=False)
+            sinks = (window.n_sink, turns[start:end]) if turns is not None and window.n_sink else None
+            one = Pass(ids[start:end], list(range(start, end)), table, NO_RECORD, kept=kept, sink_turns=sinks)
+            hidden = model.forward_batch([one], head=False)[0]
             table.slide()
             with torch.inference_mode():
                 nll.append(F.cross_entropy(model.logits(hidden), targets[start:end], reduction="none"))

@@ -85,6 +85,13 @@ class StreamingWindow:
         order = positions.argsort(dim=1)  # rows by position
         return torch.cat((order[:, :self.n_sink], order[:, -self.window:]), dim=1)
 
+    def sink_turns(self, length: int) -> torch.Tensor:
+        """(length,) long: how far the pass at position p moves the sinks up when positions are numbered inside the
+        cache (the StreamingLLM paper's): the sinks at 0 … n_sink − 1, then the window it reads, with no gap.
+        It reads the latest window + 1 positions p − window … p; they start right after the sinks once
+        p − window > n_sink."""
+        return (torch.arange(length) - self.window - self.n_sink).clamp(min=0)
+
     def reads(self, length: int) -> torch.Tensor:
         """(length, length) bool: row p is what the pass at position p reads when the window streams from
         position 0 (each pass appends its position, reads, then `keep`s): a teacher-forced pass over many

@@ -3,8 +3,8 @@
     HF_HUB_OFFLINE=1 python3 -m bench.eviction_cost [--models embedded embedded-zh] [--quick] \\
         [--plot docs/eviction-nll.png] [--json PATH]
 
-The text is bench/texts/one-token-at-a-time.txt (ours, written for this bench from docs/teaching.md's points),
-tokenized as the tokenizer encodes it (Gemma's BOS first). Each model in the dtype the app holds it in.
+The text is ui/texts/one-token-at-a-time.en.txt (ours, written from docs/teaching.md's points; the eviction view
+streams its start), tokenized as the tokenizer encodes it (Gemma's BOS first). Each model in the dtype the app holds it in.
 1. After the prefill (kvpress's press): PROMPTS prompts of PROMPT_TOKENS tokens cut from the text; every policy at
    each of RATIOS. The next token's KL(full ‖ evicted) on the softmax of the logits (nats), whether its top-1 is the
    full cache's, and how many of GREEDY greedy tokens equal the full cache's before the first difference.
@@ -43,7 +43,7 @@ import engine  # noqa: E402
 from engine.eviction import POLICIES, DecodeBudget, EvictionRun, Policy, StreamingWindow, stream_nll  # noqa: E402
 from engine.loader import AUTO  # noqa: E402
 
-TEXT = Path(__file__).resolve().parent / "texts" / "one-token-at-a-time.txt"
+TEXT = Path(__file__).resolve().parent.parent / "ui" / "texts" / "one-token-at-a-time.en.txt"
 N_SINK = 4  # kvpress's and the StreamingLLM paper's sinks
 SNAPKV_WINDOW = 64  # kvpress's window_size, after a prefill; during decode INTERVAL − 1 (it must be under the interval)
 

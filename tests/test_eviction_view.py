@@ -16,13 +16,13 @@ import torch
 from playwright.sync_api import expect
 
 import engine
-from engine.eviction import POLICIES, DecodeBudget, EvictionRun, Policy, StreamingWindow, n_kept_for_ratio
+from engine.eviction import POLICIES, DecodeBudget, EvictionRun, Policy, StreamingWindow, n_kept_for_ratio, stream_nll
 from tests.app_helpers import assert_clean, open_whole_view, start
 from tests.conftest import GEMMA_WINDOW
 from tests.helpers import idle, widget
 from tests.server import browser_page, settled_text
 from tests.test_gemma_views import charts, matrix
-from ui import strings
+from ui import sink_experiment, strings
 from ui.lesson import number_of
 from ui.eviction_runs import EvictionLab, EvictionSettings, pair_for
 from ui.run_store import RunStore
@@ -447,3 +447,42 @@ def test_the_views_controls_reach_the_link(server):
         expect(widget(page, "w_stream_window")).to_be_visible(timeout=120_000)
         idle(page)
         assert "evict_at=stream" in page.url
+
+
+def test_the_streaming_experiment_reads_the_text_through_each_cache_it_names(tiny_model, monkeypatch):
+    """Each configuration is the engine's streamed NLL with its sinks, the rest of the cache's positions as the
+    window, and its numbering; the full cache's is the text read in full."""
+    monkeypatch.setattr(sink_experiment, "TEXT_TOKENS", 40)
+    monkeypatch.setattr(sink_experiment, "CACHE", 12)
+    model = tiny_model("llama")
+    experiment = sink_experiment.SinkExperiment(model, "en")
+    seen = []
+    experiment.compute(lambda done, total: seen.append((done, total)))
+    assert experiment.done and seen == [(i, len(sink_experiment.CONFIGS) + 1) for i in range(len(seen))]
+    ids = experiment.ids
+    assert len(ids) == 40
+    assert np.array_equal(experiment.full, stream_nll(model, ids).numpy())
+    for config in sink_experiment.CONFIGS:
+        window = StreamingWindow(config.sinks, 12 - config.sinks)
+        assert np.array_equal(experiment.nll[config], stream_nll(model, ids, window, rerotate=config.inside).numpy())
+    assert experiment.of(0, inside=True) is experiment.of(0)  # no sinks: nothing to number otherwise
+
+
+@pytest.mark.parametrize(("model_name", "lang"), [("embedded", "en"), ("embedded-zh", "zh")])
+def test_the_streaming_sentence_quotes_its_figure(model_name, lang, request):
+    """The streaming part on each embedded model: the bars are the means past the cache, and the sentence's costs
+    are those bars less the full cache's line."""
+    request.getfixturevalue({"embedded": "embedded_model", "embedded-zh": "embedded_zh_model"}[model_name])
+    at = start(view="eviction", step=2, lang=lang, model=model_name)
+    at.session_state["x_streaming"] = True
+    at = at.run(timeout=300)
+    assert_clean(at)
+    bars = next(chart for chart in charts(at) if chart["data"][0]["type"] == "bar" and len(chart["data"]) == 2
+                and chart["data"][0]["x"] == [str(n) for n in sink_experiment.SINKS])
+    written, inside = (matrix(trace["y"]) for trace in bars["data"])
+    full = bars["layout"]["shapes"][0]["y0"]
+    text = "\n".join(m.value for m in at.markdown).replace("\\", "")
+    for value in (written[0], written[1], written[3], inside[3]):  # the window alone, one sink, four, four inside
+        assert f"**{value - full:.2f}**" in text, (value - full, text[-600:])
+    assert f"{full:.2f}" in text
+    assert written[0] - full > 3 * (written[3] - full) > 0, "four sinks did not bring back most of what the window lost"

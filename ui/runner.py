@@ -26,6 +26,7 @@ from ui.eviction_runs import EvictionPair, EvictionSettings, pair_for
 from ui.run_store import RunStore
 from ui.runs import Lease, OwnRuns, Run, RunConfig, RunSource
 from ui.settings import Limits, step_limits
+from ui.sink_experiment import SinkExperiment
 
 # A link opened at a late step computes its steps in one go (a class's heavy links: over a hundred), and the many
 # traces it slims on the way leave holes in the heap: that page hands them back at once (ui.memory's trim, a few
@@ -167,6 +168,12 @@ class Runner:
 
         info = self.model.info
         return self.store.get(("contexts", info.name, info.dtype, first, second, word), build)
+
+    def sink_experiment(self, lang: str) -> SinkExperiment:
+        """StreamingLLM's experiment on this model and `lang`'s text (`ui.sink_experiment`), one for every page on
+        this model; compute it with its `compute` (long: the caller shows progress)."""
+        info = self.model.info
+        return self.store.get(("sinks", info.name, info.dtype, lang), lambda: SinkExperiment(self.model, lang))
 
     def _word_end(self, sentence: str, word: str) -> tuple[list[int], int]:
         """`sentence`'s ids and the index of the last token of `word`'s first occurrence in it."""

@@ -131,7 +131,45 @@ def cost_figure(kl: dict[str, list[float | None]], chosen: str, title: str = "",
             marker=dict(size=7 if name == chosen else 4),
             hovertemplate=name + ", " + words["evict_token_axis"] + " %{x}: %{y:.4f}<extra></extra>"))
     fig.update_layout(legend=TOP_LEGEND, yaxis=dict(title=words["evict_kl_axis"], rangemode="tozero"),
-                      xaxis=dict(title=words["evict_token_axis"], dtick=1 if max(map(len, kl.values())) <= 16 else None))
+                      xaxis=dict(title=words["evict_token_axis"],
+                                 dtick=1 if max(map(len, kl.values())) <= 16 else None))
+    return finish(fig, title, large, height=first_screen_height(large))
+
+
+def nll_by_position_figure(lines: dict[str, np.ndarray], cache: int, smooth: int, title: str = "",
+                           large: bool = False, words: Words = ENGLISH) -> go.Figure:
+    """lines: name → NLL by position (entry p: the pass at p predicting the next token), each drawn as its mean over
+    the latest `smooth` positions; a dotted line where the passes stop reading every position (`cache`)."""
+    fig = go.Figure()
+    colors = (OKABE_ITO["grey"], OKABE_ITO["vermillion"], OKABE_ITO["blue"], OKABE_ITO["green"])
+    for i, (name, nll) in enumerate(lines.items()):
+        means = np.convolve(nll, np.ones(smooth) / smooth, mode="valid")  # the mean of positions p − smooth + 1 … p
+        fig.add_trace(go.Scatter(x=np.arange(smooth - 1, len(nll)), y=means, name=name, mode="lines",
+                                 line=dict(color=colors[i % len(colors)], width=2.5 if i else 3,
+                                           dash="dash" if i == 0 else None),
+                                 hovertemplate=name + ": %{y:.2f}<extra></extra>"))
+    fig.add_vline(x=cache, line=dict(color=OKABE_ITO["black"], dash="dot", width=1))
+    fig.update_layout(legend=TOP_LEGEND, yaxis=dict(title=words["evict_nll_axis"]),
+                      xaxis=dict(title=words["evict_position_axis"]))
+    return finish(fig, title, large, height=first_screen_height(large))
+
+
+def sinks_figure(sinks: list[int], as_written: list[float], inside: list[float], full: float, title: str = "",
+                 large: bool = False, words: Words = ENGLISH) -> go.Figure:
+    """Mean NLL past the cache for each number of sinks: keys at the positions they were rotated at, and numbered
+    inside the cache; the full cache's as a dashed line."""
+    names = [str(n) for n in sinks]
+    fig = go.Figure([
+        go.Bar(x=names, y=as_written, name=words["evict_positions_written"], marker_color=OKABE_ITO["orange"],
+               hovertemplate="%{x}: %{y:.3f}<extra></extra>"),
+        go.Bar(x=names, y=inside, name=words["evict_positions_inside"], marker_color=OKABE_ITO["blue"],
+               hovertemplate="%{x}: %{y:.3f}<extra></extra>")])
+    fig.add_hline(y=full, line=dict(color=OKABE_ITO["grey"], dash="dash", width=2),
+                  annotation_text=words["evict_full_cache"], annotation_position="top left")
+    low = min(full, *as_written, *inside)
+    fig.update_layout(barmode="group", legend=TOP_LEGEND,
+                      yaxis=dict(title=words["evict_nll_axis"], range=[0.9 * low, 1.02 * max(*as_written, *inside)]),
+                      xaxis=dict(title=words["evict_sinks_axis"], type="category"))
     return finish(fig, title, large, height=first_screen_height(large))
 
 

@@ -477,10 +477,10 @@ def test_the_streaming_sentence_quotes_its_figure(model_name, lang, request):
     at.session_state["x_streaming"] = True
     at = at.run(timeout=300)
     assert_clean(at)
-    bars = next(chart for chart in charts(at) if chart["data"][0]["type"] == "bar" and len(chart["data"]) == 2
+    bars = next(chart for chart in charts(at) if chart["data"][0]["type"] == "bar" and len(chart["data"]) == 3
                 and chart["data"][0]["x"] == [str(n) for n in sink_experiment.SINKS])
-    written, inside = (matrix(trace["y"]) for trace in bars["data"])
-    full = bars["layout"]["shapes"][0]["y0"]
+    written, inside, line = (matrix(trace["y"]) for trace in bars["data"])
+    full = float(line[0])
     text = "\n".join(m.value for m in at.markdown).replace("\\", "")
     for value in (written[0], written[1], written[3], inside[3]):  # the window alone, one sink, four, four inside
         assert f"**{value - full:.2f}**" in text, (value - full, text[-600:])

@@ -164,8 +164,9 @@ def sinks_figure(sinks: list[int], as_written: list[float], inside: list[float],
                hovertemplate="%{x}: %{y:.3f}<extra></extra>"),
         go.Bar(x=names, y=inside, name=words["evict_positions_inside"], marker_color=OKABE_ITO["blue"],
                hovertemplate="%{x}: %{y:.3f}<extra></extra>")])
-    fig.add_hline(y=full, line=dict(color=OKABE_ITO["grey"], dash="dash", width=2),
-                  annotation_text=words["evict_full_cache"], annotation_position="top left")
+    fig.add_trace(go.Scatter(x=names, y=[full] * len(names), name=words["evict_full_cache"], mode="lines",
+                             line=dict(color=OKABE_ITO["grey"], dash="dash", width=2),
+                             hovertemplate="%{y:.3f}<extra></extra>"))  # in the legend: no label over a bar
     low = min(full, *as_written, *inside)
     fig.update_layout(barmode="group", legend=TOP_LEGEND,
                       yaxis=dict(title=words["evict_nll_axis"], range=[0.9 * low, 1.02 * max(*as_written, *inside)]),

@@ -6,10 +6,11 @@ last is the floor under any first pair: the prompt's greedy decode to step N ove
 nothing.
 
     HF_HUB_OFFLINE=1 python3 bench/eviction_switch.py [--step 64] [--prompt-tokens 382] [--before /old/checkout]
+        [--threads 1]
 
-SmolLM2 (the embedded model) in float32, one torch thread, as the app computes. With --before, the same runs first
-on the code of another checkout (e.g. a `git worktree` of the previous commit), each checkout in a fresh process,
-both in the same run: before and after figures from the same machine and minute.
+SmolLM2 (the embedded model) in float32, one torch thread as the app computes (`--threads`: more). With --before,
+the same runs first on the code of another checkout (e.g. a `git worktree` of the previous commit), each checkout
+in a fresh process, both in the same run: before and after figures from the same machine and minute.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ SWITCHES = ["snapkv", "tova", "knorm", "streaming_llm", "observed_attention"]  #
 
 MEASURE = """
 import json, sys, time, torch
-torch.set_num_threads(1)
+torch.set_num_threads(int(sys.argv[3]))
 import inspect
 import engine
 from ui.eviction_runs import EvictionSettings, pair_for
@@ -58,9 +59,9 @@ print(json.dumps(times))
 """ % SWITCHES
 
 
-def measure(root: Path, step: int, tokens: int) -> list:
+def measure(root: Path, step: int, tokens: int, threads: int) -> list:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(root)}
-    done = subprocess.run([sys.executable, "-c", MEASURE, str(step), str(tokens)], cwd=root, env=env,
+    done = subprocess.run([sys.executable, "-c", MEASURE, str(step), str(tokens), str(threads)], cwd=root, env=env,
                           capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -70,13 +71,14 @@ def main() -> None:
     parser.add_argument("--step", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=382)
     parser.add_argument("--before", type=Path, help="another checkout, measured first")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (the app's default: 1 per page)")
     args = parser.parse_args()
     roots = ([("before", args.before)] if args.before else []) + [("after", ROOT)]
     print(f"step {args.step}, a {args.prompt_tokens}-token prompt; seconds to have each policy's pair there "
           f"(wall / CPU); load average {os.getloadavg()[0]:.2f}")
     for name, root in roots:
         started = time.perf_counter()
-        rows = measure(root, args.step, args.prompt_tokens)
+        rows = measure(root, args.step, args.prompt_tokens, args.threads)
         *rows, (_, peak, _) = rows
         cells = "  ".join(f"{policy} {wall:.2f}/{cpu:.2f}" for policy, wall, cpu in rows) + f"  peak RSS {peak:.0f} MiB"
         print(f"{name:6}  {cells}  (process {time.perf_counter() - started:.0f} s)")

@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 
 from engine.errors import InvalidSettingError
 from engine.eviction import DecodeBudget, EvictionRun, Policy, StreamingWindow, stream_nll
+from engine.rope import apply_rope
 from engine.trace import Capture
 
 PROMPT = ("Serving systems keep a cache of keys and values; when it no longer fits, they evict some positions and "
@@ -446,3 +447,20 @@ def test_a_stream_with_positions_inside_the_cache_equals_transformers(family, ti
     no_sinks = StreamingWindow(n_sink=0, window=5)  # nothing before the window: the distances are the same
     assert torch.allclose(stream_nll(model, ids, no_sinks, rerotate=True), stream_nll(model, ids, no_sinks),
                           atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["llama", "llama3-rope", "gemma3"])
+def test_a_turned_key_is_the_unrotated_key_rotated_at_its_new_position(family, tiny_model):
+    """`Rope.turned`: a key cached at position p, turned on by d, is the same key before rotation rotated at p + d
+    by the model's own RoPE (attention scaling included once), for every layer kind's frequencies."""
+    model = tiny_model(family)
+    for rope in model.ropes.values():
+        generator = torch.Generator().manual_seed(0)
+        raw = torch.randn(6, 2, model.info.head_dim, generator=generator)  # (positions, kv_heads, D), unrotated
+        positions = torch.tensor([0, 3, 7, 20, 41, 100])
+        turns = torch.tensor([[5, -3, 0, -20, 9, -60], [1, 2, 3, 4, 5, 6]])  # (kv_heads, positions)
+        cached = apply_rope(raw, *rope.cos_sin(positions, torch.float32))
+        turned = rope.turned(cached, turns)
+        for head in range(2):
+            expected = apply_rope(raw[:, head:head + 1], *rope.cos_sin(positions + turns[head], torch.float32))
+            torch.testing.assert_close(turned[:, head:head + 1], expected, atol=1e-5, rtol=1e-5)

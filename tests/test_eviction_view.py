@@ -17,6 +17,7 @@ from playwright.sync_api import expect
 
 import engine
 from engine.eviction import POLICIES, DecodeBudget, EvictionRun, Policy, StreamingWindow, n_kept_for_ratio, stream_nll
+from engine.eviction.batch import EvictionBatch
 from tests.app_helpers import assert_clean, open_whole_view, start
 from tests.conftest import GEMMA_WINDOW
 from tests.helpers import idle, widget
@@ -325,10 +326,10 @@ def test_the_chapters_numbers_are_its_figures_data(model_name, lang, request):
 
 @cache
 def chapter_runs(model: engine.Model, prompt_ids: tuple[int, ...], step: int) -> tuple[list[str], float]:
-    """Chapter 16's numbers computed here from the engine, for tests/test_lesson.py, and the strongest sink: the
-    default settings (SnapKV, half the context evicted after the prefill) at `step`: the positions each evicting
-    (layer, KV head) read, the bytes three ways, and the full cache's largest share on position 0 (a layer's,
-    averaged over its Q heads)."""
+    """The eviction chapter's numbers computed here from the engine, for tests/test_lesson.py, and the strongest
+    sink: the default settings (SnapKV, half the context evicted after the prefill) at `step`: the positions each
+    evicting (layer, KV head) read, the bytes three ways, the full cache's largest share on position 0 (a layer's,
+    averaged over its Q heads), and what SnapKV cost the next token (`chapter_kl`)."""
     ids = list(prompt_ids)
     threads = torch.get_num_threads()
     torch.set_num_threads(load_limits().threads)  # as the page computes: in bfloat16 the sums' order shows
@@ -338,14 +339,33 @@ def chapter_runs(model: engine.Model, prompt_ids: tuple[int, ...], step: int) ->
         full.prefill()
         while len(full.steps) < step:
             full.step()
+        kl = chapter_kl(model, ids, step)
     finally:
         torch.set_num_threads(threads)
     kept = n_kept_for_ratio(len(ids) - 1, 0.5) + step
     sink = full.steps[-1].attention[:, :, 0].float().mean(dim=1).max().item()
     numbers = [f"{kept:,}", f"{run.kept_bytes() / 1024:,.1f}", f"{run.allocated_bytes() / 1024:,.1f}",
-               f"{run.full_bytes() / 1024:,.1f}", f"{100 * sink:.1f}%"]
+               f"{run.full_bytes() / 1024:,.1f}", f"{100 * sink:.1f}%", kl]
     run.close(), full.close()
     return numbers, sink
+
+
+def chapter_kl(model: engine.Model, ids: list[int], step: int) -> str:
+    """What the chapter says SnapKV cost: the next-token KL(full cache ‖ SnapKV) at its token while both answers
+    agree, else at the token where they part; from the runs as the page's lab batches them (the same products)."""
+    variants = EvictionSettings("snapkv", "prefill", 0.5, 32, 8, 28).variants(len(ids) - 1)
+    batch = EvictionBatch(model, ids, list(variants.values()), max_new_tokens=step, keep_full_steps=step)
+    batch.prefill()
+    while len(batch.runs[0].steps) < step:
+        batch.step()
+    full, snapkv = batch.runs[0], batch.runs[list(variants).index("snapkv")]
+    for a, b in zip(full.steps, snapkv.steps):
+        kl = torch.nn.functional.kl_div(b.logits.double().log_softmax(-1), a.logits.double().log_softmax(-1),
+                                        log_target=True, reduction="sum").item()
+        if a.token_id != b.token_id:
+            break
+    batch.close()
+    return f"{kl:.3g}"
 
 
 def eviction_numbers(model: engine.Model, prompt_ids: list[int], step: int) -> list[str]:

@@ -37,8 +37,7 @@ def facts(ctx: ViewContext) -> dict:
         ev_sink_kept_pct=100 * float(sink_kept[sink_layer]), ev_strong_sink=bool(sink_full[sink_layer] >= STRONG_SINK),
         ev_kept_kib=record.kept_bytes / 1024, ev_alloc_kib=record.allocated_bytes / 1024,
         ev_full_kib=record.full_bytes / 1024,
-        ev_text_note=ctx.t("lesson_evict_same", n=data.passes) if data.difference is None
-        else ctx.t("lesson_evict_differs", token=data.difference + 1),
+        ev_text_note=text_note(ctx, data),
     )
     out["ev_grey"] = ctx.t("lesson_evict_grey") if (record.kept == OUTSIDE_WINDOW).any() else ""
     if info.sliding_window is None:
@@ -50,6 +49,18 @@ def facts(ctx: ViewContext) -> dict:
                                       local=len(local), layers=info.layers, w=info.sliding_window, first=first,
                                       global_=kinds.count("global"))
     return out
+
+
+def text_note(ctx: ViewContext, data) -> str:
+    """Whether the policy's answer parted from the full cache's, and what it cost the prediction there (the
+    next-token KL at the page's token while they agree, else at the token where they parted)."""
+    if data.evicting.kl is not None:
+        same = data.evicting.token_id == data.full.token_id
+        if same:
+            return ctx.t("lesson_evict_same", n=data.passes, kl=f"{data.evicting.kl:.3g}")
+        return ctx.t("lesson_evict_differs", token=data.passes, kl=f"{data.evicting.kl:.3g}")
+    token, kl = data.parted()
+    return ctx.t("lesson_evict_differs", token=token, kl=f"{kl:.3g}")
 
 
 def variants(f: dict) -> tuple[str | None, ...]:

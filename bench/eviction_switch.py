@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SWITCHES = ["snapkv", "tova", "knorm", "streaming_llm", "observed_attention"]  # the first builds both runs
+SWITCHES = ["snapkv", "tova", "knorm", "keydiff", "streaming_llm", "observed_attention"]  # the first builds the lab
 
 MEASURE = """
 import json, sys, time, torch

@@ -34,11 +34,12 @@ TOP_IDS = 50  # later steps' logits are kept at the peer's top ids only (the fil
 REROTATE = "rerotate:"  # a case's name prefix: kvpress's KeyRerotationPress around the press
 
 # (name, policy, its parameters, prefill compression ratio, decode budget (target_size, interval) or None)
-POLICIES = [("streaming_llm", {"n_sink": 4}), ("knorm", {}), ("snapkv", {"window_size": 8, "kernel_size": 5}),
-            ("tova", {}), ("observed_attention", {})]
+POLICIES = [("streaming_llm", {"n_sink": 4}), ("knorm", {}), ("keydiff", {}),
+            ("snapkv", {"window_size": 8, "kernel_size": 5}), ("tova", {}), ("observed_attention", {})]
 CASES = [(f"{name}@{ratio}", name, params, ratio, None) for ratio in (0.25, 0.5, 0.75) for name, params in POLICIES] + [
     ("snapkv@0.5 w16 k7", "snapkv", {"window_size": 16, "kernel_size": 7}, 0.5, None),
     ("decode:knorm", "knorm", {}, 0.0, (32, 4)),
+    ("decode:keydiff", "keydiff", {}, 0.0, (32, 4)),
     ("decode:tova", "tova", {}, 0.0, (32, 4)),
     ("decode:observed_attention", "observed_attention", {}, 0.0, (32, 4)),
     ("decode:streaming_llm", "streaming_llm", {"n_sink": 4}, 0.0, (32, 3)),
@@ -54,12 +55,12 @@ def prompt_ids(tokenizer) -> list[int]:
 
 def run_peer(model_dir: str, out: str, only: list[str]) -> None:
     import torch
-    from kvpress import (DecodingPress, KeyRerotationPress, KnormPress, ObservedAttentionPress, SnapKVPress,
-                         StreamingLLMPress, TOVAPress)
+    from kvpress import (DecodingPress, KeyDiffPress, KeyRerotationPress, KnormPress, ObservedAttentionPress,
+                         SnapKVPress, StreamingLLMPress, TOVAPress)
     from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-    presses = {"streaming_llm": StreamingLLMPress, "knorm": KnormPress, "snapkv": SnapKVPress, "tova": TOVAPress,
-               "observed_attention": ObservedAttentionPress}
+    presses = {"streaming_llm": StreamingLLMPress, "knorm": KnormPress, "keydiff": KeyDiffPress,
+               "snapkv": SnapKVPress, "tova": TOVAPress, "observed_attention": ObservedAttentionPress}
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
     ids = prompt_ids(tokenizer)

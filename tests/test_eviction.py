@@ -18,8 +18,8 @@ from engine.trace import Capture
 PROMPT = ("Serving systems keep a cache of keys and values; when it no longer fits, they evict some positions and "
           "keep the ones a score ranks highest, then decode")
 FAMILIES = ["llama", "qwen3", "llama3-rope"]  # GQA 4:2, q/k norms, one KV head for all four Q heads
-POLICIES = [("streaming_llm", {"n_sink": 4}), ("knorm", {}), ("snapkv", {"window_size": 8, "kernel_size": 5}),
-            ("tova", {}), ("observed_attention", {})]
+POLICIES = [("streaming_llm", {"n_sink": 4}), ("knorm", {}), ("keydiff", {}),
+            ("snapkv", {"window_size": 8, "kernel_size": 5}), ("tova", {}), ("observed_attention", {})]
 # The tiny Qwen3's k_norm weights are all 1, so every key has norm √head_dim up to rounding (RoPE keeps norms):
 # key-norm's order there is rounding noise, not a policy. Qwen3 runs the other policies.
 CASES = [(family, name, params) for family in FAMILIES for name, params in POLICIES
@@ -61,6 +61,10 @@ def reference_kept(name: str, params: dict, attention: torch.Tensor, keys: torch
         return set(held[:sinks]) | set(held[n - (n_kept - sinks):])
     if name == "knorm":  # the smallest key norms
         return top(-keys[kv_head, held].norm(dim=-1), n_kept, held)
+    if name == "keydiff":  # the keys whose direction is furthest from the mean of the held keys' directions
+        k = keys[kv_head, held].double()
+        anchor = (k / k.norm(dim=-1, keepdim=True)).mean(dim=0)
+        return top(-(k @ anchor) / (k.norm(dim=-1) * anchor.norm()), n_kept, held)
     if name == "snapkv":  # the window's queries, averaged; a mean over kernel neighbours (zeros past the ends)
         w, k = params["window_size"], params["kernel_size"]
         per_q = a[list(mine), -w:, :n - w].mean(dim=1)  # (group, n − w)
@@ -143,11 +147,11 @@ def test_kept_positions_after_the_prefill_equal_the_definition_and_decode_equals
     assert_decode_matches(hf, run, monkeypatch)
 
 
-ORDER_FREE = ("knorm", "tova")  # scores that do not depend on the order of the rows an earlier eviction left
+ORDER_FREE = ("knorm", "keydiff", "tova")  # scores that do not depend on the order of the rows an eviction left
 
 
-@pytest.mark.parametrize("name,params", [*POLICIES[:2], ("snapkv", {"window_size": 2, "kernel_size": 3}),
-                                         *POLICIES[3:]])
+@pytest.mark.parametrize("name,params", [(name, {"window_size": 2, "kernel_size": 3} if name == "snapkv" else params)
+                                         for name, params in POLICIES])
 def test_a_decode_budget_holds_after_twice_its_size_in_steps_and_keeps_what_the_definition_keeps(
         name, params, tiny_model, tiny_model_dir, monkeypatch):
     """DecodingPress: every `interval` passes, each (layer, KV head) holding more than target_size rows keeps

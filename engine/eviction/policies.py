@@ -9,6 +9,7 @@ in the order the selection returned them). Every policy scores those rows from t
 
 - streaming_llm: 1 for the first `n_sink` rows and the last n_kept − n_sink rows, 0 between: sinks plus a window.
 - knorm: −‖k‖ (the smallest key norms are kept).
+- keydiff: −cos(k, anchor), the anchor the mean of the rows' unit keys (the keys least like the rest are kept).
 - snapkv: the last `window_size` queries' attention on the rows before them, averaged over those queries,
   smoothed by a mean over `kernel_size` neighbours (zero-padded at the ends), averaged over the group's Q heads;
   the window's own rows score max + 1, so they always stay.
@@ -30,7 +31,7 @@ import torch.nn.functional as F
 
 from engine.errors import InvalidSettingError
 
-POLICIES = ("streaming_llm", "knorm", "snapkv", "tova", "observed_attention")
+POLICIES = ("streaming_llm", "knorm", "keydiff", "snapkv", "tova", "observed_attention")
 
 
 def n_kept_for_ratio(n: int, compression_ratio: float) -> int:
@@ -93,6 +94,9 @@ class Policy:
             return scores
         if self.name == "knorm":
             return -keys.norm(dim=-1)
+        if self.name == "keydiff":
+            anchor = F.normalize(keys, p=2, dim=-1).mean(dim=1, keepdim=True)  # (kv_heads, 1, D)
+            return -F.cosine_similarity(keys, anchor, dim=-1)
         if self.name == "snapkv":
             w = self.window_size
             seen = probs[:, :, -w:, :n - w].mean(dim=-2)  # (kv_heads, group, n − w)

@@ -1,9 +1,10 @@
-"""What the test modules share: a hand-moved clock, the text a page must show at a step, and a real browser page's
-waits and presses (Playwright's sync API; the server and the browser themselves come from tests/server.py, the
-`page` fixture from conftest.py)."""
+"""What the test modules share: a hand-moved clock, the text a page must show at a step, transformers' keys before
+rotation, and a real browser page's waits and presses (Playwright's sync API; the server and the browser themselves
+come from tests/server.py, the `page` fixture from conftest.py)."""
 
 from urllib.parse import parse_qs, urlparse
 
+import torch
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 import engine
@@ -34,6 +35,21 @@ def expected(model, prompt: str, steps: int, chat: bool = True, kv_splits: int =
     for _ in range(steps - 1):
         session.step()
     return model.tokenizer.decode(session.prompt_ids) + session.text
+
+
+def hf_keys_before_rotation(hf, ids: list[int]) -> tuple[object, list[torch.Tensor]]:
+    """transformers' forward over `ids`: its cache, and each layer's keys before rotation as its k_norm (or k_proj
+    where there is none) returns them, the batch's one sequence, in the module's own layout."""
+    seen: list[torch.Tensor] = []
+    hooks = [(getattr(layer.self_attn, "k_norm", None) or layer.self_attn.k_proj).register_forward_hook(
+        lambda module, args, out: seen.append(out.detach()[0])) for layer in hf.model.layers]
+    try:
+        with torch.inference_mode():
+            cache = hf(torch.tensor([ids]), use_cache=True).past_key_values
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return cache, seen
 
 
 def idle(page) -> None:

@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from engine.context_kv import token_in_contexts
 from engine.errors import InvalidSettingError
+from tests.helpers import hf_keys_before_rotation
 
 FIRST = "Yesterday I went to the market and I ate an apple"
 SECOND = "An apple"
@@ -19,15 +20,8 @@ def hf_keys(folder: str, ids: list[int]):
     """transformers' cached keys and values (layers, kv_heads, n, D) and layer 0's keys before rotation
     (n, kv_heads, D), from a hook on k_norm (or k_proj where there is none)."""
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
-    attention = hf.model.layers[0].self_attn
-    hooked = getattr(attention, "k_norm", None) or attention.k_proj
-    seen = []
-    handle = hooked.register_forward_hook(lambda module, args, out: seen.append(out.detach()))
-    with torch.inference_mode():
-        cache = hf(torch.tensor([ids]), use_cache=True).past_key_values
-    handle.remove()
-    kv_heads = hf.config.num_key_value_heads
-    before = seen[0][0].reshape(len(ids), kv_heads, -1)
+    cache, unrotated = hf_keys_before_rotation(hf, ids)
+    before = unrotated[0].reshape(len(ids), hf.config.num_key_value_heads, -1)
     return ([layer.keys[0] for layer in cache.layers], [layer.values[0] for layer in cache.layers], before)
 
 

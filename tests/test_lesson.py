@@ -22,7 +22,7 @@ from tests.test_eviction_view import eviction_numbers, strong_sink
 from tests.test_app import english_left
 from tests.test_gemma_views import charts, matrix
 from tests.runs import decode
-from tests.helpers import WAIT_MS, Received, press
+from tests.helpers import WAIT_MS, Received, hf_keys_before_rotation, press
 from tests.server import browser_page, settled_text
 from ui import strings
 from ui.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
@@ -197,14 +197,8 @@ def contexts_numbers(model: engine.Model, spec: str, lang: str) -> tuple[list[st
     hf = AutoModelForCausalLM.from_pretrained(resolve_source(spec), dtype=model.dtype).eval()
     per_context = []
     for ids, index in ends:
-        before = []
-        hooks = [(getattr(layer.self_attn, "k_norm", None) or layer.self_attn.k_proj).register_forward_hook(
-            lambda module, args, out: before.append(token_row(out.detach()[0], len(ids), index)))
-            for layer in hf.model.layers]
-        with torch.inference_mode():
-            cache = hf(torch.tensor([ids]), use_cache=True).past_key_values
-        for hook in hooks:
-            hook.remove()
+        cache, unrotated = hf_keys_before_rotation(hf, ids)
+        before = [token_row(keys, len(ids), index) for keys in unrotated]
         per_context.append(dict(unrotated=before, keys=[layer.keys[0, :, -1].float().flatten() for layer in cache.layers],
                                 values=[layer.values[0, :, -1].float().flatten() for layer in cache.layers]))
     a, b = per_context

@@ -375,16 +375,16 @@ class EvictionRun:
         if self._rerotated is None:
             context, info = len(self.prompt_ids) - 1, self.model.info
             turns: list[torch.Tensor | None] = [None] * info.layers
-            n_kept = context
             for layer, eviction in enumerate(self.prefill_evictions):
                 if eviction is None:
                     continue
                 kept = eviction.kept_positions  # (kv_heads, n_kept), ascending
-                n_kept = kept.shape[1]
                 turn = torch.zeros(info.kv_heads, context, dtype=torch.long)
-                turn.scatter_(1, kept, torch.arange(n_kept).expand_as(kept) - kept)
+                turn.scatter_(1, kept, torch.arange(kept.shape[1]).expand_as(kept) - kept)
                 turns[layer] = turn.to(self.model.device)
-            self._rerotated = (n_kept - context, turns)
+            # the passes go on from the first layer's count, as kvpress's pipeline reads the cache's length there
+            first = next(e for e in self.prefill_evictions if e is not None)
+            self._rerotated = (first.kept_rows.shape[1] - context, turns)
         return self._rerotated
 
     def _evict_by_position(self, layer: int, window: StreamingWindow) -> Eviction | None:

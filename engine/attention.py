@@ -64,7 +64,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch
     if sink_queries is not None:  # R(−t)q · k = q · R(t)k: each query reads the sinks turned by its own t
         sinks, q_sinks = sink_queries
         qs = q_sinks.view(t, kv_heads, group, d).permute(1, 2, 0, 3).reshape(kv_heads, group * t, d)
-        scores = scores.clone()
         scores[..., :sinks] = (torch.bmm(qs, kh[:, :sinks].transpose(1, 2)) * scale).view(kv_heads, group, t, sinks)
     key_positions = torch.arange(length, device=q.device)
     hidden = key_positions[None, :] > q_positions[:, None]  # (T, L): the future

@@ -210,8 +210,8 @@ class Model:
         info = self.info
         ids_t = torch.tensor([i for p in passes for i in p.ids], dtype=torch.long, device=self.device)
         pos_t = torch.tensor([q for p in passes for q in p.positions], dtype=torch.long, device=self.device)
-        rope_t = torch.tensor([q for p in passes for q in (p.rope_positions or p.positions)], dtype=torch.long,
-                              device=self.device)
+        rope_t = pos_t if all(p.rope_positions is None for p in passes) else torch.tensor(  # re-rotated passes only
+            [q for p in passes for q in (p.rope_positions or p.positions)], dtype=torch.long, device=self.device)
         x = self.embed(ids_t, pos_t)  # (rows of every pass, hidden)
         contexts, recorders, start = [], [], 0
         for p in passes:
@@ -391,8 +391,8 @@ class DecoderLayer:
         kept = context.kept[self.index] if context.kept is not None else None
         sink_queries = None
         if context.sink_turns is not None and kept is not None:
-            sinks, turns = context.sink_turns
-            sink_queries = (sinks, self.rope.turned(q, -turns.expand(q.shape[1], -1)))
+            sinks, sink_turns = context.sink_turns
+            sink_queries = (sinks, self.rope.turned(q, -sink_turns.expand(q.shape[1], -1)))
         result = attend(q, cached_k, cached_v, context.positions, self.scale, context.kv_splits, self.window, kv.start,
                         kept, sink_queries)
         recorder.attention(self.index, result)

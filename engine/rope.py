@@ -53,7 +53,6 @@ class Rope:
         angles = torch.cat((freqs, freqs), dim=-1)
         return (angles.cos() * self.attention_scaling).to(dtype), (angles.sin() * self.attention_scaling).to(dtype)
 
-
     def turned(self, k: torch.Tensor, turns: torch.Tensor) -> torch.Tensor:
         """Cached keys k (L, kv_heads, head_dim), each already rotated at its own position, turned on by
         `turns` (kv_heads, n ≤ L) more positions (0 past n): the rotation composes, R(p + d) = R(d)·R(p), so a kept
@@ -61,14 +60,17 @@ class Rope:
         angles in float32, without `attention_scaling` (the key carries it already)."""
         angles = turns.T.float()[..., None] * self.inv_freq.to(k.device)  # (n, kv_heads, head_dim / 2)
         angles = torch.cat((angles, angles), dim=-1)
-        n, half = turns.shape[1], k.shape[-1] // 2
-        head = k[:n]
-        rotated = torch.cat((-head[..., half:], head[..., :half]), dim=-1)
-        return torch.cat((head * angles.cos().to(k.dtype) + rotated * angles.sin().to(k.dtype), k[n:]))
+        head = k[:turns.shape[1]]
+        turned = head * angles.cos().to(k.dtype) + rotate_half(head) * angles.sin().to(k.dtype)
+        return torch.cat((turned, k[turns.shape[1]:]))
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(x1, x2) → (−x2, x1) over the last axis's halves: the rotation's sine part."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate x (T, heads, head_dim) by its positions' angles; cos/sin are (T, head_dim)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]

@@ -217,6 +217,12 @@ def test_labs_are_counted_and_swept_by_the_run_store(embedded_model):
 # -- the chapter's numbers are its figures' data ----------------------------------------------------------------
 
 
+def kl_from_full(full: torch.Tensor, evicting: torch.Tensor) -> float:
+    """KL(full ‖ evicting) of two passes' next-token distributions, in nats, by torch's own kl_div."""
+    return torch.nn.functional.kl_div(evicting.double().log_softmax(-1), full.double().log_softmax(-1),
+                                      log_target=True, reduction="sum").item()
+
+
 def test_the_lab_records_each_policys_next_token_kl_from_the_full_cache(embedded_model):
     """Each policy's KL(full cache ‖ policy) per answer token is the KL of the two runs made alone, while their texts
     agree; from the token after they part, none (the two predict after different texts)."""
@@ -235,9 +241,7 @@ def test_the_lab_records_each_policys_next_token_kl_from_the_full_cache(embedded
         alone = engine_run(embedded_model, ids, dict(evict=policy, evict_at="prefill", ratio=0.5), steps)
         expected, agree = [], True
         for f, a in zip(full.steps, alone.steps, strict=True):
-            kl = torch.nn.functional.kl_div(a.logits.double().log_softmax(-1), f.logits.double().log_softmax(-1),
-                                            log_target=True, reduction="sum").item()
-            expected.append(kl if agree else None)
+            expected.append(kl_from_full(f.logits, a.logits) if agree else None)
             agree = agree and f.token_id == a.token_id
         parted.append(not agree)
         got = [p.kl for p in pair.lab.runs[policy].passes]
@@ -360,8 +364,7 @@ def chapter_kl(model: engine.Model, ids: list[int], step: int) -> str:
         batch.step()
     full, snapkv = batch.runs[0], batch.runs[list(variants).index("snapkv")]
     for a, b in zip(full.steps, snapkv.steps):
-        kl = torch.nn.functional.kl_div(b.logits.double().log_softmax(-1), a.logits.double().log_softmax(-1),
-                                        log_target=True, reduction="sum").item()
+        kl = kl_from_full(a.logits, b.logits)
         if a.token_id != b.token_id:
             break
     batch.close()

@@ -7,7 +7,7 @@ import numpy as np
 
 from engine.errors import InvalidSettingError
 from ui.context import ViewContext
-from ui.eviction_shown import check, kept_counts, policy_label, shown_eviction
+from ui.eviction_shown import EvictionShown, check, kept_counts, policy_label, shown_eviction
 from ui.strings import Shown
 from viz.eviction import OUTSIDE_WINDOW
 
@@ -51,15 +51,12 @@ def facts(ctx: ViewContext) -> dict:
     return out
 
 
-def text_note(ctx: ViewContext, data) -> str:
-    """Whether the policy's answer parted from the full cache's, and what it cost the prediction there (the
-    next-token KL at the page's token while they agree, else at the token where they parted)."""
-    if data.evicting.kl is not None:
-        same = data.evicting.token_id == data.full.token_id
-        if same:
-            return ctx.t("lesson_evict_same", n=data.passes, kl=f"{data.evicting.kl:.3g}")
-        return ctx.t("lesson_evict_differs", token=data.passes, kl=f"{data.evicting.kl:.3g}")
-    token, kl = data.parted()
+def text_note(ctx: ViewContext, data: EvictionShown) -> str:
+    """Whether the policy's answer parted from the full cache's, and what it cost the prediction there
+    (`EvictionShown.cost`)."""
+    token, kl, same = data.cost()
+    if same:
+        return ctx.t("lesson_evict_same", n=data.passes, kl=f"{kl:.3g}")
     return ctx.t("lesson_evict_differs", token=token, kl=f"{kl:.3g}")
 
 

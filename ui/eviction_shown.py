@@ -61,11 +61,13 @@ class EvictionShown:
         return {name: [p.kl for p in run.passes[:self.passes]] for name, run in self.pair.lab.runs.items()
                 if name is not None}
 
-    def parted(self) -> tuple[int, float]:
-        """The policy's last answer token (1-based) compared with the full cache's, and the KL there: where its
-        text parted, once it has."""
+    def cost(self) -> tuple[int, float, bool]:
+        """What evicting cost the policy's prediction, where the two runs still predict after the same text: (the
+        answer token, 1-based, its next-token KL from the full cache's, whether the policy's token there is the
+        full cache's too). The page's token while the texts agree so far, else the token where they parted."""
         last = max(i for i, p in enumerate(self.pair.evicting.passes[:self.passes]) if p.kl is not None)
-        return last + 1, self.pair.evicting.passes[last].kl
+        ours, theirs = self.pair.evicting.passes[last], self.pair.full.passes[last]
+        return last + 1, ours.kl, ours.token_id == theirs.token_id
 
     def token_ids(self, run) -> list[int]:
         return [p.token_id for p in run.passes[:self.passes]]

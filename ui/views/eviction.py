@@ -134,11 +134,10 @@ def cost(ctx: ViewContext, data: EvictionShown, policy: str) -> None:
 
 
 def cost_sentence(ctx: ViewContext, data: EvictionShown, policy: str) -> str:
-    if data.evicting.kl is None:  # the texts parted at an earlier token
-        token, kl = data.parted()
+    token, kl, same = data.cost()
+    if token < data.passes:  # the texts parted at an earlier token
         return ctx.t("evict_cost_parted", policy=policy, token=token, kl=f"{kl:.3g}")
-    same = data.evicting.token_id == data.full.token_id
-    return ctx.t("evict_cost_now", token=data.passes, policy=policy, kl=f"{data.evicting.kl:.3g}",
+    return ctx.t("evict_cost_now", token=token, policy=policy, kl=f"{kl:.3g}",
                  top=ctx.t("evict_cost_top_same" if same else "evict_cost_top_differs"))
 
 

@@ -472,6 +472,33 @@ def test_the_views_controls_reach_the_link(server):
         assert "evict_at=stream" in page.url
 
 
+@pytest.mark.browser
+def test_keydiff_and_the_streaming_experiment_open_from_the_page(server):
+    """Clicked in a browser: KeyDiff chosen in the policy list reaches the link and the map's title; the StreamingLLM
+    expander opened computes its experiment (a progress bar meanwhile) and draws both figures and the sentence."""
+    with browser_page(1280, 720) as page:
+        page.goto(f"{server}/?{urlencode(dict(view='eviction', step=2))}")
+        settled_text(page)
+        idle(page)
+        box = widget(page, "w_evict").locator('[role="combobox"]')
+        box.click()
+        option = page.get_by_role("option", name=strings.t("evict_policy_keydiff"))
+        if not option.is_visible():  # the click gave the box focus only: the list opens from the keyboard
+            box.press("ArrowDown")
+        option.click()
+        page.wait_for_url("**evict=keydiff**", timeout=120_000)
+        expect(page.locator(".kv-figure-title").first).to_contain_text("KeyDiff", timeout=120_000)
+        idle(page)
+        widget(page, "x_streaming").locator("summary").first.click()
+        part = widget(page, "x_streaming")
+        expect(part.locator(".kv-figure-title")).to_have_count(2, timeout=300_000)
+        expect(part.locator(".kv-figure-title").nth(1)).to_contain_text(
+            str(strings.t("evict_streaming_sinks_title", cache=sink_experiment.CACHE))[:30])
+        expect(part).to_contain_text(str(strings.t("evict_streaming_said", tokens=0, cache=0, full="", alone="",
+                                                   one="", four="", four_inside=""))[:9], timeout=120_000)
+        idle(page)
+
+
 def test_the_streaming_experiment_reads_the_text_through_each_cache_it_names(tiny_model, monkeypatch):
     """Each configuration is the engine's streamed NLL with its sinks, the rest of the cache's positions as the
     window, and its numbering; the full cache's is the text read in full."""

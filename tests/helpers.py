@@ -66,6 +66,22 @@ def press(page, key: str) -> None:
     widget(page, key).get_by_role("button").first.click()  # .first: a help icon is a button too
 
 
+def choose(page, key: str, option: str) -> None:
+    """Pick `option` in the select box keyed `key`. A click right after another widget's rerun may only focus the box;
+    the list then opens from the keyboard, and appears a moment later."""
+    idle(page)
+    box = widget(page, key).locator('[role="combobox"]')
+    item = page.locator('[role="option"]', has_text=option).first
+    for attempt in range(3):
+        box.click() if attempt == 0 else box.press("ArrowDown")
+        try:
+            item.wait_for(state="visible", timeout=5_000)
+            break
+        except PlaywrightTimeout:
+            continue
+    item.click()
+
+
 def open_whole_view_in(page) -> None:
     """In the lesson: click the whole view under the chapter open, and wait until its parts are drawn."""
     idle(page)

@@ -13,8 +13,8 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.app_helpers import VIEW_TITLES
-from tests.helpers import (COUNT_SENDS, WAIT_MS, Received, idle, link, metric_value, press, until_link, wait_until,
-                           widget)
+from tests.helpers import (COUNT_SENDS, WAIT_MS, Received, choose, idle, link, metric_value, press, until_link,
+                           wait_until, widget)
 from tests.server import running_server, settled_text
 from ui import strings
 from ui.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
@@ -59,15 +59,6 @@ def slider(page, key: str):
 
 def slider_value(page, key: str) -> float:
     return float(slider(page, key).evaluate("el => el.value"))
-
-
-def choose(page, key: str, option: str) -> None:
-    idle(page)
-    box = widget(page, key).locator('[role="combobox"]')
-    box.click()
-    if box.get_attribute("aria-expanded") != "true":  # a click right after another widget's rerun may only focus it
-        box.press("ArrowDown")
-    page.locator('[role="option"]', has_text=option).first.click()
 
 
 def text_on_page(page, text: str) -> None:

@@ -20,7 +20,7 @@ from engine.eviction import POLICIES, DecodeBudget, EvictionRun, Policy, Streami
 from engine.eviction.batch import EvictionBatch
 from tests.app_helpers import assert_clean, open_whole_view, start
 from tests.conftest import GEMMA_WINDOW
-from tests.helpers import idle, widget
+from tests.helpers import choose, idle, widget
 from tests.server import browser_page, settled_text
 from tests.test_gemma_views import charts, matrix
 from ui import sink_experiment, strings
@@ -480,12 +480,7 @@ def test_keydiff_and_the_streaming_experiment_open_from_the_page(server):
         page.goto(f"{server}/?{urlencode(dict(view='eviction', step=2))}")
         settled_text(page)
         idle(page)
-        box = widget(page, "w_evict").locator('[role="combobox"]')
-        box.click()
-        option = page.get_by_role("option", name=strings.t("evict_policy_keydiff"))
-        if not option.is_visible():  # the click gave the box focus only: the list opens from the keyboard
-            box.press("ArrowDown")
-        option.click()
+        choose(page, "w_evict", strings.t("evict_policy_keydiff"))
         page.wait_for_url("**evict=keydiff**", timeout=120_000)
         expect(page.locator(".kv-figure-title").first).to_contain_text("KeyDiff", timeout=120_000)
         idle(page)

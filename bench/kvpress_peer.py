@@ -34,17 +34,27 @@ TOP_IDS = 50  # later steps' logits are kept at the peer's top ids only (the fil
 REROTATE = "rerotate:"  # a case's name prefix: kvpress's KeyRerotationPress around the press
 
 # (name, policy, its parameters, prefill compression ratio, decode budget (target_size, interval) or None)
+# pyramidkv's window of 4 lets its pyramid hold at 0.25 and 0.5 (at 0.75 it falls back to one count); lagkv's lag
+# of 8 cuts the context into partitions (its default of 128 is a ramp on this prompt: the case after the list)
 POLICIES = [("streaming_llm", {"n_sink": 4}), ("knorm", {}), ("keydiff", {}),
-            ("snapkv", {"window_size": 8, "kernel_size": 5}), ("tova", {}), ("observed_attention", {})]
+            ("snapkv", {"window_size": 8, "kernel_size": 5}), ("tova", {}), ("observed_attention", {}),
+            ("pyramidkv", {"window_size": 4, "kernel_size": 5}), ("adakv", {"window_size": 8, "kernel_size": 5}),
+            ("lagkv", {"lag_size": 8}), ("expected_attention", {})]
+ONE_COUNT = [(name, params) for name, params in POLICIES if name not in ("pyramidkv", "adakv")]  # re-rotatable
 CASES = [(f"{name}@{ratio}", name, params, ratio, None) for ratio in (0.25, 0.5, 0.75) for name, params in POLICIES] + [
     ("snapkv@0.5 w16 k7", "snapkv", {"window_size": 16, "kernel_size": 7}, 0.5, None),
+    ("pyramidkv@0.5 w8 beta4", "pyramidkv", {"window_size": 8, "kernel_size": 5, "beta": 4}, 0.5, None),
+    ("adakv@0.5 alpha0.5", "adakv", {"window_size": 8, "kernel_size": 5, "alpha_safeguard": 0.5}, 0.5, None),
+    ("lagkv@0.5 lag128", "lagkv", {}, 0.5, None),
     ("decode:knorm", "knorm", {}, 0.0, (32, 4)),
     ("decode:keydiff", "keydiff", {}, 0.0, (32, 4)),
     ("decode:tova", "tova", {}, 0.0, (32, 4)),
     ("decode:observed_attention", "observed_attention", {}, 0.0, (32, 4)),
     ("decode:streaming_llm", "streaming_llm", {"n_sink": 4}, 0.0, (32, 3)),
     ("decode:snapkv", "snapkv", {"window_size": 2, "kernel_size": 3}, 0.0, (32, 4)),
-] + [(f"{REROTATE}{name}@0.5", name, params, 0.5, None) for name, params in POLICIES]
+    ("decode:lagkv", "lagkv", {"lag_size": 4}, 0.0, (32, 4)),
+    ("decode:expected_attention", "expected_attention", {"n_sink": 2}, 0.0, (32, 4)),  # 2 of 4 queries stay
+] + [(f"{REROTATE}{name}@0.5", name, params, 0.5, None) for name, params in ONE_COUNT]
 
 
 def prompt_ids(tokenizer) -> list[int]:
@@ -55,26 +65,39 @@ def prompt_ids(tokenizer) -> list[int]:
 
 def run_peer(model_dir: str, out: str, only: list[str]) -> None:
     import torch
-    from kvpress import (DecodingPress, KeyDiffPress, KeyRerotationPress, KnormPress, ObservedAttentionPress,
-                         SnapKVPress, StreamingLLMPress, TOVAPress)
+    from kvpress import (AdaKVPress, DecodingPress, ExpectedAttentionPress, KeyDiffPress, KeyRerotationPress,
+                         KnormPress, LagKVPress, ObservedAttentionPress, PyramidKVPress, SnapKVPress,
+                         StreamingLLMPress, TOVAPress)
     from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+    def ada_snapkv(compression_ratio=0.0, alpha_safeguard=0.2, **params):  # AdaKV around SnapKV (Ada-SnapKV)
+        return AdaKVPress(SnapKVPress(compression_ratio=compression_ratio, **params), alpha_safeguard=alpha_safeguard)
+
     presses = {"streaming_llm": StreamingLLMPress, "knorm": KnormPress, "keydiff": KeyDiffPress,
-               "snapkv": SnapKVPress, "tova": TOVAPress, "observed_attention": ObservedAttentionPress}
+               "snapkv": SnapKVPress, "tova": TOVAPress, "observed_attention": ObservedAttentionPress,
+               "pyramidkv": PyramidKVPress, "adakv": ada_snapkv, "lagkv": LagKVPress,
+               "expected_attention": ExpectedAttentionPress}
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    eager = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    # AdaKV masks keys inside kvpress's patched attention functions, which refuse eager attention; PyramidKV leaves
+    # layers of different lengths, which eager attention's one mask (from the first layer's length) cannot cover
+    sdpa = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
     ids = prompt_ids(tokenizer)
     n = len(ids) - 1
     context = torch.tensor([ids[:-1]])
-    with torch.no_grad():  # every position's key rows, as the prefill writes them (compression leaves them bitwise)
-        full = DynamicCache()
-        model.model(input_ids=context, past_key_values=full)
-        context_keys = [layer.keys[0].clone() for layer in full.layers]
+    def prefill_keys(model):  # every position's key rows, as the prefill writes them (compression leaves them bitwise)
+        with torch.no_grad():
+            full = DynamicCache()
+            model.model(input_ids=context, past_key_values=full)
+            return [layer.keys[0].clone() for layer in full.layers]
+
+    keys_of = {id(eager): prefill_keys(eager), id(sdpa): prefill_keys(sdpa)}
     results = {"prompt_ids": ids, "torch": torch.__version__, "cases": {}}
     for name, policy, params, ratio, budget in CASES:
         if only and not any(part in name for part in only):
             continue
         rerotate = name.startswith(REROTATE)
+        model = sdpa if policy in ("adakv", "pyramidkv") else eager
         if budget is None:
             press = presses[policy](compression_ratio=ratio, **params)
             press = KeyRerotationPress(press) if rerotate else press
@@ -92,9 +115,11 @@ def run_peer(model_dir: str, out: str, only: list[str]) -> None:
                 model.model(input_ids=context, past_key_values=cache)
             if rerotate:  # turned keys match no row bit for bit: the press's own kept indices say where they came from
                 rows = [turned[layer] for layer in range(len(cache.layers))]
+            elif policy == "adakv":  # every row stays; each layer's attention masks what its heads evicted
+                rows = [_unmasked(layer.self_attn, n) for layer in model.model.layers]
             else:
                 rows = [_match_rows(layer.keys[0], keys, [list(range(n))] * len(keys))
-                        for layer, keys in zip(cache.layers, context_keys)]
+                        for layer, keys in zip(cache.layers, keys_of[id(model)])]
             # the pipeline's first position: after the context, or after what was kept once its keys are turned
             steps, tokens, token, position = [], [], ids[-1], cache.get_seq_length() if rerotate else n
             with decoding(model) if decoding is not None else _nothing():
@@ -104,9 +129,12 @@ def run_peer(model_dir: str, out: str, only: list[str]) -> None:
                                    position_ids=torch.tensor([[position]])).logits[0, -1]
                     # The rows now: copies of the rows before this pass plus this pass's own (the last before it
                     # was compressed); match each to where it came from.
-                    rows = [_match_rows(layer.keys[0], torch.cat((old, layer_new(layer, old)), dim=1),
-                                        [p + [n + len(steps)] for p in r])  # its place in the sequence
-                            for layer, old, r in zip(cache.layers, before, rows)]
+                    if policy == "adakv":  # the masked rows hold fake keys, written anew each pass: nothing to match
+                        rows = [[p + [n + len(steps)] for p in r] for r in rows]
+                    else:
+                        rows = [_match_rows(layer.keys[0], torch.cat((old, layer_new(layer, old)), dim=1),
+                                            [p + [n + len(steps)] for p in r])  # its place in the sequence
+                                for layer, old, r in zip(cache.layers, before, rows)]
                     token = int(logits.argmax())
                     top = logits.topk(TOP_IDS).indices.tolist()
                     steps.append({"top_ids": top, "top_logits": [float(logits[i]) for i in top],
@@ -141,6 +169,16 @@ class _recording_rerotation:
     def __exit__(self, *exc):
         self.press_class.rerotate_keys = staticmethod(self.original)
         return False
+
+
+def _unmasked(attention, n: int) -> list[list[int]]:
+    """Per KV head: the rows of an n-row cache that AdaKV left unmasked (`masked_key_indices`, set by its press)."""
+    _, heads, rows = attention.masked_key_indices
+    kv_heads = attention.config.num_key_value_heads
+    masked = [set() for _ in range(kv_heads)]
+    for h, r in zip(heads.tolist(), rows.tolist()):
+        masked[h].add(r)
+    return [[r for r in range(n) if r not in masked[h]] for h in range(kv_heads)]
 
 
 def layer_new(layer, old):
@@ -201,7 +239,7 @@ def run_compare(model_spec: str, peer_file: str) -> None:
     model = engine.load_model(model_spec, device="cpu")
     ids = peer["prompt_ids"]
     assert ids == prompt_ids(model.tokenizer), "the tokenizers split the prompt differently"
-    print(f"{'case':28} {'kept equal':>22} {'max|Δlogit| first':>18} {'max|Δlogit| top ids':>20} "
+    print(f"{'case':32} {'kept equal':>22} {'max|Δlogit| first':>18} {'max|Δlogit| top ids':>20} "
           f"{'tokens equal':>13}")
     for name, policy, params, ratio, budget in CASES:
         if name not in peer["cases"]:
@@ -224,7 +262,7 @@ def run_compare(model_spec: str, peer_file: str) -> None:
                      for i, v in zip(t["top_ids"], t["top_logits"])), default=0.0)
         tokens = [s.token_id for s in run.steps]
         same = tokens == theirs["tokens"][:len(tokens)]
-        print(f"{name:28} {f'{kept_equal}/{total} (layer, head)':>22} {first:18.2e} {later:20.2e} {str(same):>13}"
+        print(f"{name:32} {f'{kept_equal}/{total} (layer, head)':>22} {first:18.2e} {later:20.2e} {str(same):>13}"
               + ("" if same else f"  ours {tokens} theirs {theirs['tokens']}"))
         run.close()
 

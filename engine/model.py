@@ -28,6 +28,7 @@ from engine.weights import LayerWeights, Weights
 
 
 ATTENTION_COPIES = 6  # (q_heads, T, L) float32 tensors one layer's attention holds at its peak
+Observer = Callable[[int, AttentionResult, torch.Tensor], None]  # (layer, its attention, its queries before RoPE)
 # Called after each layer of every pass this thread runs inside `between_layers`: a server whose pages share one
 # interpreter lets other pages' work in during a long pass (a prefill of hundreds of tokens takes seconds).
 _BETWEEN_LAYERS: ContextVar[Callable[[], None] | None] = ContextVar("between_layers", default=None)
@@ -181,7 +182,7 @@ class Model:
 
     def forward(self, ids: list[int], positions: list[int], table: BlockTable, capture: Capture, kv_splits: int = 1,
                 write: bool = True, kept: list[torch.Tensor | None] | None = None,
-                observe: Callable[[int, AttentionResult], None] | None = None,
+                observe: Observer | None = None,
                 head: bool = True, prefill: bool = False) -> ForwardRecord | torch.Tensor:
         """Process `ids` at `positions`, the last `len(ids)` positions `table` has reserved (`table.append`).
 
@@ -190,8 +191,9 @@ class Model:
         positions before `positions[0]`, and this pass's own K/V are appended to them in memory, so the
         cache is left untouched.
         `kept` (per layer: (kv_heads, positions[-1] + 1) bool, or None) hides what KV eviction dropped from each
-        KV head (`engine.eviction`); None reads every cached position. `observe(layer, result)` sees each
-        layer's attention as it is computed (eviction scores from it without a record of every layer's rows).
+        KV head (`engine.eviction`); None reads every cached position. `observe(layer, result, q)` sees each
+        layer's attention as it is computed, and its queries before rotation (T, q_heads, D): eviction scores
+        from them without a record of every layer's rows.
         `head=False` stops before `lm_head` and returns the final norm's output for every row, (T, hidden): a pass
         that only fills the cache ignores it (`engine.replay`); `logits` turns rows of it into logits.
         `prefill=True` computes the rows as one batch even when a prefix hit leaves one (`layers.ROWS_AS_BATCH`):
@@ -275,7 +277,7 @@ class Pass:
     kv_splits: int = 1
     write: bool = True
     kept: list[torch.Tensor | None] | None = None
-    observe: Callable[[int, AttentionResult], None] | None = None
+    observe: Observer | None = None
     # Re-rotated positions (kvpress's KeyRerotationPress): the positions the rows' q and k turn by, where they are
     # not `positions` (the cache slots they take and the causal mask's order), and per layer (kv_heads, n) the
     # turn of each of the first n cached keys as read (None: as written).
@@ -327,7 +329,7 @@ class PassContext:
     kept: list[torch.Tensor | None] | None = None  # per layer, what eviction left each KV head (None: all)
     key_turns: list[torch.Tensor | None] | None = None  # per layer, the cached keys' turns as read (`Pass`)
     sink_turns: tuple[int, torch.Tensor] | None = None  # (s, (T,)): each row's turn of the first s keys (`Pass`)
-    observe: Callable[[int, AttentionResult], None] | None = None  # sees each layer's attention result
+    observe: Observer | None = None  # sees each layer's attention result
 
 
 class DecoderLayer:
@@ -379,6 +381,7 @@ class DecoderLayer:
     def attend_one(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: PassContext,
                    recorder: StepRecorder) -> torch.Tensor:
         """One sequence's rows: q (T, q_heads, D), k and v (T, kv_heads, D) → the head outputs (T, q_heads × D)."""
+        unrotated_q = q
         if context.cos_sin:
             cos_sin = context.cos_sin[self.kind]
             q, k = apply_rope(q, *cos_sin), apply_rope(k, *cos_sin)
@@ -397,5 +400,5 @@ class DecoderLayer:
                         kept, sink_queries)
         recorder.attention(self.index, result)
         if context.observe is not None:
-            context.observe(self.index, result)
+            context.observe(self.index, result, unrotated_q)
         return result.output

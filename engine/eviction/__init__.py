@@ -1,10 +1,10 @@
 """KV eviction: which positions each (layer, KV head) keeps, by a policy defined as NVIDIA kvpress 0.5.5
 defines it (`policies`), applied after the prefill or during decode (`run`), read through a mask (`rows`); a
-text's teacher-forced NLL through a streaming window (`nll`)."""
+text's teacher-forced NLL through an evicting cache (`nll`)."""
 
-from engine.eviction.nll import stream_nll
+from engine.eviction.nll import forced_nll, stream_nll
 from engine.eviction.policies import POLICIES, Policy, n_kept_for_ratio
 from engine.eviction.run import DecodeBudget, Eviction, EvictionRun, EvictionStep, StreamingWindow
 
 __all__ = ["POLICIES", "DecodeBudget", "Eviction", "EvictionRun", "EvictionStep", "Policy", "StreamingWindow",
-           "n_kept_for_ratio", "stream_nll"]
+           "forced_nll", "n_kept_for_ratio", "stream_nll"]

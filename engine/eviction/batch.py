@@ -68,9 +68,9 @@ class EvictionBatch:
         table = first.table
         observers = [o for o in (run.start_prefill(table) for run in self.runs) if o is not None]
 
-        def observe(layer, result) -> None:
+        def observe(layer, result, q) -> None:
             for o in observers:
-                o(layer, result)
+                o(layer, result, q)
 
         n = len(self.prompt_ids) - 1
         table.append(n)

@@ -1,5 +1,6 @@
-"""Teacher-forced NLL of a given text read through a streaming window: StreamingLLM's experiment (NLL by position
-over a long text: the full cache, a recent window alone, sinks plus the window).
+"""Teacher-forced NLL of a given text read through an evicting cache: through a streaming window, StreamingLLM's
+experiment (NLL by position over a long text: the full cache, a recent window alone, sinks plus the window,
+`stream_nll`); after a prompt, through the cache any policy leaves it (`forced_nll`).
 
 A `StreamingWindow` keeps by position, so what the pass at each position reads does not depend on the model:
 `StreamingWindow.reads` gives it for every position at once, and one pass over many positions masks each query
@@ -21,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.errors import InvalidSettingError
-from engine.eviction.run import StreamingWindow
+from engine.eviction.policies import Policy
+from engine.eviction.run import DecodeBudget, EvictionRun, StreamingWindow
 from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockTable
 from engine.model import Model, Pass
 from engine.settings import require_integer
@@ -65,3 +67,51 @@ def stream_nll(model: Model, ids: list[int], window: StreamingWindow | None = No
     finally:
         table.free()
     return torch.cat(nll).cpu()
+
+
+def forced_nll(model: Model, prompt_ids: list[int], text_ids: list[int], policy: Policy | None = None, *,
+               compression_ratio: float = 0.0, budget: DecodeBudget | StreamingWindow | None = None,
+               rerotate: bool = False, one_pass: bool | None = None) -> torch.Tensor:
+    """(len(text_ids),) float32, in nats: −log p of each of `text_ids` after `prompt_ids`, read through the cache an
+    `EvictionRun` of the prompt holds under these settings, teacher forced (the given text, not the run's own): the
+    prompt's context prefilled and evicted as the run does, its last token's pass predicting text_ids[0], then one
+    pass per token of the text, evicting to `budget` as the run would. Where nothing evicts after the prefill (no
+    budget, no re-rotation), the text after its first token is read in one pass over the kept rows instead (unless
+    `one_pass` is False), which equals those passes (tests/test_eviction_presses.py) up to rounding: in bfloat16 a
+    comparison of two caches reads both the same way."""
+    if not text_ids:
+        raise InvalidSettingError("the NLL of a text needs at least 1 token after the prompt")
+    run = EvictionRun(model, prompt_ids, policy, compression_ratio=compression_ratio, budget=budget,
+                      max_new_tokens=len(text_ids), keep_full_steps=1, rerotate=rerotate)
+    try:
+        rows = [run.prefill().logits[None]]
+        if one_pass is None:
+            one_pass = budget is None and not rerotate
+        elif one_pass and (budget is not None or rerotate):
+            raise InvalidSettingError("a text is read in one pass only where nothing evicts after the prefill")
+        if one_pass:
+            if len(text_ids) > 1:
+                rows.append(_read_in_one_pass(run, text_ids[:-1]))
+        else:
+            rows += [run.step(input_id=token).logits[None] for token in text_ids[:-1]]
+        with torch.inference_mode():
+            return F.cross_entropy(torch.cat(rows).float(), torch.tensor(text_ids, device=model.device),
+                                   reduction="none").cpu()
+    finally:
+        run.close()
+
+
+def _read_in_one_pass(run: EvictionRun, ids: list[int]) -> torch.Tensor:
+    """(len(ids), vocab) logits: `ids` after the run's cache in one pass, each position reading what the run's rows
+    kept of the cache before it and every position of `ids` up to itself (nothing evicts in between)."""
+    model, start = run.model, run.table.length
+    length = start + len(ids)
+    run.table.append(len(ids))
+    for rows in run.rows.values():
+        rows.append(start, len(ids))
+    kept = [run.rows[i].mask(length) if i in run.rows else None for i in range(model.info.layers)]
+    hidden = model.forward_batch([Pass(ids, list(range(start, length)), run.table, NO_RECORD, kept=kept)],
+                                 head=False)[0]
+    run.table.slide()
+    with torch.inference_mode():
+        return model.logits(hidden)

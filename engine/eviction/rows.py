@@ -12,29 +12,51 @@ import torch
 
 
 class LayerRows:
-    """positions: (kv_heads, n) long; row i of KV head h holds position positions[h, i]."""
+    """positions: (kv_heads, n) long; row i of KV head h holds position positions[h, i]. `held` (kv_heads, n)
+    bool, once AdaKV has evicted: which rows each head still reads (its heads keep different counts, so the rows
+    stay and the evicted ones are hidden, as kvpress masks them); None while every row is read."""
 
     def __init__(self, kv_heads: int, length: int, device: torch.device):
         self.positions = torch.arange(length, device=device).expand(kv_heads, length).clone()
+        self.held: torch.Tensor | None = None
 
     @property
     def count(self) -> int:
-        """Rows each KV head holds (all heads hold as many)."""
+        """Rows each KV head holds (all heads hold as many; with `held`, hidden rows included)."""
         return self.positions.shape[1]
+
+    @property
+    def counts(self) -> torch.Tensor:
+        """(kv_heads,) the rows each head reads."""
+        if self.held is None:
+            return torch.full((self.positions.shape[0],), self.count)
+        return self.held.sum(dim=1).cpu()
 
     def append(self, start: int, count: int) -> None:
         """New positions start … start + count − 1, appended to every head's rows."""
+        kv_heads = self.positions.shape[0]
         new = torch.arange(start, start + count, device=self.positions.device)
-        self.positions = torch.cat((self.positions, new.expand(self.positions.shape[0], count)), dim=1)
+        self.positions = torch.cat((self.positions, new.expand(kv_heads, count)), dim=1)
+        if self.held is not None:
+            self.held = torch.cat((self.held, self.held.new_ones(kv_heads, count)), dim=1)
 
     def keep(self, rows: torch.Tensor) -> None:
         """Keep rows (kv_heads, n_kept) of each head, in that order."""
         self.positions = self.positions.gather(1, rows)
 
+    def hide(self, held: torch.Tensor) -> None:
+        """Read only the rows `held` (kv_heads, n) bool marks, each head its own count (AdaKV)."""
+        self.held = held
+
+    def held_positions(self, kv_head: int) -> list[int]:
+        """The positions KV head `kv_head` reads, ascending."""
+        positions = self.positions[kv_head]
+        return sorted((positions if self.held is None else positions[self.held[kv_head]]).tolist())
+
     def mask(self, length: int) -> torch.Tensor:
-        """(kv_heads, length) bool: True at the positions each head holds."""
+        """(kv_heads, length) bool: True at the positions each head reads."""
         mask = torch.zeros(self.positions.shape[0], length, dtype=torch.bool, device=self.positions.device)
-        return mask.scatter_(1, self.positions, True)
+        return mask.scatter_(1, self.positions, True if self.held is None else self.held)
 
     def gather_keys(self, keys: torch.Tensor) -> torch.Tensor:
         """keys (L, kv_heads, D) by position → (kv_heads, n, D) by row."""

@@ -30,17 +30,16 @@ places them; the cache still holds every key as written (a turn composes with th
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from engine.attention import AttentionResult
 from engine.errors import InvalidSettingError, SessionStateError
-from engine.eviction.policies import Policy, check_ratio, n_kept_for_ratio, select
+from engine.eviction.policies import PREFILL_ONLY, LayerInputs, Policy, check_ratio, select, select_per_head
 from engine.eviction.rows import LayerRows
 from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockPool, BlockTable, kv_bytes_per_token
-from engine.model import Model, Pass
+from engine.model import Model, Observer, Pass
 from engine.recorder import ForwardRecord
 from engine.settings import check_prompt_fits, require_integer
 from engine.trace import NO_RECORD, Capture
@@ -114,10 +113,11 @@ class Eviction:
     positions: torch.Tensor  # (kv_heads, n) long
     scores: torch.Tensor | None  # (kv_heads, n) float; None for the streaming window (it keeps by position)
     kept_rows: torch.Tensor  # (kv_heads, n_kept) long, indices into the rows, in the cache's new order
+    held: torch.Tensor | None = None  # AdaKV: (kv_heads, n) bool, the rows each head reads (kept_rows: all of them)
 
     @property
     def kept_positions(self) -> torch.Tensor:
-        """(kv_heads, n_kept) the positions kept, ascending."""
+        """(kv_heads, n_kept) the positions kept, ascending (every head keeps as many: not AdaKV's)."""
         return self.positions.gather(1, self.kept_rows).sort(dim=1).values
 
 
@@ -162,7 +162,7 @@ class EvictionRun:
             raise InvalidSettingError("eviction needs a prompt of at least 2 tokens: the context it evicts from, "
                                       "then the last prompt token that reads what was kept")
         if isinstance(budget, DecodeBudget):
-            _check_budget(policy, budget)
+            check_budget(policy, budget)
         check_prompt_fits(list(prompt_ids), model)
         self.model, self.policy, self.budget = model, policy, budget
         self.compression_ratio = compression_ratio
@@ -180,6 +180,9 @@ class EvictionRun:
         self.passes_since_eviction = 0
         self.rerotate = rerotate
         self._rerotated: tuple[int, list[torch.Tensor | None]] | None = None  # made after the prefill's evictions
+        # ExpectedAttention during decode: per layer, the queries (before RoPE) of the passes since the last
+        # eviction, at most HIDDEN_STATES_BUFFER + 1 (DecodingPress's buffer of hidden states)
+        self._queries: dict[int, list[torch.Tensor]] = {}
         self.closed = False
 
     # -- state ---------------------------------------------------------------------------------
@@ -199,15 +202,15 @@ class EvictionRun:
         if layer not in self.rows:
             start = self.table.length - self.model.info.cached_positions(layer, self.table.length)
             return list(range(start, self.table.length))
-        return sorted(self.rows[layer].positions[kv_head].tolist())
+        return self.rows[layer].held_positions(kv_head)
 
     def kept_bytes(self) -> int:
         """Bytes of the K/V every (layer, KV head) holds: what a cache that drops evicted rows keeps."""
         info = self.model.info
         per_row = kv_bytes_per_token(1, 1, info.head_dim, info.element_bytes)  # K and V of one head, one position
-        held = sum(self.rows[i].count if i in self.rows else info.cached_positions(i, self.table.length)
-                   for i in range(info.layers))
-        return held * info.kv_heads * per_row
+        held = sum(int(self.rows[i].counts.sum()) if i in self.rows
+                   else info.kv_heads * info.cached_positions(i, self.table.length) for i in range(info.layers))
+        return held * per_row
 
     def allocated_bytes(self) -> int:
         """Bytes of the paged blocks the run holds (masking frees none of them)."""
@@ -232,7 +235,7 @@ class EvictionRun:
         evictions = [e for step in self.steps for e in step.evictions if e is not None]
         evictions += [e for e in self.prefill_evictions if e is not None]
         held = [t for step in self.steps for t in tensors(step)]
-        held += [t for e in evictions for t in (e.positions, e.scores, e.kept_rows)]
+        held += [t for e in evictions for t in (e.positions, e.scores, e.kept_rows, e.held)]
         return sum(t.nbytes for t in held if t is not None)
 
     # -- passes --------------------------------------------------------------------------------
@@ -248,7 +251,7 @@ class EvictionRun:
         self.table.slide()
         return self._solo_pass(self.prompt_ids[-1], n)
 
-    def start_prefill(self, table: BlockTable) -> Callable[[int, AttentionResult], None] | None:
+    def start_prefill(self, table: BlockTable) -> Observer | None:
         """Ready the rows for the context's prefill into `table` (this run's, or one its batch shares); what
         must observe that prefill's attention to evict after it (None: nothing to evict)."""
         if self.closed:
@@ -293,7 +296,7 @@ class EvictionRun:
         length = position + 1
         kept = [self.rows[i].mask(length) if i in self.rows else None for i in range(self.model.info.layers)]
         if not self.rerotate:
-            return Pass([token_id], [position], self.table, ONE_ROW, kept=kept)
+            return Pass([token_id], [position], self.table, ONE_ROW, kept=kept, observe=self._decode_observer())
         shift, turns = self._rerotation()
         return Pass([token_id], [position], self.table, ONE_ROW, kept=kept, rope_positions=[position + shift],
                     key_turns=turns)
@@ -323,16 +326,28 @@ class EvictionRun:
                               else ~m.cpu().repeat_interleave(group, dim=0) for m in kept])
         return (full * hidden).sum(dim=-1)
 
-    def _prefill_evictor(self, n: int, table: BlockTable) -> Callable[[int, AttentionResult], None]:
+    def _prefill_evictor(self, n: int, table: BlockTable) -> Observer:
         """What evicts each layer during the context's prefill into `table`, as soon as its attention has run: only
         the query rows the policy reads are held, and only that layer's, never every layer's n × n at once."""
         self.policy.check_rows(n, n)
-        queries, n_kept = self.policy.query_rows(n), n_kept_for_ratio(n, self.compression_ratio)
+        rows, layers = self.policy.query_rows(n), self.model.info.layers
 
-        def observe(layer: int, result: AttentionResult) -> None:
+        def observe(layer: int, result: AttentionResult, q: torch.Tensor) -> None:
             if layer in self.rows:
-                probs = result.probs[:, -queries:] if queries else None
-                self.prefill_evictions[layer] = self._evict_by_score(layer, probs, n_kept, table)
+                probs = result.probs[:, -rows:] if rows else None
+                n_kept = self.policy.layer_budget(n, self.compression_ratio, layer, layers)
+                self.prefill_evictions[layer] = self._evict_by_score(layer, probs, n_kept, table, q.transpose(0, 1))
+
+        return observe
+
+    def _decode_observer(self) -> Observer | None:
+        """What keeps each decode pass's queries for ExpectedAttention's next eviction (None: nothing to keep)."""
+        if not (isinstance(self.budget, DecodeBudget) and self.policy.reads_queries):
+            return None
+
+        def observe(layer: int, result: AttentionResult, q: torch.Tensor) -> None:
+            if layer in self.rows:
+                self._queries.setdefault(layer, []).append(q.transpose(0, 1))
 
         return observe
 
@@ -348,21 +363,37 @@ class EvictionRun:
             if self.passes_since_eviction >= budget.interval:
                 queries = min(self.passes_since_eviction, HIDDEN_STATES_BUFFER + 1)
                 for layer in self.evicting:
+                    buffered = self._queries.pop(layer, None)
                     if self.rows[layer].count > budget.target_size:
                         self.policy.check_rows(self.rows[layer].count, queries)
                         probs = attention[layer].to(self.model.device)
-                        evictions[layer] = self._evict_by_score(layer, probs, budget.target_size)
+                        evictions[layer] = self._evict_by_score(layer, probs, budget.target_size, queries=(
+                            torch.cat(buffered, dim=1) if buffered else None))
                 self.passes_since_eviction = 0
+            for layer, buffered in self._queries.items():
+                del buffered[:-HIDDEN_STATES_BUFFER]
         return evictions
 
-    def _evict_by_score(self, layer: int, probs: torch.Tensor | None, n_kept: int,
-                        table: BlockTable | None = None) -> Eviction:
-        """Score layer `layer`'s rows by the policy and keep the `n_kept` best of each KV head (its keys read from
-        `table`, by default the run's own)."""
-        rows = self.rows[layer]
-        keys, _, _ = (table or self.table).read(layer)
-        by_row = rows.gather_probs(probs) if probs is not None else None
-        scores = self.policy.score(rows.gather_keys(keys), by_row, n_kept)
+    def _evict_by_score(self, layer: int, probs: torch.Tensor | None, n_kept: int, table: BlockTable | None = None,
+                        queries: torch.Tensor | None = None) -> Eviction:
+        """Score layer `layer`'s rows by the policy and keep the `n_kept` best of each KV head (its K/V read from
+        `table`, by default the run's own; `queries` (q_heads, t, D) before RoPE: the passes that score)."""
+        rows, policy = self.rows[layer], self.policy
+        keys, values, _ = (table or self.table).read(layer)
+        inputs = LayerInputs(rows.gather_keys(keys), rows.gather_probs(probs) if probs is not None else None)
+        if policy.reads_values:
+            inputs.values = rows.gather_keys(values)
+        if policy.reads_queries:
+            inputs.queries = queries
+            future = torch.arange(queries.shape[1], queries.shape[1] + policy.n_future_positions)
+            inputs.future_rope = self.model.layers[layer].rope.cos_sin(future.to(self.model.device), keys.dtype)
+        scores = policy.score(inputs, n_kept)
+        if policy.name == "adakv":  # every row stays, each head hides its own
+            held = select_per_head(scores, n_kept, policy.alpha_safeguard)
+            every = torch.arange(rows.count).expand(held.shape[0], -1)
+            eviction = Eviction(rows.positions.cpu(), scores.float().cpu(), every, held.cpu())
+            rows.hide(held)
+            return eviction
         eviction = Eviction(rows.positions.cpu(), scores.float().cpu(), select(scores, n_kept).cpu())
         rows.keep(eviction.kept_rows.to(rows.positions.device))
         return eviction
@@ -404,6 +435,9 @@ def _check_rerotation(model: Model, policy: Policy | None, compression_ratio: fl
     if policy is None or compression_ratio <= 0 or budget is not None:
         raise InvalidSettingError("re-rotation turns the keys a policy keeps after the prefill: it needs a policy "
                                   "and a compression ratio, and no decode budget or streaming window")
+    if policy.name in PREFILL_ONLY:
+        raise InvalidSettingError(f"re-rotation (kvpress's KeyRerotationPress) keeps one count on every layer and "
+                                  f"head: {policy.name}'s own budgets cannot be re-rotated")
     info = model.info
     if info.positions == "learned" or any(info.window(i) is not None for i in range(info.layers)):
         raise InvalidSettingError(f"re-rotation needs rotary positions on every layer and no sliding-window layer; "
@@ -411,8 +445,16 @@ def _check_rerotation(model: Model, policy: Policy | None, compression_ratio: fl
                                   + (" and sliding-window layers" if info.sliding_window is not None else ""))
 
 
-def _check_budget(policy: Policy, budget: DecodeBudget) -> None:
-    """Refuse a budget the policy cannot keep, before anything runs (kvpress asserts the same mid-run)."""
+def check_budget(policy: Policy, budget: DecodeBudget) -> None:
+    """Refuse a budget the policy cannot keep, before anything runs (kvpress asserts the same mid-run, or scores
+    NaN)."""
+    if policy.name in PREFILL_ONLY:
+        raise InvalidSettingError(f"{policy.name} shares a prefill's compression ratio between layers or heads and "
+                                  f"runs after the prefill only here; for a decode budget choose snapkv")
+    if policy.name == "expected_attention" and min(budget.interval, HIDDEN_STATES_BUFFER + 1) <= policy.n_sink:
+        raise InvalidSettingError(f"expected_attention models the queries since the last eviction less the first "
+                                  f"{policy.n_sink} (n_sink): the interval must be larger than that, got "
+                                  f"{budget.interval}")
     if policy.name == "snapkv" and min(budget.interval, HIDDEN_STATES_BUFFER + 1) <= policy.window_size:
         raise InvalidSettingError(f"snapkv scores by the last {policy.window_size} queries (window_size): during "
                                   f"decode the interval must be larger than that, got {budget.interval}")

@@ -40,18 +40,22 @@ SETTINGS = [dict(evict=name, evict_at="prefill", ratio=0.5) for name in POLICIES
 IDS = [f"{s['evict']}-{s['evict_at']}" for s in SETTINGS]
 
 
-def engine_run(model: engine.Model, ids: list[int], s: dict, steps: int) -> EvictionRun:
-    """The engine's run for settings `s` as the view describes them: SnapKV's window is kvpress's 64 where more
-    queries ran, else a quarter of the context (after the prefill) or the interval less one (during decode)."""
+def engine_run(model: engine.Model, ids: list[int], s: dict, steps: int, max_new_tokens: int | None = None
+               ) -> EvictionRun:
+    """The engine's run for settings `s` as the view describes them: SnapKV's window (PyramidKV's and AdaKV's) is
+    kvpress's 64 where more queries ran, else a quarter of the context (after the prefill) or the interval less one
+    (during decode); LagKV's lag is kvpress's 128, or a quarter of the context after its 4 sinks where shorter."""
     if s["evict_at"] == "stream":
         policy, budget, ratio = None, StreamingWindow(4, s["stream_window"]), 0.0
     else:
         queries = (len(ids) - 1) // 4 if s["evict_at"] == "prefill" else s["interval"] - 1
-        policy = Policy(s["evict"], window_size=max(1, min(64, queries))) if s["evict"] == "snapkv" else Policy(
-            s["evict"])
+        policy = Policy(s["evict"], window_size=max(1, min(64, queries))) if s["evict"] in (
+            "snapkv", "pyramidkv", "adakv") else Policy("lagkv", lag_size=max(1, min(128, (len(ids) - 1 - 4) // 4))) \
+            if s["evict"] == "lagkv" else Policy(s["evict"])
         budget = DecodeBudget(s["budget"], s["interval"]) if s["evict_at"] == "decode" else None
         ratio = s.get("ratio", 0.0) if s["evict_at"] == "prefill" else 0.0
-    run = EvictionRun(model, ids, policy, compression_ratio=ratio, budget=budget, max_new_tokens=steps)
+    run = EvictionRun(model, ids, policy, compression_ratio=ratio, budget=budget,
+                      max_new_tokens=max_new_tokens or steps)
     run.prefill()
     while len(run.steps) < steps:
         run.step()
@@ -72,6 +76,10 @@ def definition_holds(states: np.ndarray, model: engine.Model, s: dict, context: 
     info = model.info
     length = states.shape[-1]
     for layer in range(info.layers):
+        if s["evict"] == "adakv" and info.window(layer) is None:  # the layer's count, shared unevenly by its heads
+            read = (states[layer * info.kv_heads:(layer + 1) * info.kv_heads] == KEPT).sum()
+            assert read == info.kv_heads * (n_kept_for_ratio(context, s["ratio"]) + STEP), (layer, read)
+            continue
         for kv in range(info.kv_heads):
             row = states[layer * info.kv_heads + kv]
             read = set(np.flatnonzero(row == KEPT).tolist())
@@ -79,7 +87,9 @@ def definition_holds(states: np.ndarray, model: engine.Model, s: dict, context: 
                 assert read == set(range(max(0, length - info.window(layer)), length)), (layer, kv)
                 assert not (row == EVICTED).any() and (row[:length - info.window(layer)] == OUTSIDE).all()
             elif s["evict_at"] == "prefill":
-                assert len(read) == n_kept_for_ratio(context, s["ratio"]) + STEP, (layer, kv, len(read))
+                count = Policy(s["evict"], window_size=context // 4).layer_budget(context, s["ratio"], layer,
+                                                                                  info.layers)
+                assert len(read) == count + STEP, (layer, kv, len(read))
             elif s["evict_at"] == "stream":
                 assert read == set(range(4)) | set(range(length - s["stream_window"] - 1, length)), (layer, kv)
             else:  # the last eviction was after pass `last` (the budget then), each pass since added one
@@ -531,3 +541,57 @@ def test_the_streaming_sentence_quotes_its_figure(model_name, lang, request):
         assert f"**{value - full:.2f}**" in text, (value - full, text[-600:])
     assert f"{full:.2f}" in text
     assert written[0] - full > 3 * (written[3] - full) > 0, "four sinks did not bring back most of what the window lost"
+
+
+@pytest.mark.parametrize(("model_name", "lang"), [("embedded", "en"), ("embedded-zh", "zh")])
+@pytest.mark.parametrize(("policy", "ratio"), [("pyramidkv", 0.5), ("pyramidkv", 0.75), ("adakv", 0.5)])
+def test_the_budgets_sentence_reads_the_map(model_name, lang, policy, ratio, request):
+    """PyramidKV's sentence names the first and last evicting layers' counts (or says the pyramid is flat), AdaKV's
+    the fewest and most positions a KV head kept (or that the model has one KV head a layer): as the map shows."""
+    model = request.getfixturevalue({"embedded": "embedded_model", "embedded-zh": "embedded_zh_model"}[model_name])
+    at = start(view="eviction", step=2, lang=lang, model=model_name, evict=policy, evict_at="prefill", ratio=ratio)
+    assert_clean(at)
+    info = model.info
+    states = kept_map(at).reshape(info.layers, info.kv_heads, -1)
+    evicting = [i for i in range(info.layers) if info.window(i) is None]
+    read = {(i, h): int((states[i, h] == KEPT).sum()) for i in evicting for h in range(info.kv_heads)}
+    text = "\n".join(c.value for c in at.caption).replace("\\", "")
+    if policy == "adakv":
+        expected = strings.t("evict_ada_one_head", lang, model=info.name) if info.kv_heads == 1 else strings.t(
+            "evict_ada_heads", lang, fewest=min(read.values()), most=max(read.values()))
+        assert info.kv_heads == 1 or min(read.values()) < max(read.values()), "AdaKV shared nothing unevenly"
+    else:
+        first, last = read[evicting[0], 0], read[evicting[-1], 0]
+        flat = len(set(read.values())) == 1
+        expected = strings.t("evict_pyramid_flat", lang, count=first) if flat else strings.t(
+            "evict_pyramid_layers", lang, first=evicting[0], most=first, last=evicting[-1], least=last)
+        assert flat == (ratio > 0.5), "at half evicted or less the pyramid holds on these prompts; above, it cannot"
+    assert str(expected).replace("\\", "") in text, (expected, text[-500:])
+
+
+@pytest.mark.parametrize(("model_name", "lang", "s"), [
+    ("embedded", "en", dict(evict="adakv", evict_at="prefill", ratio=0.5)),
+    ("embedded-zh", "zh", dict(evict="knorm", evict_at="decode", budget=12, interval=2))])
+def test_the_forced_reading_quotes_both_caches_reading_the_full_answer(model_name, lang, s, request):
+    """Opened, the part reads the full cache's greedy answer so far through the settings' cache pass by pass (an
+    EvictionRun fed it) and through the full cache (its own passes): the sentence's means are theirs."""
+    model = request.getfixturevalue({"embedded": "embedded_model", "embedded-zh": "embedded_zh_model"}[model_name])
+    at = start(view="eviction", prompt=PROMPT, chat=0, step=STEP, lang=lang, model=model_name, **s)
+    at.session_state["x_forced"] = True
+    at = at.run(timeout=300)
+    assert_clean(at)
+    ids = engine.DecodeSession(model, PROMPT, chat=False).prompt_ids
+    full_run = EvictionRun(model, ids, max_new_tokens=STEP)
+    full_run.prefill()
+    while not full_run.finished:
+        full_run.step()
+    answer = [step.token_id for step in full_run.steps]
+    run = engine_run(model, ids, s, 1, max_new_tokens=STEP)  # its first pass; then the answer fed to it
+    logits = [run.steps[0].logits] + [run.step(input_id=token).logits for token in answer[:-1]]
+    evicting = float(torch.nn.functional.cross_entropy(torch.stack(logits), torch.tensor(answer)))
+    full = float(torch.nn.functional.cross_entropy(torch.stack([step.logits for step in full_run.steps]),
+                                                   torch.tensor(answer)))
+    assert abs(evicting - full) > 1e-3, "the settings cost nothing here: the sentence tests nothing"
+    text = "\n".join(m.value for m in at.markdown).replace("\\", "")
+    assert f"**{evicting:.3f}**" in text and f"**{full:.3f}**" in text, (evicting, full, text[-400:])
+    assert f"**{abs(round(evicting, 3) - round(full, 3)):.3f}**" in text

@@ -23,6 +23,8 @@ import engine
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import InvalidSettingError
 from engine.eviction import POLICIES, DecodeBudget, EvictionRun, Policy, StreamingWindow
+from engine.eviction.policies import SNAPKV_SCORES
+from engine.eviction.run import check_budget
 from engine.eviction.batch import EvictionBatch, Variant
 from engine.kv_cache import DEFAULT_BLOCK_SIZE
 from ui.follow import turns
@@ -31,6 +33,7 @@ from ui.state import AppState
 
 N_SINK = 4  # kvpress's and the StreamingLLM paper's sinks
 SNAPKV_WINDOW = 64  # kvpress's window_size; shorter where the prompt (or the decode interval) is shorter
+LAG_SIZE = 128  # kvpress's LagKV lag_size; shorter where the context holds fewer than four partitions of it
 STREAM = "stream"  # the streaming window's run in a lab (it keeps by position: no policy)
 
 
@@ -52,15 +55,19 @@ class EvictionSettings:
                    int(state.stream_window))
 
     def engine_policy(self, context: int) -> Policy | None:
-        """The engine's policy for a prompt whose context (all but its last token) is `context` positions; SnapKV's
-        window is kvpress's 64 where more queries than that ran, else a quarter of them (prefill) or the interval
-        less one (decode): its score reads only the queries of its window."""
+        """The engine's policy for a prompt whose context (all but its last token) is `context` positions. SnapKV's
+        window (PyramidKV's and AdaKV's, which score as it does) is kvpress's 64 where more queries than that ran,
+        else a quarter of them (prefill) or the interval less one (decode): its score reads only the queries of its
+        window. LagKV's lag is kvpress's 128 where the context after the sinks holds four partitions of it, else a
+        quarter of that context: with fewer than two partitions it only keeps the latest positions."""
         if self.at == "stream":
             return None
-        if self.policy != "snapkv":
-            return Policy(self.policy, n_sink=N_SINK)
-        queries = context // 4 if self.at == "prefill" else self.interval - 1
-        return Policy("snapkv", window_size=max(1, min(SNAPKV_WINDOW, queries)))
+        if self.policy in SNAPKV_SCORES:
+            queries = context // 4 if self.at == "prefill" else self.interval - 1
+            return Policy(self.policy, window_size=max(1, min(SNAPKV_WINDOW, queries)))
+        if self.policy == "lagkv":
+            return Policy("lagkv", n_sink=N_SINK, lag_size=max(1, min(LAG_SIZE, (context - N_SINK) // 4)))
+        return Policy(self.policy, n_sink=N_SINK)
 
     def engine_budget(self) -> DecodeBudget | StreamingWindow | None:
         if self.at == "decode":
@@ -86,8 +93,20 @@ class EvictionSettings:
         ratio, budget = (self.ratio if self.at == "prefill" else 0.0), self.engine_budget()
         runs: dict[str | None, Variant] = {None: Variant(None)}
         for name in names:
-            runs[name] = Variant(replace(self, policy=name).engine_policy(context), ratio, budget)
+            policy = replace(self, policy=name).engine_policy(context)
+            if isinstance(budget, DecodeBudget) and not fits_budget(policy, budget):
+                continue  # the view says why, where this policy is the page's (`ui.eviction_shown.check`)
+            runs[name] = Variant(policy, ratio, budget)
         return runs
+
+
+def fits_budget(policy: Policy, budget: DecodeBudget) -> bool:
+    """Whether the policy can keep this decode budget (the engine's own check)."""
+    try:
+        check_budget(policy, budget)
+    except InvalidSettingError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -258,6 +277,9 @@ def pair_for(store: RunStore, model: engine.Model, prompt_ids: list[int], settin
     """The pair for these settings, from the lab of their timing in `store` (built once); raises
     `InvalidSettingError` (the engine's, or a plan with no step that fits the host's step memory) before anything
     is held."""
+    budget = settings.engine_budget()
+    if isinstance(budget, DecodeBudget):  # a policy the lab leaves out at this budget: the engine's reason
+        check_budget(settings.engine_policy(len(prompt_ids) - 1), budget)
     found = plan(model.info, len(prompt_ids), wanted, settings, step_memory_mb * 10**6)
     if found.steps == 0:
         raise EvictionTooLarge(found)

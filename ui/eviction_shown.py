@@ -12,7 +12,9 @@ import numpy as np
 
 from engine.errors import InvalidSettingError
 from ui.context import ViewContext
-from ui.eviction_runs import EvictionPair, EvictionSettings, EvictionTooLarge, PassRecord, first_difference
+from engine.eviction.policies import PREFILL_ONLY
+from ui.eviction_runs import (N_SINK, EvictionPair, EvictionSettings, EvictionTooLarge, PassRecord,
+                              first_difference)
 from viz.eviction import EVICTED, KEPT
 
 
@@ -94,8 +96,12 @@ def check(ctx: ViewContext) -> str | None:
         return ctx.t("evict_short_prompt", n=n)
     if state.evict_at == "prefill" and state.evict == "streaming_llm" and n - 1 <= 4:
         return ctx.t("evict_too_few_for_sinks", n=n - 1)
+    if state.evict_at == "decode" and state.evict in PREFILL_ONLY:
+        return ctx.t("evict_prefill_only", policy=ctx.t("evict_short_" + state.evict))
     if state.evict_at == "decode" and state.evict == "snapkv" and state.interval < 2:
         return ctx.t("evict_snapkv_interval")
+    if state.evict_at == "decode" and state.evict == "expected_attention" and state.interval <= N_SINK:
+        return ctx.t("evict_expected_interval", sinks=N_SINK, least=N_SINK + 1)
     return None
 
 

@@ -3,18 +3,22 @@ where full attention would have looked, the attention sink, the bytes held, and 
 
 from __future__ import annotations
 
+import math
+
 import streamlit as st
 
 from engine.eviction import POLICIES
+from ui.eviction_forced import ForcedReading, forced_reading
+from ui.eviction_runs import EvictionSettings
 from engine.errors import InvalidSettingError
 from ui.context import ViewContext
-from ui.eviction_shown import EvictionShown, check, error_message, policy_label, shown_eviction
+from ui.eviction_shown import EvictionShown, check, error_message, kept_counts, policy_label, shown_eviction
 from ui.state import EVICT_AT, bounds
 from ui.views.chapter_part import Part, shown
 from ui.views.figures import figure, memo_key
 from ui.views.widgets import layer_head_pickers, opened, titled, words
 from ui.sink_experiment import CACHE, SINKS, SinkExperiment
-from viz.eviction import (bytes_figure, cost_figure, evicted_share_figure, kept_figure, kept_over_steps_figure,
+from viz.eviction import (KEPT, bytes_figure, cost_figure, evicted_share_figure, kept_figure, kept_over_steps_figure,
                           nll_by_position_figure, sink_figure, sinks_figure, text_comparison_html)
 from viz.style import fmt_size
 
@@ -36,8 +40,9 @@ def render(ctx: ViewContext) -> None:
         st.info(ctx.t("short_of_memory", left_out=ctx.t("left_out_eviction")))
         return
     try:
+        runs = EvictionSettings.of(ctx.state).variants(len(ctx.runner.prompt_ids) - 1)
         what = ctx.t("evict_computing_stream") if ctx.state.evict_at == "stream" else \
-            ctx.t("evict_computing_policies", count=len(POLICIES))
+            ctx.t("evict_computing_policies", count=len(runs) - 1)
         with st.spinner(ctx.t("evict_computing", what=what)):
             data = shown_eviction(ctx)
     except InvalidSettingError as error:
@@ -101,11 +106,32 @@ def notes(ctx: ViewContext, data: EvictionShown) -> None:
     st.caption(ctx.t("evict_masked_note", allocated=fmt_size(record.allocated_bytes), kept=fmt_size(record.kept_bytes),
                      full=fmt_size(record.full_bytes)))
     st.caption(ctx.t("evict_positions_note"))
+    budgets = budgets_note(ctx, data)
+    if budgets:
+        st.caption(budgets)
     if info.sliding_window is not None:
         kinds = info.layer_kinds
         st.caption(ctx.t("evict_window_note", local=kinds.count("local"), layers=info.layers,
                          w=info.sliding_window, global_=kinds.count("global"),
                          global_layers=", ".join(str(i) for i, k in enumerate(kinds) if k == "global")))
+
+
+def budgets_note(ctx: ViewContext, data: EvictionShown) -> str | None:
+    """How PyramidKV's layers or AdaKV's heads shared the count, read from the pass shown (None: other policies)."""
+    info, name = ctx.info, data.settings.policy
+    if data.settings.at != "prefill" or name not in ("pyramidkv", "adakv"):
+        return None
+    if name == "adakv":
+        fewest, most = kept_counts(data, info)
+        if info.kv_heads == 1:
+            return ctx.t("evict_ada_one_head", model=info.name)
+        return ctx.t("evict_ada_heads", fewest=fewest, most=most)
+    layers = [i for i in range(info.layers) if info.window(i) is None]
+    counts = {i: int((data.evicting.kept[i, 0] == KEPT).sum()) for i in layers}
+    if len(set(counts.values())) == 1:
+        return ctx.t("evict_pyramid_flat", count=counts[layers[0]])
+    return ctx.t("evict_pyramid_layers", first=layers[0], most=counts[layers[0]], last=layers[-1],
+                 least=counts[layers[-1]])
 
 
 def text(ctx: ViewContext, data: EvictionShown, policy: str) -> None:
@@ -131,6 +157,27 @@ def cost(ctx: ViewContext, data: EvictionShown, policy: str) -> None:
         figure(lambda: cost_figure(lines, chosen, ctx.t("evict_cost_title"), ctx.large, words(ctx)),
                "eviction-cost", memo_key(ctx, "cost", data.passes))
         st.caption(cost_sentence(ctx, data, policy))
+        forced(ctx, data, policy)
+
+
+def forced(ctx: ViewContext, data: EvictionShown, policy: str) -> None:
+    """The full cache's answer so far read through both caches (`ui.eviction_forced`), while its expander is open."""
+    with opened(ctx.t("evict_forced_open"), "x_forced") as box:
+        if not box.open:
+            return
+        runner = ctx.runner
+        reading = forced_reading(runner.store, runner.model, list(runner.prompt_ids), data.token_ids(data.pair.full),
+                                 data.settings)
+        with st.spinner(ctx.t("evict_forced_computing")):
+            reading.compute()
+        st.markdown(forced_sentence(ctx, reading, policy))
+
+
+def forced_sentence(ctx: ViewContext, reading: ForcedReading, policy: str) -> str:
+    full, evicting = round(float(reading.full.mean()), 3), round(float(reading.evicting.mean()), 3)  # as shown
+    return ctx.t("evict_forced_more" if evicting >= full else "evict_forced_less", n=len(reading.answer),
+                 policy=policy, evicting=f"{evicting:.3f}", full=f"{full:.3f}", delta=f"{abs(evicting - full):.3f}",
+                 ppl_evicting=f"{math.exp(evicting):.2f}", ppl_full=f"{math.exp(full):.2f}")
 
 
 def cost_sentence(ctx: ViewContext, data: EvictionShown, policy: str) -> str:

@@ -207,11 +207,13 @@ class RecordedRun:
         if full_step is not None and self.agrees:
             kl = next_token_kl(full_step.logits, step.logits)
             self.agrees = step.token_id == full_step.token_id
-        attention = step.attention.float()
+        # copies: a view of the pass's attention would hold all of it, every position's, while the lab lives
+        evicted_share = step.evicted_share.float().numpy().copy()
+        sink_share = step.attention[:, :, 0].float().numpy().copy()
         final = run.finished
         self.passes.append(PassRecord(step.position, step.token_id, self.detokenizer.add(step.token_id, final=final),
-                                      kept, step.evicted_share.float().numpy(), attention[:, :, 0].numpy(),
-                                      run.kept_bytes(), run.allocated_bytes(), run.full_bytes(), kl))
+                                      kept, evicted_share, sink_share, run.kept_bytes(), run.allocated_bytes(),
+                                      run.full_bytes(), kl))
 
     @property
     def nbytes(self) -> int:

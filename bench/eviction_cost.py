@@ -40,7 +40,10 @@ import torch  # noqa: E402
 from plotly.subplots import make_subplots  # noqa: E402
 
 import engine  # noqa: E402
+from engine.errors import InvalidSettingError  # noqa: E402
 from engine.eviction import POLICIES, DecodeBudget, EvictionRun, Policy, StreamingWindow, stream_nll  # noqa: E402
+from engine.eviction.policies import SNAPKV_SCORES  # noqa: E402
+from engine.eviction.run import check_budget  # noqa: E402
 from engine.loader import AUTO  # noqa: E402
 
 TEXT = Path(__file__).resolve().parent.parent / "ui" / "texts" / "one-token-at-a-time.en.txt"
@@ -87,9 +90,22 @@ def agreeing_prefix(a: list[int], b: list[int]) -> int:
 
 
 def policy(name: str, decoding: bool, interval: int) -> Policy:
-    if name == "snapkv":
+    if name in SNAPKV_SCORES:
         return Policy(name, window_size=interval - 1 if decoding else SNAPKV_WINDOW)
     return Policy(name, n_sink=N_SINK)
+
+
+def decoding(interval: int, target: int) -> list[str]:
+    """The policies that can keep a decode budget at this interval (the engine's own check): not PyramidKV's or
+    AdaKV's budgets, nor expected attention with no query past its sinks."""
+    names = []
+    for name in POLICIES:
+        try:
+            check_budget(policy(name, True, interval), DecodeBudget(target, interval))
+        except InvalidSettingError:
+            continue
+        names.append(name)
+    return names
 
 
 # -- the text --------------------------------------------------------------------------------------
@@ -150,7 +166,7 @@ def during_decode(model, prompts: list[list[int]], plan: Plan) -> dict:
         head, fed = prompt[:plan.decode_prefill], prompt[plan.decode_prefill:]
         runs = {"full": EvictionRun(model, head, max_new_tokens=len(fed) + 1, keep_full_steps=1)}
         for target in plan.targets:
-            for name in POLICIES:
+            for name in decoding(plan.interval, target):
                 runs[f"{name}@{target}"] = EvictionRun(model, head, policy(name, True, plan.interval),
                                                        budget=DecodeBudget(target, plan.interval),
                                                        max_new_tokens=len(fed) + 1, keep_full_steps=1)
@@ -199,7 +215,7 @@ def step_times(model, ids: list[int], plan: Plan) -> dict:
     if len(fed) < plan.time_passes:
         raise SystemExit(f"the text is too short for {plan.time_passes} timed passes after {plan.time_context} tokens")
     make = {"full cache": lambda: EvictionRun(model, prompt, max_new_tokens=len(fed) + 1, keep_full_steps=1)}
-    for name in POLICIES:
+    for name in decoding(plan.time_interval, plan.time_target):
         make[name] = lambda name=name: EvictionRun(
             model, prompt, policy(name, True, plan.time_interval), max_new_tokens=len(fed) + 1, keep_full_steps=1,
             budget=DecodeBudget(plan.time_target, plan.time_interval))
@@ -295,7 +311,7 @@ def time_table(result: dict) -> str:
     lines = ["| policy | pass that evicts | pass that only reads the mask | added by an eviction | prefill at r=0.5 "
              "(added) |", "|---|---|---|---|---|",
              f"| full cache | — | {ms(full)} | — | {t['prefill']['none']:.0f} ms |"]
-    for key in [*POLICIES, "streaming window"]:
+    for key in [key for key in [*POLICIES, "streaming window"] if key in t["step"]]:
         s = t["step"][key]
         added = None if s["evicts"] is None else s["evicts"] - full
         pre = t["prefill"].get(key)

@@ -5,6 +5,7 @@ product; and the batch's one prefill leaves every run's cache holding what its o
 import pytest
 import torch
 
+from engine.errors import SessionStateError
 from engine.eviction import DecodeBudget, EvictionRun, Policy, StreamingWindow
 from engine.eviction.batch import EvictionBatch, Variant
 
@@ -67,6 +68,36 @@ def test_batched_runs_equal_each_run_alone(family, tiny_model):
         solo.close()
     batch.close()
     assert batch.pool.used_blocks == 0  # every run's blocks, the shared ones included, went back
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_runs_that_join_after_the_prefill_equal_each_run_alone(family, tiny_model):
+    """A batch of the full cache alone, stepped twice; then each other variant joins, catches up in batched passes of
+    its own and steps with the batch: every run equals its run alone, and closing frees every block."""
+    model = tiny_model(family)
+    ids = model.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
+    batch = EvictionBatch(model, ids, VARIANTS[:1], block_size=BLOCK, max_new_tokens=STEPS, keep_full_steps=STEPS,
+                          spare=len(VARIANTS) - 1)
+    batch.prefill()
+    batch.step()
+    joined = [batch.join(variant) for variant in VARIANTS[1:]]
+    assert all(not run.steps for run in joined)
+    while len(joined[0].steps) < len(batch.runs[0].steps):
+        batch.passes(joined)
+    batch.runs.extend(joined)
+    while not batch.finished:
+        batch.step()
+    for variant, together in zip(VARIANTS, batch.runs, strict=True):
+        solo = alone(model, ids, variant)
+        assert together.generated == solo.generated, variant
+        assert kept_by_pass(together) == kept_by_pass(solo), variant
+        for a, b in zip(together.steps, solo.steps):
+            torch.testing.assert_close(a.logits, b.logits, atol=LOGIT_ATOL, rtol=0)
+        solo.close()
+    with pytest.raises(SessionStateError):
+        EvictionBatch(model, ids, VARIANTS[:1]).join(VARIANTS[1])
+    batch.close()
+    assert batch.pool.used_blocks == 0
 
 
 def test_a_batch_of_one_is_the_run_alone(tiny_model):

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from engine.errors import InvalidSettingError
 from engine.eviction import DecodeBudget, EvictionRun, Policy, StreamingWindow, forced_nll, stream_nll
+from engine.eviction.policies import LayerInputs, select_per_head
 from tests.test_eviction import assert_decode_matches, hf_model, prompt_ids, top
 
 FAMILIES = ["llama", "qwen3", "llama3-rope"]
@@ -112,6 +113,24 @@ def test_the_pyramid_budgets_are_kvpress_formula_by_hand():
     assert [policy.layer_budget(100, 0.5, layer, 30) for layer in (0, 1, 10, 28, 29)] == [96, 93, 64, 7, 4]
     assert {policy.layer_budget(100, 0.75, layer, 30) for layer in range(30)} == {25}
     assert Policy("snapkv").layer_budget(100, 0.35, 3, 30) == 65  # int(100 × 0.65): one count for every layer
+
+
+def test_adakv_shares_a_layers_count_between_heads_by_hand():
+    """Two heads of four rows, two kept a head on average, alpha 0.5: each head keeps its best row first (4 and 0.7),
+    then the four lowest of the rest over both heads go (0.1, 0.5, 0.6, then head 0's 1): head 0 keeps three rows,
+    head 1 one."""
+    scores = torch.tensor([[4.0, 3.0, 2.0, 1.0], [0.5, 0.6, 0.7, 0.1]])
+    held = select_per_head(scores, 2, 0.5)
+    assert held.tolist() == [[True, True, True, False], [False, False, True, False]]
+
+
+def test_lagkv_scores_by_hand():
+    """One sink, partitions of 2 rows: rows 1–2 are scored against rows 3–4 (range 0 … 2 on both channels), so row 1
+    scales to (0, 0) (spread 0) and row 2 to (0.5, 1) (spread 0.354): ranked within the partition, 0 and 1/2. The
+    sink and the tail (the last partition and the row after it) score 1."""
+    keys = torch.tensor([[9.0, 9.0], [0.0, 0.0], [1.0, 2.0], [0.0, 0.0], [2.0, 2.0], [5.0, 1.0]])[None]
+    scores = Policy("lagkv", n_sink=1, lag_size=2).score(LayerInputs(keys, values=keys.clone()), 4)
+    assert scores.tolist() == [[1.0, 0.0, 0.5, 1.0, 1.0, 1.0]]
 
 
 @pytest.mark.parametrize("family", FAMILIES)

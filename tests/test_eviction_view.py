@@ -6,6 +6,7 @@ link, and the chapter's figure is whole on a projector's first screen."""
 
 import re
 import threading
+from dataclasses import replace
 from functools import cache
 from unittest.mock import patch
 from urllib.parse import urlencode
@@ -25,7 +26,8 @@ from tests.server import browser_page, settled_text
 from tests.test_gemma_views import charts, matrix
 from ui import sink_experiment, strings
 from ui.lesson import number_of
-from ui.eviction_runs import EvictionLab, EvictionSettings, pair_for
+from ui.eviction_runs import EvictionLab, EvictionLabFull, pair_for
+from ui.eviction_settings import EvictionSettings, lab_bytes
 from ui.run_store import RunStore
 from ui.settings import load_limits
 
@@ -151,24 +153,33 @@ def test_a_pass_record_owns_its_arrays(embedded_model):
 
 
 def test_a_change_of_policy_reads_runs_the_lab_has_computed(embedded_model):
-    """Every policy at one timing is a run of one lab: a page switching policy at the same step reads passes already
-    computed (none is computed again), the full cache's run is shared, and the runs equal each run made alone."""
+    """Every policy at one timing is a run of one lab, computed once some page asks for it: the first page's policy
+    from the prefill, each later one joining at the lab's step; a page switching to a policy the lab has reads passes
+    already computed (none is computed again), the full cache's run is shared, and the runs equal each run made
+    alone."""
     ids = engine.DecodeSession(embedded_model, PROMPT, chat=False).prompt_ids
     store = RunStore(10**9)
     snapkv = EvictionSettings("snapkv", "prefill", 0.5, 32, 8, 28)
     pair = pair_for(store, embedded_model, ids, snapkv, STEP, 2000)
     assert pair.advance_to(STEP) == STEP
-    computed = {name: list(run.passes) for name, run in pair.lab.runs.items()}
-    assert set(computed) == {None, *POLICIES} and all(len(p) == STEP for p in computed.values())
+    assert set(pair.lab.runs) == {None, "snapkv"}, "the lab computed a policy nobody asked for"
+    full_passes = list(pair.full.passes)
+    computed = {}
     for policy in POLICIES:
         again = pair_for(store, embedded_model, ids, EvictionSettings(policy, "prefill", 0.5, 32, 8, 28), STEP, 2000)
         assert again.lab is pair.lab and again.full is pair.full
         assert again.advance_to(STEP) == STEP
+        computed[policy] = list(again.evicting.passes)
+    assert set(pair.lab.runs) == {None, *POLICIES} and not pair.lab.joining
+    assert all(a is b for a, b in zip(pair.full.passes, full_passes, strict=True)), "the full cache computed again"
+    for policy in POLICIES:
+        again = pair_for(store, embedded_model, ids, EvictionSettings(policy, "prefill", 0.5, 32, 8, 28), STEP, 2000)
+        assert again.advance_to(STEP) == STEP
         assert all(a is b for a, b in zip(again.evicting.passes, computed[policy], strict=True)), "computed again"
     assert store.built == 1
     other_timing = pair_for(store, embedded_model, ids, EvictionSettings("knorm", "stream", 0.5, 32, 8, 6), STEP, 2000)
-    assert other_timing.lab is not pair.lab and store.built == 2 and set(other_timing.lab.runs) == {None, "stream"}
     other_timing.advance_to(STEP)
+    assert other_timing.lab is not pair.lab and store.built == 2 and set(other_timing.lab.runs) == {None, "stream"}
     for s in (dict(evict="tova", evict_at="prefill", ratio=0.5), dict(evict="knorm", evict_at="stream",
                                                                       stream_window=6)):
         alone = engine_run(embedded_model, ids, s, STEP)
@@ -180,6 +191,22 @@ def test_a_change_of_policy_reads_runs_the_lab_has_computed(embedded_model):
                 if mask is not None:
                     assert np.array_equal(record.kept[layer], mask.numpy().astype(np.int8))
         alone.close()
+
+
+def test_a_policy_joins_the_lab_only_while_the_step_memory_holds_it(embedded_model):
+    """A lab is planned for its pair and a joining twin: on a host whose step memory holds just that, the first
+    page's policy runs and another is refused with the policies the lab compares, which still run."""
+    ids = engine.DecodeSession(embedded_model, PROMPT, chat=False).prompt_ids
+    knorm = EvictionSettings("knorm", "prefill", 0.5, 32, 8, 28)
+    assert lab_bytes(embedded_model.info, len(ids), STEP, knorm, 4) - lab_bytes(embedded_model.info, len(ids), STEP,
+                                                                                   knorm, 3) > 10**6
+    budget_mb = -(-lab_bytes(embedded_model.info, len(ids), STEP, knorm) // 10**6)
+    store = RunStore(10**9)
+    assert pair_for(store, embedded_model, ids, knorm, STEP, budget_mb).advance_to(STEP) == STEP
+    with pytest.raises(EvictionLabFull) as refused:
+        pair_for(store, embedded_model, ids, replace(knorm, policy="tova"), STEP, budget_mb).advance_to(STEP)
+    assert refused.value.names == ["knorm"]
+    assert pair_for(store, embedded_model, ids, knorm, STEP, budget_mb).advance_to(STEP) == STEP
 
 
 def test_pages_asking_at_once_build_one_lab(embedded_model):
@@ -251,8 +278,12 @@ def test_the_lab_records_each_policys_next_token_kl_from_the_full_cache(embedded
     agree; from the token after they part, none (the two predict after different texts)."""
     steps = 6
     ids = engine.DecodeSession(embedded_model, PROMPT, chat=False).prompt_ids
-    pair = pair_for(RunStore(10**9), embedded_model, ids, EvictionSettings("snapkv", "prefill", 0.5, 32, 8, 28),
-                    steps, 2000)
+    store = RunStore(10**9)
+    pair = pair_for(store, embedded_model, ids, EvictionSettings("snapkv", "prefill", 0.5, 32, 8, 28), steps, 2000)
+    assert pair.advance_to(steps) == steps
+    for policy in POLICIES:  # each joins the lab at its last step: its KL is its twin's, then the full cache's
+        pair_for(store, embedded_model, ids, EvictionSettings(policy, "prefill", 0.5, 32, 8, 28), steps,
+                 2000).advance_to(steps - 2)
     assert pair.advance_to(steps) == steps
     assert all(p.kl is None for p in pair.full.passes)
     full = EvictionRun(embedded_model, ids, None, max_new_tokens=steps)
@@ -278,14 +309,20 @@ def test_the_lab_records_each_policys_next_token_kl_from_the_full_cache(embedded
 
 @pytest.mark.parametrize(("model_name", "lang"), [("embedded", "en"), ("embedded-zh", "zh")])
 def test_the_cost_sentence_quotes_the_cost_figure(model_name, lang, request):
-    """The view's cost part: one line per policy at the link's timing, the page's drawn thickest, and the sentence
-    under it quotes that line at the page's token (or where its text parted)."""
+    """The view's cost part: one line per policy the lab has computed at the link's timing (here a classmate's
+    knorm, then the page's TOVA), the page's drawn thickest, and the sentence under it quotes that line at the page's
+    token (or where its text parted)."""
     request.getfixturevalue({"embedded": "embedded_model", "embedded-zh": "embedded_zh_model"}[model_name])
     step = 5
-    at = start(view="eviction", step=step, lang=lang, model=model_name, evict="tova", evict_at="prefill", ratio=0.5)
+    link = dict(view="eviction", step=step, lang=lang, model=model_name, evict_at="prefill", ratio=0.5)
+    assert_clean(start(evict="knorm", **link))
+    at = start(evict="tova", **link)
     assert_clean(at)
     lines = [chart["data"] for chart in charts(at) if chart["data"][0].get("mode") == "lines+markers"]
-    assert len(lines) == 1 and len(lines[0]) == len(POLICIES)
+    assert len(lines) == 1 and {trace["name"] for trace in lines[0]} == {
+        strings.t("evict_short_knorm", lang), strings.t("evict_short_tova", lang)}
+    text = "\n".join(c.value for c in at.caption).replace("\\", "")
+    assert str(strings.t("evict_cost_lab", lang, count=2, total=len(POLICIES))).replace("\\", "") in text
     chosen = max(lines[0], key=lambda trace: trace["line"]["width"])
     assert chosen["name"] == strings.t("evict_short_tova", lang)
     values = [None if v is None else float(v) for v in chosen["y"]]
@@ -515,6 +552,29 @@ def test_keydiff_and_the_streaming_experiment_open_from_the_page(server):
         expect(part).to_contain_text(str(strings.t("evict_streaming_said", tokens=0, cache=0, full="", alone="",
                                                    one="", four="", four_inside=""))[:9], timeout=120_000)
         idle(page)
+
+
+@pytest.mark.browser
+def test_adakv_and_the_forced_reading_open_from_the_page(server):
+    """Clicked in a browser: AdaKV chosen in the policy list reaches the link and says how its heads shared the
+    count; the teacher-forced expander opened reads the answer through both caches and says so; switched to
+    decode, AdaKV is refused in words."""
+    with browser_page(1280, 720) as page:
+        page.goto(f"{server}/?{urlencode(dict(view='eviction', step=2))}")
+        settled_text(page)
+        choose(page, "w_evict", strings.t("evict_policy_adakv"))
+        page.wait_for_url("**evict=adakv**", timeout=120_000)
+        expect(page.get_by_text(str(strings.t("evict_ada_heads", fewest=0, most=0)).split(":")[0])).to_be_visible(
+            timeout=120_000)
+        idle(page)
+        widget(page, "x_forced").locator("summary").first.click()
+        expect(widget(page, "x_forced")).to_contain_text(
+            str(strings.t("evict_forced_more", n=2, policy="", evicting=0, full=0, delta=0, ppl_evicting=0,
+                          ppl_full=0))[:30], timeout=120_000)
+        idle(page)
+        widget(page, "w_evict_at").get_by_text(strings.t("evict_at_decode")).click()
+        expect(page.get_by_text(str(strings.t("evict_prefill_only", policy="AdaKV"))[:20])).to_be_visible(
+            timeout=120_000)
 
 
 def test_the_streaming_experiment_reads_the_text_through_each_cache_it_names(tiny_model, monkeypatch):

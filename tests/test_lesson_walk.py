@@ -1,8 +1,8 @@
 """The whole lesson walked as a class walks it (issue 34), in headless Chromium at 1280×720 with large text: SmolLM2
 in English and Gemma 3 270M in Chinese, each on a student's page and on the teacher's (`lead=1`, the students' panel
 in the header). Each walk is one page. A student's: chapter 1 to the last by PageDown, back to 1 by PageUp, then
-the split-KV chapter opened from its link and the four after it revisited (PageDown through the cases, the context
-window and the sliding window, PageUp back to Case 1). The teacher's: chapter 1
+the KV-cache chapter opened from its link and every chapter after it revisited (PageDown from the two contexts to
+eviction, PageUp back to the two contexts). The teacher's: chapter 1
 to the last by PageDown (what the header's panel changes is where each chapter's figure and buttons fall, the same
 whichever way a chapter is reached; the way back and the revisit are the students' walks' checks). At every chapter:
 
@@ -42,8 +42,8 @@ pytestmark = pytest.mark.browser
 
 SCREEN = 720  # the projector's height (conftest.py's page: 1280×720)
 LAST = len(CHAPTERS)
-# the prefix-cache, context and window chapters: the ones that once changed on a revisit
-REVISITED = range(number_of("prefix_case1"), number_of("sliding_window") + 1)
+# from the two-contexts chapter to the last (eviction): those with runs of their own, or that once changed on a revisit
+REVISITED = range(number_of("contexts"), LAST + 1)
 SHOWN_PROBLEMS = '[data-testid="stAlertContentWarning"], [data-testid="stAlertContentError"]'
 # model → the page's language (a page in Chinese opens on Gemma 3 270M, one in English on SmolLM2)
 MODELS = {"smollm2": "en", "gemma3": "zh"}
@@ -100,7 +100,7 @@ def test_a_students_page_walks_the_lesson_forward_back_and_revisited(server, pag
         controls_then_arrow(page, number + 1, lang)  # the controls of the chapter just left, before PageUp
         walk.key("PageUp", number)
     page.goto(f"{base}&chapter={REVISITED[0] - 1}")
-    walk.arrive(REVISITED[0] - 1, same_text=False)  # a new session: its split text may quote another head
+    walk.arrive(REVISITED[0] - 1, same_text=False)  # a new session: a chapter's text may quote another head
     for number in REVISITED:
         walk.key("PageDown", number)
     for number in reversed(REVISITED[:-1]):

@@ -13,7 +13,7 @@ import numpy as np
 
 import engine
 from engine.eviction import forced_nll
-from ui.eviction_runs import EvictionSettings
+from ui.eviction_settings import EvictionSettings
 from ui.follow import turns
 
 

@@ -1,20 +1,21 @@
-"""The eviction view's runs: the page's prompt decoded greedily over the full cache and under each policy at the
-link's timing (after the prefill at a ratio, during decode to a budget, or a streaming window), all in one
-`engine.eviction.EvictionBatch` (one prefill, one batched pass per step), stepped along with the pages and kept in
-the server's run store (`ui.run_store`: counted in its bytes, dropped when idle, built once for pages asking at
-once). A page compares the full cache with its policy (`EvictionPair`); another policy at the same timing is a run
-the lab has already computed, so a class comparing policies computes each step once.
+"""The eviction view's runs: the page's prompt decoded greedily over the full cache and under each policy pages ask
+for at the link's timing (after the prefill at a ratio, during decode to a budget, or a streaming window), all in
+one `engine.eviction.EvictionBatch` (one prefill, one batched pass per step), stepped along with the pages and kept
+in the server's run store (`ui.run_store`: counted in its bytes, dropped when idle, built once for pages asking at
+once). A page compares the full cache with its policy (`EvictionPair`); a policy the lab already runs is read, not
+computed again, and one it lacks joins it (`EvictionLab`), so a class comparing policies computes each step of each
+policy once, and none that no page looks at.
 
 Plain Python (no Streamlit). What the view draws is recorded here as each pass runs (`PassRecord`: small arrays),
 so the engine's runs can drop every older step's attention, logits and masks (`keep_full_steps=1`). Before anything
 is built the lab's memory is estimated against the host's step budget (KVSCOPE_STEP_MEMORY_MB): its steps are
-capped to what fits, or the lab is refused (`EvictionPlan`).
+capped to what fits, or the lab is refused (`ui.eviction_settings.plan`).
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -22,135 +23,12 @@ import torch
 import engine
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import InvalidSettingError
-from engine.eviction import POLICIES, DecodeBudget, EvictionRun, Policy, StreamingWindow
-from engine.eviction.policies import SNAPKV_SCORES
+from engine.eviction import DecodeBudget, EvictionRun
+from engine.eviction.batch import EvictionBatch
 from engine.eviction.run import check_budget
-from engine.eviction.batch import EvictionBatch, Variant
-from engine.kv_cache import DEFAULT_BLOCK_SIZE
+from ui.eviction_settings import EvictionPlan, EvictionSettings, lab_bytes, plan
 from ui.follow import turns
 from ui.run_store import RunStore
-from ui.state import AppState
-
-N_SINK = 4  # kvpress's and the StreamingLLM paper's sinks
-SNAPKV_WINDOW = 64  # kvpress's window_size; shorter where the prompt (or the decode interval) is shorter
-LAG_SIZE = 128  # kvpress's LagKV lag_size; shorter where the context holds fewer than four partitions of it
-STREAM = "stream"  # the streaming window's run in a lab (it keeps by position: no policy)
-
-
-@dataclass(frozen=True)
-class EvictionSettings:
-    """What the link says to evict: `policy` scores positions; `at` says when ("prefill": once, at `ratio`;
-    "decode": every `interval` passes, to `budget` positions; "stream": the first N_SINK and the latest `window`)."""
-
-    policy: str
-    at: str
-    ratio: float
-    budget: int
-    interval: int
-    window: int
-
-    @classmethod
-    def of(cls, state: AppState) -> EvictionSettings:
-        return cls(state.evict, state.evict_at, float(state.ratio), int(state.budget), int(state.interval),
-                   int(state.stream_window))
-
-    def engine_policy(self, context: int) -> Policy | None:
-        """The engine's policy for a prompt whose context (all but its last token) is `context` positions. SnapKV's
-        window (PyramidKV's and AdaKV's, which score as it does) is kvpress's 64 where more queries than that ran,
-        else a quarter of them (prefill) or the interval less one (decode): its score reads only the queries of its
-        window. LagKV's lag is kvpress's 128 where the context after the sinks holds four partitions of it, else a
-        quarter of that context: with fewer than two partitions it only keeps the latest positions."""
-        if self.at == "stream":
-            return None
-        if self.policy in SNAPKV_SCORES:
-            queries = context // 4 if self.at == "prefill" else self.interval - 1
-            return Policy(self.policy, window_size=max(1, min(SNAPKV_WINDOW, queries)))
-        if self.policy == "lagkv":
-            return Policy("lagkv", n_sink=N_SINK, lag_size=max(1, min(LAG_SIZE, (context - N_SINK) // 4)))
-        return Policy(self.policy, n_sink=N_SINK)
-
-    def engine_budget(self) -> DecodeBudget | StreamingWindow | None:
-        if self.at == "decode":
-            return DecodeBudget(self.budget, self.interval)
-        if self.at == "stream":
-            return StreamingWindow(N_SINK, self.window)
-        return None
-
-    @property
-    def timing(self) -> EvictionSettings:
-        """These settings less the policy: what a lab's runs share (the policy picks one of them)."""
-        return replace(self, policy="")
-
-    @property
-    def run_name(self) -> str:
-        """The lab's run these settings read: the policy's, or the streaming window's."""
-        return STREAM if self.at == "stream" else self.policy
-
-    def variants(self, context: int) -> dict[str | None, Variant]:
-        """The lab's runs at this timing, by name: the full cache (None) first, then every policy (or the
-        streaming window alone)."""
-        names = [STREAM] if self.at == "stream" else list(POLICIES)
-        ratio, budget = (self.ratio if self.at == "prefill" else 0.0), self.engine_budget()
-        runs: dict[str | None, Variant] = {None: Variant(None)}
-        for name in names:
-            policy = replace(self, policy=name).engine_policy(context)
-            if isinstance(budget, DecodeBudget) and not fits_budget(policy, budget):
-                continue  # the view says why, where this policy is the page's (`ui.eviction_shown.check`)
-            runs[name] = Variant(policy, ratio, budget)
-        return runs
-
-
-def fits_budget(policy: Policy, budget: DecodeBudget) -> bool:
-    """Whether the policy can keep this decode budget (the engine's own check)."""
-    try:
-        check_budget(policy, budget)
-    except InvalidSettingError:
-        return False
-    return True
-
-
-@dataclass(frozen=True)
-class EvictionPlan:
-    """How many answer tokens the pair may decode within the host's step memory (0: it cannot run at all), and
-    the bytes it is estimated to hold at most."""
-
-    steps: int
-    estimated_bytes: int
-    wanted: int
-
-
-def evictions(settings: EvictionSettings, steps: int) -> int:
-    """How many times the policy's run evicts in `steps` passes: once after the prefill, at every pass (the
-    streaming window), or every `interval` passes (a decode budget)."""
-    return {"prefill": 1, "stream": steps, "decode": -(-steps // settings.interval)}[settings.at]
-
-
-def lab_bytes(info: engine.ModelInfo, prompt: int, steps: int, settings: EvictionSettings) -> int:
-    """What a lab decoding `steps` tokens after a `prompt`-token prompt holds at most, in bytes: one paged pool (the
-    prompt's K/V once, each run's answer and a copied block of its own); per pass and run, the record's mask of what
-    each (layer, KV head) read (int8), the engine's mask of its latest pass (bool) and the shares recorded (three
-    float32 per layer and Q head); per eviction of a policy's run, its rows (positions and rows int64, scores
-    float32); each run's latest attention and logits; the prefill's one layer of n × n probabilities and scores."""
-    runs = len(settings.variants(prompt - 1))
-    length = prompt + steps
-    pool = (prompt + runs * (steps + 2 * DEFAULT_BLOCK_SIZE)) * info.kv_bytes_per_token
-    masks = runs * (steps + 1) * info.layers * info.kv_heads * length
-    shares = runs * steps * 3 * info.layers * info.q_heads * 4
-    evicted = (runs - 1) * evictions(settings, steps) * info.layers * info.kv_heads * length * 20
-    latest = runs * (info.layers * info.q_heads * length * 4 + info.vocab * 4)
-    prefill = info.q_heads * prompt * prompt * 4 * 2
-    return pool + masks + shares + evicted + latest + prefill
-
-
-def plan(info: engine.ModelInfo, prompt: int, wanted: int, settings: EvictionSettings, budget_bytes: int
-         ) -> EvictionPlan:
-    """The most steps (up to `wanted`) whose pair fits `budget_bytes` (0: not even one)."""
-    fits = lambda s: lab_bytes(info, prompt, s, settings) <= budget_bytes  # noqa: E731 — grows with s
-    low, high = 0, wanted
-    while low < high:
-        middle = (low + high + 1) // 2
-        low, high = (middle, high) if fits(middle) else (low, middle - 1)
-    return EvictionPlan(low, lab_bytes(info, prompt, max(low, 1), settings), wanted)
 
 
 @dataclass
@@ -223,30 +101,76 @@ class RecordedRun:
 
 
 class EvictionLab:
-    """The full cache's run and every policy's at one timing, on one prompt, stepped together as pages ask."""
+    """The full cache's run and the run of each policy a page asked for at one timing, on one prompt, stepped
+    together: one batched pass a step for all of them (`engine.eviction.batch`). A policy asked for first is in the
+    lab from its prefill; one asked for later joins it, catching up in batched passes of its own beside a twin of the
+    full cache's run (the lab keeps only the latest logits, and a joining run's KL needs the full cache's at every
+    pass), then steps with the others while the twin goes. So a lab computes what its pages look at, not every
+    policy: a batched pass costs about one run's time per row."""
 
-    def __init__(self, model: engine.Model, prompt_ids: list[int], timing: EvictionSettings, steps: int):
-        variants = timing.variants(len(prompt_ids) - 1)
+    def __init__(self, model: engine.Model, prompt_ids: list[int], timing: EvictionSettings, steps: int,
+                 budget_bytes: int):
         self.model = model  # held: the store's key names it by id, which stays its own while the lab lives
-        self.batch = EvictionBatch(model, prompt_ids, list(variants.values()), max_new_tokens=steps,
-                                   keep_full_steps=1)
-        self.runs = {name: RecordedRun(model, run) for name, run in zip(variants, self.batch.runs)}
+        self.timing, self.prompt, self.steps, self.budget_bytes = timing, len(prompt_ids), steps, budget_bytes
+        self.variants = timing.variants(len(prompt_ids) - 1)  # every run it may hold, by name (the full cache: None)
+        self.batch = EvictionBatch(model, prompt_ids, [self.variants[None]], max_new_tokens=steps, keep_full_steps=1,
+                                   spare=len(self.variants))  # every policy, and one twin at a time
+        self.runs = {None: RecordedRun(model, self.batch.runs[0])}
+        self.joining: dict[str, tuple[RecordedRun, RecordedRun]] = {}  # name → (the twin, the policy's), catching up
         self.lock = threading.Lock()  # one page steps the lab at a time; others read the passes it has
 
-    def advance_to(self, count: int) -> None:
-        """Every run to `count` answer tokens, or as far as it goes; the page's turn shared between two passes
-        (`turns.share`), with the lab's lock let go."""
+    def advance_to(self, count: int, name: str | None = None) -> None:
+        """The full cache's run and `name`'s (joined first where the lab lacks it) to `count` answer tokens, with every
+        other run of the lab, or as far as they go; the page's turn shared between two passes (`turns.share`), with
+        the lab's lock let go."""
         while True:
             with self.lock:
-                if self._short_of(count):
-                    steps = self.batch.step() if self.runs[None].passes else self.batch.prefill()
-                    full = steps[0]  # the full cache's run is the lab's first
-                    for recorded, step in zip(self.runs.values(), steps):
-                        if step is not None:
-                            recorded.record(step, None if step is full else full)
-                if not self._short_of(count):  # no turn shared after the last pass: the page draws next
+                work = self._next_work(count, name)
+                if work is None:  # no turn shared after the last pass: the page draws next
                     return
+                work()
             turns.share()
+
+    def _next_work(self, count: int, name: str | None):
+        """One pass's worth of what `advance_to` still has to do, or None."""
+        full = self.runs[None]
+        if name is not None and name not in self.runs:
+            if not full.passes:  # not prefilled yet: the policy is in from the start
+                return lambda: self._add(name)
+            if name not in self.joining:
+                return lambda: self._start_joining(name)
+            twin, joiner = self.joining[name]
+            if len(joiner.passes) < len(full.passes) and not (joiner.passes and joiner.run.finished):
+                return lambda: self._record(self.batch.passes([twin.run, joiner.run]), [twin, joiner])
+            return lambda: self._admit(name)
+        if self._short_of(count):
+            members = list(self.runs.values())
+            return lambda: self._record(self.batch.prefill() if not full.passes else self.batch.step(), members)
+        return None
+
+    def _add(self, name: str) -> None:
+        self.runs[name] = RecordedRun(self.model, self.batch.add(self.variants[name]))
+
+    def _start_joining(self, name: str) -> None:
+        held = len(self.runs) + 2 * len(self.joining) + 2  # with this one and its twin
+        if lab_bytes(self.model.info, self.prompt, self.steps, self.timing, held) > self.budget_bytes:
+            raise EvictionLabFull([n for n in self.runs if n is not None])
+        twin = RecordedRun(self.model, self.batch.join(self.variants[None]))
+        self.joining[name] = (twin, RecordedRun(self.model, self.batch.join(self.variants[name])))
+
+    def _admit(self, name: str) -> None:
+        twin, joiner = self.joining.pop(name)
+        twin.run.close()
+        self.batch.runs.append(joiner.run)
+        self.runs[name] = joiner
+
+    @staticmethod
+    def _record(steps, recorded: list[RecordedRun]) -> None:
+        """Record a batched pass's steps (the first run the full cache's, or its twin's) with each run's KL."""
+        full = steps[0]
+        for run, step in zip(recorded, steps):
+            if step is not None:
+                run.record(step, None if step is full else full)
 
     def _short_of(self, count: int) -> bool:
         """Whether some run that can go on has fewer than `count` passes."""
@@ -254,23 +178,32 @@ class EvictionLab:
 
     @property
     def nbytes(self) -> int:
-        """The pool's blocks in use and every run's records."""
+        """The pool's blocks in use and every run's records (those joining too)."""
         pool = self.batch.pool
-        return pool.used_blocks * pool.block_size * pool.bytes_per_token + sum(r.nbytes for r in self.runs.values())
+        joining = [r for pair in self.joining.values() for r in pair]
+        return pool.used_blocks * pool.block_size * pool.bytes_per_token + sum(
+            r.nbytes for r in [*self.runs.values(), *joining])
 
 
 @dataclass
 class EvictionPair:
     """The full cache's run and the policy's, on one prompt: what the view compares (two runs of one lab)."""
 
-    full: RecordedRun
-    evicting: RecordedRun
+    name: str  # the lab's run of the policy (or the streaming window's)
     plan: EvictionPlan
     lab: EvictionLab
 
+    @property
+    def full(self) -> RecordedRun:
+        return self.lab.runs[None]
+
+    @property
+    def evicting(self) -> RecordedRun:
+        return self.lab.runs[self.name]
+
     def advance_to(self, count: int) -> int:
         """Both runs to `count` answer tokens (or as far as they go); the passes both have."""
-        self.lab.advance_to(min(count, self.plan.steps))
+        self.lab.advance_to(min(count, self.plan.steps), self.name)
         return min(len(self.full.passes), len(self.evicting.passes))  # a lab decodes at most plan.steps
 
 
@@ -287,8 +220,8 @@ def pair_for(store: RunStore, model: engine.Model, prompt_ids: list[int], settin
         raise EvictionTooLarge(found)
     timing = settings.timing
     key = ("eviction", id(model), tuple(prompt_ids), found.steps, timing)
-    lab = store.get(key, lambda: EvictionLab(model, prompt_ids, timing, found.steps))
-    return EvictionPair(lab.runs[None], lab.runs[settings.run_name], found, lab)
+    lab = store.get(key, lambda: EvictionLab(model, prompt_ids, timing, found.steps, step_memory_mb * 10**6))
+    return EvictionPair(settings.run_name, found, lab)
 
 
 class EvictionTooLarge(InvalidSettingError):
@@ -298,6 +231,14 @@ class EvictionTooLarge(InvalidSettingError):
         self.plan = found
         super().__init__(f"eviction on this prompt needs about {found.estimated_bytes:,} bytes for one step, more than "
                          f"this server's step memory allows")
+
+
+class EvictionLabFull(InvalidSettingError):
+    """The lab's runs fill the host's step memory: no other policy can join it."""
+
+    def __init__(self, names: list[str]):
+        self.names = names
+        super().__init__(f"this prompt's eviction runs fill this server's step memory: it compares {', '.join(names)}")
 
 
 def first_difference(full: list[int], evicting: list[int]) -> int | None:

@@ -13,8 +13,8 @@ import numpy as np
 from engine.errors import InvalidSettingError
 from ui.context import ViewContext
 from engine.eviction.policies import PREFILL_ONLY
-from ui.eviction_runs import (N_SINK, EvictionPair, EvictionSettings, EvictionTooLarge, PassRecord,
-                              first_difference)
+from ui.eviction_runs import EvictionLabFull, EvictionPair, EvictionTooLarge, PassRecord, first_difference
+from ui.eviction_settings import N_SINK, EvictionSettings
 from viz.eviction import EVICTED, KEPT
 
 
@@ -106,6 +106,8 @@ def check(ctx: ViewContext) -> str | None:
 
 
 def error_message(ctx: ViewContext, error: InvalidSettingError) -> str:
+    if isinstance(error, EvictionLabFull):
+        return ctx.t("evict_lab_full", policies=", ".join(str(ctx.t("evict_short_" + n)) for n in error.names))
     if isinstance(error, EvictionTooLarge):
         return ctx.t("evict_too_large", need=error.plan.estimated_bytes / 10**6,
                      mb=ctx.runner.limits.step_memory_mb)

@@ -22,7 +22,8 @@ from engine.timing import DecodeTiming, measure_decode
 from engine.tokens import TokenCell, token_cells
 from engine.trace import PrefixHit, SplitKVTrace, StepTrace
 from ui import memory
-from ui.eviction_runs import EvictionPair, EvictionSettings, pair_for
+from ui.eviction_runs import EvictionPair, pair_for
+from ui.eviction_settings import EvictionSettings
 from ui.run_store import RunStore
 from ui.runs import Lease, OwnRuns, Run, RunConfig, RunSource
 from ui.settings import Limits, step_limits

@@ -11,6 +11,11 @@ tables share its K/V (`BlockTable.fork`: the full blocks by reference, the partl
 each step is one forward pass whose rows are the runs' tokens: the weights are read once for all of them, each run
 attends over its own blocks through its own masks. Each run's kept positions, logits and tokens are those of the
 same `EvictionRun` alone (to float rounding of the batched products: tests/test_eviction_batch.py).
+
+A run may also join after the prefill (`join`, room for `spare` of them in the pool): its table shares the
+context's K/V the prefill wrote, and where it evicts after the prefill, the context's attention is computed again
+for it without writing anything (`forward(write=False)`: the same numbers). `passes([run, …])` then catches it up
+(with a full-cache twin where its comparison needs one), and it steps with the others once appended to `runs`.
 """
 
 from __future__ import annotations
@@ -19,10 +24,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.errors import InvalidSettingError
+from engine.errors import InvalidSettingError, SessionStateError
 from engine.eviction.policies import Policy
 from engine.eviction.run import DecodeBudget, EvictionRun, EvictionStep, StreamingWindow
-from engine.kv_cache import DEFAULT_BLOCK_SIZE
+from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockTable
 from engine.model import Model
 from engine.trace import NO_RECORD
 
@@ -42,20 +47,26 @@ class EvictionBatch:
     """`EvictionRun`s of one prompt, one per variant, prefilled once and stepped in one forward pass each step."""
 
     def __init__(self, model: Model, prompt_ids: list[int], variants: Sequence[Variant], *,
-                 block_size: int = DEFAULT_BLOCK_SIZE, max_new_tokens: int = 32, keep_full_steps: int = 32):
+                 block_size: int = DEFAULT_BLOCK_SIZE, max_new_tokens: int = 32, keep_full_steps: int = 32,
+                 spare: int = 0):
         if not variants:
             raise InvalidSettingError("an eviction batch needs at least one variant")
         self.model = model
         self.prompt_ids = list(prompt_ids)
+        self.block_size, self.max_new_tokens, self.keep_full_steps = block_size, max_new_tokens, keep_full_steps
         context = len(self.prompt_ids) - 1
         answer = min(context + 1 + max_new_tokens, model.info.context_limit) - context
-        # The context's blocks once, and each run's own: a copy of the context's last block and its answer's.
-        blocks = math.ceil(context / block_size) + len(variants) * (math.ceil(answer / block_size) + 1)
+        # The context's blocks once, and each run's own: a copy of the context's last block and its answer's (the
+        # pool's memory is taken as blocks are written: room for runs that never join costs nothing).
+        blocks = math.ceil(context / block_size) + (len(variants) + spare) * (math.ceil(answer / block_size) + 1)
         self.pool = model.new_pool(blocks, block_size)
-        self.runs = [EvictionRun(model, prompt_ids, v.policy, compression_ratio=v.compression_ratio, budget=v.budget,
-                                 block_size=block_size, max_new_tokens=max_new_tokens,
-                                 keep_full_steps=keep_full_steps, pool=self.pool, rerotate=v.rerotate)
-                     for v in variants]
+        self.context: BlockTable | None = None  # the context's K/V once prefilled, for the runs that join later
+        self.runs = [self._run(v) for v in variants]
+
+    def _run(self, v: Variant) -> EvictionRun:
+        return EvictionRun(self.model, self.prompt_ids, v.policy, compression_ratio=v.compression_ratio,
+                           budget=v.budget, block_size=self.block_size, max_new_tokens=self.max_new_tokens,
+                           keep_full_steps=self.keep_full_steps, pool=self.pool, rerotate=v.rerotate)
 
     @property
     def finished(self) -> bool:
@@ -75,22 +86,53 @@ class EvictionBatch:
         n = len(self.prompt_ids) - 1
         table.append(n)
         self.model.forward(self.prompt_ids[:-1], list(range(n)), table, NO_RECORD, observe=observe)
+        self.context = table.fork()
         for run in self.runs[1:]:
             run.table = table.fork()
         for run in self.runs:
             run.table.slide()
-        return self._passes([(run, self.prompt_ids[-1]) for run in self.runs])
+        return self.passes(self.runs)
 
     def step(self) -> list[EvictionStep | None]:
         """One batched pass of every run that has not finished (None for those that have)."""
-        return self._passes([(run, run.generated[-1]) for run in self.runs if not run.finished])
+        return self.passes(self.runs)
 
-    def _passes(self, inputs: list[tuple[EvictionRun, int]]) -> list[EvictionStep | None]:
-        opened = {run: run.open_pass(token_id, run.table.length) for run, token_id in inputs}
-        records = self.model.forward_batch(list(opened.values()))
+    def add(self, variant: Variant) -> EvictionRun:
+        """A run of `variant` added before the prefill: one of `runs`, prefilled with them."""
+        if self.context is not None:
+            raise SessionStateError("a run is added before prefill(); after it, it joins (join())")
+        run = self._run(variant)
+        self.runs.append(run)
+        return run
+
+    def join(self, variant: Variant) -> EvictionRun:
+        """A run of `variant` that joins after the prefill, in this batch's pool: evicted from the context as the
+        prefill's runs were, no pass made yet (`passes` makes them). Not one of `runs` until appended."""
+        if self.context is None:
+            raise SessionStateError("a run joins after prefill(); before it, pass its variant to the batch")
+        run = self._run(variant)
+        table = self.context.fork()
+        observe = run.start_prefill(table)
+        if observe is not None:  # the context's attention again, read from the K/V its prefill wrote
+            n = len(self.prompt_ids) - 1
+            self.model.forward(self.prompt_ids[:-1], list(range(n)), BlockTable(self.pool), NO_RECORD, write=False,
+                               observe=observe)
+        run.table = table
+        run.table.slide()
+        return run
+
+    def passes(self, runs: Sequence[EvictionRun]) -> list[EvictionStep | None]:
+        """One batched pass of each of `runs` (of this batch or joining it) that has not finished: its next token,
+        the last prompt token first (None for those that have finished)."""
+        opened = {run: run.open_pass(run.generated[-1] if run.steps else self.prompt_ids[-1], run.table.length)
+                  for run in runs if not (run.steps and run.finished)}
+        records = self.model.forward_batch(list(opened.values())) if opened else []
         done = {run: run.close_pass(p, record) for (run, p), record in zip(opened.items(), records)}
-        return [done.get(run) for run in self.runs]
+        return [done.get(run) for run in runs]
 
     def close(self) -> None:
         for run in self.runs:
             run.close()
+        if self.context is not None:
+            self.context.free()
+            self.context = None

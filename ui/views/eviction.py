@@ -9,7 +9,7 @@ import streamlit as st
 
 from engine.eviction import POLICIES
 from ui.eviction_forced import ForcedReading, forced_reading
-from ui.eviction_runs import EvictionSettings
+from ui.eviction_settings import EvictionSettings
 from engine.errors import InvalidSettingError
 from ui.context import ViewContext
 from ui.eviction_shown import EvictionShown, check, error_message, kept_counts, policy_label, shown_eviction
@@ -155,8 +155,10 @@ def cost(ctx: ViewContext, data: EvictionShown, policy: str) -> None:
         lines = {name(run): values for run, values in data.costs().items()}
         chosen = name(data.settings.run_name)
         figure(lambda: cost_figure(lines, chosen, ctx.t("evict_cost_title"), ctx.large, words(ctx)),
-               "eviction-cost", memo_key(ctx, "cost", data.passes))
+               "eviction-cost", memo_key(ctx, "cost", data.passes, len(lines)))
         st.caption(cost_sentence(ctx, data, policy))
+        if data.settings.at != "stream":  # the streaming window is its timing's one run
+            st.caption(ctx.t("evict_cost_lab", count=len(lines), total=len(data.pair.lab.variants) - 1))
         forced(ctx, data, policy)
 
 

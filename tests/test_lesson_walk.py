@@ -3,8 +3,7 @@ in English and Gemma 3 270M in Chinese, each on a student's page and on the teac
 in the header). Each walk is one page. A student's: chapter 1 to the last by PageDown, back to 1 by PageUp, then
 the KV-cache chapter opened from its link and every chapter after it revisited (PageDown from the two contexts to
 eviction, PageUp back to the two contexts). The teacher's: chapter 1
-to the last by PageDown (what the header's panel changes is where each chapter's figure and buttons fall, the same
-whichever way a chapter is reached; the way back and the revisit are the students' walks' checks). At every chapter:
+to the last by PageDown, back to the two-contexts chapter by PageUp and forward again to the last. At every chapter:
 
 - its figure (container `chapter-figure`), its title and Next are wholly on the first screen, no button label or
   title is cut and the token chips stay in their box;
@@ -110,8 +109,14 @@ def test_a_students_page_walks_the_lesson_forward_back_and_revisited(server, pag
 
 
 @pytest.mark.parametrize("model", MODELS)
-def test_the_teachers_page_walks_the_lesson_forward(server, page, model):
-    forward(page, f"{server}/?lang={MODELS[model]}&large=1&lead=1", MODELS[model], lead=True)
+def test_the_teachers_page_walks_the_lesson_forward_then_back_and_again_through_the_last(server, page, model):
+    """Forward to the last chapter, back by PageUp to the two contexts, and forward again to the last: those chapters
+    revisited on the teacher's page too (their runs are their own; the class follows every one)."""
+    walk = forward(page, f"{server}/?lang={MODELS[model]}&large=1&lead=1", MODELS[model], lead=True)
+    for number in range(LAST - 1, REVISITED[0] - 1, -1):
+        walk.key("PageUp", number)
+    for number in REVISITED[1:]:
+        walk.key("PageDown", number)
     assert "lead" in link(page)
 
 

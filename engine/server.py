@@ -77,12 +77,13 @@ class Server:
 
     def add(self, prompt_ids: list[int], max_tokens: int, ignore_eos: bool = False) -> Request:
         """A request, waiting from the next step; `ignore_eos`: it makes `max_tokens` tokens whatever they are."""
-        if len(prompt_ids) + max_tokens > self.model.info.context_limit:
-            raise InvalidSettingError(f"{self.model.info.name} reads at most {self.model.info.context_limit} "
-                                      f"positions; this request needs {len(prompt_ids) + max_tokens}")
-        if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.model.info.vocab for i in prompt_ids):
-            raise InvalidSettingError(f"prompt ids must be integers from 0 to {self.model.info.vocab - 1}")
-        request = Request(len(self.requests), prompt_ids, max_tokens, ignore_eos)
+        request = Request(len(self.requests), prompt_ids, max_tokens, ignore_eos)  # checks the prompt and max_tokens
+        info = self.model.info
+        if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < info.vocab for i in request.token_ids):
+            raise InvalidSettingError(f"prompt ids must be integers from 0 to {info.vocab - 1}")
+        if len(request.token_ids) + max_tokens > info.context_limit:
+            raise InvalidSettingError(f"{info.name} reads at most {info.context_limit} positions; this request needs "
+                                      f"{len(request.token_ids) + max_tokens}")
         self.scheduler.add(request)
         self.requests.append(request)
         return request

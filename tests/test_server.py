@@ -82,6 +82,8 @@ def test_shared_prefix_blocks_are_held_once_and_freed_at_the_last_owner(tiny_mod
     lambda server, model: server.add([model.info.vocab], max_tokens=2),
     lambda server, model: server.add([5] * (model.info.context_limit - 1), max_tokens=2),
     lambda server, model: server.add([], max_tokens=2),
+    lambda server, model: server.add([5, 6], max_tokens="2"),
+    lambda server, model: server.add(["5"], max_tokens=2),
     lambda server, model: server.step(),
 ])
 def test_bad_requests_raise_a_clear_error(make, tiny_model):

@@ -178,11 +178,11 @@ class EvictionLab:
 
     @property
     def nbytes(self) -> int:
-        """The pool's blocks in use and every run's records (those joining too)."""
+        """The pool's blocks in use and every run's records (those joining too). Read from copies of the two dicts: a
+        page may add a run meanwhile."""
         pool = self.batch.pool
-        joining = [r for pair in self.joining.values() for r in pair]
-        return pool.used_blocks * pool.block_size * pool.bytes_per_token + sum(
-            r.nbytes for r in [*self.runs.values(), *joining])
+        runs = list(self.runs.values()) + [r for pair in list(self.joining.values()) for r in pair]
+        return pool.used_blocks * pool.block_size * pool.bytes_per_token + sum(r.nbytes for r in runs)
 
 
 @dataclass

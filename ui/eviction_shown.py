@@ -60,8 +60,8 @@ class EvictionShown:
     def costs(self) -> dict[str, list[float | None]]:
         """Each policy's run of the lab (the streaming window's alone at that timing): its KL from the full cache
         at each answer token up to the page's (None once its text parted), by run name."""
-        return {name: [p.kl for p in run.passes[:self.passes]] for name, run in self.pair.lab.runs.items()
-                if name is not None}
+        runs = list(self.pair.lab.runs.items())  # a copy: another page's policy may join meanwhile
+        return {name: [p.kl for p in run.passes[:self.passes]] for name, run in runs if name is not None}
 
     def cost(self) -> tuple[int, float, bool]:
         """What evicting cost the policy's prediction, where the two runs still predict after the same text: (the

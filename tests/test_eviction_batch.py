@@ -43,6 +43,24 @@ ROTARY_ONLY = [Variant(Policy("snapkv", window_size=8), compression_ratio=0.5, r
                Variant(Policy("streaming_llm"), compression_ratio=0.5, rerotate=True)]  # not Gemma 3's, nor GPT-2's
 
 
+def assert_each_equals_its_run_alone(model, ids, variants, runs) -> None:
+    """Each run equals its variant's run alone: tokens, what each pass read, logits, and the cache it ends with."""
+    for variant, together in zip(variants, runs, strict=True):
+        solo = alone(model, ids, variant)
+        assert together.generated == solo.generated, variant
+        assert kept_by_pass(together) == kept_by_pass(solo), variant
+        for a, b in zip(together.steps, solo.steps):
+            torch.testing.assert_close(a.logits, b.logits, atol=LOGIT_ATOL, rtol=0)
+        for layer in range(model.info.layers):  # the cache itself: what the run's last pass could read
+            for kv_head in range(model.info.kv_heads):
+                assert together.kept_positions(layer, kv_head) == solo.kept_positions(layer, kv_head)
+            k_batch, v_batch, _ = together.table.read(layer)
+            k_solo, v_solo, _ = solo.table.read(layer)
+            torch.testing.assert_close(k_batch, k_solo, atol=1e-5, rtol=0)
+            torch.testing.assert_close(v_batch, v_solo, atol=1e-5, rtol=0)
+        solo.close()
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3", "gpt2"])
 def test_batched_runs_equal_each_run_alone(family, tiny_model):
     model = tiny_model(family)
@@ -52,20 +70,7 @@ def test_batched_runs_equal_each_run_alone(family, tiny_model):
     batch.prefill()
     while not batch.finished:
         batch.step()
-    for variant, together in zip(variants, batch.runs, strict=True):
-        solo = alone(model, ids, variant)
-        assert together.generated == solo.generated, variant
-        assert kept_by_pass(together) == kept_by_pass(solo), variant
-        for a, b in zip(together.steps, solo.steps):
-            torch.testing.assert_close(a.logits, b.logits, atol=LOGIT_ATOL, rtol=0)
-        for layer in range(model.info.layers):  # the cache itself: what the run's last pass could read
-            for kv_head in range(model.info.kv_heads):
-                assert together.kept_positions(layer, kv_head) == solo.kept_positions(layer, kv_head)
-            k_batch, v_batch, start = together.table.read(layer)
-            k_solo, v_solo, _ = solo.table.read(layer)
-            torch.testing.assert_close(k_batch, k_solo, atol=1e-5, rtol=0)
-            torch.testing.assert_close(v_batch, v_solo, atol=1e-5, rtol=0)
-        solo.close()
+    assert_each_equals_its_run_alone(model, ids, variants, batch.runs)
     batch.close()
     assert batch.pool.used_blocks == 0  # every run's blocks, the shared ones included, went back
 
@@ -87,13 +92,7 @@ def test_runs_that_join_after_the_prefill_equal_each_run_alone(family, tiny_mode
     batch.runs.extend(joined)
     while not batch.finished:
         batch.step()
-    for variant, together in zip(VARIANTS, batch.runs, strict=True):
-        solo = alone(model, ids, variant)
-        assert together.generated == solo.generated, variant
-        assert kept_by_pass(together) == kept_by_pass(solo), variant
-        for a, b in zip(together.steps, solo.steps):
-            torch.testing.assert_close(a.logits, b.logits, atol=LOGIT_ATOL, rtol=0)
-        solo.close()
+    assert_each_equals_its_run_alone(model, ids, VARIANTS, batch.runs)
     with pytest.raises(SessionStateError):
         EvictionBatch(model, ids, VARIANTS[:1]).join(VARIANTS[1])
     batch.close()

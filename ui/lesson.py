@@ -20,8 +20,10 @@ from ui import strings
 from viz.words import LANGUAGES
 
 TEXT_PARTS = ("title", "body", "look", "claim", "question", "answer")
-SETTINGS = ("block_size", "kv_splits", "pool")  # settings a chapter may set besides the view and step; others keep theirs
-DEFAULT_SETTINGS = {"block_size": DEFAULT_BLOCK_SIZE, "kv_splits": 1, "pool": "own"}  # what a chapter that names none of them uses
+# Settings a chapter may set besides the view and step (others keep theirs), and what a chapter that names none of
+# them uses: the link's defaults too (`ui.state.AppState`). serve_*: the Serving view's pool (blocks) and batch limit.
+SETTINGS = ("block_size", "kv_splits", "pool", "serve_blocks", "serve_seqs")
+DEFAULT_SETTINGS = {"block_size": DEFAULT_BLOCK_SIZE, "kv_splits": 1, "pool": "own", "serve_blocks": 10, "serve_seqs": 4}
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,7 @@ class Chapter:
     view: str
     step: int
     stage: str | None  # the part of one step's picture it highlights (viz.step_picture.STAGES)
-    settings: dict[str, int | str]  # block_size, kv_splits and the KV view's pool this chapter runs with
+    settings: dict[str, int | str]  # the SETTINGS this chapter runs with
     case: str | None  # the article's prefix-cache case it loads ("case1", "case2")
     window_prompt: bool  # on a model with a sliding window, it runs WINDOW_PROMPTS (long enough to pass the window)
     text: dict[str, dict]  # language → part (TEXT_PARTS) → template, and variant → part → template

@@ -26,6 +26,7 @@ from ui.eviction_runs import EvictionPair, pair_for
 from ui.eviction_settings import EvictionSettings
 from ui.run_store import RunStore
 from ui.runs import Lease, OwnRuns, Run, RunConfig, RunSource
+from ui.serving_runs import ServedClass, ServingSetup, sample_setup, served_for
 from ui.settings import Limits, step_limits
 from ui.sink_experiment import SinkExperiment
 
@@ -58,6 +59,7 @@ class Runner:
         self.config: RunConfig | None = None
         self.lease: Lease | None = None
         self.history = PromptHistory()  # the prompts this browser session published
+        self._setups: dict[tuple, ServingSetup] = {}  # the Serving view's, by its settings
         self._saw_prefill = False  # this page reached step 1 of its run: leaving it publishes the prompt
 
     @property
@@ -158,6 +160,20 @@ class Runner:
         passes = pair.advance_to(max(step, 1))
         self.store.trim()  # the lab may have grown past the store's bytes: older runs go first
         return pair, passes
+
+    def serving(self, state) -> ServedClass:
+        """The Serving view's class of requests (`ui.serving_runs`): the sample questions in the page's language,
+        wrapped as this page's prompt is (its chat switch), served from a pool of `serve_blocks` blocks of
+        `block_size` tokens, at most `serve_seqs` requests a step (`state`: the page's `AppState`); one for every
+        page with the same, from the store. Raises `PoolTooSmall` where the pool could not hold the longest request
+        alone."""
+        key = (state.lang, self.config.chat, state.block_size, state.serve_blocks, state.serve_seqs)
+        setup = self._setups.get(key)
+        if setup is None:  # tokenizing the questions takes a template render each: once per page and settings
+            setup = self._setups[key] = sample_setup(self.model, *key)
+        served = served_for(self.store, self.model, setup)
+        self.store.trim()
+        return served
 
     def token_in_contexts(self, first: str, second: str, word: str) -> TokenInContexts:
         """The last token of `word` in two sentences, each read as a prompt without a chat template: its K and V in

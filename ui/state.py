@@ -15,7 +15,7 @@ from engine.eviction import POLICIES as EVICTION_POLICIES
 from engine.kv_cache import DEFAULT_BLOCK_SIZE
 from engine.prefix_cache import POLICIES
 from engine.sampler import TEMPERATURE_FLOOR
-from ui.lesson import CHAPTERS
+from ui.lesson import CHAPTERS, DEFAULT_SETTINGS
 from ui.views import VIEWS  # the link's view names, in the page's order
 from viz.words import LANGUAGES as LANGS
 
@@ -56,6 +56,9 @@ class AppState:
     budget: int = 32
     interval: int = 8
     stream_window: int = 28
+    # The Serving view (ui/serving_runs.py): the pool's blocks and the most requests a step runs (max_num_seqs)
+    serve_blocks: int = DEFAULT_SETTINGS["serve_blocks"]
+    serve_seqs: int = DEFAULT_SETTINGS["serve_seqs"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,8 @@ RANGES = {
     "budget": (int, 1, 4096),
     "interval": (int, 1, 512),
     "stream_window": (int, 1, 4096),
+    "serve_blocks": (int, 1, 64),
+    "serve_seqs": (int, 1, 8),
 }
 
 

@@ -21,7 +21,7 @@ from ui.runner import Runner
 from ui.session import PlayClock, lesson_session, page_session
 from ui import views
 from ui.state import clamp
-from ui.views import VIEWS, lesson, stepper
+from ui.views import VIEWS, lesson, serving, stepper
 from ui.views.chapter_part import CHAPTER_FIGURE, ChapterFigure
 from ui.views.paint import TEXT_SENT
 from ui.views.widgets import HEAD_VIEWS, opened
@@ -116,32 +116,35 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
     step_buttons(places.buttons, runner, busy=True)
     places.play.toggle(t("play"), key="w_playing", on_change=request_full_run)  # Play sets the fragment's timer
     if ss.get("w_playing"):
-        if runner.finished and page.step >= runner.generated:
+        if at_end(runner):
             page.stop_playing = True
             st.rerun(scope="app")
         page.step = play_step(page.step, ss.w_pace)
     else:
         page.play_clock = None  # a Play started later starts its own clock
     requested = page.step
+    serving_view = ss.get("w_view") == "serving"  # the page's step is the server's (`ui.views.serving`)
     catching_up = CatchUpNotice(places.controls, requested)
-    page.step = runner.advance_to(requested, catching_up)
+    page.step = (serving.serve_to(runner, current_state(), requested) if serving_view
+                 else runner.advance_to(requested, catching_up))
     catching_up.clear()
     state, problems = clamp(current_state(), model.info.layers, model.info.q_heads)
     for problem in problems:
         ss["w_" + problem.param] = getattr(state, problem.param)
-    ctx = ViewContext(runner=runner, state=state, step=page.step, trace=runner.trace(page.step),
+    ctx = ViewContext(runner=runner, state=state, step=page.step, trace=None if serving_view else runner.trace(page.step),
                       stage=chapter.stage if chapter else None, measured_again=page.measured_again)
     if ctx.state.view in HEAD_VIEWS or chapter is not None and ctx.trace is not None and ctx.trace.split is not None:
         open_on_focused_head(ctx.state, ctx.trace)  # its pickers, or the chapter's split text, show a layer and head
     with places.controls:
-        if page.step < requested:
+        if page.step < requested and not serving_view:  # the server's end: the view's own sentence says so
             st.warning(t("step_unreachable", step=requested, reached=page.step, reason=runner.stop_reason))
         for problem in problems:
             show_problem(problem)
-        page.counter_html = stepper.counter_html(ctx)
+        page.counter_html = serving.counter_html(ctx) if serving_view else stepper.counter_html(ctx)
         places.counter.html(page.counter_html)
     with places.beside:
-        stepper.render(ctx, lines=1 if chapter else None)
+        if not serving_view:  # the server's requests and their texts are the view's
+            stepper.render(ctx, lines=1 if chapter else None)
         if chapter is not None:
             lesson.panel(ctx)
     st.radio(t("view"), VIEWS, key="w_view", horizontal=True, format_func=labels("view_"),
@@ -158,7 +161,8 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
     sent = None
     try:
         with details_place:  # sent before the view's figures: the step's text is on screen first
-            stepper.details(ctx)
+            if not serving_view:
+                stepper.details(ctx)
         sent = TEXT_SENT.set(time.perf_counter())
         with view_place:
             views.render(ss.w_view, ctx)
@@ -247,10 +251,10 @@ def step_buttons(place, runner: Runner, busy: bool = False) -> None:
     greyed and their arrow keys unbound: Streamlit would merge or drop presses made during a run, so they
     are refused visibly instead. Back and Next move by one from the step current when a press is handled."""
     page = page_session()
+    next_label = "next_step" if ss.get("w_view") == "serving" else "next"  # there a step is the server's, not a token
     buttons = (("prefill", "b_prefill", (1, True), {"disabled": page.step >= 1}),
                ("back", "b_back", (-1, False), {"shortcut": "Left", "disabled": page.step == 0}),
-               ("next", "b_next", (1, False),
-                {"shortcut": "Right", "disabled": runner.finished and page.step >= runner.generated}),
+               (next_label, "b_next", (1, False), {"shortcut": "Right", "disabled": at_end(runner)}),
                ("reset", "b_reset", (0, True), {}))
     # One row that never wraps (a phone keeps it): one element, where columns were five (each is a message to
     # every page of a class, twice a step). Next is the widest (page CSS), being pressed most.
@@ -268,6 +272,14 @@ def step_buttons(place, runner: Runner, busy: bool = False) -> None:
             # server that drew the button (and knew its callback) is gone. The press still counts.
             move(*move_args)
             st.rerun()
+
+
+def at_end(runner: Runner) -> bool:
+    """Whether Next has nothing more to show: the run ended at this step (on the Serving view, every request)."""
+    step = page_session().step
+    if ss.get("w_view") == "serving":
+        return serving.at_end(runner, current_state(), step)
+    return runner.finished and step >= runner.generated
 
 
 def move(amount: int, absolute: bool) -> None:

@@ -8,7 +8,7 @@ import importlib
 
 # The views in the page's order: name → the module under ui/views/ that draws it.
 MODULES = {"flow": "flow", "attention": "attention", "kv": "kv_cache", "split": "split_kv", "prefix": "prefix",
-           "costs": "costs", "eviction": "eviction"}
+           "costs": "costs", "eviction": "eviction", "serving": "serving"}
 VIEWS = tuple(MODULES)
 
 

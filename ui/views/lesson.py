@@ -9,7 +9,7 @@ from engine.kv_cache import kv_bytes_per_token
 from engine.reference_models import reference_info
 from engine.split_kv import worked_example
 from engine.timing import crossover_batch, crossover_context, decode_step_bytes, weight_bytes_read
-from ui import eviction_lesson, strings
+from ui import eviction_lesson, serving_lesson, strings
 from ui.contexts_shown import contexts_facts
 from ui.strings import Shown
 from ui.context import ViewContext
@@ -65,6 +65,7 @@ def facts(ctx: ViewContext) -> dict:
         if ctx.state.view == "attention" and trace.attention is not None:
             out.update(attention_facts(ctx, context))
         out.update(inputs_tokens=ctx.t("count_tokens", n=len(trace.input_ids)))
+    out.update(serving_lesson.facts(ctx) if ctx.state.view == "serving" else {})  # its step is the server's
     hit = runner.prefix_hit()
     if hit is not None:
         out.update(reused=hit.reused_tokens, computed=hit.computed_tokens,
@@ -299,7 +300,8 @@ def panel(ctx: ViewContext) -> None:
     on some runs, the chapter's variant that holds on this one (`variants`)."""
     chapter, lang = current(ctx), ctx.state.lang
     with st.container(key="chapter", height=PANEL_HEIGHT[ctx.large], border=True):
-        if ctx.trace is None:
+        serving = chapter.view == "serving"  # its step is the server's: the run's trace and tokens are not shown
+        if ctx.trace is None and not serving:
             st.info(ctx.t("need_prefill"))
             return
         numbers = facts(ctx)
@@ -308,7 +310,7 @@ def panel(ctx: ViewContext) -> None:
         def text(part: str) -> str:
             return fill(chapter.part(part, lang, chosen), numbers)
 
-        if chapter.key != "tokens" and ctx.cells[-1].group.state == "unfinished":  # a lone byte chip beside the
+        if not serving and chapter.key != "tokens" and ctx.cells[-1].group.state == "unfinished":  # a lone byte chip beside the
             st.caption(ctx.t("lesson_unfinished", chip=ctx.cells[-1].group.text))  # step's header: first, say why
         st.markdown(text("body"))
         if chapter.key == "tokens" and any(cell.group.size > 1 for cell in ctx.cells):

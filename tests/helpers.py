@@ -126,11 +126,16 @@ def link(page) -> dict[str, str]:
 
 
 def until_link(page, **expected_link) -> str:
-    """Wait until the link holds `expected_link` (None: not in the link) and the run has finished; the text shown."""
+    """Wait until the link holds `expected_link` (None: not in the link) and the run has finished; the text shown
+    ("" on the Serving view, which shows its requests' texts instead). The link is written at the end of a run that
+    drew the step, so the page is idle once the run after it, if any, has finished."""
     condition = " && ".join(f"p.get({name!r}) === {'null' if value is None else repr(str(value))}"
                             for name, value in expected_link.items())
     page.wait_for_function(f"() => {{ const p = new URL(location.href).searchParams; return {condition}; }}",
                            timeout=WAIT_MS)
+    if link(page).get("view") == "serving":
+        idle(page)
+        return ""
     return settled_text(page)
 
 

@@ -19,6 +19,7 @@ from engine.prompt import has_chat_template
 from engine.tokens import token_cells
 from tests.app_helpers import VIEW_TITLES, assert_clean, open_whole_view, start
 from tests.test_eviction_view import eviction_numbers, strong_sink
+from tests.test_serving_view import serving_numbers
 from tests.test_app import english_left
 from tests.test_gemma_views import charts, matrix
 from tests.runs import decode
@@ -172,6 +173,8 @@ def expected_numbers(chapter, run: Run, at) -> list[str]:
         "context_window": lambda: growth_numbers(run),
         "sliding_window": lambda: window_numbers(run, chapter.settings["block_size"], at.session_state["w_lang"]),
         "evicting": lambda: eviction_numbers(run.model, run.shown[:run.n], chapter.step),
+        "serving": lambda: serving_numbers(run.model, at.session_state["w_lang"], at.session_state["w_chat"],
+                                           chapter.step),
         "contexts": lambda: contexts_numbers(run.model, at.session_state["w_model"], at.session_state["w_lang"])[0],
     }[chapter.key]()
     return [str(x) for x in numbers]
@@ -491,7 +494,7 @@ def test_past_the_window_the_chapters_say_so(key, embedded_zh_model, monkeypatch
 def test_chapters_tell_different_things_and_cover_every_teaching_point():
     bodies = [c.part("body", lang) for c in CHAPTERS for lang in ("en", "zh")]
     assert len(set(bodies)) == len(bodies) and len(CHAPTERS) >= 10
-    assert {p for c in CHAPTERS for p in c.points} == {f"T{i}" for i in range(1, 18)}
+    assert {p for c in CHAPTERS for p in c.points} == {f"T{i}" for i in range(1, 19)}
     for c in CHAPTERS:  # the same placeholders in both languages: a number is never missing in one of them
         for variant in (None, *c.variants):
             texts = [c.text[lang][variant] if variant else c.text[lang] for lang in ("en", "zh")]

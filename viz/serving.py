@@ -50,13 +50,15 @@ def block_fill(report: StepReport, block_size: int) -> dict[int, tuple[int, int]
 
 
 def pool_columns(num_blocks: int) -> int:
-    return num_blocks if num_blocks <= 12 else 8 if num_blocks <= 40 else 16
+    """Blocks a row: few enough that a phone's width still reads each block's label."""
+    return 5 if num_blocks <= 10 else 8 if num_blocks <= 40 else 16
 
 
 def pool_figure(report: StepReport | None, num_blocks: int, block_size: int, title: str = "", large: bool = False,
                 words: Words = ENGLISH) -> go.Figure:
-    """The pool's blocks in rows: a block one request holds in its colour, "R2 · L1" (its logical block) over the
-    tokens it holds; a block several hold in dark grey, "×3" (its reference count); a free block empty."""
+    """The pool's blocks in rows: a block one request holds in its colour, "R2" over the tokens it holds ("12/16"); a
+    block several hold in dark grey, "×3" (its reference count); a free block empty, its number in grey. The hover
+    names the block, its logical number in each owner's table and its owners."""
     columns = pool_columns(num_blocks)
     rows = math.ceil(num_blocks / columns)
     owners = report.owners if report is not None else {}
@@ -72,12 +74,12 @@ def pool_figure(report: StepReport | None, num_blocks: int, block_size: int, tit
             color, text, hover = FREE_COLOR, str(block), words["serve_block_free"].format(block=block)
         elif len(held) == 1:
             color = request_color(held[0])
-            text = f"<b>{request_label(held[0])}</b><br>L{logical} · {tokens}/{block_size}"
+            text = f"<b>{request_label(held[0])}</b><br>{tokens}/{block_size}"
             hover = words["serve_block_one"].format(block=block, request=request_label(held[0]), logical=logical,
                                                     tokens=tokens, size=block_size)
         else:
             color = SHARED_COLOR
-            text = f"<b>×{len(held)}</b><br>L{logical} · {tokens}/{block_size}"
+            text = f"<b>×{len(held)}</b><br>{tokens}/{block_size}"
             hover = words["serve_block_shared"].format(block=block, count=len(held), logical=logical,
                                                        requests=", ".join(request_label(r) for r in held))
         fig.add_shape(type="rect", x0=x - 0.46, x1=x + 0.46, y0=y - 0.44, y1=y + 0.44, fillcolor=color, layer="below",

@@ -78,7 +78,8 @@ def render(ctx: ViewContext) -> None:
     st.markdown(step_sentence(ctx, served, step))
     if shown():
         st.caption(ctx.t("serve_how", blocks=served.setup.num_blocks, size=served.setup.block_size,
-                         seqs=served.setup.max_num_seqs, budget=served.setup.max_num_batched_tokens))
+                         seqs=served.setup.max_num_seqs, budget=served.setup.max_num_batched_tokens) + " "
+                   + exactness_note(ctx))
     if shown("timeline"):
         with Part("timeline"):
             figure(lambda: timeline_figure([s.report for s in served.steps[:step]], len(served.setup.prompts),
@@ -138,6 +139,13 @@ def step_sentence(ctx: ViewContext, served: ServedClass, step: int) -> Shown:
     if len(finished) == len(served.setup.prompts):
         text += " " + ctx.t("serve_all_done", n=len(finished))
     return Shown(text)
+
+
+def exactness_note(ctx: ViewContext) -> str:
+    """Whether a batch gives each request exactly its own tokens: in float32 (tests/test_server.py), not in a
+    16-bit type, whose rounding depends on the batch's shape."""
+    dtype = ctx.info.dtype
+    return ctx.t("serve_exact_float32") if dtype == "float32" else ctx.t("serve_exact_bfloat16", dtype=dtype)
 
 
 def requests(ctx: ViewContext, served: ServedClass, step: int, memo: tuple) -> None:

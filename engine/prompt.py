@@ -123,6 +123,13 @@ def _special_texts(tokenizer) -> list[str]:
     return [text for text in texts if text]
 
 
+def control_texts(tokenizer) -> list[str]:
+    """The text of every added token, special or not ("<|im_start|>", "<bos>", Qwen3's "<think>"): what a prompt
+    typed by someone else (a class's, `ui.follow.class_prompts`) may not contain."""
+    return sorted({token.content for token in tokenizer.added_tokens_decoder.values() if token.content}
+                  | set(_special_texts(tokenizer)))
+
+
 def _typed_added_tokens(tokenizer, text: str) -> list[str]:
     """The non-special added tokens whose text occurs in `text` (matched even with split_special_tokens)."""
     return [token.content for token in tokenizer.added_tokens_decoder.values()

@@ -60,7 +60,8 @@ def main(base: str, folder: str, views: tuple[str, ...] = VIEWS) -> None:
             for lang in LANGS:
                 for view in (v for v in screen_views if v in views):
                     link = f"{base}/?step=8&view={view}&lang={lang}" + ("&large=1" if large else "")
-                    shown = ".st-key-main-figure" if view == "serving" else ".st-key-generated code"  # no run text there
+                    # the Serving view shows its requests' texts, not the run's
+                    shown = ".st-key-main-figure" if view == "serving" else ".st-key-generated code"
                     shoot(page, link, shown, out / f"{view}-{lang}-{suffix}.png")
             page.close()
         browser.close()

@@ -189,7 +189,9 @@ NOT_CUT = """() => [...document.querySelectorAll(
     '.st-key-b_chapter_back button p, .st-key-b_chapter_next button p, [class*="st-key-b_"] button p, h1')]
     .filter(el => el.offsetParent !== null && el.getBoundingClientRect().right > 0)  // not in the closed sidebar
     .filter(el => el.scrollWidth > el.clientWidth + 1).map(el => el.textContent)"""
-CHIPS_OUTSIDE = """() => { const box = document.querySelector('.kv-stream-box').getBoundingClientRect();
+# the token chips outside the token stream's box (-1: the page shows no stream, as the Serving view)
+CHIPS_OUTSIDE = """() => { const stream = document.querySelector('.kv-stream-box'); if (!stream) return -1;
+    const box = stream.getBoundingClientRect();
     return [...document.querySelectorAll('.kv-stream-box .kv-chip')].map(c => c.getBoundingClientRect())
         .filter(c => c.bottom > box.top && c.top < box.bottom)  // the chips scrolled into the box's view
         .filter(c => c.left < box.left - 1 || c.right > box.right + 1).length; }"""

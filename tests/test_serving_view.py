@@ -16,7 +16,7 @@ from tests.app_helpers import assert_clean, start
 from tests.helpers import idle, until_link, widget
 from ui import strings
 from ui.lesson import CHAPTERS
-from ui.serving_runs import ServedClass, sample_setup
+from ui.serving_runs import ServedClass, serving_setup
 from ui.state import AppState
 from viz.serving import pool_figure, request_label
 
@@ -28,7 +28,7 @@ CHAPTER = next(c for c in CHAPTERS if c.key == "serving")
 
 
 def setup_of(model, lang: str, chat: bool, blocks: int = AppState.serve_blocks, seqs: int = AppState.serve_seqs):
-    return sample_setup(model, lang, chat, BLOCK, blocks, seqs)
+    return serving_setup(model, lang, chat, BLOCK, blocks, seqs)
 
 
 def reference_steps(model, setup) -> list:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import engine
 from engine.tokens import TokenCell
@@ -13,6 +14,10 @@ from ui import strings
 from ui.runner import Runner
 from ui.state import AppState
 from viz.tokens import position_label
+
+if TYPE_CHECKING:
+    from ui.serving_room import ServingRoom
+    from ui.serving_runs import ServedClass
 
 
 @dataclass
@@ -23,6 +28,7 @@ class ViewContext:
     trace: StepTrace | None  # the step that produced the newest shown token (None before the prefill)
     stage: str | None = None  # the stage of one step a lesson chapter talks about (viz.step_picture.STAGES)
     measured_again: int = 0  # the page's presses of the costs view's "measure again"
+    room: ServingRoom | None = None  # the Serving view's: the class's room of this page, if it leads or follows one
 
     def t(self, key: str, **values) -> strings.Shown:
         """A string in the page's language, its values shown as text (`ui.strings.t`)."""
@@ -45,3 +51,8 @@ class ViewContext:
     def labels(self) -> list[str]:
         """What each position reads as in figures and tables ("解¹⁄₂" for part 1 of a two-token character)."""
         return [position_label(c) for c in self.cells]
+
+    def served_class(self) -> ServedClass:
+        """The class of requests the Serving view shows (`Runner.serving`): the round of the class's questions the
+        link names, else the samples. Raises `ui.serving_runs.PoolTooSmall` where the pool cannot serve them."""
+        return self.runner.serving(self.state, self.room.served if self.room else None)

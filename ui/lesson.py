@@ -23,7 +23,8 @@ TEXT_PARTS = ("title", "body", "look", "claim", "question", "answer")
 # Settings a chapter may set besides the view and step (others keep theirs), and what a chapter that names none of
 # them uses: the link's defaults too (`ui.state.AppState`). serve_*: the Serving view's pool (blocks) and batch limit.
 SETTINGS = ("block_size", "kv_splits", "pool", "serve_blocks", "serve_seqs")
-DEFAULT_SETTINGS = {"block_size": DEFAULT_BLOCK_SIZE, "kv_splits": 1, "pool": "own", "serve_blocks": 10, "serve_seqs": 4}
+DEFAULT_SETTINGS = {"block_size": DEFAULT_BLOCK_SIZE, "kv_splits": 1, "pool": "own", "serve_blocks": 10,
+                    "serve_seqs": 4}
 
 
 @dataclass(frozen=True)

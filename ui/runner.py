@@ -26,7 +26,7 @@ from ui.eviction_runs import EvictionPair, pair_for
 from ui.eviction_settings import EvictionSettings
 from ui.run_store import RunStore
 from ui.runs import Lease, OwnRuns, Run, RunConfig, RunSource
-from ui.serving_runs import ServedClass, ServingSetup, sample_setup, served_for
+from ui.serving_runs import ServedClass, ServingSetup, served_for, serving_setup
 from ui.settings import Limits, step_limits
 from ui.sink_experiment import SinkExperiment
 
@@ -161,16 +161,20 @@ class Runner:
         self.store.trim()  # the lab may have grown past the store's bytes: older runs go first
         return pair, passes
 
-    def serving(self, state) -> ServedClass:
-        """The Serving view's class of requests (`ui.serving_runs`): the sample questions in the page's language,
-        wrapped as this page's prompt is (its chat switch), served from a pool of `serve_blocks` blocks of
-        `block_size` tokens, at most `serve_seqs` requests a step (`state`: the page's `AppState`); one for every
-        page with the same, from the store. Raises `PoolTooSmall` where the pool could not hold the longest request
-        alone."""
-        key = (state.lang, self.config.chat, state.block_size, state.serve_blocks, state.serve_seqs)
+    def serving(self, state, served_round=None) -> ServedClass:
+        """The Serving view's class of requests (`ui.serving_runs`): a round of the class's questions the teacher
+        served (`served_round`, `ui.follow.class_prompts.ServedRound`: in the class's language) topped up with
+        sample questions, or the samples alone in the page's language, wrapped as this page's prompt is (its chat
+        switch), served from a pool of `serve_blocks` blocks of `block_size` tokens, at most `serve_seqs` requests a
+        step (`state`: the page's `AppState`); one for every page with the same, from the store. Raises
+        `PoolTooSmall` where the pool could not hold the longest request alone."""
+        lang, texts = (served_round.lang, served_round.texts) if served_round else (state.lang, ())
+        key = (lang, self.config.chat, state.block_size, state.serve_blocks, state.serve_seqs, texts)
         setup = self._setups.get(key)
         if setup is None:  # tokenizing the questions takes a template render each: once per page and settings
-            setup = self._setups[key] = sample_setup(self.model, *key)
+            if len(self._setups) > 16:  # a teacher's rounds and settings: not every one the page ever served
+                self._setups.clear()
+            setup = self._setups[key] = serving_setup(self.model, *key)
         served = served_for(self.store, self.model, setup)
         self.store.trim()
         return served

@@ -11,7 +11,7 @@ from viz.serving import request_names
 def facts(ctx: ViewContext) -> dict:
     """The chapter's numbers at the page's step; {} where the settings cannot serve (the view says why)."""
     try:
-        served = ctx.runner.serving(ctx.state)
+        served = ctx.served_class()
     except InvalidSettingError:
         return {}
     setup, info = served.setup, ctx.info
@@ -20,13 +20,14 @@ def facts(ctx: ViewContext) -> dict:
     out = dict(sv_total=len(setup.prompts), sv_blocks=setup.num_blocks, sv_step=step,
                sv_used=len(report.owners) if report else 0,
                sv_holders=sum(1 for s in report.requests if s.blocks) if report else 0)
+    ran = [rid for rid, _, _ in report.ran] if report else []
     if report is None:
         out["sv_did"] = ctx.t("lesson_serve_not_yet")
     elif report.prefill:
-        out["sv_did"] = ctx.t("lesson_serve_prefilled", n=len(report.ran), requests=request_names(r for r, _, _ in report.ran),
+        out["sv_did"] = ctx.t("lesson_serve_prefilled", n=len(report.ran), requests=request_names(ran),
                               computed=sum(t for _, t, _ in report.ran), reused=sum(c for _, _, c in report.ran))
     else:
-        out["sv_did"] = ctx.t("lesson_serve_decoded", n=len(report.ran), requests=request_names(r for r, _, _ in report.ran))
+        out["sv_did"] = ctx.t("lesson_serve_decoded", n=len(report.ran), requests=request_names(ran))
     shared = {block: held for block, held in report.owners.items() if len(held) > 1} if report else {}
     if shared:
         most = max(len(held) for held in shared.values())

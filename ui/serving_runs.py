@@ -3,9 +3,10 @@ scheduler step recorded as it runs, stepped along with the pages and kept in the
 built once for pages asking at once, counted in its bytes, dropped when idle). Pages with the same requests and pool
 read one `ServedClass`; going back a step reads what was recorded.
 
-The requests, without a room's: sample questions behind one shared opening (the chat template's system turn and a
-common instruction, or a base model's frame), arriving over the first steps, so the later ones find the opening's
-blocks in the pool. Plain Python (no Streamlit).
+The requests: sample questions, or a class's own prompts (a round of `ui.follow.class_prompts`) topped up with samples
+to a batch, each behind one shared opening (the chat template's system turn and a common instruction, or a base
+model's frame), arriving over the first steps, so the later ones find the opening's blocks in the pool. Plain Python
+(no Streamlit).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ QUESTIONS = {"en": ("What is a token?", "Why does a model need a KV cache?", "Wh
                     "为什么解码比预填充慢？", "什么是提示词？")}
 ARRIVALS = (0, 1, 1, 1, 5, 9)
 MAX_TOKENS = (20, 14, 24, 18, 16, 12)
+CLASS_MAX_TOKENS = 16  # each of a class's prompts: its first comes alone, the others at the next step
 
 
 @dataclass(frozen=True)
@@ -68,17 +70,30 @@ class PoolTooSmall(InvalidSettingError):
         super().__init__(f"the longest request needs {needed} blocks alone; the pool has {blocks}")
 
 
-def sample_setup(model: engine.Model, lang: str, chat: bool, block_size: int, num_blocks: int,
-                 max_num_seqs: int) -> ServingSetup:
-    """The sample requests in the page's language, wrapped as the page's prompt is (the chat template, or not)."""
+def wrapped(model: engine.Model, lang: str, chat: bool, question: str) -> list[int]:
+    """A question behind the shared opening in the page's language, wrapped as the page's prompt is (the chat
+    template, or not)."""
     lang = lang if lang in QUESTIONS else "en"
     if chat:
-        prompts = [tokenize_prompt(model, OPENING[lang] + q, chat=True) for q in QUESTIONS[lang]]
+        return tokenize_prompt(model, OPENING[lang] + question, chat=True)
+    before, after = FRAME[lang]
+    return tokenize_prompt(model, before + question + after, chat=False)
+
+
+def serving_setup(model: engine.Model, lang: str, chat: bool, block_size: int, num_blocks: int, max_num_seqs: int,
+                  class_texts: tuple[str, ...] = ()) -> ServingSetup:
+    """The class's prompts (the first arriving alone, the rest a step later), then sample questions: all of them
+    without a class, else as many as top the class up to a batch (`max_num_seqs`)."""
+    samples = QUESTIONS[lang if lang in QUESTIONS else "en"]
+    if class_texts:
+        count = max(0, max_num_seqs - len(class_texts))
+        questions = tuple(class_texts) + samples[:count]
+        arrivals = tuple(min(i, 1) for i in range(len(class_texts))) + tuple(1 for _ in range(count))
+        max_tokens = (CLASS_MAX_TOKENS,) * len(class_texts) + MAX_TOKENS[:count]
     else:
-        before, after = FRAME[lang]
-        prompts = [tokenize_prompt(model, before + q + after, chat=False) for q in QUESTIONS[lang]]
-    return ServingSetup(tuple(tuple(p) for p in prompts), QUESTIONS[lang], ARRIVALS, MAX_TOKENS, block_size,
-                        num_blocks, max_num_seqs)
+        questions, arrivals, max_tokens = samples, ARRIVALS, MAX_TOKENS
+    prompts = tuple(tuple(wrapped(model, lang, chat, q)) for q in questions)
+    return ServingSetup(prompts, questions, arrivals, max_tokens, block_size, num_blocks, max_num_seqs)
 
 
 @dataclass(frozen=True)

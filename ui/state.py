@@ -59,6 +59,7 @@ class AppState:
     # The Serving view (ui/serving_runs.py): the pool's blocks and the most requests a step runs (max_num_seqs)
     serve_blocks: int = DEFAULT_SETTINGS["serve_blocks"]
     serve_seqs: int = DEFAULT_SETTINGS["serve_seqs"]
+    serve_round: int = 0  # a round of the class's questions its teacher served (ui/follow/class_prompts.py); 0: none
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ RANGES = {
     "stream_window": (int, 1, 4096),
     "serve_blocks": (int, 1, 64),
     "serve_seqs": (int, 1, 8),
+    "serve_round": (int, 0, 1_000_000),
 }
 
 

@@ -18,6 +18,7 @@ from ui.lesson import CHAPTERS
 from ui.page_state import (current_state, go_to_chapter, open_on_focused_head, request_full_run, run_lock,
                            show_problem, ss, t, labels, write_link)
 from ui.runner import Runner
+from ui import serving_room
 from ui.session import PlayClock, lesson_session, page_session
 from ui import views
 from ui.state import clamp
@@ -125,14 +126,16 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
     requested = page.step
     serving_view = ss.get("w_view") == "serving"  # the page's step is the server's (`ui.views.serving`)
     catching_up = CatchUpNotice(places.controls, requested)
-    page.step = (serving.serve_to(runner, current_state(), requested) if serving_view
+    room = serving_room.room_for(current_state()) if serving_view else None
+    page.step = (serving.serve_to(runner, current_state(), requested, room.served if room else None) if serving_view
                  else runner.advance_to(requested, catching_up))
     catching_up.clear()
     state, problems = clamp(current_state(), model.info.layers, model.info.q_heads)
     for problem in problems:
         ss["w_" + problem.param] = getattr(state, problem.param)
-    ctx = ViewContext(runner=runner, state=state, step=page.step, trace=None if serving_view else runner.trace(page.step),
-                      stage=chapter.stage if chapter else None, measured_again=page.measured_again)
+    trace = None if serving_view else runner.trace(page.step)
+    ctx = ViewContext(runner=runner, state=state, step=page.step, trace=trace,
+                      stage=chapter.stage if chapter else None, measured_again=page.measured_again, room=room)
     if ctx.state.view in HEAD_VIEWS or chapter is not None and ctx.trace is not None and ctx.trace.split is not None:
         open_on_focused_head(ctx.state, ctx.trace)  # its pickers, or the chapter's split text, show a layer and head
     with places.controls:
@@ -278,7 +281,8 @@ def at_end(runner: Runner) -> bool:
     """Whether Next has nothing more to show: the run ended at this step (on the Serving view, every request)."""
     step = page_session().step
     if ss.get("w_view") == "serving":
-        return serving.at_end(runner, current_state(), step)
+        state = current_state()
+        return serving.at_end(runner, state, step, serving_room.served_round(state))
     return runner.finished and step >= runner.generated
 
 

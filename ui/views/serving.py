@@ -16,6 +16,7 @@ from ui.context import ViewContext
 from ui.strings import Shown
 from ui.serving_runs import PoolTooSmall, ServedClass
 from ui.state import bounds
+from ui.views import class_questions
 from ui.views.chapter_part import Part, shown
 from ui.views.figures import figure, memo_key, shared_table
 from ui.views.widgets import words
@@ -23,28 +24,29 @@ from viz.serving import (decode_rates, pool_figure, request_names, requests_tabl
                          timeline_figure)
 
 
-def serve_to(runner, state, step: int) -> int:
-    """The page's step on this view: the server's steps run to `step` (or as far as its requests go). Where the
-    settings cannot serve, the step stays and the view says why."""
+def serve_to(runner, state, step: int, served_round=None) -> int:
+    """The page's step on this view: the server's steps run to `step` (or as far as its requests go), on the class's
+    round or the samples (`Runner.serving`). Where the settings cannot serve, the step stays and the view says why."""
     try:
-        return runner.serving(state).advance_to(step)
+        return runner.serving(state, served_round).advance_to(step)
     except InvalidSettingError:
         return step
 
 
-def at_end(runner, state, step: int) -> bool:
+def at_end(runner, state, step: int, served_round=None) -> bool:
     """Whether → has nothing more to show: every request finished by `step` (or the settings cannot serve)."""
     try:
-        served = runner.serving(state)
+        served = runner.serving(state, served_round)
     except InvalidSettingError:
         return True
     return served.finished and step >= len(served.steps)
 
 
+
 def counter_html(ctx: ViewContext) -> str:
     """The header line on this view: the server's step, its kind and how many requests it ran."""
     try:
-        served = ctx.runner.serving(ctx.state)
+        served = ctx.served_class()
     except InvalidSettingError:
         served = None
     step = min(ctx.step, len(served.steps)) if served else 0
@@ -54,7 +56,8 @@ def counter_html(ctx: ViewContext) -> str:
         report = served.steps[step - 1].report
         text = ctx.t("serve_counter_prefill" if report.prefill else "serve_counter_decode", step=step,
                      n=len(report.ran))
-    return f'<div class="kv-header" style="font-size:1rem;line-height:1.8"><b class="kv-counter">{html.escape(text)}</b></div>'
+    return (f'<div class="kv-header" style="font-size:1rem;line-height:1.8">'
+            f'<b class="kv-counter">{html.escape(text)}</b></div>')
 
 
 def render(ctx: ViewContext) -> None:
@@ -63,7 +66,7 @@ def render(ctx: ViewContext) -> None:
     with main.under:
         controls(ctx)
     try:
-        served = ctx.runner.serving(ctx.state)
+        served = ctx.served_class()
     except PoolTooSmall as error:
         st.warning(ctx.t("serve_pool_too_small", needed=error.needed, blocks=error.blocks))
         return
@@ -76,6 +79,7 @@ def render(ctx: ViewContext) -> None:
         with main:
             pool(ctx, served, step, memo)
     st.markdown(step_sentence(ctx, served, step))
+    class_questions.where_mine_is(ctx, served.steps[step - 1].report if step else None)
     if shown():
         st.caption(ctx.t("serve_how", blocks=served.setup.num_blocks, size=served.setup.block_size,
                          seqs=served.setup.max_num_seqs, budget=served.setup.max_num_batched_tokens) + " "
@@ -91,6 +95,8 @@ def render(ctx: ViewContext) -> None:
     if shown("throughput"):
         with Part("throughput"):
             throughput(ctx, served, step, memo)
+    if shown():
+        class_questions.render(ctx)
 
 
 def controls(ctx: ViewContext) -> None:

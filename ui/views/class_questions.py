@@ -58,7 +58,7 @@ def students_box(ctx: ViewContext) -> None:
         st.text(room.my_text)
         return
     st.caption(ctx.t("class_send_help"))
-    st.text_input(ctx.t("class_prompt_label"), key=PROMPT_KEY, max_chars=MAX_CHARS)
+    st.text_input(ctx.t("class_prompt_label"), key=PROMPT_KEY, help=ctx.t("class_prompt_label_help", most=MAX_CHARS))
     consent = st.checkbox(ctx.t("class_consent"), key=CONSENT_KEY)
     st.button(ctx.t("class_send"), key="b_class_send", on_click=room.send, disabled=not consent)
 

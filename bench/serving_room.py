@@ -41,6 +41,7 @@ from streamlit.proto.ForwardMsg_pb2 import ForwardMsg  # noqa: E402
 from bench.class_on_host import (OPEN_S, WAIT_S, ServerMemory, Seat, Student, memory_text, ms, page_clock,  # noqa: E402
                                  peak_text, wait_for)
 from tests.server import chromium, running_server  # noqa: E402
+from ui import strings  # noqa: E402
 
 HEADER = '() => document.querySelector(".kv-counter")?.textContent ?? ""'
 IDLE = '() => document.querySelector(\'[data-testid="stApp"]\')?.dataset.testScriptState === "notRunning"'
@@ -60,7 +61,7 @@ WATCH = """(before) => {
 }"""
 QUESTIONS = ("Why is the sky blue?", "What is a token?", "How does a GPU help?", "What is attention?",
              "Why do we page memory?", "What is a prompt?", "How big is this model?", "What is a cache hit?")
-SENT = "Sent: your question is number"
+SENT = {lang: strings.t("class_prompt_sent", lang).split("{")[0] for lang in ("en", "zh")}  # a send's answer
 
 
 class Asker(Student):
@@ -85,7 +86,7 @@ class Asker(Student):
                     self.box[key] = (widget.id, msg.delta.fragment_id)
                     if key == "b_class_send":
                         self.send_enabled = not widget.disabled
-        elif shown == "alert" and SENT in element.alert.body and self.sent_reply is None:
+        elif shown == "alert" and SENT[self.seat.lang] in element.alert.body and self.sent_reply is None:
             self.sent_reply = at
 
     def ask(self, question: str) -> float:
@@ -135,6 +136,7 @@ def run(args) -> None:
         assert wait_for(warm.ready, OPEN_S, every=0.2), "the other model did not load"
         warm.close()
         memory.phase = "idle"
+        print(f"both models loaded ({log})", flush=True)
         time.sleep(3)
         idle = memory.read()
         memory.phase = "students join"
@@ -142,6 +144,7 @@ def run(args) -> None:
         for number in range(args.students):
             students.append(Asker(url, follow, Seat("follower", args.lang, number)))
             assert wait_for(lambda: students[-1].ready() and len(students[-1].box) == 3, WAIT_S), "a student's box"
+        print(f"{len(students)} students joined", flush=True)
         memory.phase = "questions sent"
         start = time.perf_counter()
         threads = [threading.Thread(target=s.ask, args=(f"{QUESTIONS[i % len(QUESTIONS)]} (student {i + 1})",))
@@ -156,6 +159,7 @@ def run(args) -> None:
         teacher.goto(f"{url}/?{query}")
         teacher.wait_for_selector(".st-key-b_class_serve button", timeout=WAIT_S * 1000)
         listed = teacher.locator(".st-key-class-questions [data-testid=stText]").count()
+        print(f"{listed} questions listed", flush=True)
         memory.phase = "class"
         teacher.locator(".st-key-b_class_serve button").click()
         teacher.wait_for_function("() => new URL(location.href).searchParams.get('serve_round') !== null",

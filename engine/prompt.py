@@ -20,6 +20,7 @@ tokenizer's encoding of the whole rendered string.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -116,24 +117,31 @@ def _added_by_tokenizer(tokenizer, prompt: str) -> tuple[str, str, str]:
     return tokenizer.decode(full[:start]), prompt, tokenizer.decode(full[end:])
 
 
-def _special_texts(tokenizer) -> list[str]:
+@functools.lru_cache(maxsize=16)
+def _added_texts(tokenizer) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the special tokens' texts, the other added tokens' texts), read once per tokenizer: `added_tokens_decoder`
+    builds an object per added token at each call (Gemma 3 has 6,384: 48 ms a prompt when read per prompt)."""
+    tokens = tokenizer.added_tokens_decoder.values()
+    special = {token.content for token in tokens if token.special} | set(tokenizer.all_special_tokens)
+    return (tuple(sorted(text for text in special if text)),
+            tuple(token.content for token in tokens if not token.special and token.content))
+
+
+def _special_texts(tokenizer) -> tuple[str, ...]:
     """The text of every special token: what the tokenizer turns into a control id when it meets it."""
-    texts = {token.content for token in tokenizer.added_tokens_decoder.values() if token.special}
-    texts.update(tokenizer.all_special_tokens)
-    return [text for text in texts if text]
+    return _added_texts(tokenizer)[0]
 
 
 def control_texts(tokenizer) -> list[str]:
     """The text of every added token, special or not ("<|im_start|>", "<bos>", Qwen3's "<think>"): what a prompt
     typed by someone else (a class's, `ui.follow.class_prompts`) may not contain."""
-    return sorted({token.content for token in tokenizer.added_tokens_decoder.values() if token.content}
-                  | set(_special_texts(tokenizer)))
+    special, other = _added_texts(tokenizer)
+    return sorted(set(special) | set(other))
 
 
 def _typed_added_tokens(tokenizer, text: str) -> list[str]:
     """The non-special added tokens whose text occurs in `text` (matched even with split_special_tokens)."""
-    return [token.content for token in tokenizer.added_tokens_decoder.values()
-            if not token.special and token.content and token.content in text]
+    return [content for content in _added_texts(tokenizer)[1] if content in text]
 
 
 def _cut_added_tokens(tokenizer, text: str) -> list[str]:

@@ -8,6 +8,7 @@ from tests.app_helpers import VIEW_TITLES, assert_clean, shown_text, start
 from tests.helpers import expected
 from ui import step as step_fragment, strings
 from ui.state import LANGS, POLICIES, VIEWS, parse_query
+from ui.serving_runs import ARRIVALS
 
 
 def test_default_page_shows_the_prompt_ready_to_prefill(embedded_model):
@@ -68,13 +69,15 @@ def test_a_link_restores_the_exact_state(embedded_model):
 @pytest.mark.parametrize("view", VIEWS)
 @pytest.mark.parametrize("step", [0, 1, 3])
 def test_every_view_renders_before_prefill_after_prefill_and_while_decoding(view, step, embedded_model):
-    at = start(view=view, step=step, kv_splits=2, block_size=4)
+    at = start(view=view, step=step, kv_splits=2, block_size=4)  # the Serving view keeps its own blocks of 16
     assert_clean(at)
     assert parse_query(dict(at.query_params.items()))[0].view == view and at.query_params["step"] == str(step)
     assert strings.t(VIEW_TITLES[view]) in [s.value for s in at.subheader]
     hints = [i.value for i in at.info]
-    if step == 0:  # nothing has run: the view says how to start it
-        assert strings.t("need_prefill") in hints
+    if step == 0:  # nothing has run: the view says how to start it (the Serving view: its server's first step)
+        start_hint = strings.t("need_prefill") if view != "serving" else strings.t(
+            "serve_ready", n=ARRIVALS.count(0), total=len(ARRIVALS))
+        assert start_hint in hints
     else:  # the step's own figures, and the counter names the step
         assert strings.t("need_prefill") not in hints
         assert len(at.get("plotly_chart")) >= 1

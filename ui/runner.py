@@ -165,11 +165,11 @@ class Runner:
         """The Serving view's class of requests (`ui.serving_runs`): a round of the class's questions the teacher
         served (`served_round`, `ui.follow.class_prompts.ServedRound`: in the class's language) topped up with
         sample questions, or the samples alone in the page's language, wrapped as this page's prompt is (its chat
-        switch), served from a pool of `serve_blocks` blocks of `block_size` tokens, at most `serve_seqs` requests a
-        step (`state`: the page's `AppState`); one for every page with the same, from the store. Raises
+        switch), served from a pool of `serve_blocks` blocks (of `ui.serving_runs.BLOCK_SIZE` tokens), at most
+        `serve_seqs` requests a step (`state`: the page's `AppState`); one for every page with the same, from the store. Raises
         `PoolTooSmall` where the pool could not hold the longest request alone."""
         lang, texts = (served_round.lang, served_round.texts) if served_round else (state.lang, ())
-        key = (lang, self.config.chat, state.block_size, state.serve_blocks, state.serve_seqs, texts)
+        key = (lang, self.config.chat, state.serve_blocks, state.serve_seqs, texts)
         setup = self._setups.get(key)
         if setup is None:  # tokenizing the questions takes a template render each: once per page and settings
             if len(self._setups) > 16:  # a teacher's rounds and settings: not every one the page ever served

@@ -17,7 +17,7 @@ def facts(ctx: ViewContext) -> dict:
     setup, info = served.setup, ctx.info
     step = min(ctx.step, len(served.steps))
     report = served.steps[step - 1].report if step else None
-    out = dict(sv_total=len(setup.prompts), sv_blocks=setup.num_blocks, sv_step=step,
+    out = dict(sv_total=len(setup.prompts), sv_blocks=setup.num_blocks, sv_block_size=setup.block_size, sv_step=step,
                sv_used=len(report.owners) if report else 0,
                sv_holders=sum(1 for s in report.requests if s.blocks) if report else 0)
     ran = [rid for rid, _, _ in report.ran] if report else []

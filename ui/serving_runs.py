@@ -17,12 +17,16 @@ from dataclasses import dataclass
 import engine
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import InvalidSettingError
+from engine.kv_cache import DEFAULT_BLOCK_SIZE
 from engine.prompt import tokenize_prompt
 from engine.server import Server, StepReport
 from ui.follow import turns
 from ui.run_store import RunStore
 
 MAX_BATCHED_TOKENS = 256  # a prefill step's tokens (nano-vllm's max_num_batched_tokens), the class's prompts in all
+# The pool's blocks: the page's default block size, whatever the KV view's is set to (a pool of blocks of 1 would
+# need hundreds of blocks, each request thousands of positions' worth; nano-vllm's are 256 tokens)
+BLOCK_SIZE = DEFAULT_BLOCK_SIZE
 
 # The samples: one opening every request shares, then its question; each arrives at a step and answers in at most
 # so many tokens. The first comes alone, so the three after it find the opening's blocks computed.
@@ -80,7 +84,7 @@ def wrapped(model: engine.Model, lang: str, chat: bool, question: str) -> list[i
     return tokenize_prompt(model, before + question + after, chat=False)
 
 
-def serving_setup(model: engine.Model, lang: str, chat: bool, block_size: int, num_blocks: int, max_num_seqs: int,
+def serving_setup(model: engine.Model, lang: str, chat: bool, num_blocks: int, max_num_seqs: int,
                   class_texts: tuple[str, ...] = ()) -> ServingSetup:
     """The class's prompts (the first arriving alone, the rest a step later), then sample questions: all of them
     without a class, else as many as top the class up to a batch (`max_num_seqs`)."""
@@ -93,7 +97,7 @@ def serving_setup(model: engine.Model, lang: str, chat: bool, block_size: int, n
     else:
         questions, arrivals, max_tokens = samples, ARRIVALS, MAX_TOKENS
     prompts = tuple(tuple(wrapped(model, lang, chat, q)) for q in questions)
-    return ServingSetup(prompts, questions, arrivals, max_tokens, block_size, num_blocks, max_num_seqs)
+    return ServingSetup(prompts, questions, arrivals, max_tokens, BLOCK_SIZE, num_blocks, max_num_seqs)
 
 
 @dataclass(frozen=True)

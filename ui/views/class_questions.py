@@ -33,7 +33,7 @@ def where_mine_is(ctx: ViewContext, report: StepReport | None) -> None:
                       own=", ".join(map(str, own)) or "–", shared=", ".join(map(str, shared))))
 
 
-def render(ctx: ViewContext) -> None:
+def room_part(ctx: ViewContext) -> None:
     room = ctx.room
     if room is None:
         return

@@ -42,7 +42,6 @@ def at_end(runner, state, step: int, served_round=None) -> bool:
     return served.finished and step >= len(served.steps)
 
 
-
 def counter_html(ctx: ViewContext) -> str:
     """The header line on this view: the server's step, its kind and how many requests it ran."""
     try:
@@ -78,7 +77,10 @@ def render(ctx: ViewContext) -> None:
     if main.shown:
         with main:
             pool(ctx, served, step, memo)
-    st.markdown(step_sentence(ctx, served, step))
+    if step:
+        st.markdown(step_sentence(ctx, served, step))
+    else:  # nothing has run: how to start, as every view says it
+        st.info(step_sentence(ctx, served, step))
     class_questions.where_mine_is(ctx, served.steps[step - 1].report if step else None)
     if shown():
         st.caption(ctx.t("serve_how", blocks=served.setup.num_blocks, size=served.setup.block_size,
@@ -96,7 +98,7 @@ def render(ctx: ViewContext) -> None:
         with Part("throughput"):
             throughput(ctx, served, step, memo)
     if shown():
-        class_questions.render(ctx)
+        class_questions.room_part(ctx)
 
 
 def controls(ctx: ViewContext) -> None:
@@ -136,7 +138,10 @@ def step_sentence(ctx: ViewContext, served: ServedClass, step: int) -> Shown:
                      reused=reused, ms=done.seconds * 1000)
     else:
         text = ctx.t("serve_did_decode", step=step, n=len(ran), requests=request_names(ran), ms=done.seconds * 1000)
-    waiting = [s.id for s in report.requests if s.status == "waiting" and s.id not in report.preempted]
+    # every request that arrived and is not done but had no part in the step: not admitted yet, preempted before, or
+    # running past the step's `max_num_seqs` (as the timeline marks them)
+    waiting = [s.id for s in report.requests
+               if s.id not in ran and s.id not in report.preempted and s.status != "finished"]
     if report.preempted:
         text += " " + ctx.t("serve_preempted_now", n=len(report.preempted), requests=request_names(report.preempted))
     if waiting:
@@ -182,6 +187,6 @@ def throughput_note(ctx: ViewContext, rates: dict[int, list[float]]) -> str:
     few, many = min(rates), max(rates)
     few_rate, many_rate = median(rates[few]), median(rates[many])
     if few == many:
-        return ctx.t("serve_throughput_one", many=many, many_rate=many_rate)
+        return ctx.t("serve_throughput_single_batch", many=many, many_rate=many_rate)
     return ctx.t("serve_throughput_faster" if many_rate > few_rate else "serve_throughput_not_faster", few=few,
                  few_rate=few_rate, many=many, many_rate=many_rate, per_request=many_rate / many)

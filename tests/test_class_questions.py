@@ -132,8 +132,9 @@ def round_of(code: str):
     return ClassPrompts(room_link.room_sync().rooms.store).round(code, 1)
 
 
-BAD = [("", "empty", {}), ("<b>hi</b>", "markup", {}), ("<|im_start|>system", "control_token", {"token": "<|im_start|>"}),
-       ("ring\x07", "control_chars", {}), ("x" * (MAX_CHARS + 1), "too_long", {"most": MAX_CHARS, "length": MAX_CHARS + 1})]
+BAD = [("", "empty", {}), ("<b>hi</b>", "markup", {}),
+       ("<|im_start|>system", "control_token", {"token": "<|im_start|>"}), ("ring\x07", "control_chars", {}),
+       ("x" * (MAX_CHARS + 1), "too_long", {"most": MAX_CHARS, "length": MAX_CHARS + 1})]
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])

@@ -166,8 +166,8 @@ class Runner:
         served (`served_round`, `ui.follow.class_prompts.ServedRound`: in the class's language) topped up with
         sample questions, or the samples alone in the page's language, wrapped as this page's prompt is (its chat
         switch), served from a pool of `serve_blocks` blocks (of `ui.serving_runs.BLOCK_SIZE` tokens), at most
-        `serve_seqs` requests a step (`state`: the page's `AppState`); one for every page with the same, from the store. Raises
-        `PoolTooSmall` where the pool could not hold the longest request alone."""
+        `serve_seqs` requests a step (`state`: the page's `AppState`); one for every page with the same, from the
+        store. Raises `PoolTooSmall` where the pool could not hold the longest request alone."""
         lang, texts = (served_round.lang, served_round.texts) if served_round else (state.lang, ())
         key = (lang, self.config.chat, state.serve_blocks, state.serve_seqs, texts)
         setup = self._setups.get(key)

@@ -43,8 +43,8 @@ class ServedRound:
 
 
 class PromptRefused(Exception):
-    """Why a prompt was not taken: `reason` is a key's end ("empty", "too_long", …; the page says `class_prompt_<reason>`
-    in its language), `values` what that message quotes."""
+    """Why a prompt was not taken: `reason` is a key's end ("empty", "too_long", …; the page says
+    `class_prompt_<reason>` in its language), `values` what that message quotes."""
 
     def __init__(self, reason: str, **values):
         self.reason, self.values = reason, values

@@ -24,6 +24,7 @@ from tests.server import settled_text
 from ui import strings
 from ui.state import VIEWS, default_prompt, parse_query
 from tests.helpers import WAIT_MS, box, until_link
+from tests.test_serving_view import reference_steps, setup_of
 
 pytestmark = pytest.mark.browser
 
@@ -86,7 +87,10 @@ def test_each_view_is_laid_out_for_its_screen(server, browser, lang, screen, req
                 page.evaluate("() => { window.scrollTo(0, 0); document.querySelector('[data-testid=stMain]')"
                               ".scrollTo(0, 0); }")
             try:
-                assert_step_counter(page, lang, model)
+                if view == "serving":
+                    assert_server_counter(page, lang, model)
+                else:
+                    assert_step_counter(page, lang, model)
                 if large:
                     assert_next_and_the_main_figure_on_the_first_screen(page)
                 else:
@@ -137,6 +141,15 @@ def assert_step_counter(page, lang: str, model) -> None:
                                                                   position=prompt_tokens + 6)
     header = page.locator(".kv-header").inner_text()
     assert strings.t("io_input", lang) in header and strings.t("io_output", lang) in header
+
+
+def assert_server_counter(page, lang: str, model) -> None:
+    """The Serving view's header at step 8: the server's step 8, its kind and the requests it ran (the engine's own
+    `Server` on the view's sample class, tests/test_serving_view.py)."""
+    chat = parse_query({"lang": lang})[0].chat
+    report = reference_steps(model, setup_of(model, lang, chat))[7]
+    key = "serve_counter_prefill" if report.prefill else "serve_counter_decode"
+    assert page.locator(".kv-counter").inner_text() == strings.t(key, lang, step=8, n=len(report.ran))
 
 
 @pytest.mark.parametrize(("viewport", "lang"), [(PROJECTOR, "en"), (PROJECTOR, "zh"), (PHONE, "en")])

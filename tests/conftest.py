@@ -132,6 +132,15 @@ def browser():
 
 
 @pytest.fixture
+def pages(browser):
+    """Three pages, each in a fresh browser context (its own session) at 1280×720: a class in one browser."""
+    contexts = [browser.new_context(viewport={"width": 1280, "height": 720}) for _ in range(3)]
+    yield [context.new_page() for context in contexts]
+    for context in contexts:
+        context.close()
+
+
+@pytest.fixture
 def page(request, browser):
     """A page in a fresh browser context (its own cookies, so its own Streamlit session), 1280×720 unless the
     module's `PAGE` says otherwise (width, height and other `new_context` options)."""

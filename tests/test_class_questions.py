@@ -188,17 +188,9 @@ def test_a_round_the_store_lost_serves_the_samples_and_says_so(room):
     assert strings.t("class_round_gone", "en", round=7) in [i.value for i in at.info]
 
 
-@pytest.fixture
-def two_pages(browser):
-    contexts = [browser.new_context(viewport={"width": 1280, "height": 720}) for _ in range(2)]
-    yield [context.new_page() for context in contexts]
-    for context in contexts:
-        context.close()
-
-
 @pytest.mark.browser
-def test_in_chromium_a_student_sends_the_teacher_serves_and_the_student_finds_their_blocks(server, two_pages):
-    teacher, student = two_pages
+def test_in_chromium_a_student_sends_the_teacher_serves_and_the_student_finds_their_blocks(server, pages):
+    teacher, student = pages[:2]
     teacher.goto(f"{server}/?lead=1&view=serving&step=0")
     until_link(teacher, view="serving")
     href = teacher.locator(".st-key-follow-link a").get_attribute("href")

@@ -109,14 +109,6 @@ def class_follows(leader, followers, steps: int, view: str, sent=None) -> None:
         assert sent.carries("w_top_p")  # the view changed: the whole page ran, its sidebar with it
 
 
-@pytest.fixture
-def pages(browser):
-    contexts = [browser.new_context(viewport={"width": 1280, "height": 720}) for _ in range(3)]
-    yield [context.new_page() for context in contexts]
-    for context in contexts:
-        context.close()
-
-
 def test_two_followers_follow_by_the_leaders_push_until_each_explores_on_its_own(slow_polls_server, pages):
     """One class on a server whose followers poll every 600 s, so what reaches a follower came by the leader's push
     (ui/follow/push.py) or by its own press, never by its poll:

@@ -26,7 +26,7 @@ from ui.eviction_runs import EvictionPair, pair_for
 from ui.eviction_settings import EvictionSettings
 from ui.run_store import RunStore
 from ui.runs import Lease, OwnRuns, Run, RunConfig, RunSource
-from ui.serving_runs import ServedClass, ServingSetup, served_for, serving_setup
+from ui.serving_runs import ServedClass, served_for, serving_setup
 from ui.settings import Limits, step_limits
 from ui.sink_experiment import SinkExperiment
 
@@ -59,7 +59,6 @@ class Runner:
         self.config: RunConfig | None = None
         self.lease: Lease | None = None
         self.history = PromptHistory()  # the prompts this browser session published
-        self._setups: dict[tuple, ServingSetup] = {}  # the Serving view's, by its settings
         self._saw_prefill = False  # this page reached step 1 of its run: leaving it publishes the prompt
 
     @property
@@ -169,12 +168,7 @@ class Runner:
         `serve_seqs` requests a step (`state`: the page's `AppState`); one for every page with the same, from the
         store. Raises `PoolTooSmall` where the pool could not hold the longest request alone."""
         lang, texts = (served_round.lang, served_round.texts) if served_round else (state.lang, ())
-        key = (lang, self.config.chat, state.serve_blocks, state.serve_seqs, texts)
-        setup = self._setups.get(key)
-        if setup is None:  # tokenizing the questions takes a template render each: once per page and settings
-            if len(self._setups) > 16:  # a teacher's rounds and settings: not every one the page ever served
-                self._setups.clear()
-            setup = self._setups[key] = serving_setup(self.model, *key)
+        setup = serving_setup(self.model, lang, self.config.chat, state.serve_blocks, state.serve_seqs, texts)
         served = served_for(self.store, self.model, setup)
         self.store.trim()
         return served

@@ -40,8 +40,7 @@ def facts(ctx: ViewContext) -> dict:
     if preempted:
         first, who = preempted[0]
         out["sv_preempt_note"] = ctx.t("lesson_serve_preempted", step=step, n=sum(len(w) for _, w in preempted),
-                                       first=first,
-                                       requests=request_names(who))
+                                       first=first, requests=request_names(who))
     else:
         out["sv_preempt_note"] = ctx.t("lesson_serve_no_preemption", step=step, blocks=setup.num_blocks)
     return out

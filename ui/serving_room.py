@@ -19,7 +19,7 @@ from ui.follow.class_prompts import ClassPrompt, ClassPrompts, PromptRefused, Se
 from ui.follow.room_link import follow_state, sync
 from ui.follow.rooms import new_page_id
 from ui.follow.store import StoreError
-from ui.serving_runs import CLASS_MAX_TOKENS, wrapped
+from ui.serving_runs import CLASS_MAX_TOKENS, OPENING, wrapped
 from ui.session import page_session
 from ui.state import AppState
 
@@ -115,15 +115,14 @@ def send_prompt() -> None:
 
 def checked(text: str) -> str:
     """The question as text (`class_prompts.check_text`, against the loaded model's control tokens), and within the
-    host's prompt limit once wrapped as the Serving view wraps it."""
+    host's prompt limit once wrapped as the Serving view wraps it, in whichever language the teacher serves it."""
     runner = page_session().runner
     model = runner.model
     text = class_prompts.check_text(text, control_texts(model.tokenizer))
-    state = st.session_state
-    ids = wrapped(model, state.get("w_lang", "en"), runner.config.chat, text)
+    tokens = max(len(wrapped(model, lang, runner.config.chat, text)) for lang in OPENING)
     most = min(runner.limits.max_prompt_tokens, model.info.context_limit - CLASS_MAX_TOKENS)
-    if len(ids) > most:
-        raise PromptRefused("tokens", tokens=len(ids), most=most)
+    if tokens > most:
+        raise PromptRefused("tokens", tokens=tokens, most=most)
     return text
 
 

@@ -11,6 +11,7 @@ model's frame), arriving over the first steps, so the later ones find the openin
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -84,10 +85,12 @@ def wrapped(model: engine.Model, lang: str, chat: bool, question: str) -> list[i
     return tokenize_prompt(model, before + question + after, chat=False)
 
 
+@functools.lru_cache(maxsize=32)
 def serving_setup(model: engine.Model, lang: str, chat: bool, num_blocks: int, max_num_seqs: int,
                   class_texts: tuple[str, ...] = ()) -> ServingSetup:
     """The class's prompts (the first arriving alone, the rest a step later), then sample questions: all of them
-    without a class, else as many as top the class up to a batch (`max_num_seqs`)."""
+    without a class, else as many as top the class up to a batch (`max_num_seqs`). Made once for every page of the
+    process: a page asks for it several times a draw, and a room's pages all ask for the same."""
     samples = QUESTIONS[lang if lang in QUESTIONS else "en"]
     if class_texts:
         count = max(0, max_num_seqs - len(class_texts))

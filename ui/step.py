@@ -257,7 +257,7 @@ def step_buttons(place, runner: Runner, busy: bool = False) -> None:
     next_label = "next_step" if ss.get("w_view") == "serving" else "next"  # there a step is the server's, not a token
     buttons = (("prefill", "b_prefill", (1, True), {"disabled": page.step >= 1}),
                ("back", "b_back", (-1, False), {"shortcut": "Left", "disabled": page.step == 0}),
-               (next_label, "b_next", (1, False), {"shortcut": "Right", "disabled": at_end(runner)}),
+               (next_label, "b_next", (1, False), {"shortcut": "Right", "disabled": not busy and at_end(runner)}),
                ("reset", "b_reset", (0, True), {}))
     # One row that never wraps (a phone keeps it): one element, where columns were five (each is a message to
     # every page of a class, twice a step). Next is the widest (page CSS), being pressed most.

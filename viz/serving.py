@@ -81,7 +81,7 @@ def pool_figure(report: StepReport | None, num_blocks: int, block_size: int, tit
             color = SHARED_COLOR
             text = f"<b>×{len(held)}</b><br>{tokens}/{block_size}"
             hover = words["serve_block_shared"].format(block=block, count=len(held), logical=logical,
-                                                       requests=", ".join(request_label(r) for r in held))
+                                                       requests=request_names(held))
         fig.add_shape(type="rect", x0=x - 0.46, x1=x + 0.46, y0=y - 0.44, y1=y + 0.44, fillcolor=color, layer="below",
                       line=dict(color="#bbbbbb" if not held else color, width=1))
         xs.append(x), ys.append(y), texts.append(text), hovers.append(hover)
@@ -94,24 +94,22 @@ def pool_figure(report: StepReport | None, num_blocks: int, block_size: int, tit
     return finish(fig, title, large, height=height)
 
 
+def waited(report: StepReport) -> list[int]:
+    """The requests that arrived, are not done, and had no part in the step: not admitted yet, preempted before, or
+    running past the step's `max_num_seqs`."""
+    ran = {rid for rid, _, _ in report.ran}
+    return [s.id for s in report.requests
+            if s.id not in ran and s.id not in report.preempted and s.status != "finished"]
+
+
 def activities(steps: list[StepReport], requests: int) -> np.ndarray:
     """(requests, steps) what each request did in each step: an index of ACTIVITIES, or -1 (not arrived, or
     finished before the step)."""
     grid = np.full((requests, len(steps)), -1, dtype=np.int8)
-    finished: set[int] = set()
     for column, report in enumerate(steps):
-        ran = {rid for rid, _, _ in report.ran}
-        for state in report.requests:
-            if state.id in finished:
-                continue
-            if state.id in ran:
-                grid[state.id, column] = ACTIVITIES.index("prefill" if report.prefill else "decode")
-            elif state.id in report.preempted:
-                grid[state.id, column] = ACTIVITIES.index("preempted")
-            else:
-                grid[state.id, column] = ACTIVITIES.index("waiting")
-            if state.status == "finished":
-                finished.add(state.id)
+        grid[[rid for rid, _, _ in report.ran], column] = ACTIVITIES.index("prefill" if report.prefill else "decode")
+        grid[list(report.preempted), column] = ACTIVITIES.index("preempted")
+        grid[waited(report), column] = ACTIVITIES.index("waiting")
     return grid
 
 
@@ -129,7 +127,7 @@ def timeline_figure(steps: list[StepReport], requests: int, title: str = "", lar
         fig.add_scatter(x=[int(c) + 1 for _, c in cells], y=[request_label(int(r)) for r, _ in cells], mode="markers",
                         marker=dict(symbol="square", size=22 if large else 17, color=ACTIVITY_COLORS[name]),
                         name=label, hovertemplate=f"{label}: %{{y}}, {words['step']} %{{x}}<extra></extra>")
-    written = [(r, c) for (r, c) in computed]
+    written = list(computed)
     if written:
         fig.add_scatter(x=[c + 1 for _, c in written], y=[request_label(r) for r, _ in written], mode="text",
                         text=[str(computed[w]) for w in written], hoverinfo="skip", showlegend=False,

@@ -96,7 +96,7 @@ class ClassPrompts:
 
     def prompts(self, code: str) -> list[ClassPrompt]:
         """Room `code`'s list, in the order they came."""
-        return [ClassPrompt(p["sender"], p["text"]) for p in parse(self.store.get(KEY_PREFIX + code))["prompts"]]
+        return [ClassPrompt(**p) for p in parse(self.store.get(KEY_PREFIX + code))["prompts"]]
 
     def remove(self, secret: str, sender: str) -> None:
         """The teacher (who holds the room's `secret`) takes `sender`'s prompt off the list (rounds served keep it)."""
@@ -131,17 +131,19 @@ class ClassPrompts:
         served = parse(self.store.get(KEY_PREFIX + code))["rounds"].get(str(number))
         if served is None:
             return None
-        return ServedRound(served["lang"], tuple(ClassPrompt(p["sender"], p["text"]) for p in served["prompts"]))
+        return ServedRound(served["lang"], tuple(ClassPrompt(**p) for p in served["prompts"]))
 
 
 def parse(raw: str | None) -> dict:
     """A room's record; an empty one where there is none (or it is not one this module wrote)."""
     try:
         record = json.loads(raw) if raw is not None else {}
-        prompts = [{"sender": str(p["sender"]), "text": str(p["text"])} for p in record.get("prompts", [])]
-        rounds = {str(int(n)): {"lang": str(served["lang"]), "prompts": [
-            {"sender": str(p["sender"]), "text": str(p["text"])} for p in served["prompts"]]}
-            for n, served in record.get("rounds", {}).items()}
-        return {"prompts": prompts, "rounds": rounds}
+
+        def prompts(items) -> list[dict[str, str]]:
+            return [{"sender": str(p["sender"]), "text": str(p["text"])} for p in items]
+
+        rounds = {str(int(n)): {"lang": str(served["lang"]), "prompts": prompts(served["prompts"])}
+                  for n, served in record.get("rounds", {}).items()}
+        return {"prompts": prompts(record.get("prompts", [])), "rounds": rounds}
     except (ValueError, KeyError, TypeError, AttributeError):
         return {"prompts": [], "rounds": {}}

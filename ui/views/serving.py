@@ -21,7 +21,7 @@ from ui.views.chapter_part import Part, shown
 from ui.views.figures import figure, memo_key, shared_table
 from ui.views.widgets import words
 from viz.serving import (decode_rates, pool_figure, request_names, requests_table, throughput_figure,
-                         timeline_figure)
+                         timeline_figure, waited)
 
 
 def serve_to(runner, state, step: int, served_round=None) -> int:
@@ -118,11 +118,6 @@ def pool(ctx: ViewContext, served: ServedClass, step: int, memo: tuple) -> None:
            "serving-pool", memo_key(ctx, "pool", *memo))
 
 
-def arrived(served: ServedClass, step: int) -> int:
-    """Requests that have arrived by the page's step (those due before the next step are not counted yet)."""
-    return sum(len(s.arrived) for s in served.steps[:step])
-
-
 def step_sentence(ctx: ViewContext, served: ServedClass, step: int) -> Shown:
     """What the shown step did, in words, every number read from its report."""
     if step == 0:
@@ -138,10 +133,7 @@ def step_sentence(ctx: ViewContext, served: ServedClass, step: int) -> Shown:
                      reused=reused, ms=done.seconds * 1000)
     else:
         text = ctx.t("serve_did_decode", step=step, n=len(ran), requests=request_names(ran), ms=done.seconds * 1000)
-    # every request that arrived and is not done but had no part in the step: not admitted yet, preempted before, or
-    # running past the step's `max_num_seqs` (as the timeline marks them)
-    waiting = [s.id for s in report.requests
-               if s.id not in ran and s.id not in report.preempted and s.status != "finished"]
+    waiting = waited(report)  # as the timeline marks them
     if report.preempted:
         text += " " + ctx.t("serve_preempted_now", n=len(report.preempted), requests=request_names(report.preempted))
     if waiting:
@@ -162,7 +154,7 @@ def exactness_note(ctx: ViewContext) -> str:
 def requests(ctx: ViewContext, served: ServedClass, step: int, memo: tuple) -> None:
     st.markdown(f"**{ctx.t('serve_requests_title')}**")
     done = served.steps[step - 1] if step else None
-    count = arrived(served, step) if step else 0
+    count = len(done.report.requests) if done else 0  # those that arrived by this step: the server holds them
     if not count:
         st.caption(ctx.t("serve_none_yet"))
         return

@@ -67,19 +67,21 @@ def press(page, key: str) -> None:
 
 
 def choose(page, key: str, option: str) -> None:
-    """Pick `option` in the select box keyed `key`. A click right after another widget's rerun may only focus the box;
-    the list then opens from the keyboard, and appears a moment later."""
-    idle(page)
+    """Pick `option` in the select box keyed `key`: its text typed into the box narrows the list to it (a long list
+    draws only the options in view), then clicked. A rerun that lands meanwhile closes the list: it is opened again."""
     box = widget(page, key).locator('[role="combobox"]')
     item = page.locator('[role="option"]', has_text=option).first
-    for attempt in range(3):
-        box.click() if attempt == 0 else box.press("ArrowDown")
+    for _ in range(3):
+        idle(page)
+        box.click()
+        box.fill(option)
         try:
-            item.wait_for(state="visible", timeout=5_000)
-            break
+            item.wait_for(state="visible", timeout=10_000)
+            item.click(timeout=10_000)
+            return
         except PlaywrightTimeout:
-            continue
-    item.click()
+            page.keyboard.press("Escape")
+    raise AssertionError(f"{option!r} was never offered in the select box {key!r}")
 
 
 def open_whole_view_in(page) -> None:

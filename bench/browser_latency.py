@@ -53,7 +53,7 @@ from websockets.sync.client import connect  # noqa: E402
 
 from bench.class_open import cpu_seconds  # noqa: E402
 from tests.server import CHROMIUM, CHROMIUM_ARGS, ROOT, running_server, settled_text  # noqa: E402
-from ui import strings  # noqa: E402
+from ui.text import strings  # noqa: E402
 
 VIEWS = ("flow", "attention", "kv", "split", "prefix", "costs")
 TEXT = '() => document.querySelector(".st-key-generated code")?.textContent ?? ""'

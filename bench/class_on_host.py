@@ -21,9 +21,9 @@ The class (`--students 30`; fewer keep the same shares):
   button's trigger in a rerun of the step's fragment, as the → key's press in a browser sends (so the server does
   an explorer's whole work: the step, its view's figures, the messages; only no browser draws them). 8 of them (4 +
   4) open the heaviest link the host allows, after bench/step_memory.py's worst case: a prompt 2 tokens
-  shorter than the longest the host allows on that model (ui/settings.py `model_limits`: 382 on SmolLM2 and 686 on
+  shorter than the longest the host allows on that model (ui/host/limits.py `model_limits`: 382 on SmolLM2 and 686 on
   Gemma 3 270M by default, their own on each page), block size 1 and 64 KV splits,
-  which the app fits into its step budget (ui/settings.py `StepLimits`: the values it kept are printed), at a late
+  which the app fits into its step budget (ui/host/limits.py `StepLimits`: the values it kept are printed), at a late
   step (KVSCOPE_MAX_NEW_TOKENS − presses − 1, so every press still computes one), on the attention or the KV view;
   the other 2 open an ordinary link (the default prompt, step 1, sampled with their own seed, the split, prefix,
   costs or flow view).
@@ -88,8 +88,8 @@ from bench.browser_latency import SocketFollower, Wire, counter, press_step  # n
 from bench.class_open import CpuSplit  # noqa: E402
 from tests.server import ROOT, chromium, running_server, settled_text  # noqa: E402
 import engine  # noqa: E402
-from ui.settings import APP_MAX_KV_SPLITS, load_limits  # noqa: E402
-from ui.state import LANGUAGE_DEFAULTS, default_prompt, parse_query  # noqa: E402
+from ui.host.limits import APP_MAX_KV_SPLITS, load_limits  # noqa: E402
+from ui.state.link import LANGUAGE_DEFAULTS, default_prompt, parse_query  # noqa: E402
 
 LIMIT_BYTES = int(2.7 * 2**30)  # Streamlit Community Cloud's memory for one app: the host this bench sizes a class for
 
@@ -158,11 +158,11 @@ def exact_prompt(lang: str, tokens: int, number: int) -> str:
 
 
 def heaviest_prompt(limits, lang: str) -> int:
-    """The longest prompt the host allows on `lang`'s model (ui/settings.py `model_limits`: a model whose K/V take
+    """The longest prompt the host allows on `lang`'s model (ui/host/limits.py `model_limits`: a model whose K/V take
     fewer bytes a token gets longer prompts), less 2 as bench/step_memory.py's worst case (382 of 384 on SmolLM2)."""
     from engine.loader import AUTO
 
-    from ui.settings import model_limits
+    from ui.host.limits import model_limits
 
     info = engine.load_model(LANGUAGE_DEFAULTS[lang]["model"], dtype=AUTO).info  # its limits need its shapes
     return model_limits(limits, info).max_prompt_tokens - 2

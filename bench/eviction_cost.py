@@ -3,7 +3,7 @@
     HF_HUB_OFFLINE=1 python3 -m bench.eviction_cost [--models embedded embedded-zh] [--quick] \\
         [--plot docs/eviction-nll.png] [--json PATH]
 
-The text is ui/texts/one-token-at-a-time.en.txt (ours, written from docs/teaching.md's points; the eviction view
+The text is ui/text/texts/one-token-at-a-time.en.txt (ours, written from docs/teaching.md's points; the eviction view
 streams its start), tokenized as the tokenizer encodes it (Gemma's BOS first). Each model in the dtype the app holds it in.
 1. After the prefill (kvpress's press): PROMPTS prompts of PROMPT_TOKENS tokens cut from the text; every policy at
    each of RATIOS. The next token's KL(full ‖ evicted) on the softmax of the logits (nats), whether its top-1 is the
@@ -46,7 +46,7 @@ from engine.eviction.policies import SNAPKV_SCORES  # noqa: E402
 from engine.eviction.run import check_budget  # noqa: E402
 from engine.loader import AUTO  # noqa: E402
 
-TEXT = Path(__file__).resolve().parent.parent / "ui" / "texts" / "one-token-at-a-time.en.txt"
+TEXT = Path(__file__).resolve().parent.parent / "ui" / "text" / "texts" / "one-token-at-a-time.en.txt"
 N_SINK = 4  # kvpress's and the StreamingLLM paper's sinks
 SNAPKV_WINDOW = 64  # kvpress's window_size, after a prefill; during decode INTERVAL − 1 (it must be under the interval)
 

@@ -1,5 +1,5 @@
 """What a change of eviction policy costs the server in the eviction view: the pair of runs (the full cache's and
-the policy's, `ui.eviction_runs`) for SnapKV is computed to step N, then a page at the same step switches to each
+the policy's, `ui.runs.eviction`) for SnapKV is computed to step N, then a page at the same step switches to each
 other policy in turn; the seconds each switch takes to have its pair at step N (wall and this process's CPU). The
 first figure is the first pair's: it computes the lab (every policy at the timing) or, before labs, two runs. The
 last is the floor under any first pair: the prompt's greedy decode to step N over the full cache alone, recording
@@ -31,16 +31,16 @@ torch.set_num_threads(int(sys.argv[3]))
 import inspect
 import engine
 from engine.eviction import POLICIES
-from ui.eviction_runs import pair_for
+from ui.runs.eviction import pair_for
 try:  # the settings' own module since the labs take the policies pages ask for
-    from ui.eviction_settings import EvictionSettings
+    from ui.runs.eviction_settings import EvictionSettings
 except ImportError:
-    from ui.eviction_runs import EvictionSettings
+    from ui.runs.eviction import EvictionSettings
 step, tokens = int(sys.argv[1]), int(sys.argv[2])
 model = engine.load_model("embedded", device="cpu")
 ids = model.tokenizer(" ".join(["token"] * tokens))["input_ids"]
 if "store" in inspect.signature(pair_for).parameters:  # the labs in the run store (a checkout before: module memos)
-    from ui.run_store import RunStore
+    from ui.runs.store import RunStore
     store = RunStore(10**10)
     get = lambda settings: pair_for(store, model, ids, settings, step, 10**6)
 else:

@@ -24,7 +24,7 @@ import plotly.io  # noqa: E402
 
 from bench.figure_wire import page_figures  # noqa: E402
 from tests.server import chromium  # noqa: E402
-from ui.state import VIEWS  # noqa: E402
+from ui.state.link import VIEWS  # noqa: E402
 
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 DRAW = """async ([first, next, repeats]) => {

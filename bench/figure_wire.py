@@ -24,7 +24,7 @@ import plotly.io  # noqa: E402
 import plotly.tools  # noqa: E402
 
 from tests.app_helpers import start  # noqa: E402
-from ui.state import VIEWS  # noqa: E402
+from ui.state.link import VIEWS  # noqa: E402
 from ui.views import figures  # noqa: E402
 
 PROMPT = " ".join(["token"] * 190)

@@ -41,7 +41,7 @@ from streamlit.proto.ForwardMsg_pb2 import ForwardMsg  # noqa: E402
 from bench.class_on_host import (OPEN_S, WAIT_S, ServerMemory, Seat, Student, memory_text, ms, page_clock,  # noqa: E402
                                  peak_text, wait_for)
 from tests.server import chromium, running_server  # noqa: E402
-from ui import strings  # noqa: E402
+from ui.text import strings  # noqa: E402
 
 HEADER = '() => document.querySelector(".kv-counter")?.textContent ?? ""'
 IDLE = '() => document.querySelector(\'[data-testid="stApp"]\')?.dataset.testScriptState === "notRunning"'

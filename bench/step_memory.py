@@ -10,7 +10,7 @@ splits and the smallest block size the limits allow, `steps` decode steps, then 
 view's full heatmap, the KV view's cached K/V and a step back past the kept traces (a replay).
 Reported: the peak resident memory of the process and its growth over the loaded model (after one
 short warm-up pass, which touches every weight page). Defaults
-come from `ui.settings` (KVSCOPE_STEP_MEMORY_MB, KVSCOPE_DTYPE and the other limits), so a host can check
+come from `ui.host.limits` (KVSCOPE_STEP_MEMORY_MB, KVSCOPE_DTYPE and the other limits), so a host can check
 its own setting. `--model qwen3-shape`: random weights of Qwen3-0.6B's exact shape, saved in bfloat16 with
 the embedded tokenizer (bench/engine_bench.py). `--one-link`: the pages open one link, as a class following its
 teacher does, and share its run through one `RunStore` as the app's pages do. Run by hand, not in CI.
@@ -59,8 +59,8 @@ def one_page(model, limits, splits: int, block_size: int, steps: int, runs=None)
     """What one worst-case page costs: prefill, `steps` steps, the attention and KV views, one step back.
     runs: the RunStore pages share (None: the page's run is its own)."""
     import engine
-    from ui.runner import Runner
-    from ui.runs import RunConfig
+    from ui.runs.runner import Runner
+    from ui.runs.run import RunConfig
 
     runner = Runner(model, limits.cache_tokens, limits.full_traces, runs=runs)
     runner.configure(RunConfig(prompt=prompt_of(model.tokenizer, PROMPT_TOKENS), chat=False,
@@ -82,9 +82,9 @@ def measure(pages: int, splits: int | None, block_size: int | None, steps: int, 
     import torch
 
     import engine
-    from ui import memory
-    from ui.run_store import RunStore
-    from ui.settings import load_limits, step_limits
+    from ui.host import memory
+    from ui.runs.store import RunStore
+    from ui.host.limits import load_limits, step_limits
 
     memory.tune_allocator()
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))

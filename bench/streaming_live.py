@@ -1,4 +1,4 @@
-"""How long the eviction view's StreamingLLM experiment (`ui.sink_experiment`) takes the first time on a quiet server,
+"""How long the eviction view's StreamingLLM experiment (`ui.runs.sink_experiment`) takes the first time on a quiet server,
 and what it finds, on both embedded models: one torch thread, as a page computes it.
 
     HF_HUB_OFFLINE=1 python3 bench/streaming_live.py
@@ -21,7 +21,7 @@ import torch  # noqa: E402
 
 import engine  # noqa: E402
 from engine.loader import AUTO  # noqa: E402
-from ui.sink_experiment import CACHE, CONFIGS, TEXT_TOKENS, SinkExperiment  # noqa: E402
+from ui.runs.sink_experiment import CACHE, CONFIGS, TEXT_TOKENS, SinkExperiment  # noqa: E402
 
 
 def main() -> None:

@@ -9,6 +9,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ui.page import main  # noqa: E402
+from ui.page.main import main  # noqa: E402
 
 main()

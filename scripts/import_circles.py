@@ -22,7 +22,7 @@ def module_name(path: Path) -> str:
 
 
 def imports(path: Path, modules: set[str]) -> set[str]:
-    """The project modules `path` imports (`from ui import runs` names ui.runs; `import ui.runs` too)."""
+    """The project modules `path` imports (`from ui import views` names ui.views; `import ui.views` too)."""
     found = set()
     package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text(), str(path))):

@@ -6,9 +6,10 @@ import pytest
 
 from tests.app_helpers import VIEW_TITLES, assert_clean, shown_text, start
 from tests.helpers import expected
-from ui import step as step_fragment, strings
-from ui.state import LANGS, POLICIES, VIEWS, parse_query
-from ui.serving_runs import ARRIVALS
+from ui.page import step as step_fragment
+from ui.text import strings
+from ui.state.link import LANGS, POLICIES, VIEWS, parse_query
+from ui.runs.serving import ARRIVALS
 
 
 def test_default_page_shows_the_prompt_ready_to_prefill(embedded_model):
@@ -330,7 +331,7 @@ def test_the_next_input_is_labelled_as_the_model_builds_it(family, learned, monk
 def test_a_setting_whose_widget_state_was_dropped_comes_back(monkeypatch):
     """A page whose prompt widget lost its state keeps its prompt (it would read as empty and refuse to run);
     settings still held are left as they are."""
-    from ui import page_state
+    from ui.page import page_state
 
     at = start(prompt="Keep this prompt, please", chat=0, step=2)
     page = at.session_state["page"]

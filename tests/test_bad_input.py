@@ -6,9 +6,9 @@ from urllib.parse import parse_qs  # as Streamlit decodes a page's link
 import pytest
 
 import engine
-import ui.page
+import ui.page.main
 from tests.app_helpers import assert_clean, keeps_working, shown_text, start, step_of
-from ui import safe, strings
+from ui.text import safe, strings
 
 
 def messages(at) -> list[str]:
@@ -149,8 +149,8 @@ def test_model_that_fails_to_load_for_lack_of_memory(monkeypatch, embedded_model
 
     monkeypatch.setattr(engine, "load_model", out_of_memory)
     monkeypatch.setenv("KVSCOPE_MODELS", folder)
-    ui.page.read_model.clear()  # another test of this process may have loaded the folder: load it again
-    ui.page.load_model.clear()
+    ui.page.main.read_model.clear()  # another test of this process may have loaded the folder: load it again
+    ui.page.main.load_model.clear()
     at = start(model=folder)
     assert not at.exception
     assert any("MemoryError" in e.value for e in at.error), messages(at)

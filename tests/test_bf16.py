@@ -130,7 +130,7 @@ def test_qwen3_shaped_bf16_loads_and_steps_within_the_peak_bound(qwen3_shaped_di
                                                (" Float32", "float32", ""), ("AUTO", "auto", ""),
                                                ("float64", "auto", "float64"), ("bf16", "auto", "bf16")])
 def test_kvscope_dtype_setting(given, dtype, bad):
-    from ui.settings import load_limits
+    from ui.host.limits import load_limits
 
     limits = load_limits({} if given is None else {"KVSCOPE_DTYPE": given})
     assert (limits.dtype, limits.bad_dtype) == (dtype, bad)

@@ -13,8 +13,8 @@ import pytest
 import engine
 from tests.helpers import WAIT_MS, expected, until_link
 from tests.server import restarted_server, running_server, settled_text
-from ui import strings
-from ui.state import VIEWS
+from ui.text import strings
+from ui.state.link import VIEWS
 
 pytestmark = pytest.mark.browser
 

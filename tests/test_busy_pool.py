@@ -7,9 +7,9 @@ import torch
 from engine.busy_pool import BusyPoolReplay
 from tests.app_helpers import assert_clean, open_whole_view, start
 from tests.runs import decode
-from ui.lesson import CHAPTERS
-from ui.strings import figure_words
-from ui.state import parse_query
+from ui.lesson.chapters import CHAPTERS
+from ui.text.strings import figure_words
+from ui.state.link import parse_query
 from viz.kv_cache import busy_pool_figure
 
 PAGING = next(c for c in CHAPTERS if c.key == "paging")

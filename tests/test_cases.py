@@ -12,9 +12,9 @@ from tests.app_helpers import assert_clean, open_whole_view, start
 from tests.server import browser_page, settled_text
 from tests.helpers import metric_value, open_whole_view_in, press, until_link, widget
 from tests.test_runner import case_expectation
-from ui import strings
-from ui.cases import CASE_BLOCK_SIZE, CASES
-from ui.lesson import number_of
+from ui.text import strings
+from ui.lesson.cases import CASE_BLOCK_SIZE, CASES
+from ui.lesson.chapters import number_of
 
 POLICIES = ("whole", "block", "radix")
 CASE_OF_CHAPTER = {number_of("prefix_case1"): "case1", number_of("prefix_case2"): "case2"}

@@ -3,7 +3,7 @@
 A teacher's page runs a timed fragment (its room's heartbeat, `KVSCOPE_LEAD_S`). When that fragment's run started
 as a chapter's run ended, Streamlit left the elements the old chapter had past the new one's last: the KV chapter
 showed the GQA chapter's chart under its own, pushed below the projector's first screen (CI, and 7 of 40 chapter
-changes here with a 0.1 s heartbeat). The step's places now change slot with the chapter (`ui.step.fresh_place`).
+changes here with a 0.1 s heartbeat). The step's places now change slot with the chapter (`ui.page.step.fresh_place`).
 This server's heartbeat is 0.1 s, so that a chapter change meets a tick in most walks.
 """
 

@@ -9,7 +9,7 @@ import pytest
 from engine.characters import REPLACEMENT
 from tests.helpers import STREAM_CHIPS
 from tests.server import settled_text
-from ui import strings
+from ui.text import strings
 
 pytestmark = pytest.mark.browser
 

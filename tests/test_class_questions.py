@@ -1,4 +1,4 @@
-"""The class's own questions on the Serving view (ui/follow/class_prompts.py, ui/serving_room.py): a student in a
+"""The class's own questions on the Serving view (ui/follow/class_prompts.py, ui/follow/serving_room.py): a student in a
 follow room sends one question, after agreeing the class will see it; the teacher lists them, removes any and serves
 the list as a round, which every page of the room serves alike; each student sees which blocks hold theirs. Every bad
 input (markup, a control token, control characters, too long, empty, a second question, a flood of presses, no
@@ -10,7 +10,8 @@ from playwright.sync_api import expect
 from tests.app_helpers import assert_clean, start
 from tests.helpers import idle, press, until_link, widget
 from tests.test_follow import code_in, follow_link, settle
-from ui import serving_room, strings
+from ui.follow import serving_room
+from ui.text import strings
 from ui.follow import class_prompts
 from ui.follow.class_prompts import MAX_CHARS, ClassPrompts, PromptRefused, check_text
 from ui.follow.rooms import code_for
@@ -123,7 +124,7 @@ def test_students_send_the_teacher_serves_and_each_sees_where_theirs_is(room, mo
 
 
 def parse_state(page):
-    from ui.state import parse_query
+    from ui.state.link import parse_query
     return parse_query(dict(page.query_params))[0]
 
 

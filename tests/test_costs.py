@@ -7,7 +7,7 @@ from engine.reference_models import reference_info
 from engine.timing import (DecodeTiming, crossover_batch, crossover_context, decode_step_bytes, measure_decode,
                            peak_read_bandwidth, percentile)
 from tests.conftest import FAMILIES
-from ui.strings import figure_words
+from ui.text.strings import figure_words
 from viz.costs import context_growth_figure, context_growth_frame, per_token_figure, step_bytes_figure
 
 
@@ -115,7 +115,7 @@ def test_the_bandwidth_probe_runs_once_per_server_and_again_on_request(tiny_mode
 def test_the_probe_fits_within_a_steps_memory_budget():
     """The probe's tensor is allocated while a page waits: within the default per-step budget."""
     from engine.timing import BANDWIDTH_MIB
-    from ui.settings import load_limits
+    from ui.host.limits import load_limits
 
     assert BANDWIDTH_MIB * 2**20 <= load_limits({}).step_memory_mb * 10**6
 

@@ -24,12 +24,13 @@ from tests.conftest import GEMMA_WINDOW
 from tests.helpers import choose, idle, widget
 from tests.server import browser_page, settled_text
 from tests.test_gemma_views import charts, matrix
-from ui import sink_experiment, strings
-from ui.lesson import number_of
-from ui.eviction_runs import EvictionLab, EvictionLabFull, pair_for
-from ui.eviction_settings import EvictionSettings, lab_bytes
-from ui.run_store import RunStore
-from ui.settings import load_limits
+from ui.runs import sink_experiment
+from ui.text import strings
+from ui.lesson.chapters import number_of
+from ui.runs.eviction import EvictionLab, EvictionLabFull, pair_for
+from ui.runs.eviction_settings import EvictionSettings, lab_bytes
+from ui.runs.store import RunStore
+from ui.host.limits import load_limits
 
 PROMPT = ("Serving systems keep a cache of keys and values; when it no longer fits, they evict some positions and "
           "keep the ones a score ranks highest, then decode")
@@ -224,7 +225,7 @@ def test_pages_asking_at_once_build_one_lab(embedded_model):
         return made[-1]
 
     results = []
-    with patch("ui.eviction_runs.EvictionLab", side_effect=slow_lab):
+    with patch("ui.runs.eviction.EvictionLab", side_effect=slow_lab):
         first = threading.Thread(target=lambda: results.append(pair_for(store, embedded_model, ids, settings, 2,
                                                                         2000)))
         first.start()

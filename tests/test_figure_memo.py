@@ -121,7 +121,7 @@ def test_the_kv_views_figures_come_from_the_memo(embedded_model, monkeypatch):
 def test_pages_on_the_same_step_build_its_tables_and_token_cells_once(embedded_model, monkeypatch):
     """What every page of a class draws on each step besides the figures (the step's stages and candidates as tables,
     the token cells of the stream and the header) is made once per step for all of them, and shows the same."""
-    from ui import runs
+    from ui.runs import run as runs
     from ui.views import flow, stepper
 
     figures._tables.clear()

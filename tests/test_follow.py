@@ -14,10 +14,11 @@ import pytest
 import redis
 
 from tests.app_helpers import assert_clean, keeps_working, shown_text, start, step_of
-from ui import strings
-from ui.follow import room_link, rooms, turns
-from ui.lesson import number_of
-from ui.state import AppState, parse_query
+from ui.text import strings
+from ui.follow import room_link, rooms
+from ui.runs import turns
+from ui.lesson.chapters import number_of
+from ui.state.link import AppState, parse_query
 
 
 def follow_link(at) -> str:
@@ -301,7 +302,7 @@ def test_followed_part_leaves_out_the_followers_own_settings_only():
 
 
 class FakeSession:
-    """What `ui.streamlit_internals` asks of a Streamlit session: the fragments it holds, its last client state, a rerun."""
+    """What `ui.host.streamlit_internals` asks of a Streamlit session: the fragments it holds, its last client state, a rerun."""
 
     def __init__(self, held: set[str]):
         from streamlit.proto.ClientState_pb2 import ClientState
@@ -319,7 +320,7 @@ class FakeSession:
 def test_a_leaders_move_runs_a_followers_step_fragment_alone_while_the_session_holds_it():
     """A follower whose step fragment is known runs that fragment alone; one whose fragment is gone (a run of the
     whole page made a new one) or unknown runs its whole page. Each with the session's own link."""
-    from ui import streamlit_internals
+    from ui.host import streamlit_internals
 
     session = FakeSession(held={"step"})
     for fragment_id in ("step", "gone", None):
@@ -330,7 +331,7 @@ def test_a_leaders_move_runs_a_followers_step_fragment_alone_while_the_session_h
 
 
 def test_each_page_draws_in_the_turn_of_its_role(leader, monkeypatch):
-    """`ui.follow.turns`: a follower draws the teacher's step in a follower's turn, the teacher's page in the
+    """`ui.runs.turns`: a follower draws the teacher's step in a follower's turn, the teacher's page in the
     leader's, and a student who left to explore in an explorer's."""
     asked, real = [], turns.turn
     monkeypatch.setattr(turns, "turn", lambda role, waiting=None: asked.append(role) or real(role, waiting))

@@ -12,7 +12,7 @@ from playwright.sync_api import expect
 
 from tests.helpers import IDLE, WAIT_MS, Received, link, press
 from tests.server import running_server, settled_text
-from ui import strings
+from ui.text import strings
 from ui.follow import rooms
 
 pytestmark = pytest.mark.browser

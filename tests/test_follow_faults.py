@@ -16,7 +16,7 @@ from tests.redis_server import redis_process
 from tests.server import restarted_server, running_server, settled_text
 from tests.test_controls import link
 from tests.test_follow_browser import FOLLOW_MS, IDLE, WAIT_MS, press, shown, shows
-from ui import strings
+from ui.text import strings
 
 pytestmark = pytest.mark.browser
 
@@ -77,7 +77,7 @@ def timed_next(leader, step: int) -> tuple[float, dict]:
     try:
         leader.wait_for_function(f"() => new URL(location.href).searchParams.get('step') === '{step}' && "
                                  f"document.querySelector('{IDLE}') !== null", timeout=WAIT_MS)
-    except PlaywrightTimeout:  # seen once (CI): the leader two steps on (`ui.step.move`); what it showed tells why
+    except PlaywrightTimeout:  # seen once (CI): the leader two steps on (`ui.page.step.move`); what it showed tells why
         raise AssertionError(f"the leader did not show step {step}, its run finished: it is at {leader.url} and "
                              f"showed {record(leader)[-20:]}") from None
     return time.perf_counter() - started, shown(leader)

@@ -21,8 +21,8 @@ import pytest
 
 import engine
 from tests.server import settled_text
-from ui import strings
-from ui.state import VIEWS, default_prompt, parse_query
+from ui.text import strings
+from ui.state.link import VIEWS, default_prompt, parse_query
 from tests.helpers import WAIT_MS, box, until_link
 from tests.test_serving_view import reference_steps, setup_of
 

@@ -25,10 +25,10 @@ from tests.test_gemma_views import charts, matrix
 from tests.runs import decode
 from tests.helpers import WAIT_MS, Received, hf_keys_before_rotation, press
 from tests.server import browser_page, settled_text
-from ui import strings
-from ui.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
-from ui.lesson import CHAPTERS, WINDOW_PROMPTS, fill, number_of
-from ui.state import default_prompt, language_defaults, parse_query
+from ui.text import strings
+from ui.lesson.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
+from ui.lesson.chapters import CHAPTERS, WINDOW_PROMPTS, fill, number_of
+from ui.state.link import default_prompt, language_defaults, parse_query
 from viz.style import fmt_size
 from viz.tokens import position_label
 
@@ -568,7 +568,7 @@ def test_walking_from_the_cases_to_the_window_chapter_on_gemma_raises_no_warning
 def test_an_engine_error_is_in_the_pages_language_and_the_lesson_stays(embedded_model, embedded_zh_model):
     """A prompt longer than the host allows: the chapter keeps its title and its buttons, the error is in the
     page's language with its numbers, and one press puts the lesson's own prompt back."""
-    from ui.settings import load_limits, model_limits
+    from ui.host.limits import load_limits, model_limits
 
     for lang, prompt, model in (("zh", "什么是 KV 缓存？" * 300, embedded_zh_model), ("en", "What is a KV cache? " * 300,
                                                                                   embedded_model)):

@@ -34,8 +34,8 @@ from tests.helpers import (CHIPS_OUTSIDE, NOT_CUT, STREAM_CHIPS, WAIT_MS, box, l
                            settled_box, until_link, widget)
 from tests.server import settled_text
 from tests.test_controls import batch_slider, click_then_key, layer_picker, nothing, scores_on, text_on_page
-from ui import strings
-from ui.lesson import CHAPTERS, number_of
+from ui.text import strings
+from ui.lesson.chapters import CHAPTERS, number_of
 
 pytestmark = pytest.mark.browser
 

@@ -15,7 +15,7 @@ from tests.helpers import IDLE
 
 pytestmark = pytest.mark.load
 
-SESSIONS = 6  # more than the two explorers the server runs at once (ui/follow/turns.py): pages wait their turn
+SESSIONS = 6  # more than the two explorers the server runs at once (ui/runs/turns.py): pages wait their turn
 STEPS = 2  # Right-arrow presses per session after the link's own step
 WAIT_MS = 300_000  # any one wait: every session's page shares 2 cores with the server
 

@@ -18,7 +18,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import engine
-from ui import memory
+from ui.host import memory
 
 PROMPT = list(range(100, 300))  # 200 token ids: T = L = 200 in the prefill
 # Extra peak of a split prefill over the unsplit one that we allow, whatever the split count: one group
@@ -81,7 +81,7 @@ def test_engine_refuses_split_counts_over_its_limit(tiny_model):
 
 
 def test_budget_sets_the_app_limits(tiny_model):
-    from ui.settings import APP_MAX_KV_SPLITS, Limits, step_limits
+    from ui.host.limits import APP_MAX_KV_SPLITS, Limits, step_limits
 
     info = replace(tiny_model("llama").info, layers=30, q_heads=9, head_dim=64)  # SmolLM2-135M's widths
     small, large = step_limits(Limits(step_memory_mb=16), info), step_limits(Limits(step_memory_mb=4096), info)
@@ -94,9 +94,9 @@ def test_budget_sets_the_app_limits(tiny_model):
 
 
 def test_heatmap_over_the_budget_is_refused_naming_the_limit(tiny_model, monkeypatch):
-    from ui.runner import Runner
-    from ui.runs import RunConfig
-    from ui.settings import load_limits, step_limits
+    from ui.runs.runner import Runner
+    from ui.runs.run import RunConfig
+    from ui.host.limits import load_limits, step_limits
 
     model = tiny_model("llama-long")  # room for a prompt longer than the limit
     monkeypatch.setenv("KVSCOPE_STEP_MEMORY_MB", "16")
@@ -135,7 +135,7 @@ def test_a_server_short_of_memory_leaves_out_its_costliest_figures_and_says_so(v
     """A host whose memory the server nearly fills (here: one said to have 1 MB) gets pages that say what they
     leave out and go on working, never a failed step; with room, nothing is left out."""
     from tests.app_helpers import assert_clean, start, step_of
-    from ui import strings
+    from ui.text import strings
 
     said = strings.t("short_of_memory", left_out="").split(",")[0]  # "The server is short of memory just now"
     for host_mb, short in (("1", True), ("10000000", False)):

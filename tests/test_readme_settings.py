@@ -5,7 +5,7 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
-from ui.settings import Limits, load_limits
+from ui.host.limits import Limits, load_limits
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = ROOT / "docs" / "hosting.md"

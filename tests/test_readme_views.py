@@ -1,11 +1,11 @@
-"""README's table of the views says which lesson chapters each view teaches: the lesson (`ui/lesson.toml`) is the
+"""README's table of the views says which lesson chapters each view teaches: the lesson (`ui/lesson/lesson.toml`) is the
 source, and this checks the table against it, so the two cannot drift apart."""
 
 from pathlib import Path
 
-from ui import strings
-from ui.lesson import CHAPTERS
-from ui.state import VIEWS
+from ui.text import strings
+from ui.lesson.chapters import CHAPTERS
+from ui.state.link import VIEWS
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 HEADER = "| view | what it shows | lesson chapters |"

@@ -9,12 +9,12 @@ import torch
 
 import engine
 from tests.helpers import Clock
-from ui.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
-from ui.follow import turns
-from ui.classroom import ClassroomCache
-from ui.runner import Runner
-from ui.run_store import RunStore
-from ui.runs import RunConfig
+from ui.lesson.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
+from ui.runs import turns
+from ui.runs.classroom import ClassroomCache
+from ui.runs.runner import Runner
+from ui.runs.store import RunStore
+from ui.runs.run import RunConfig
 
 
 def config(prompt="Rows grow one step at a time", **changes):
@@ -310,9 +310,10 @@ def test_a_case_opened_after_other_prompts_shares_the_run_of_a_fresh_page(tiny_m
 
 
 def test_a_link_opened_late_hands_its_garbage_back_and_a_press_does_not(tiny_model, monkeypatch):
-    """Opening a link at a late step computes its steps in one go and then trims the heap (ui.memory); one press,
+    """Opening a link at a late step computes its steps in one go and then trims the heap (ui.host.memory); one press,
     or a short walk, never does: a trim locks every allocation for a moment."""
-    from ui import memory, runner as runner_module
+    from ui.host import memory
+    from ui.runs import runner as runner_module
 
     trims = []
     monkeypatch.setattr(memory, "release_free_memory", lambda: trims.append(True) or True)

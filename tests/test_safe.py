@@ -1,4 +1,4 @@
-"""User and model text inside Markdown shows as text: `ui.safe.text` against markup payloads.
+"""User and model text inside Markdown shows as text: `ui.text.safe.text` against markup payloads.
 
 The Markdown is rendered the way Streamlit's front end reads it where Python can: CommonMark (markdown-it)
 for links, images, headings, emphasis and code spans; the browser test (tests/test_browser.py) checks the
@@ -13,9 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 
-import ui.runs
+import ui.runs.run
 from tests.app_helpers import start
-from ui import safe
+from ui.text import safe
 
 PHISHING = "x` **[Log in again](https://evil.example/login)** `"
 PAYLOADS = [
@@ -64,7 +64,7 @@ def test_any_text_is_one_paragraph_of_itself(value):
 def test_t_shows_every_value_as_text_and_keeps_number_formats():
     """The one `t` (the page's and every view's): strings and other objects escaped, numbers formatted, a
     string `t` made kept as the Markdown it is."""
-    from ui import strings
+    from ui.text import strings
 
     assert "0.123" in strings.t("vectors_note", "en", diff=0.12345)
     assert strings.t("link_problem", "en", param="step", value="`x`", fallback="0", reason="r") == \
@@ -75,7 +75,7 @@ def test_t_shows_every_value_as_text_and_keeps_number_formats():
 
 
 def test_a_chapter_shows_its_text_facts_as_text():
-    from ui.lesson import fill
+    from ui.lesson.chapters import fill
 
     assert fill("{name} has {layers} layers{missing:.1f}", {"name": PHISHING, "layers": 30}) == \
         safe.text(PHISHING) + " has 30 layers–"
@@ -98,13 +98,13 @@ def test_a_model_id_from_a_link_shows_as_text_when_it_fails_to_load(monkeypatch,
 
 def test_the_models_own_token_shows_as_text(monkeypatch, embedded_model):
     """A generated token is the model's output: in the flow view's two paths and the candidates' title."""
-    real = ui.runs.token_cells
+    real = ui.runs.run.token_cells
 
     def cells_with_markup(*args):
         cells = real(*args)
         return cells[:-1] + [replace(cells[-1], text=PHISHING)]
 
-    monkeypatch.setattr(ui.runs, "token_cells", cells_with_markup)  # where a run makes its cells, once per step
+    monkeypatch.setattr(ui.runs.run, "token_cells", cells_with_markup)  # where a run makes its cells, once per step
     at = start(step=1, view="flow", prompt="Whose token is this?")  # a run no other test made
     assert not at.exception
     shown = markdown_shown(at)

@@ -27,7 +27,7 @@ from tests.helpers import WAIT_MS, expected, link, press, until_link
 from tests.test_follow_browser import FOLLOW_MS, leader_moves, shows
 from tests.test_follow_faults import DOWN, LEAD_DOWN, open_class, pages, timed_next  # noqa: F401 (pages: a fixture)
 from tests.test_room_sync import wait_for
-from ui import strings
+from ui.text import strings
 
 pytestmark = pytest.mark.browser
 

@@ -1,11 +1,11 @@
-"""What a session keeps between its runs: its typed state (ui/session.py), where a one-shot field is read once, and
+"""What a session keeps between its runs: its typed state (ui/state/session.py), where a one-shot field is read once, and
 the link, of which Streamlit keeps a copy."""
 
 import streamlit as st
 
-from ui import page_state
-from ui.session import LessonSession, PageSession
-from ui.state import AppState, Problem, to_query
+from ui.page import page_state
+from ui.state.session import LessonSession, PageSession
+from ui.state.link import AppState, Problem, to_query
 
 
 def test_take_returns_a_field_and_puts_its_default_back():

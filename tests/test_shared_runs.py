@@ -7,8 +7,8 @@ import torch
 
 import engine
 from tests.app_helpers import shown_text, start
-from ui.runner import Runner
-from ui.run_store import RunStore
+from ui.runs.runner import Runner
+from ui.runs.store import RunStore
 from tests.test_runner import config
 
 
@@ -204,7 +204,7 @@ def test_runs_no_page_asked_for_in_a_while_are_dropped_and_freed(tiny_model):
     import gc
     import weakref
 
-    from ui import memory
+    from ui.host import memory
 
     now = [0.0]
     model, store = tiny_model("llama"), RunStore(10**9, idle_seconds=300, clock=lambda: now[0])
@@ -227,7 +227,7 @@ def test_runs_no_page_asked_for_in_a_while_are_dropped_and_freed(tiny_model):
 
 def test_the_sweep_forgets_closed_tabs_sessions_then_runs_the_clean_ups(monkeypatch):
     """Streamlit 1.67 keeps a closed tab's session in a TTL cache that forgets it only when next written; the
-    sweep expires it (through the runtime's session manager, as ui/streamlit_internals.py reaches it), then runs each
+    sweep expires it (through the runtime's session manager, as ui/host/streamlit_internals.py reaches it), then runs each
     clean-up."""
     import weakref
     from types import SimpleNamespace
@@ -236,7 +236,7 @@ def test_the_sweep_forgets_closed_tabs_sessions_then_runs_the_clean_ups(monkeypa
     from streamlit.runtime import Runtime
     from streamlit.runtime.memory_session_storage import MemorySessionStorage
 
-    from ui import memory
+    from ui.host import memory
 
     now = [0.0]
     storage = MemorySessionStorage()
@@ -260,7 +260,7 @@ def test_the_sweep_forgets_closed_tabs_sessions_then_runs_the_clean_ups(monkeypa
 
 
 def test_streamlit_keeps_closed_sessions_where_the_sweep_looks():
-    """The pinned Streamlit's session manager holds its storage as `_session_storage` (ui/memory.py)."""
+    """The pinned Streamlit's session manager holds its storage as `_session_storage` (ui/host/memory.py)."""
     import inspect
 
     from streamlit.runtime.websocket_session_manager import WebsocketSessionManager

@@ -13,8 +13,8 @@ from tests.app_helpers import assert_clean, start
 from tests.conftest import GEMMA_WINDOW
 from tests.runs import decode
 from tests.test_gemma_views import charts, matrix
-from ui.lesson import CHAPTERS, WINDOW_PROMPTS, number_of
-from ui.settings import load_limits
+from ui.lesson.chapters import CHAPTERS, WINDOW_PROMPTS, number_of
+from ui.host.limits import load_limits
 
 W = GEMMA_WINDOW
 
@@ -193,7 +193,7 @@ def test_each_models_limits_let_gemma_pass_its_window_in_the_bytes_smollm2_had(e
     """The host's token limits are SmolLM2's (float32): its own stay as set; Gemma 3 270M, whose K/V take fewer bytes a
     token, gets a prompt long enough for the window chapter's run to pass 512 positions, its pool no more K/V bytes
     than SmolLM2's, its longest prefill's attention within the step memory; a limit the host raised is never lowered."""
-    from ui.settings import Limits, model_limits, step_limits
+    from ui.host.limits import Limits, model_limits, step_limits
 
     host = load_limits({})
     smol, gemma = model_limits(host, embedded_model.info), model_limits(host, embedded_zh_model.info)
@@ -217,7 +217,7 @@ def test_each_models_limits_let_gemma_pass_its_window_in_the_bytes_smollm2_had(e
 def test_the_window_chapter_keeps_its_own_prompt_in_the_pages_language_and_model(embedded_model, embedded_zh_model):
     """The window chapter runs its own prompt only on a model with a window, in the page's language; leaving it for another
     chapter, or a language (and so a model) without a window, puts the class's prompt back."""
-    from ui.state import default_prompt
+    from ui.state.link import default_prompt
 
     window = number_of("sliding_window")
     at = start(chapter=window, lang="en")  # SmolLM2: no window, the class's prompt

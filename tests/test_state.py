@@ -5,8 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import engine
-from ui.settings import load_limits
-from ui.state import AppState, clamp, clean_prompt, parse_query, to_query
+from ui.host.limits import load_limits
+from ui.state.link import AppState, clamp, clean_prompt, parse_query, to_query
 
 
 def test_default_state_round_trips_through_a_link():
@@ -91,7 +91,7 @@ def test_host_limits_come_from_the_environment():
 def test_a_setting_in_seconds_is_clamped_and_a_bad_one_is_the_default():
     """The follower's poll and the leader's heartbeat are read so too (ui/follow): a typo in a host's secrets
     must not stop the app from starting, nor a 0 make a page poll without pause."""
-    from ui.settings import env_seconds
+    from ui.host.limits import env_seconds
 
     assert env_seconds({"S": "2.5"}, "S", 3.0, 0.1, 10.0) == 2.5
     assert env_seconds({"S": "0"}, "S", 3.0, 0.1, 10.0) == 0.1 and env_seconds({"S": "-4"}, "S", 3.0, 0.1, 10.0) == 0.1
@@ -121,8 +121,10 @@ def test_the_view_registry_lists_every_view_once_with_its_module_and_labels():
     import importlib
     from pathlib import Path
 
-    from ui import strings, views
-    from ui.state import LANGS, VIEWS
+    from ui.text import strings
+
+    from ui import views
+    from ui.state.link import LANGS, VIEWS
 
     assert VIEWS == tuple(views.MODULES) and len(set(views.MODULES.values())) == len(VIEWS)
     for name, module in views.MODULES.items():

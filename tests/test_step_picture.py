@@ -17,7 +17,7 @@ import engine
 from tests.app_helpers import assert_clean, start
 from tests.runs import decode
 from tests.test_app import english_left, figure_strings
-from ui import strings
+from ui.text import strings
 from viz.step_picture import FRAME, HIGHLIGHT, MIN_WIDTH, STAGES, step_figure
 from viz.style import contrast_ratio
 

@@ -1,4 +1,4 @@
-"""The pinned Streamlit's private internals behave as `ui.streamlit_internals` relies on: on a real Runtime with a
+"""The pinned Streamlit's private internals behave as `ui.host.streamlit_internals` relies on: on a real Runtime with a
 real session (no browser), and in AppTest's script runs. A Streamlit upgrade that changes their shape fails here,
 not silently on a class's followers."""
 
@@ -14,7 +14,7 @@ from streamlit.runtime.memory_session_storage import MemorySessionStorage
 from streamlit.runtime.memory_uploaded_file_manager import MemoryUploadedFileManager
 from streamlit.testing.v1 import AppTest
 
-from ui import streamlit_internals
+from ui.host import streamlit_internals
 
 
 class Client:
@@ -121,7 +121,7 @@ def test_no_server_no_sessions_to_ask(monkeypatch):
 def page_naming_its_session_and_fragment():
     import streamlit as st
 
-    from ui import streamlit_internals
+    from ui.host import streamlit_internals
 
     st.text(f"page: {streamlit_internals.current_fragment_id()}")
 

@@ -1,4 +1,4 @@
-"""The page's strings (ui/strings.csv, viz/figure_words.csv, ui/lesson.toml): every one in every language, so a
+"""The page's strings (ui/text/strings.csv, viz/figure_words.csv, ui/lesson/lesson.toml): every one in every language, so a
 Chinese page never falls back to English, and English counts that can be 1 read "1 token", never "1 tokens"."""
 
 import re
@@ -6,8 +6,8 @@ import string
 
 import pytest
 
-from ui import strings
-from ui.lesson import CHAPTERS, TEXT_PARTS
+from ui.text import strings
+from ui.lesson.chapters import CHAPTERS, TEXT_PARTS
 from viz.words import LANGUAGES, TRANSLATIONS, read_words
 
 SINGULAR = strings.SINGULAR  # an English-only variant of a string, for a count of 1

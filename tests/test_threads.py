@@ -6,7 +6,7 @@ import torch
 
 @pytest.mark.parametrize("given, threads", [(None, 1), ("3", 3), ("0", 1), ("two", 1)])
 def test_kvscope_threads_setting(given, threads):
-    from ui.settings import load_limits
+    from ui.host.limits import load_limits
 
     assert load_limits({} if given is None else {"KVSCOPE_THREADS": given}).threads == threads
 

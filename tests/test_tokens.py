@@ -159,7 +159,7 @@ def test_the_apps_candidates_show_characters_and_bytes_never_u_fffd(embedded_mod
     the candidates that would finish it read as that character; each label checked against the tokenizer."""
     import engine
     from tests.app_helpers import assert_clean, start
-    from ui import strings
+    from ui.text import strings
 
     session = engine.DecodeSession(embedded_model, "解释什么是Transformer", chat=False)
     first = session.prefill().token_id
@@ -192,7 +192,7 @@ def hovers(body: str) -> list[str]:
 def test_hover_text_shows_the_character_its_ids_and_bytes_in_the_pages_language(tokenizer, lang):
     """Issue 18: the hover showed the tokenizer's byte-level pieces ('æĺ¯' for 是) and English labels on a
     Chinese page. Each expectation here comes from the tokenizer and UTF-8, not from the hover code."""
-    from ui import strings
+    from ui.text import strings
 
     text = "解释什么是Transformer"
     ids = tokenizer.encode(text, add_special_tokens=False)

@@ -1,4 +1,4 @@
-"""Pages draw by turns (`ui.follow.turns`): the leader never waits, followers draw one at a time, explorers only
+"""Pages draw by turns (`ui.runs.turns`): the leader never waits, followers draw one at a time, explorers only
 while the class is quiet (and are told when they wait), a page that only waits gives its turn away, and nobody
 waits for ever. Threads stand for page runs; each blocks in its turn until the test lets it go."""
 
@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from ui.follow import turns
-from ui.follow.turns import EXPLORER, FOLLOWER, LEADER
+from ui.runs import turns
+from ui.runs.turns import EXPLORER, FOLLOWER, LEADER
 
 WAIT = 5.0  # seconds: a bound for a test that would otherwise hang, never a pace
 ORDER = itertools.count()  # what happened first, across the pages' threads

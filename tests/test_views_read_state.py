@@ -8,7 +8,7 @@ import pytest
 
 from tests.app_helpers import assert_clean, start
 from tests.runs import decode
-from ui.state import default_prompt, language_defaults, parse_query
+from ui.state.link import default_prompt, language_defaults, parse_query
 from ui.views import MODULES
 from ui.views.widgets import HEAD_VIEWS
 from viz.attention import focused_head
@@ -66,7 +66,7 @@ def test_no_view_writes_session_state(path):
 
 
 WIDGET_PREFIXES = ("w_", "b_", "x_")  # a widget's key says what it is: a setting, a button, an expander
-TYPED_STATE = ("page_session", "lesson_session", "follow_state", "ui.session", "room_link")  # ui/session.py's
+TYPED_STATE = ("page_session", "lesson_session", "follow_state", "ui.state.session", "room_link")  # ui/state/session.py's
 
 
 @pytest.mark.parametrize("path", sorted(VIEWS_DIR.glob("*.py")), ids=lambda path: path.name)
@@ -78,7 +78,7 @@ def test_no_view_reaches_the_sessions_typed_state(path):
 
 
 def test_the_session_holds_its_widgets_and_three_typed_states(embedded_model):
-    """Besides its widgets' keys, a session keeps one dataclass per concern (ui/session.py): a step, a view, a
+    """Besides its widgets' keys, a session keeps one dataclass per concern (ui/state/session.py): a step, a view, a
     chapter with an article's case and a move back out of the lesson leave no other key behind."""
     at = start(step=2, view="attention")
     at.button(key="b_next").click().run()

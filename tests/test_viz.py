@@ -10,7 +10,7 @@ from plotly.colors import sample_colorscale
 import engine
 from tests.runs import decode
 from engine.model import ModelInfo
-from ui.strings import figure_words
+from ui.text.strings import figure_words
 from viz.attention import focused_head, gqa_figure, head_grid_figure, heatmap_figure
 from viz.candidates import candidates_frame, candidates_table
 from viz.costs import context_growth_frame, steps_frame, steps_table
@@ -107,7 +107,7 @@ def test_candidates_split_costs_and_prefix_tables(run):
 
 
 def test_figures_take_their_words_from_the_page():
-    from ui.strings import figure_words
+    from ui.text.strings import figure_words
     from viz.kv_cache import occupancy_bar
 
     zh = occupancy_bar(3, 2, 10, words=figure_words("zh"))
@@ -221,7 +221,7 @@ def test_candidates_table_shows_the_drawn_mark_first_and_percentages(run):
 
 
 def test_download_labels_are_short_enough_for_their_buttons():
-    from ui import strings
+    from ui.text import strings
 
     for lang in ("en", "zh"):
         for key in ("download_trace", "download_tokens"):

@@ -1,7 +1,7 @@
 """KV eviction drawn: which positions each (layer, KV head) kept, over the steps of one, where full attention would
 have looked, the attention sink layer by layer, the bytes held, and the text under a policy beside the full cache's.
 
-Inputs are the arrays `ui.eviction_runs` records per pass; a kept map codes each (layer, KV head, position) as
+Inputs are the arrays `ui.runs.eviction` records per pass; a kept map codes each (layer, KV head, position) as
 EVICTED (0), KEPT (1) or OUTSIDE_WINDOW (2: a sliding-window layer's own rule, Gemma 3's local layers).
 """
 

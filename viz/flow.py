@@ -18,7 +18,7 @@ from viz.words import ENGLISH, Words
 
 @dataclass(frozen=True)
 class FlowRow:
-    key: str  # names the row; the page words it (ui.strings: flow_stage_<key>, flow_note_<key>)
+    key: str  # names the row; the page words it (ui.text.strings: flow_stage_<key>, flow_note_<key>)
     stage: str  # the part of the step picture it belongs to (one of viz.step_picture.STAGES)
     shape: str  # the tensor shape(s) here, as the table's shape column and the picture's arrows show them
     facts: dict  # numbers the note quotes

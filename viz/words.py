@@ -1,6 +1,6 @@
 """The page's languages and its one translation format: a CSV table, one row a text, its key then one column per
-language (`key,en,zh`). `read_words` reads one; the UI's strings (`ui/strings.csv`) and the words viz draws into
-figures and tables (`figure_words.csv`, next to this file) are two such tables. (`ui/lesson.toml`, the teacher's
+language (`key,en,zh`). `read_words` reads one; the UI's strings (`ui/text/strings.csv`) and the words viz draws into
+figures and tables (`figure_words.csv`, next to this file) are two such tables. (`ui/lesson/lesson.toml`, the teacher's
 text, keeps its own form.)
 
 Every viz function takes a `words` mapping with the keys of `figure_words.csv`, so a page in another language

@@ -15,8 +15,8 @@ import segno
 import streamlit as st
 
 from ui.follow.room_link import follow_state, room_query, sync
-from ui.settings import env_seconds
-from ui.state import AppState
+from ui.host.limits import env_seconds
+from ui.state.link import AppState
 
 # the leader's heartbeat (well inside rooms.ROOM_TTL_SECONDS) and check of its status
 LEAD_SECONDS = env_seconds(os.environ, "KVSCOPE_LEAD_S", 1.0, 0.1, 10.0)

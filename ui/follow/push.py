@@ -4,7 +4,7 @@ whose step fragment is known is asked to run that fragment alone (`ui.follow.pag
 the teacher's most frequent, is applied there; any other change hands over to a run of the whole page): 30
 followers then cost the server 30 runs of the step, not 30 runs of the page with its sidebar.
 
-Streamlit has no public call for one session to start another's run: `ui.streamlit_internals.ask_to_run` asks
+Streamlit has no public call for one session to start another's run: `ui.host.streamlit_internals.ask_to_run` asks
 the session as Streamlit's own "run on save" does, and tests/test_follow_browser.py checks that followers move with
 polls slowed right down. Followers on another server (rooms shared through Redis) still learn of a move by polling.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 
-from ui import streamlit_internals
+from ui.host import streamlit_internals
 
 _lock = threading.Lock()
 _following: dict[str, set[str]] = {}  # room code → ids of this server's sessions following it

@@ -35,7 +35,7 @@ KEY_PREFIX = "kvscope:room:"
 
 @dataclass(frozen=True)
 class Room:
-    """What a room publishes: `query` is a link's parameters (`ui.state.to_query`), `version` grows with each
+    """What a room publishes: `query` is a link's parameters (`ui.state.link.to_query`), `version` grows with each
     change of it (followers compare it to the version they applied)."""
 
     code: str

@@ -1,6 +1,6 @@
 """The views: the one list of them and where each is drawn. One module per view; each has `render(ctx: ViewContext)`
 and draws with Streamlit only. A view's name is its value in the link (`view=`) and its label's string key
-(`view_<name>`, ui/strings.csv); the lesson's chapters name views the same way (ui/lesson.toml)."""
+(`view_<name>`, ui/text/strings.csv); the lesson's chapters name views the same way (ui/lesson/lesson.toml)."""
 
 from __future__ import annotations
 
@@ -13,5 +13,5 @@ VIEWS = tuple(MODULES)
 
 
 def render(view: str, ctx) -> None:
-    """Draw `view` for the step in `ctx` (a `ui.context.ViewContext`)."""
+    """Draw `view` for the step in `ctx` (a `ui.views.context.ViewContext`)."""
     importlib.import_module(f"ui.views.{MODULES[view]}").render(ctx)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ui.context import ViewContext
+from ui.views.context import ViewContext
 from ui.views.chapter_part import Part, shown
 from ui.views.figures import figure, memo_key
 from ui.views.widgets import layer_head_pickers, titled, words

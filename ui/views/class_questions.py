@@ -1,4 +1,4 @@
-"""The Serving view's part for a class in a follow room (`ctx.room`, `ui.serving_room`): on a student's page, where
+"""The Serving view's part for a class in a follow room (`ctx.room`, `ui.follow.serving_room`): on a student's page, where
 their own question is in the pool, and the box that sends it (once, after they agreed the class will see it); on
 the teacher's, the class's list, ✕ to remove a question, and serving the list as a round or going back to the
 samples. Questions are the students' text: shown as text, never as Markdown or HTML."""
@@ -8,9 +8,9 @@ from __future__ import annotations
 import streamlit as st
 
 from engine.server import StepReport
-from ui.context import ViewContext
+from ui.views.context import ViewContext
 from ui.follow.class_prompts import MAX_CHARS
-from ui.serving_room import CONSENT_KEY, PROMPT_KEY
+from ui.follow.serving_room import CONSENT_KEY, PROMPT_KEY
 from viz.serving import request_label
 
 

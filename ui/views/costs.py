@@ -7,8 +7,8 @@ import streamlit as st
 
 from engine.reference_models import reference_info
 from engine.timing import DecodeTiming, crossover_batch, crossover_context, decode_step_bytes, weight_bytes_read
-from ui.context import ViewContext
-from ui.page_state import measure_again
+from ui.views.context import ViewContext
+from ui.page.page_state import measure_again
 from ui.views.chapter_part import Part, shown
 from ui.views.figures import figure, memo_key, shared_table, table
 from ui.views.widgets import words

@@ -8,16 +8,16 @@ import math
 import streamlit as st
 
 from engine.eviction import POLICIES
-from ui.eviction_forced import ForcedReading, forced_reading
-from ui.eviction_settings import EvictionSettings
+from ui.runs.eviction_forced import ForcedReading, forced_reading
+from ui.runs.eviction_settings import EvictionSettings
 from engine.errors import InvalidSettingError
-from ui.context import ViewContext
-from ui.eviction_shown import EvictionShown, check, error_message, kept_counts, policy_label, shown_eviction
-from ui.state import EVICT_AT, bounds
+from ui.views.context import ViewContext
+from ui.views.eviction_shown import EvictionShown, check, error_message, kept_counts, policy_label, shown_eviction
+from ui.state.link import EVICT_AT, bounds
 from ui.views.chapter_part import Part, shown
 from ui.views.figures import figure, memo_key
 from ui.views.widgets import layer_head_pickers, opened, titled, words
-from ui.sink_experiment import CACHE, SINKS, SinkExperiment
+from ui.runs.sink_experiment import CACHE, SINKS, SinkExperiment
 from viz.eviction import (KEPT, bytes_figure, cost_figure, evicted_share_figure, kept_figure, kept_over_steps_figure,
                           nll_by_position_figure, sink_figure, sinks_figure, text_comparison_html)
 from viz.style import fmt_size
@@ -163,7 +163,7 @@ def cost(ctx: ViewContext, data: EvictionShown, policy: str) -> None:
 
 
 def forced(ctx: ViewContext, data: EvictionShown, policy: str) -> None:
-    """The full cache's answer so far read through both caches (`ui.eviction_forced`), while its expander is open."""
+    """The full cache's answer so far read through both caches (`ui.runs.eviction_forced`), while its expander is open."""
     with opened(ctx.t("evict_forced_open"), "x_forced") as box:
         if not box.open:
             return
@@ -211,7 +211,7 @@ def sink(ctx: ViewContext, data: EvictionShown, policy: str) -> None:
 
 
 def streaming(ctx: ViewContext) -> None:
-    """StreamingLLM's experiment on the loaded model (`ui.sink_experiment`), in an expander built only while open:
+    """StreamingLLM's experiment on the loaded model (`ui.runs.sink_experiment`), in an expander built only while open:
     it reads a text through ten caches, seconds of work the first time on a server."""
     if not shown():
         return

@@ -13,8 +13,8 @@ import pyarrow as pa
 import plotly.graph_objects as go
 import streamlit as st
 
-from ui.context import ViewContext
-from ui.runs import Memo
+from ui.views.context import ViewContext
+from ui.runs.run import Memo
 from ui.views.chapter_part import height_limit
 from ui.views.paint import paint_first
 from ui.views.wire import FrozenFigure, compact

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from ui import strings
-from ui.context import ViewContext
+from ui.text import strings
+from ui.views.context import ViewContext
 from ui.views.chapter_part import Part, shown
 from ui.views.figures import figure, memo_key, shared_table
 from ui.views.widgets import titled, words
@@ -15,7 +15,7 @@ from viz.flow import flow_rows, residual_figure, vector_figure
 from viz.step_picture import MIN_WIDTH, step_figure
 
 # Narrower than MIN_WIDTH (a phone) the picture keeps its size and scrolls sideways rather than squeezing its words
-# together; the page itself does not widen. Part of the page's style (`ui.page`), not sent again with every step.
+# together; the page itself does not widen. Part of the page's style (`ui.page.main`), not sent again with every step.
 PICTURE_CSS = f"<style>.st-key-step-picture [data-testid='stFullScreenFrame'] {{ min-width: {MIN_WIDTH}px; }}</style>"
 
 

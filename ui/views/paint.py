@@ -5,7 +5,7 @@ from __future__ import annotations
 from contextvars import ContextVar
 from time import perf_counter, sleep
 
-from ui.follow import turns
+from ui.runs import turns
 
 # When the step's header and text were sent (set by the page; read by the run's first figure, `paint_first`).
 TEXT_SENT: ContextVar[float | None] = ContextVar("text_sent", default=None)

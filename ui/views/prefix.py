@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ui.cases import CASE_BLOCK_SIZE
-from ui.context import ViewContext
-from ui.page_state import load_case
+from ui.lesson.cases import CASE_BLOCK_SIZE
+from ui.views.context import ViewContext
+from ui.page.page_state import load_case
 from ui.views.chapter_part import Part, shown
 from ui.views.figures import figure, memo_key, table
 from ui.views.widgets import words

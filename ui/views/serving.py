@@ -12,10 +12,10 @@ from statistics import median
 import streamlit as st
 
 from engine.errors import InvalidSettingError
-from ui.context import ViewContext
-from ui.strings import Shown
-from ui.serving_runs import PoolTooSmall, ServedClass
-from ui.state import bounds
+from ui.views.context import ViewContext
+from ui.text.strings import Shown
+from ui.runs.serving import PoolTooSmall, ServedClass
+from ui.state.link import bounds
 from ui.views import class_questions
 from ui.views.chapter_part import Part, shown
 from ui.views.figures import figure, memo_key, shared_table

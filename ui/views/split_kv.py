@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from engine.split_kv import worked_example
-from ui.context import ViewContext
+from ui.views.context import ViewContext
 from ui.views.chapter_part import Part, shown
 from ui.views.figures import figure, memo_key, shared_table, table
 from ui.views.widgets import layer_head_pickers, opened, words

@@ -8,7 +8,7 @@ import json
 
 import streamlit as st
 
-from ui.context import ViewContext
+from ui.views.context import ViewContext
 from ui.views.chapter_part import shown
 from ui.views.figures import figure, memo_key, shared_table
 from ui.views.widgets import opened, words

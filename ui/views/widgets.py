@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ui import strings
-from ui.context import ViewContext
+from ui.text import strings
+from ui.views.context import ViewContext
 
 # The views that draw `layer_head_pickers` (tests/test_views_read_state.py checks the list): before they are drawn,
-# the step opens the pickers on a focused head (`ui.page_state.open_on_focused_head`).
+# the step opens the pickers on a focused head (`ui.page.page_state.open_on_focused_head`).
 HEAD_VIEWS = frozenset({"attention", "kv", "split", "eviction"})
 
 

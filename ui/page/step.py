@@ -1,0 +1,302 @@
+"""The step's fragment: the step buttons, Play, the token stream, the chosen view and, in the lesson, the chapter's
+header, figure and text. A press, a view or head change and Play's ticks redraw it alone, never the sidebar.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, replace
+
+import streamlit as st
+
+import engine
+from ui.follow import follower
+from ui.runs import turns
+from ui.follow import page as follow
+from ui.views.context import ViewContext
+from ui.lesson.chapters import CHAPTERS
+from ui.page.page_state import (current_state, go_to_chapter, open_on_focused_head, request_full_run, run_lock,
+                           show_problem, ss, t, labels, write_link)
+from ui.runs.runner import Runner
+from ui.follow import serving_room
+from ui.state.session import PlayClock, lesson_session, page_session
+from ui import views
+from ui.state.link import clamp
+from ui.views import VIEWS, serving, stepper
+from ui.lesson import panel as lesson
+from ui.views.chapter_part import CHAPTER_FIGURE, ChapterFigure
+from ui.views.paint import TEXT_SENT
+from ui.views.widgets import HEAD_VIEWS, opened
+
+log = logging.getLogger("kvscope")
+clock = time.monotonic  # the page's clock: Play's ticks, a catch-up's notice (tests set their own)
+NOTICE_SECONDS = 0.5  # a catch-up's notice: after this long, and no oftener (each is a message to the page)
+CHAPTER_FIGURE_HEIGHT = {False: 480, True: 440}  # px: what the first screen has below the lesson's header
+
+
+def stepper_and_view(model: engine.Model, runner: Runner) -> None:
+    """The step, its view and (in the lesson) its chapter: a fragment, redrawn alone by a press of a step button,
+    a change of view, layer or head, and Play's ticks. A fault stays in this session: it is shown, and the
+    session can start again; the shared model and other sessions are untouched."""
+    follower.take_step()  # a follower: the leader's new step (a run of this fragment alone follows the leader's move)
+    follower.check(current_state())  # a follower who moved on their own is told at once, above the fragment
+    page, lesson_state = page_session(), lesson_session()
+    if page.full_rerun or lesson_state.pending_case:  # an article's case is loaded before any widget
+        page.full_rerun = False
+        st.rerun(scope="app")  # a control in here changed what the rest of the page shows
+    try:
+        with run_lock():  # a fragment's rerun does not pass through main
+            # a chapter entered in this fragment: its run, from an empty cache
+            if lesson_state.take("forget_published"):
+                runner.forget_published()
+                runner.configure(runner.config)
+            role = turns.LEADER if follow.leading() else turns.FOLLOWER if follow.following() else turns.EXPLORER
+            told = []  # a page is told while others go first; the notice goes once its turn comes
+
+            def waiting(class_first: bool) -> None:
+                told.append(st.empty())
+                told[0].caption(t("waiting_for_class" if class_first else "waiting_for_pages"))
+
+            with turns.turn(role, waiting):
+                for notice in told:
+                    notice.empty()
+                draw_step(model, runner)
+        return
+    except engine.KvscopeError as error:
+        message = t("bad_input", error=str(error))
+    except Exception as error:  # noqa: BLE001 — Streamlit's own control flow is BaseException, not caught
+        log.error("a step failed: %s", type(error).__name__, exc_info=True)  # no prompt text in the log
+        message = t("step_failed", error=f"{type(error).__name__}: {error}")
+    st.error(message)
+    st.button(t("reset_session"), key="b_reset_session", on_click=reset_session)
+
+
+def reset_session() -> None:
+    """Drop this browser session's run (its K/V blocks go back); the settings and link stay."""
+    page = page_session()
+    runner, page.runner = page.runner, None
+    if runner is not None:
+        try:
+            runner.close()
+        except Exception:  # noqa: BLE001 — the run is being discarded anyway
+            log.warning("closing a failed run raised", exc_info=True)
+    page.step = 0
+    request_full_run()  # the page builds the session's new run
+
+
+class CatchUpNotice:
+    """While the page computes many steps to reach the one asked (a link opened at a late step), it says how far it
+    got: once the work has taken `NOTICE_SECONDS`, and again at most that often. A press's one step says nothing."""
+
+    def __init__(self, place, step: int):
+        self.place, self.step, self.since = place, step, clock()
+        self.slot = None  # made in `place` at the notice's first words
+
+    def __call__(self, done: int) -> None:
+        now = clock()
+        if now - self.since < NOTICE_SECONDS:
+            return
+        if self.slot is None:
+            self.slot = self.place.empty()
+        self.slot.caption(t("catching_up", done=done, step=self.step))
+        self.since = now
+
+    def clear(self) -> None:
+        if self.slot is not None:
+            self.slot.empty()
+
+
+def draw_step(model: engine.Model, runner: Runner) -> None:
+    """The step counter, the step buttons and Play in one row, the token stream, then the chosen view (its main
+    figure first) and the step's text and candidates: at 1280×720 the main figure starts on the first screen.
+    In the lesson: the chapter's header, then its figure beside the step's controls and the chapter's text, the
+    text so far, and the whole view under them, closed: a chapter change draws the chapter's figure, not five."""
+    chapter = CHAPTERS[ss.w_chapter - 1] if ss.get("w_chapter") else None
+    page = page_session()
+    side = layout_side()
+    places = step_places(chapter, side)
+    step_buttons(places.buttons, runner, busy=True)
+    places.play.toggle(t("play"), key="w_playing", on_change=request_full_run)  # Play sets the fragment's timer
+    if ss.get("w_playing"):
+        if at_end(runner):
+            page.stop_playing = True
+            st.rerun(scope="app")
+        page.step = play_step(page.step, ss.w_pace)
+    else:
+        page.play_clock = None  # a Play started later starts its own clock
+    requested = page.step
+    serving_view = ss.get("w_view") == "serving"  # the page's step is the server's (`ui.views.serving`)
+    catching_up = CatchUpNotice(places.controls, requested)
+    room = serving_room.room_for(current_state()) if serving_view else None
+    page.step = (serving.serve_to(runner, current_state(), requested, room.served if room else None) if serving_view
+                 else runner.advance_to(requested, catching_up))
+    catching_up.clear()
+    state, problems = clamp(current_state(), model.info.layers, model.info.q_heads)
+    for problem in problems:
+        ss["w_" + problem.param] = getattr(state, problem.param)
+    trace = None if serving_view else runner.trace(page.step)
+    ctx = ViewContext(runner=runner, state=state, step=page.step, trace=trace,
+                      stage=chapter.stage if chapter else None, measured_again=page.measured_again, room=room)
+    if ctx.state.view in HEAD_VIEWS or chapter is not None and ctx.trace is not None and ctx.trace.split is not None:
+        open_on_focused_head(ctx.state, ctx.trace)  # its pickers, or the chapter's split text, show a layer and head
+    with places.controls:
+        if page.step < requested and not serving_view:  # the server's end: the view's own sentence says so
+            st.warning(t("step_unreachable", step=requested, reached=page.step, reason=runner.stop_reason))
+        for problem in problems:
+            show_problem(problem)
+        page.counter_html = serving.counter_html(ctx) if serving_view else stepper.counter_html(ctx)
+        places.counter.html(page.counter_html)
+    with places.beside:
+        if not serving_view:  # the server's requests and their texts are the view's
+            stepper.render(ctx, lines=1 if chapter else None)
+        if chapter is not None:
+            lesson.panel(ctx)
+    st.radio(t("view"), VIEWS, key="w_view", horizontal=True, format_func=labels("view_"),
+             label_visibility="collapsed")  # hidden in the lesson: the chapter sets the view
+    if chapter is None:
+        view_place, details_place = fresh_place(st, side), st.container()
+        placed = CHAPTER_FIGURE.set(None)
+    else:  # under the chapter, the text so far, then the view's other parts: built only while opened
+        details_place = st.container()
+        whole = opened(t("lesson_whole_view"), "x_whole_view")
+        view_place = fresh_place(whole, side)
+        placed = CHAPTER_FIGURE.set(ChapterFigure(chapter.figure, *places.chapter_figure,
+                                                  CHAPTER_FIGURE_HEIGHT[ctx.large], whole.open))
+    sent = None
+    try:
+        with details_place:  # sent before the view's figures: the step's text is on screen first
+            if not serving_view:
+                stepper.details(ctx)
+        sent = TEXT_SENT.set(time.perf_counter())
+        with view_place:
+            views.render(ss.w_view, ctx)
+    finally:
+        CHAPTER_FIGURE.reset(placed)
+        if sent is not None:
+            TEXT_SENT.reset(sent)
+    step_buttons(places.buttons, runner)  # live again only once the screen shows this step, as the link does
+    write_link(current_state())
+
+
+def play_step(step: int, pace: float) -> int:
+    """Play's next step: one more each tick, and more when ticks came late (a slow draw, a busy server), so that
+    the tokens keep the pace's clock. A step or pace changed by hand starts the clock again."""
+    page = page_session()
+    now, playing = clock(), page.play_clock
+    if playing is None or playing.pace != pace or playing.last != step:
+        playing = PlayClock(now, step, pace, step)
+    nxt = max(step + 1, playing.step + 1 + int((now - playing.start) / pace + 1e-9))  # + rounding of floats
+    page.play_clock = replace(playing, last=nxt)
+    return nxt
+
+
+@dataclass
+class StepPlaces:
+    controls: object  # the counter's line, the step buttons and Play, and the step's warnings
+    counter: object
+    buttons: object  # where `step_buttons` draws (busy first, live once the step is drawn)
+    play: object
+    beside: object  # the token stream (and the chapter's text in the lesson)
+    chapter_figure: tuple | None  # the lesson's places for the chapter's figure and, under it, its controls
+
+
+def layout_side() -> bool:
+    """Which of its two slots each place of the step's layout takes in this run (`fresh_place`): the other side
+    when this run draws another chapter or view than the session's last one did."""
+    page, layout = page_session(), (ss.get("w_chapter"), ss.get("w_view"))
+    if page.drawn_layout != layout:
+        page.drawn_layout, page.layout_side = layout, not page.layout_side
+    return page.layout_side
+
+
+def fresh_place(parent, side: bool, key: str | None = None):
+    """A container in `parent` that holds nothing of another layout's. Streamlit hands a container drawn where one
+    was the old one's elements, and drops those past the new run's last only when the run ends; a timed fragment
+    (the leader's status, a follower's banner) starting then left them on screen: the last chapter's figure stayed
+    under the new one. So a place has two slots and changes slot with the layout: the slot it leaves is emptied at
+    once, and the one it takes held an empty element, not a container."""
+    slots = parent.empty(), parent.empty()
+    return slots[side].container(key=key)
+
+
+def step_places(chapter, side: bool) -> StepPlaces:
+    """Where the step's parts go. Free exploration: the counter, the step buttons with Play, the token stream, one
+    under the other. The lesson: the chapter's title; the counter beside the chapter buttons; the step buttons;
+    then the chapter's figure, and beside it the token stream and the chapter's text."""
+    if chapter is not None:
+        lesson.header(chapter, ss.w_lang)
+    controls = st.container()
+    with controls:
+        if chapter is None:
+            counter = header_place(st)
+        else:
+            counter_column, back, forward = st.columns([2.6, 1, 1], vertical_alignment="center")
+            counter = header_place(counter_column)
+            lesson.chapter_buttons(chapter, ss.w_lang, go_to_chapter, back, forward)
+        buttons_column, play_column = st.columns([4, 1], vertical_alignment="center")
+    buttons = buttons_column.empty()
+    if chapter is None:
+        return StepPlaces(controls, counter, buttons, play_column, controls, None)
+    figure_column, beside = st.columns([0.65, 0.35])  # the step picture needs 760 px
+    return StepPlaces(controls, counter, buttons, play_column, beside,
+                      (fresh_place(figure_column, side, "chapter-figure"),
+                       fresh_place(figure_column, side, "chapter-controls")))
+
+
+def header_place(parent):
+    """The step's header line, holding the last step's until this step's replaces it: it never blinks out (an
+    `st.empty` first would clear it on screen while the step is computed)."""
+    shown = page_session().counter_html
+    return parent.html(shown) if shown is not None else parent.empty()
+
+
+def step_buttons(place, runner: Runner, busy: bool = False) -> None:
+    """Prefill, Back, Next, Reset, drawn in `place`. While a step is computed and drawn (`busy`) they are
+    greyed and their arrow keys unbound: Streamlit would merge or drop presses made during a run, so they
+    are refused visibly instead. Back and Next move by one from the step current when a press is handled."""
+    page = page_session()
+    next_label = "next_step" if ss.get("w_view") == "serving" else "next"  # there a step is the server's, not a token
+    buttons = (("prefill", "b_prefill", (1, True), {"disabled": page.step >= 1}),
+               ("back", "b_back", (-1, False), {"shortcut": "Left", "disabled": page.step == 0}),
+               (next_label, "b_next", (1, False), {"shortcut": "Right", "disabled": not busy and at_end(runner)}),
+               ("reset", "b_reset", (0, True), {}))
+    # One row that never wraps (a phone keeps it): one element, where columns were five (each is a message to
+    # every page of a class, twice a step). Next is the widest (page CSS), being pressed most.
+    row = place.container(horizontal=True, wrap=False, key="step-buttons-busy" if busy else "step-buttons")
+    moved = page.moved and not busy
+    if not busy:  # the live buttons are this step's: a new press may move
+        page.moved = False
+    for label, key, move_args, options in buttons:
+        if busy:
+            row.button(t(label), key=key + "_busy", disabled=True, width="stretch")
+            continue
+        pressed = row.button(t(label), key=key, on_click=move, args=move_args, width="stretch", **options)
+        if pressed and not moved:
+            # No callback ran: a restarted server rebuilt this session from its link in this very run, and the
+            # server that drew the button (and knew its callback) is gone. The press still counts.
+            move(*move_args)
+            st.rerun()
+
+
+def at_end(runner: Runner) -> bool:
+    """Whether Next has nothing more to show: the run ended at this step (on the Serving view, every request)."""
+    step = page_session().step
+    if ss.get("w_view") == "serving":
+        state = current_state()
+        return serving.at_end(runner, state, step, serving_room.served_round(state))
+    return runner.finished and step >= runner.generated
+
+
+def move(amount: int, absolute: bool) -> None:
+    """A step button's press: go to step `amount`, or by `amount` from the current step. A press moves once:
+    Streamlit can call a button's callback a second time for one press, when the run the first call started is
+    stopped before it draws the step buttons again (Next then moved two steps: 2 presses in ~450 on a busy machine,
+    the two calls 55 ms apart in the server's log). A press moved and not yet drawn (`moved`, cleared when the
+    live step buttons are drawn) is that second call."""
+    with run_lock():  # callbacks run before main, maybe while a stopped run is still stepping
+        page = page_session()
+        if page.moved:
+            return
+        page.step = max(0, amount if absolute else page.step + amount)
+        page.moved = True

@@ -1,0 +1,221 @@
+"""The app's shareable state: every setting a link carries, parsed and checked from the URL.
+
+A link rebuilds exactly one state. A malformed or out-of-range value never raises: it falls back
+to a sensible value and leaves a `Problem` for the page to show.
+"""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+
+from engine.eviction import POLICIES as EVICTION_POLICIES
+from engine.kv_cache import DEFAULT_BLOCK_SIZE
+from engine.prefix_cache import POLICIES
+from engine.sampler import TEMPERATURE_FLOOR
+from ui.lesson.chapters import CHAPTERS, DEFAULT_SETTINGS
+from ui.views import VIEWS  # the link's view names, in the page's order
+from viz.words import LANGUAGES as LANGS
+
+DEFAULT_PROMPTS = {"en": "What is a KV cache?", "zh": "什么是 KV 缓存？KV 缓存是"}  # a page opens with its language's
+DEFAULT_PROMPT = DEFAULT_PROMPTS["en"]
+# A page in Chinese opens on the Chinese embedded model (Gemma 3 270M): a base model, without a chat template, so
+# its prompt is the start of an answer for it to go on with, and the chat switch is off.
+LANGUAGE_DEFAULTS = {"en": {"model": "embedded", "chat": True}, "zh": {"model": "embedded-zh", "chat": False}}
+MAX_PROMPT_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class AppState:
+    model: str = "embedded"
+    prompt: str = DEFAULT_PROMPT
+    chat: bool = True
+    think: bool = False  # Qwen3's thinking, in a template that has the switch: off, as the articles' answers
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    block_size: int = DEFAULT_BLOCK_SIZE
+    kv_splits: int = 1
+    pool: str = "own"  # the KV view's pool: the run's own, or the run replayed in a pool other requests used first
+    policy: str = "block"
+    step: int = 0  # tokens generated; the prefill produces the first
+    view: str = "flow"
+    layer: int = 0
+    head: int = 0
+    lang: str = "en"
+    large: bool = False  # projector mode: larger text
+    chapter: int = 0  # the lesson's chapter, 1-based; 0: free exploration
+    # The eviction view (ui/runs/eviction.py): the policy that scores positions, when it evicts (after the prefill
+    # at `ratio`; during decode to `budget` every `interval` passes; StreamingLLM's sinks + latest `stream_window`)
+    evict: str = "snapkv"
+    evict_at: str = "prefill"
+    ratio: float = 0.5
+    budget: int = 32
+    interval: int = 8
+    stream_window: int = 28
+    # The Serving view (ui/runs/serving.py): the pool's blocks and the most requests a step runs (max_num_seqs)
+    serve_blocks: int = DEFAULT_SETTINGS["serve_blocks"]
+    serve_seqs: int = DEFAULT_SETTINGS["serve_seqs"]
+    serve_round: int = 0  # a round of the class's questions its teacher served (ui/follow/class_prompts.py); 0: none
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A link value that could not be used as given."""
+
+    param: str
+    value: str
+    fallback: str
+    reason: str  # a key into ui.text.strings (e.g. "bad_number", "out_of_range")
+
+
+# (kind, low, high) for numbers; choices for enumerations.
+RANGES = {
+    "temperature": (float, 0.0, 5.0),
+    "top_k": (int, 0, 1000),
+    "top_p": (float, 0.01, 1.0),
+    "seed": (int, 0, 2**31 - 1),
+    "block_size": (int, 1, 256),
+    "kv_splits": (int, 1, 64),
+    "step": (int, 0, 100_000),
+    "layer": (int, 0, 1000),
+    "head": (int, 0, 1000),
+    "chapter": (int, 0, len(CHAPTERS)),
+    "ratio": (float, 0.0, 0.95),  # the engine takes [0, 1): at 0.95 a 20-position context keeps one
+    "budget": (int, 1, 4096),
+    "interval": (int, 1, 512),
+    "stream_window": (int, 1, 4096),
+    "serve_blocks": (int, 1, 64),
+    "serve_seqs": (int, 1, 8),
+    "serve_round": (int, 0, 1_000_000),
+}
+
+
+def bounds(name: str) -> tuple:
+    """A number setting's (low, high), for its widget: the same range a link value is checked against."""
+    _, low, high = RANGES[name]
+    return low, high
+
+
+# Values above 0 but below these are raised to them; 0 itself stays (a temperature of 0 is greedy).
+FLOORS = {"temperature": TEMPERATURE_FLOOR}
+POOLS = ("own", "busy")
+EVICT_AT = ("prefill", "decode", "stream")
+CHOICES = {"view": VIEWS, "lang": LANGS, "policy": POLICIES, "pool": POOLS, "evict": EVICTION_POLICIES,
+           "evict_at": EVICT_AT}
+FLAGS = ("chat", "think", "large")
+
+
+def parse_query(params: Mapping[str, str | list[str]]) -> tuple[AppState, list[Problem]]:
+    """Build the state a link describes; unknown parameters are ignored."""
+    defaults = AppState()
+    values: dict = {}
+    problems: list[Problem] = []
+    for f in fields(AppState):
+        if f.name not in params:
+            continue
+        raw = params[f.name]
+        raw = str(raw[-1] if isinstance(raw, list) else raw)
+        if f.name == "prompt":
+            value, reasons = clean_prompt(raw)
+        else:
+            value, reason = _parse_one(f.name, raw, getattr(defaults, f.name))
+            reasons = (reason,) if reason else ()
+        values[f.name] = value
+        problems += [Problem(f.name, raw[:80], _show(value), reason) for reason in reasons]
+    return replace(language_defaults(values.get("lang", defaults.lang)), **values), problems
+
+
+def default_prompt(lang: str) -> str:
+    """The prompt a page in `lang` opens with when its link names none."""
+    return DEFAULT_PROMPTS.get(lang, DEFAULT_PROMPT)
+
+
+def language_defaults(lang: str) -> AppState:
+    """The state a page in `lang` opens in when its link names nothing else: that language's prompt, model and
+    chat switch."""
+    return replace(AppState(), lang=lang, prompt=default_prompt(lang), **LANGUAGE_DEFAULTS.get(lang, {}))
+
+
+def _parse_one(name: str, raw: str, default):
+    if name in RANGES:
+        kind, low, high = RANGES[name]
+        try:
+            number = float(raw.strip()) if kind is float else int(raw.strip())
+        except ValueError:
+            return default, "bad_number"
+        if isinstance(number, float) and not math.isfinite(number):
+            return default, "bad_number"
+        if not low <= number <= high:
+            return min(max(number, low), high), "out_of_range"
+        if 0 < number < FLOORS.get(name, 0):
+            return FLOORS[name], "below_floor"
+        return number, None
+    if name in CHOICES:
+        return (raw, None) if raw in CHOICES[name] else (default, "unknown_choice")
+    if name in FLAGS:
+        if raw in ("0", "1"):
+            return raw == "1", None
+        return default, "bad_flag"
+    return raw.strip(), None  # model: checked against the allow-list when loading
+
+
+REPLACEMENT = "\ufffd"  # what a link's bytes that are not UTF-8 text arrive as (the query is decoded with errors="replace")
+
+
+def clean_prompt(text: str) -> tuple[str, tuple[str, ...]]:
+    """Drop what is not text, then cut to MAX_PROMPT_CHARS; return the prompt and why it changed (reasons, each a
+    key "reason_…" in ui.text.strings): control characters (newline and tab stay), and bytes that were not valid text
+    (a link's invalid UTF-8, e.g. %ED%A0%80, arrives as U+FFFD replacement characters; a lone surrogate), which the
+    model would otherwise read as "�"."""
+    reasons = []
+    for reason, removed in (("control_chars", _is_control), ("invalid_text", _is_not_text)):
+        kept = "".join(ch for ch in text if not removed(ch))
+        if kept != text:
+            reasons.append(reason)
+        text = kept
+    if len(text) > MAX_PROMPT_CHARS:
+        text = text[:MAX_PROMPT_CHARS]
+        reasons.append("too_long")
+    return text, tuple(reasons)
+
+
+def _is_control(ch: str) -> bool:
+    return ch not in "\n\t" and unicodedata.category(ch) == "Cc"
+
+
+def _is_not_text(ch: str) -> bool:
+    return ch == REPLACEMENT or unicodedata.category(ch) == "Cs"
+
+
+def _show(value) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def to_query(state: AppState) -> dict[str, str]:
+    """The link parameters for `state`: only values that differ from the defaults (the prompt's, the model's and
+    the chat switch's depend on the language), plus the step."""
+    defaults = replace(language_defaults(state.lang), lang=AppState.lang)
+    out = {}
+    for f in fields(AppState):
+        value = getattr(state, f.name)
+        if value != getattr(defaults, f.name) or f.name == "step":
+            out[f.name] = _show(value)
+    return out
+
+
+def clamp(state: AppState, layers: int, heads: int) -> tuple[AppState, list[Problem]]:
+    """Fit layer and head to the loaded model."""
+    problems = []
+    changes = {}
+    for name, limit in (("layer", layers - 1), ("head", heads - 1)):
+        value = getattr(state, name)
+        if value > limit:
+            changes[name] = limit
+            problems.append(Problem(name, str(value), str(limit), "out_of_range"))
+    return replace(state, **changes), problems

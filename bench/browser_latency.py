@@ -397,13 +397,13 @@ def play(browser, url: str, tokens: int = 60) -> None:
     page = browser.new_page(viewport={"width": 1280, "height": 720})
     page.goto(f"{url}/?step=1&temperature=1&seed=3")
     settled_text(page)
-    thumb = page.locator('.st-key-w_pace input[type="range"]')
+    thumb = page.locator('.st-key-p_pace input[type="range"]')
     thumb.focus()
     while float(thumb.evaluate("el => el.value")) > 0.3 + 1e-9:
         thumb.press("ArrowLeft")
         page.wait_for_timeout(100)
     page.wait_for_function(IDLE, timeout=WAIT_MS)
-    page.locator(".st-key-w_playing label").first.click()
+    page.locator(".st-key-p_playing label").first.click()
     step = lambda: int(page.evaluate("() => new URL(location.href).searchParams.get('step') ?? '0'"))  # noqa: E731
     page.wait_for_function("() => Number(new URL(location.href).searchParams.get('step')) >= 2", timeout=WAIT_MS)
     first, start = step(), time.perf_counter()

@@ -81,7 +81,7 @@ class Asker(Student):
         shown = element.WhichOneof("type")
         if shown in ("text_input", "checkbox", "button"):
             widget = getattr(element, shown)
-            for key in ("w_class_prompt", "w_class_consent", "b_class_send"):
+            for key in ("v_class_prompt", "v_class_consent", "b_class_send"):
                 if widget.id.endswith("-" + key):
                     self.box[key] = (widget.id, msg.delta.fragment_id)
                     if key == "b_class_send":
@@ -92,7 +92,7 @@ class Asker(Student):
     def ask(self, question: str) -> float:
         """As a student does: the question typed and the consent ticked (one rerun of the fragment that holds them),
         then, once Send is drawn enabled (a widget of another id), its press; when the press was sent."""
-        (text_id, fragment), (consent_id, _) = self.box["w_class_prompt"], self.box["w_class_consent"]
+        (text_id, fragment), (consent_id, _) = self.box["v_class_prompt"], self.box["v_class_consent"]
         self._send(fragment, lambda widgets: (widgets.add(id=text_id, string_value=question),
                                               widgets.add(id=consent_id, bool_value=True)))
         assert wait_for(lambda: self._scan() or self.send_enabled, WAIT_S), "Send never enabled"

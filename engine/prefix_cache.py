@@ -38,7 +38,15 @@ POLICIES = ("block", "radix", "whole")
 
 
 @dataclass(frozen=True)
-class Eviction:
+class PoolState:
+    """A pool's size and what a lookup can still hit, as the views show it."""
+    block_size: int
+    blocks: int
+    cached_free: int  # free blocks a prefix-cache lookup can still hit
+
+
+@dataclass(frozen=True)
+class BlockEviction:
     block: int
     policy: str
 
@@ -58,7 +66,7 @@ class PrefixCache:
         self.pool: BlockPool = model.new_pool(capacity_blocks, block_size)
         self.block_size = block_size
         self.index = INDEXES[policy](block_size)
-        self.evictions: deque[Eviction] = deque(maxlen=1000)
+        self.block_evictions: deque[BlockEviction] = deque(maxlen=1000)
         self._unreported: list[int] = []
         self.twins: dict[int, int] = {}  # cached block → the window pool's block of the same positions
 
@@ -77,7 +85,7 @@ class PrefixCache:
             self.pool.emptied(forgotten - {block})
             for gone in forgotten & self.twins.keys():
                 self.pool.window.release(self.twins.pop(gone))
-            self.evictions.append(Eviction(block, self.policy))
+            self.block_evictions.append(BlockEviction(block, self.policy))
             self._unreported.append(block)
         return block
 

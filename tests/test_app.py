@@ -95,7 +95,7 @@ def test_views_can_be_switched_and_layer_head_chosen(embedded_model):
     at.number_input(key="w_head").set_value(8).run()
     assert_clean(at)
     assert at.query_params["layer"] == "29" and at.query_params["head"] == "8"
-    at.toggle(key="w_scores").set_value(True).run()
+    at.toggle(key="v_scores").set_value(True).run()
     assert_clean(at)
 
 
@@ -127,7 +127,7 @@ def test_a_settings_widget_drawn_anew_sends_back_the_setting_it_shows():
     link, text = dict(at.query_params), shown_text(at)
     for key in ("w_chat", "w_large"):
         at.toggle(key=key).set_value(at.toggle(key=key).proto.default)
-    for key in ("w_temperature", "w_top_p", "w_pace"):
+    for key in ("w_temperature", "w_top_p", "p_pace"):
         at.slider(key=key).set_value(at.slider(key=key).proto.default[0])
     for key in ("w_top_k", "w_seed", "w_block_size", "w_kv_splits"):
         at.number_input(key=key).set_value(at.number_input(key=key).proto.default)
@@ -173,8 +173,8 @@ def test_play_advances_one_token_per_tick_and_catches_up_with_its_clock(monkeypa
     clock = FakeClock()
     monkeypatch.setattr(step_fragment, "clock", clock)
     at = start(step=1)
-    pace = at.session_state["w_pace"]
-    at.toggle(key="w_playing").set_value(True).run()
+    pace = at.session_state["p_pace"]
+    at.toggle(key="p_playing").set_value(True).run()
     assert_clean(at)
     assert at.query_params["step"] == "2"
     for step in (3, 4):  # ticks on time: one token each
@@ -332,13 +332,13 @@ def test_a_setting_whose_widget_state_was_dropped_comes_back(monkeypatch):
     """A page whose prompt widget lost its state keeps its prompt (it would read as empty and refuse to run);
     settings still held are left as they are."""
     from ui.page import page_state
+    from ui.state import session
 
     at = start(prompt="Keep this prompt, please", chat=0, step=2)
     page = at.session_state["page"]
     assert page.drawn_state["prompt"] == "Keep this prompt, please" and page.drawn_state["chat"] is False
     state = {"page": page, "w_chat": True}  # the prompt's widget state is gone; chat was changed since
-    monkeypatch.setattr(page_state, "ss", state)
-    monkeypatch.setattr(page_state, "page_session", lambda: state["page"])
+    monkeypatch.setattr(session.st, "session_state", state)  # the session's one door to Streamlit's state
     page_state.restore_lost_settings()
     assert state["w_prompt"] == "Keep this prompt, please" and state["w_chat"] is True
 

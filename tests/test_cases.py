@@ -13,7 +13,7 @@ from tests.server import browser_page, settled_text
 from tests.helpers import metric_value, open_whole_view_in, press, until_link, widget
 from tests.test_runner import case_expectation
 from ui.text import strings
-from ui.lesson.cases import CASE_BLOCK_SIZE, CASES
+from ui.views.cases import CASE_BLOCK_SIZE, CASES
 from ui.lesson.chapters import number_of
 
 POLICIES = ("whole", "block", "radix")

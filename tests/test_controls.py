@@ -17,7 +17,7 @@ from tests.helpers import (COUNT_SENDS, WAIT_MS, Received, choose, idle, link, m
                            wait_until, widget)
 from tests.server import running_server, settled_text
 from ui.text import strings
-from ui.lesson.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
+from ui.views.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
 from ui.state.link import VIEWS
 
 pytestmark = pytest.mark.browser
@@ -174,16 +174,16 @@ def test_play_and_pace(server, page):
     page.clock.install()  # runs as a real clock until paused
     sent = Received(page)
     open_page(page, server, step=1)
-    pace = slider_value(page, "w_pace")
-    nudge(page, "w_pace", "ArrowLeft", 3)
-    page.wait_for_function("v => Math.abs(document.querySelector('.st-key-w_pace input').value - v) < 1e-6",
+    pace = slider_value(page, "p_pace")
+    nudge(page, "p_pace", "ArrowLeft", 3)
+    page.wait_for_function("v => Math.abs(document.querySelector('.st-key-p_pace input').value - v) < 1e-6",
                            arg=pace - 0.3, timeout=WAIT_MS)
     idle(page)
-    expect(widget(page, "w_pace").locator('[data-testid="stSliderThumbValue"]')).to_have_text(f"{pace - 0.3:.2f}")
-    toggle(page, "w_playing")
+    expect(widget(page, "p_pace").locator('[data-testid="stSliderThumbValue"]')).to_have_text(f"{pace - 0.3:.2f}")
+    toggle(page, "p_playing")
     page.wait_for_function("() => Number(new URL(location.href).searchParams.get('step')) >= 3", timeout=WAIT_MS)
     sent.clear()
-    toggle(page, "w_playing")
+    toggle(page, "p_playing")
     wait_until(page, lambda: sent.carries("w_top_p"))  # the toggle's run of the whole page (a tick's has no sidebar)
     idle(page)  # ... has finished: a tick already scheduled has been sent by now
     page.clock.pause_at(page.evaluate("Date.now()") + 1)  # from here no timer fires unless the test moves the clock
@@ -227,12 +227,12 @@ def layer_picker(page):
 
 
 def scores_on(page):
-    return lambda: toggle(page, "w_scores"), lambda: text_on_page(page, "s = q·k/√d")
+    return lambda: toggle(page, "v_scores"), lambda: text_on_page(page, "s = q·k/√d")
 
 
 def batch_slider(page, at: float):
     """A mouse click on the batch slider's track at `at` of its length (the thumb jumps there)."""
-    track = widget(page, "w_batch").locator('[data-rac][data-orientation="horizontal"]').last
+    track = widget(page, "v_batch").locator('[data-rac][data-orientation="horizontal"]').last
 
     def click():
         box = track.bounding_box()
@@ -240,7 +240,7 @@ def batch_slider(page, at: float):
 
     def drawn():  # the step's bytes for that batch: "B = 16 at …"
         page.wait_for_function("b => new RegExp('B = ' + b + '\\\\D').test(document.body.textContent)",
-                               arg=int(slider_value(page, "w_batch")), timeout=WAIT_MS)
+                               arg=int(slider_value(page, "v_batch")), timeout=WAIT_MS)
 
     return click, drawn
 
@@ -279,14 +279,14 @@ def test_attention_pickers_and_scores(server, page, embedded_model):
     number(page, "w_head", 2)
     until_link(page, layer="1", head="2")
     text_on_page(page, strings.t("heatmap_title", layer=1, head=2, kv=2 // embedded_model.info.gqa_group).split(":")[0])
-    toggle(page, "w_scores")
+    toggle(page, "v_scores")
     idle(page)
     text_on_page(page, "s = q·k/√d")
 
 
 def test_kv_radio_and_expanders(server, page):
     open_page(page, server, step=2, view="kv", layer=0, head=0)
-    widget(page, "w_kv").locator("label", has_text="V").click()
+    widget(page, "v_kv").locator("label", has_text="V").click()
     idle(page)
     text_on_page(page, strings.t("values_title", which="V", layer=0, kv=0, head=0).split(":")[0])
     open_page(page, server, step=2, view="split", kv_splits=2)
@@ -310,10 +310,10 @@ def test_split_view_at_one_split_shows_a_demonstration(server, page):
 
 def test_costs_truncation_slider(server, page):
     open_page(page, server, step=2, view="costs")
-    keep = slider_value(page, "w_keep")
+    keep = slider_value(page, "v_keep")
     kept = truncated(page)
-    nudge(page, "w_keep", "ArrowRight", 2)
-    page.wait_for_function("v => document.querySelector('.st-key-w_keep input').value == v", arg=keep + 2,
+    nudge(page, "v_keep", "ArrowRight", 2)
+    page.wait_for_function("v => document.querySelector('.st-key-v_keep input').value == v", arg=keep + 2,
                            timeout=WAIT_MS)
     # the thumb moves before the rerun starts, so "idle" alone can be read before it: wait for the text itself
     page.wait_for_function(
@@ -334,7 +334,7 @@ def truncated(page) -> str:
 def test_template_toggle_and_downloads(server, page):
     open_page(page, server, step=2)
     assert page.locator(".kv-template").count() == 0
-    toggle(page, "w_show_template")
+    toggle(page, "v_show_template")
     expect(page.locator(".kv-template").first).to_be_visible(timeout=WAIT_MS)
     idle(page)  # the run that drew it has finished: a download pressed now is not lost to a rerun
     for key, name in (("dl_trace", "kvscope-step-2.json"), ("dl_tokens", "kvscope-tokens-step-2.csv")):

@@ -221,7 +221,7 @@ def banner(at) -> str:
 MOVES = {  # a student's own moves: a step button, Play, a view, a setting, a chapter
     "next": lambda at: at.button(key="b_next").click(),
     "back": lambda at: at.button(key="b_back").click(),
-    "play": lambda at: at.toggle(key="w_playing").set_value(True),
+    "play": lambda at: at.toggle(key="p_playing").set_value(True),
     "view": lambda at: at.radio(key="w_view").set_value("kv"),
     "temperature": lambda at: at.slider(key="w_temperature").set_value(0.5),
     "block size": lambda at: at.number_input(key="w_block_size").set_value(8),
@@ -237,7 +237,7 @@ def test_a_follower_who_moves_on_its_own_is_told_it_left_and_stays_where_it_went
     MOVES[move](follower).run()
     assert_clean(follower)
     assert banner(follower) == "follow_alone" and follower.button(key="b_follow_return")
-    follower.toggle(key="w_playing").set_value(False).run()  # (a student who pressed Play stops it)
+    follower.toggle(key="p_playing").set_value(False).run()  # (a student who pressed Play stops it)
     own = state_of(follower)
     assert own != taken
     for _ in range(2):  # the teacher moves on: the student's page stays its own

@@ -90,7 +90,7 @@ def test_the_kv_view_shows_each_layers_cached_length_and_the_bytes_saved(gemma_p
     size = fmt_size  # bytes as the page writes them (the numbers are this test's own)
     assert f"all {shown} positions would take {size(every)}" in text and f"its K/V take {size(kept)}" in text
     assert f"{size(every - kept)} saved" in text
-    at.slider(key="w_lengths_at").set_value(n).run()  # the run's own length
+    at.slider(key="v_lengths_at").set_value(n).run()  # the run's own length
     assert_clean(at)
     assert bars(at) == kept_by_hand(n)
     text = markdown(at)

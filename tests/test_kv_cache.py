@@ -243,14 +243,14 @@ def test_rebuilding_a_prefill_after_a_prefix_hit_reads_the_reused_kv(tiny_model,
     assert prefill.prefix.reused_tokens > 0 and prefill.positions[0] == prefill.prefix.reused_tokens
     for _ in range(3):
         session.step()
-    before, evictions, held = pool_state(session), list(cache.evictions), cache.cached_blocks
+    before, evictions, held = pool_state(session), list(cache.block_evictions), cache.cached_blocks
     calls = counting_forwards(monkeypatch)
     rebuilt = session.rebuild(0)
     assert [len(positions) for positions in calls] == [prefill.prefix.computed_tokens]  # not the reused ones
     assert_same_trace(rebuilt, prefill)
     assert rebuilt.prefix == prefill.prefix
     assert_same_state(before, pool_state(session))
-    assert list(cache.evictions) == evictions and cache.cached_blocks == held
+    assert list(cache.block_evictions) == evictions and cache.cached_blocks == held
     session.close()
 
 

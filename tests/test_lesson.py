@@ -26,7 +26,7 @@ from tests.runs import decode
 from tests.helpers import WAIT_MS, Received, hf_keys_before_rotation, press
 from tests.server import browser_page, settled_text
 from ui.text import strings
-from ui.lesson.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
+from ui.views.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
 from ui.lesson.chapters import CHAPTERS, WINDOW_PROMPTS, fill, number_of
 from ui.state.link import default_prompt, language_defaults, parse_query
 from viz.style import fmt_size
@@ -708,14 +708,14 @@ def test_keys_buttons_and_the_list_move_through_the_chapters(server):
 
 def test_play_keeps_the_chapter_current_and_the_list_still_moves(embedded_model):
     at = start(chapter=3)
-    at.toggle(key="w_playing").set_value(True).run()
+    at.toggle(key="p_playing").set_value(True).run()
     at.run()  # Play's ticks redraw the step with its chapter: the panel quotes the step on screen
     assert_clean(at)
     assert at.query_params["chapter"] == "3" and at.query_params["step"] == "5"
     _, trace = own_trace(embedded_model, default_prompt("en"), 5, 16, 1)
     text = lesson_text(at)
     assert f"{trace.token_id}," in text and f"position {trace.positions[-1]}." in text, text
-    at.toggle(key="w_playing").set_value(False).run()
+    at.toggle(key="p_playing").set_value(False).run()
     at.button(key="b_toc_7").click().run()
     assert_clean(at)
     state, _ = parse_query(dict(at.query_params.items()))

@@ -178,7 +178,7 @@ def kv_radio(page, lang: str):
     layer = int(widget(page, "w_layer").locator("input").input_value())
     head = int(widget(page, "w_head").locator("input").input_value())
     title = strings.t("values_title", lang, which="V", layer=layer, kv=0, head=head).split("KV")[0]
-    label = widget(page, "w_kv").locator("label", has_text="V")
+    label = widget(page, "v_kv").locator("label", has_text="V")
     return label.click, lambda: text_on_page(page, title)
 
 

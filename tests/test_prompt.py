@@ -152,7 +152,7 @@ def test_app_switch_shows_how_the_template_wraps_the_prompt(embedded_model):
     template = 'class="kv-template"'
     at = start(prompt="Is <b>this</b> $x$ bold?", chat=1, step=0)
     assert not [h for h in at.html if template in h.proto.body]
-    at.toggle(key="w_show_template").set_value(True).run()
+    at.toggle(key="v_show_template").set_value(True).run()
     assert not at.exception and not at.error
     body = next(h.proto.body for h in at.html if template in h.proto.body)
     assert body.count(template) == 2

@@ -9,7 +9,7 @@ import torch
 
 import engine
 from tests.helpers import Clock
-from ui.lesson.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
+from ui.views.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
 from ui.runs import turns
 from ui.runs.classroom import ClassroomCache
 from ui.runs.runner import Runner

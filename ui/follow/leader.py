@@ -17,6 +17,7 @@ import streamlit as st
 from ui.follow.room_link import follow_state, room_query, sync
 from ui.host.limits import env_seconds
 from ui.state.link import AppState
+from ui.state.session import settings
 
 # the leader's heartbeat (well inside rooms.ROOM_TTL_SECONDS) and check of its status
 LEAD_SECONDS = env_seconds(os.environ, "KVSCOPE_LEAD_S", 1.0, 0.1, 10.0)
@@ -66,7 +67,7 @@ def send(query: dict[str, str], claim: bool = False) -> None:
 def student_url() -> str:
     """The students' link: absolute when the browser told the server its address, else relative."""
     params = {"follow": follow_state().code}
-    lang = st.session_state.get("w_lang", "en")
+    lang = settings.get("lang", "en")
     if lang != "en":
         params["lang"] = lang  # students open in the class's language, then choose their own
     base = urlsplit(st.context.url or "")  # scheme, host and path; "" when the browser has not said

@@ -16,9 +16,9 @@ from ui.follow import push, rooms
 from ui.follow.store import StoreError, store_from_env
 from ui.follow.sync import RoomSync
 from ui.state.link import AppState, to_query
+from ui.state.session import kept
 
 OWN = frozenset({"lang", "large"})  # a follower's own settings, never taken from the leader
-ss = st.session_state
 
 
 @dataclass
@@ -55,7 +55,7 @@ class FollowState:
 
 def follow_state() -> FollowState:
     """This browser session's `FollowState` (a new one on its first call)."""
-    return ss.setdefault("follow", FollowState())
+    return kept("follow", FollowState)
 
 
 @st.cache_resource(show_spinner=False, on_release=RoomSync.close)

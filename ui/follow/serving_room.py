@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import streamlit as st
 
 from engine.prompt import control_texts
 from ui.follow import class_prompts
@@ -20,11 +19,12 @@ from ui.follow.room_link import follow_state, sync
 from ui.follow.rooms import new_page_id
 from ui.follow.store import StoreError
 from ui.runs.serving import CLASS_MAX_TOKENS, OPENING, wrapped
-from ui.state.session import page_session
+from ui.state.session import page_session, settings, view_controls
 from ui.state.link import AppState
 
 SEND_GAP_SECONDS = 2.0  # a page's sends: one press every so often; a flood of presses is refused, not stored
-PROMPT_KEY, CONSENT_KEY = "w_class_prompt", "w_class_consent"  # the student's box and the consent it asks first
+PROMPT, CONSENT = "class_prompt", "class_consent"  # the student's box and the consent it asks first (view controls)
+PROMPT_KEY, CONSENT_KEY = view_controls.key(PROMPT), view_controls.key(CONSENT)
 clock = time.monotonic  # tests move it by hand
 
 
@@ -96,16 +96,16 @@ def send_prompt() -> None:
     try:
         if last is not None and now - last < SEND_GAP_SECONDS:
             raise PromptRefused("too_fast", seconds=SEND_GAP_SECONDS)
-        if not st.session_state.get(CONSENT_KEY):
+        if not view_controls.get(CONSENT):
             raise PromptRefused("consent")
-        text = checked(str(st.session_state.get(PROMPT_KEY, "")))
+        text = checked(str(view_controls.get(PROMPT, "")))
         store = prompts_store()
         if store is None:
             raise StoreError(mine.error or "no store")
         sender = mine.prompt_sender or new_page_id()
         place = store.send(mine.code, sender, text)
         mine.prompt_sender = sender
-        st.session_state[PROMPT_KEY] = ""
+        view_controls[PROMPT] = ""
         mine.prompt_message = ("class_prompt_sent", {"place": place})
     except PromptRefused as refused:
         mine.prompt_message = ("class_prompt_" + refused.reason, refused.values)
@@ -142,12 +142,12 @@ def serve_round() -> None:
     if store is None or mine.role != "lead":
         return
     try:
-        st.session_state["w_serve_round"] = store.serve(mine.secret, st.session_state.get("w_lang", "en"))
+        settings.serve_round = store.serve(mine.secret, settings.get("lang", "en"))
         page_session().step = 0
     except StoreError as failure:
         mine.prompt_message = ("class_prompt_store_down", {"error": str(failure)})
 
 
 def serve_samples() -> None:
-    st.session_state["w_serve_round"] = 0
+    settings.serve_round = 0
     page_session().step = 0

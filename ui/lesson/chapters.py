@@ -15,16 +15,15 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.kv_cache import DEFAULT_BLOCK_SIZE
+from ui.state.link import AppState
 from ui.text import strings
 from viz.words import LANGUAGES
 
 TEXT_PARTS = ("title", "body", "look", "claim", "question", "answer")
-# Settings a chapter may set besides the view and step (others keep theirs), and what a chapter that names none of
-# them uses: the link's defaults too (`ui.state.link.AppState`). serve_*: the Serving view's pool (blocks) and batch limit.
+# Settings a chapter may set besides the view and step (others keep theirs); a chapter that names none of them runs
+# with the link's defaults. serve_*: the Serving view's pool (blocks) and batch limit.
 SETTINGS = ("block_size", "kv_splits", "pool", "serve_blocks", "serve_seqs")
-DEFAULT_SETTINGS = {"block_size": DEFAULT_BLOCK_SIZE, "kv_splits": 1, "pool": "own", "serve_blocks": 10,
-                    "serve_seqs": 4}
+DEFAULT_SETTINGS = {name: getattr(AppState(), name) for name in SETTINGS}
 
 
 @dataclass(frozen=True)

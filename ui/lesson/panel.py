@@ -80,7 +80,7 @@ def facts(ctx: ViewContext) -> dict:
 
 def embed_note(ctx: ViewContext) -> str:
     """Where the model scales the embedding row it looks up (Gemma: by √hidden), the words that say so."""
-    scale = ctx.runner.model.weights.embed_scale
+    scale = ctx.runner.embed_scale
     return ctx.t("lesson_embed_scaled", hidden=ctx.info.hidden, scale=float(scale)) if scale is not None else ""
 
 
@@ -130,7 +130,7 @@ def attention_facts(ctx: ViewContext, context: int) -> dict:
     """The attention chapters: the divisor of the shown layer's scores (1/√head_dim for most models; Gemma's
     query_pre_attn_scalar may differ), and whether that layer's window has begun to slide."""
     layer, _ = shown_layer_head(ctx)
-    scale = ctx.runner.model.attention_scales[layer]
+    scale = ctx.runner.attention_scale(layer)
     square = 1 / scale**2
     divisor = f"/√{round(square):,}" if abs(square - round(square)) < 1e-3 * square else f" × {scale:.4g}"
     window = ctx.info.window(layer)

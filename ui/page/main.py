@@ -13,17 +13,18 @@ import torch
 import engine
 from engine import timing
 from engine.loader import AUTO
-from ui.lesson import cases, chapter_top
+from ui.views import cases
+from ui.lesson import chapter_top
 from ui.page import keys, model_card
 from ui.host import memory
 from ui.text import strings
 from ui.follow import page as follow
 from ui.runs.classroom import ClassroomCache
 from ui.page.page_state import (chat_problem, current_state, engine_error, fit_to_budget, follow_leader, go_to_chapter,
-                           labels, restore_lost_settings, run_config, run_lock, show_problem, ss, start_from_link,
+                           labels, restore_lost_settings, run_config, run_lock, show_problem, start_from_link,
                            switch_language, t, use_default_model, use_lesson_prompt, write_link)
 from ui.runs.runner import Runner
-from ui.state.session import lesson_session, page_session
+from ui.state.session import lesson_session, page_controls, page_session, settings
 from ui.runs.store import RunStore
 from ui.host.limits import DTYPES, Limits, load_limits, model_limits, step_limits
 from ui.state.link import LANGS, POLICIES, bounds, clean_prompt
@@ -118,7 +119,7 @@ def draw_page() -> None:
     settle_state(limits)
     # The lesson needs the whole projector's width: its chapters are in the sidebar, closed until asked for.
     st.set_page_config(page_title="kvscope", page_icon="🔎", layout="wide",
-                       initial_sidebar_state="collapsed" if ss.get("w_chapter") else "auto")
+                       initial_sidebar_state="collapsed" if settings.get("chapter") else "auto")
     st.html(CHROME_CSS)
     keys.release_focus_after_clicks()  # → / ← and PageDown / PageUp: the buttons' shortcuts, after any click
     chapter_top.open_chapters_at_the_top()  # a new chapter's figure on the first screen, wherever the last was scrolled
@@ -128,7 +129,7 @@ def draw_page() -> None:
     # neither).
     notices = st.container(key="notices")
     memory.tune_allocator()
-    model, failure = model_for(ss.w_model, notices)  # a model's first load shows its stages
+    model, failure = model_for(settings.model, notices)  # a model's first load shows its stages
     limits = model_limits(limits, model.info) if model is not None else limits  # a smaller K/V: longer runs
     runner = prepare_run(model, limits) if model is not None else None
     draw(limits, model, failure, runner, notices)
@@ -143,7 +144,7 @@ def settle_state(limits: Limits) -> None:
     restore_lost_settings()
     follow.take_over(lambda query, own: follow_leader(query, limits, own))  # before any widget, as the link is
     if page.stop_playing:
-        ss.w_playing, page.stop_playing = False, False
+        page_controls.playing, page.stop_playing = False, False
     page.full_rerun = False  # this run is one
 
 
@@ -163,8 +164,8 @@ def prepare_run(model: engine.Model, limits: Limits) -> Runner:
 def draw(limits: Limits, model: engine.Model | None, failure: str, runner: Runner | None, notices) -> None:
     """The page's widgets: header, banners and problems, the sidebar, then the step's fragment (or why there is
     no model), the model card and the tagline."""
-    in_lesson = bool(ss.get("w_chapter"))
-    st.html(LAYOUT_CSS + PICTURE_CSS + (LARGE_CSS if ss.w_large else "") + (LESSON_CSS if in_lesson else ""))
+    in_lesson = bool(settings.get("chapter"))
+    st.html(LAYOUT_CSS + PICTURE_CSS + (LARGE_CSS if settings.large else "") + (LESSON_CSS if in_lesson else ""))
     with notices:
         if not in_lesson:  # a lesson's header is its chapter's title
             st.title(t("title"))
@@ -191,13 +192,13 @@ def draw(limits: Limits, model: engine.Model | None, failure: str, runner: Runne
     except engine.KvscopeError as error:
         message = t("bad_input", error=engine_error(error))
         if in_lesson:  # the chapter stays on screen, with the way on and back to a prompt that runs
-            lesson.stalled(ss.w_chapter, ss.w_lang, message, go_to_chapter, use_lesson_prompt)
+            lesson.stalled(settings.chapter, settings.lang, message, go_to_chapter, use_lesson_prompt)
         else:
             notices.error(message)
         write_link(state)
         return
     play_controls(limits)
-    pace = ss.w_pace if ss.get("w_playing") else None
+    pace = page_controls.pace if page_controls.get("playing") else None
     st.fragment(run_every=pace)(stepper_and_view)(model, runner)
     model_card.render(model.info, t)  # at the foot, collapsed: the first screen is the step's
     st.caption(t("tagline"))  # at the foot: the first screen is for the step and its figure
@@ -254,8 +255,8 @@ def runner_for(model: engine.Model, limits: Limits) -> Runner:
     if runner is None or runner.model is not model:
         if runner is not None:
             runner.close()
-        store = run_store(ss.w_model, limits.shared_runs_mb * 10**6)  # the eviction labs and the two-contexts K/V too
-        runs = (classroom_cache(ss.w_model, limits.shared_cache_tokens, limits.lease_seconds)
+        store = run_store(settings.model, limits.shared_runs_mb * 10**6)  # the eviction labs and the two-contexts K/V too
+        runs = (classroom_cache(settings.model, limits.shared_cache_tokens, limits.lease_seconds)
                 if limits.shared_prefix_cache else store)
         runner = page.runner = Runner(model, limits.cache_tokens, limits.full_traces, runs, limits, store=store)
     return runner
@@ -266,18 +267,18 @@ def apply_pending_case(runner: Runner, limits: Limits) -> None:
     which = lesson_session().take("pending_case")
     if which is None:
         return
-    ss.w_chat = False
-    ss.w_block_size = cases.CASE_BLOCK_SIZE  # small enough for the block policy's reuse to show
-    ss.w_view = "prefix"
+    settings.chat = False
+    settings.block_size = cases.CASE_BLOCK_SIZE  # small enough for the block policy's reuse to show
+    settings.view = "prefix"
     runner.publish_alone(run_config(replace(current_state(), prompt=cases.CASE_CACHED), limits))
-    ss.w_prompt = cases.CASES[which]
+    settings.prompt = cases.CASES[which]
 
 
 def apply_window_prompt(model: engine.Model) -> None:
     """The sliding-window chapter on a model with a window: the lesson's prompt long enough to pass it (on a model
     without one, the chapter shows what it keeps instead, on the class's prompt)."""
     if lesson_session().take("pending_window_prompt") and model.info.sliding_window is not None:
-        ss.w_prompt = WINDOW_PROMPTS.get(ss.w_lang, WINDOW_PROMPTS["en"])
+        settings.prompt = WINDOW_PROMPTS.get(settings.lang, WINDOW_PROMPTS["en"])
 
 
 # -- widgets ----------------------------------------------------------------------------------
@@ -294,40 +295,40 @@ def sidebar(limits: Limits, can_think: bool = False, can_chat: bool = True) -> N
     touching them); such a widget starts from its default and sends it back as a change. With the current value
     as the default, that change changes nothing."""
     with st.sidebar:
-        lesson.sidebar(ss.get("w_chapter", 0), ss.w_lang, go_to_chapter)
-        st.selectbox(t("language"), LANGS, key="w_lang", index=LANGS.index(ss.w_lang),
+        lesson.sidebar(settings.get("chapter", 0), settings.lang, go_to_chapter)
+        st.selectbox(t("language"), LANGS, key=settings.key("lang"), index=LANGS.index(settings.lang),
                      format_func=lambda code: strings.LANGUAGE_NAMES[code], on_change=switch_language)
-        st.toggle(t("large_text"), key="w_large", value=ss.w_large)
+        st.toggle(t("large_text"), key=settings.key("large"), value=settings.large)
         if limits.allow_any_model:
-            st.text_input(t("model"), key="w_model", value=ss.w_model, help=t("model_help_any"))
+            st.text_input(t("model"), key=settings.key("model"), value=settings.model, help=t("model_help_any"))
         else:
             options = list(limits.models)
-            if ss.w_model not in options:
-                ss.w_model = "embedded"
-            st.selectbox(t("model"), options, key="w_model", index=options.index(ss.w_model), help=t("model_help"))
-        st.text_area(t("prompt"), key="w_prompt", value=ss.w_prompt, height=120, max_chars=4000)
-        st.toggle(t("chat"), key="w_chat", value=ss.w_chat, help=t("chat_help" if can_chat else "chat_none_help"),
+            if settings.model not in options:
+                settings.model = "embedded"
+            st.selectbox(t("model"), options, key=settings.key("model"), index=options.index(settings.model), help=t("model_help"))
+        st.text_area(t("prompt"), key=settings.key("prompt"), value=settings.prompt, height=120, max_chars=4000)
+        st.toggle(t("chat"), key=settings.key("chat"), value=settings.chat, help=t("chat_help" if can_chat else "chat_none_help"),
                   disabled=not can_chat)
         if can_think:
-            st.toggle(t("think"), key="w_think", value=ss.w_think, help=t("think_help"), disabled=not ss.w_chat)
+            st.toggle(t("think"), key=settings.key("think"), value=settings.think, help=t("think_help"), disabled=not settings.chat)
         st.markdown(f"**{t('sampling')}**")
-        st.slider(t("temperature"), *bounds("temperature"), key="w_temperature", value=ss.w_temperature, step=0.05,
+        st.slider(t("temperature"), *bounds("temperature"), key=settings.key("temperature"), value=settings.temperature, step=0.05,
                   help=t("temperature_help"))
-        st.number_input("top-k", *bounds("top_k"), key="w_top_k", value=ss.w_top_k, step=1, help=t("top_k_help"))
-        st.slider("top-p", *bounds("top_p"), key="w_top_p", value=ss.w_top_p, step=0.01, help=t("top_p_help"))
-        st.number_input(t("seed"), *bounds("seed"), key="w_seed", value=ss.w_seed, step=1)
+        st.number_input("top-k", *bounds("top_k"), key=settings.key("top_k"), value=settings.top_k, step=1, help=t("top_k_help"))
+        st.slider("top-p", *bounds("top_p"), key=settings.key("top_p"), value=settings.top_p, step=0.01, help=t("top_p_help"))
+        st.number_input(t("seed"), *bounds("seed"), key=settings.key("seed"), value=settings.seed, step=1)
         st.markdown(f"**{t('cache')}**")
-        st.number_input(t("block_size"), *bounds("block_size"), key="w_block_size", value=ss.w_block_size, step=1,
+        st.number_input(t("block_size"), *bounds("block_size"), key=settings.key("block_size"), value=settings.block_size, step=1,
                         help=t("block_size_help"))
-        st.number_input(t("kv_splits"), *bounds("kv_splits"), key="w_kv_splits", value=ss.w_kv_splits, step=1,
+        st.number_input(t("kv_splits"), *bounds("kv_splits"), key=settings.key("kv_splits"), value=settings.kv_splits, step=1,
                         help=t("kv_splits_help"))
-        st.selectbox(t("policy"), POLICIES, key="w_policy", index=POLICIES.index(ss.w_policy),
+        st.selectbox(t("policy"), POLICIES, key=settings.key("policy"), index=POLICIES.index(settings.policy),
                      format_func=labels("policy_"))
 
 
 def play_controls(limits: Limits) -> None:
     """The pace, with the settings in the sidebar; the Play toggle sits in the step buttons' row (`draw_step`)."""
-    ss.setdefault("w_pace", max(limits.min_pace, 0.8))
-    st.sidebar.slider(t("pace"), limits.min_pace, 3.0, key="w_pace", value=ss.w_pace, step=0.1)  # value: see sidebar
+    page_controls.setdefault("pace", max(limits.min_pace, 0.8))
+    st.sidebar.slider(t("pace"), limits.min_pace, 3.0, key=page_controls.key("pace"), value=page_controls.pace, step=0.1)  # value: see sidebar
 
 

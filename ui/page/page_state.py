@@ -14,31 +14,30 @@ from dataclasses import fields, replace
 import streamlit as st
 
 import engine
-from ui.lesson import cases
+from ui.views import cases
 from ui.text import strings
 from ui.follow import follower, leader
 from ui.follow import page as follow
 from ui.follow.room_link import OWN
 from ui.lesson.chapters import CHAPTERS, WINDOW_PROMPTS
 from ui.runs.run import RunConfig
-from ui.state.session import lesson_session, page_session
+from ui.state.session import lesson_session, page_session, settings
 from ui.host.limits import Limits, StepLimits, fit_state
 from ui.state.link import CHOICES, AppState, Problem, default_prompt, language_defaults, parse_query, to_query
 from ui.views.widgets import HEAD_VIEWS
 from viz.attention import focused_head
 
-ss = st.session_state
 log = logging.getLogger("kvscope")
 
 
 def t(key: str, **values) -> str:
     """A string in today's language; the values (link values, prompts, model ids, errors) show as text."""
-    return strings.t(key, ss.get("w_lang", "en"), **values)
+    return strings.t(key, settings.get("lang", "en"), **values)
 
 
 def labels(prefix: str):
     """A format_func for options whose labels are strings `prefix + option`, in today's language."""
-    lang = ss.get("w_lang", "en")
+    lang = settings.get("lang", "en")
     return lambda option: strings.t(prefix + option, lang)
 
 
@@ -80,10 +79,10 @@ def apply_link(params: dict[str, str], limits: Limits, mine: frozenset[str] = fr
     if not limits.model_allowed(state.model):
         problems.append(Problem("model", state.model[:80], "embedded", "model_not_allowed"))
         state = replace(state, model="embedded")
-    chapter_before = ss.get("w_chapter")
+    chapter_before = settings.get("chapter")
     for f in fields(AppState):
         if f.name != "step" and f.name not in mine:
-            ss["w_" + f.name] = getattr(state, f.name)
+            settings[f.name] = getattr(state, f.name)
     page.step = state.step
     page.problems += problems
     if state.chapter and state.chapter != chapter_before:
@@ -99,7 +98,7 @@ def go_to_chapter(number: int) -> None:
     entering or leaving the lesson, an article's case, and a chapter with another block size or split count draw
     the whole page again."""
     with run_lock():
-        in_lesson, settings_before = bool(ss.get("w_chapter")), sidebar_settings()
+        in_lesson, settings_before = bool(settings.get("chapter")), sidebar_settings()
         enter_chapter(number)
         lesson = lesson_session()
         if (not (in_lesson and number) or sidebar_settings() != settings_before or lesson.pending_case
@@ -108,14 +107,14 @@ def go_to_chapter(number: int) -> None:
 
 
 def sidebar_settings() -> list:
-    return [ss.get("w_" + name) for name in SIDEBAR_SETTINGS]
+    return [settings.get(name) for name in SIDEBAR_SETTINGS]
 
 
 def enter_chapter(number: int, keep: frozenset[str] = frozenset()) -> None:
     """Put the page in chapter `number`'s state: its view, step, block size and split count, and the article's
     case where it has one. Settings named in `keep` stay as they are, but for the view: the lesson hides the view's
     selector, and its figure is the chapter's. The prompt and sampling are the class's."""
-    ss.w_chapter = number
+    settings.chapter = number
     if not number:
         return
     chapter, lesson = CHAPTERS[number - 1], lesson_session()
@@ -123,26 +122,26 @@ def enter_chapter(number: int, keep: frozenset[str] = frozenset()) -> None:
         page_session().step = chapter.step
     for name, value in {"view": chapter.view, **chapter.settings}.items():
         if name not in keep or name == "view":
-            ss["w_" + name] = value
+            settings[name] = value
     if chapter.case:
         lesson.pending_case = chapter.case
-        if ss.get("w_prompt") not in cases.CASE_PROMPTS:  # a case turns the chat switch off: put it back after
-            lesson.chat_before_case = ss.get("w_chat", language_defaults(ss.get("w_lang", "en")).chat)
+        if settings.get("prompt") not in cases.CASE_PROMPTS:  # a case turns the chat switch off: put it back after
+            lesson.chat_before_case = settings.get("chat", language_defaults(settings.get("lang", "en")).chat)
     else:  # a chapter's run starts from an empty prefix cache: the same run on every visit, for every page
         lesson.forget_published = True
-        if ss.w_prompt in cases.CASE_PROMPTS and "prompt" not in keep:  # back from a case: the usual prompt, and
+        if settings.prompt in cases.CASE_PROMPTS and "prompt" not in keep:  # back from a case: the usual prompt, and
             # the chat switch the page had before it (never one the model cannot use: a base model has no template)
-            ss.w_prompt = default_prompt(ss.w_lang)
+            settings.prompt = default_prompt(settings.lang)
             before = lesson.take("chat_before_case")
-            ss.w_chat = language_defaults(ss.w_lang).chat if before is None else before
-        elif ss.w_prompt in WINDOW_PROMPTS.values() and "prompt" not in keep:  # back from the window's chapter
-            ss.w_prompt = default_prompt(ss.w_lang)
+            settings.chat = language_defaults(settings.lang).chat if before is None else before
+        elif settings.prompt in WINDOW_PROMPTS.values() and "prompt" not in keep:  # back from the window's chapter
+            settings.prompt = default_prompt(settings.lang)
         if chapter.window_prompt and "prompt" not in keep:  # set once the model is known (`page.apply_window_prompt`)
             lesson.pending_window_prompt = True
     if chapter.view in HEAD_VIEWS and not {"layer", "head"} & keep:
         # open on the head with a pattern in the chapter's own run, whatever head the class came from: the chapter's
         # text names it, and must read the same on every visit
-        ss.w_layer, ss.w_head = 0, 0
+        settings.layer, settings.head = 0, 0
         page = page_session()
         page.focused_head_chosen, page.focus_from_chapter = False, True
 
@@ -154,34 +153,31 @@ def switch_language() -> None:
     if follow.follows_a_room():
         return
     old = language_defaults(page_session().drawn_state.get("lang", AppState.lang))
-    new = language_defaults(ss.w_lang)
-    if ss.w_model == old.model:
-        ss.w_model, ss.w_chat = new.model, new.chat
-    if ss.w_prompt in (old.prompt, WINDOW_PROMPTS.get(old.lang)):
-        ss.w_prompt = new.prompt
-        chapter = ss.get("w_chapter")  # the window chapter's own prompt comes back in the new language, on a model
+    new = language_defaults(settings.lang)
+    if settings.model == old.model:
+        settings.model, settings.chat = new.model, new.chat
+    if settings.prompt in (old.prompt, WINDOW_PROMPTS.get(old.lang)):
+        settings.prompt = new.prompt
+        chapter = settings.get("chapter")  # the window chapter's own prompt comes back in the new language, on a model
         lesson_session().pending_window_prompt = bool(chapter) and CHAPTERS[chapter - 1].window_prompt  # with a window
 
 
 def use_default_model() -> None:
-    ss.w_model = "embedded"
+    settings.model = "embedded"
 
 
 def use_lesson_prompt() -> None:
     """The lesson's own prompt and chat switch for the page's language, in place of one that cannot run."""
-    defaults = language_defaults(ss.w_lang)
-    ss.w_prompt, ss.w_chat = defaults.prompt, defaults.chat
+    defaults = language_defaults(settings.lang)
+    settings.prompt, settings.chat = defaults.prompt, defaults.chat
 
 
-SETTING_KEYS = tuple((f.name, "w_" + f.name) for f in fields(AppState) if f.name != "step")  # name → widget key
-_UNSET = object()
 
 
 def current_state() -> AppState:
     """The page's state from its widgets (a setting whose widget is not drawn yet keeps its default). Read a few
     times per run of every page: one look-up per setting (each goes through Streamlit's session proxy)."""
-    values = {name: value for name, key in SETTING_KEYS if (value := ss.get(key, _UNSET)) is not _UNSET}
-    return AppState(step=page_session().step, **values)
+    return AppState(step=page_session().step, **settings.values())
 
 
 def restore_lost_settings() -> None:
@@ -190,12 +186,12 @@ def restore_lost_settings() -> None:
     once under a class's load, as a page whose link turned to `prompt=` with nobody typing."""
     drawn = page_session().drawn_state
     for name, value in drawn.items():
-        if "w_" + name not in ss:
+        if name not in settings:
             log.warning("setting %s was lost by its widget and restored", name)  # the name only, never the value
-            ss["w_" + name] = value
+            settings[name] = value
     for name, options in CHOICES.items():  # a drop-down's labels change with the language: the browser may send
-        if ss.get("w_" + name, options[0]) not in options:  # back the old label of the option it showed
-            ss["w_" + name] = drawn.get(name, getattr(AppState, name))
+        if settings.get(name, options[0]) not in options:  # back the old label of the option it showed
+            settings[name] = drawn.get(name, getattr(AppState, name))
 
 
 def write_link(state: AppState) -> None:
@@ -210,18 +206,19 @@ def write_link(state: AppState) -> None:
     st.query_params.from_dict(to_query(state) | follow.link_params())
 
 
-def open_on_focused_head(state: AppState, trace: engine.StepTrace | None) -> None:
+def open_on_focused_head(state: AppState, trace: engine.StepTrace | None) -> AppState:
     """Once per browser session (and on entering a chapter that shows a head), when the link chose no layer or head
     and nobody has picked one, start the layer and head pickers on a head whose attention shows a pattern (layer 0,
-    head 0 is usually diffuse). The step calls it before drawing what shows a head: views only read the pickers."""
+    head 0 is usually diffuse). The step calls it before its views get their state, which it returns."""
     page = page_session()
     if page.focused_head_chosen or trace is None or trace.attention is None:
-        return
+        return state
     from_chapter, page.focused_head_chosen = page.take("focus_from_chapter"), True
     linked = not from_chapter and ("layer" in st.query_params or "head" in st.query_params)
     if linked or (state.layer, state.head) != (0, 0):  # the link's head (not the last chapter's), or one picked
-        return
-    ss.w_layer, ss.w_head = focused_head(trace.attention[:, :, -1].float().numpy())
+        return state
+    settings.layer, settings.head = focused_head(trace.attention[:, :, -1].float().numpy())
+    return replace(state, layer=settings.layer, head=settings.head)
 
 
 def load_case(which: str) -> None:
@@ -251,8 +248,8 @@ def chat_problem(can_chat: bool) -> None:
     goes off without a word: nobody asked for it."""
     page = page_session()
     asked = page.take("chat_asked")
-    if ss.w_chat and not can_chat:
-        ss.w_chat = False
+    if settings.chat and not can_chat:
+        settings.chat = False
         if asked:
             page.problems.append(Problem("chat", "1", "0", "no_chat_template"))
 
@@ -291,5 +288,5 @@ def fit_to_budget(step: StepLimits) -> None:
     sidebar's widgets exist: their values cannot be changed after)."""
     state, problems = fit_state(current_state(), step)
     for problem in problems:
-        ss["w_" + problem.param] = getattr(state, problem.param)
+        settings[problem.param] = getattr(state, problem.param)
     page_session().problems += problems

@@ -16,11 +16,12 @@ from ui.runs import turns
 from ui.follow import page as follow
 from ui.views.context import ViewContext
 from ui.lesson.chapters import CHAPTERS
-from ui.page.page_state import (current_state, go_to_chapter, open_on_focused_head, request_full_run, run_lock,
-                           show_problem, ss, t, labels, write_link)
+from ui.page.page_state import (current_state, go_to_chapter, load_case, measure_again, open_on_focused_head,
+                           request_full_run, run_lock,
+                           show_problem, t, labels, write_link)
 from ui.runs.runner import Runner
 from ui.follow import serving_room
-from ui.state.session import PlayClock, lesson_session, page_session
+from ui.state.session import PlayClock, lesson_session, page_controls, page_session, settings
 from ui import views
 from ui.state.link import clamp
 from ui.views import VIEWS, serving, stepper
@@ -112,21 +113,21 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
     figure first) and the step's text and candidates: at 1280×720 the main figure starts on the first screen.
     In the lesson: the chapter's header, then its figure beside the step's controls and the chapter's text, the
     text so far, and the whole view under them, closed: a chapter change draws the chapter's figure, not five."""
-    chapter = CHAPTERS[ss.w_chapter - 1] if ss.get("w_chapter") else None
+    chapter = CHAPTERS[settings.chapter - 1] if settings.get("chapter") else None
     page = page_session()
     side = layout_side()
     places = step_places(chapter, side)
     step_buttons(places.buttons, runner, busy=True)
-    places.play.toggle(t("play"), key="w_playing", on_change=request_full_run)  # Play sets the fragment's timer
-    if ss.get("w_playing"):
+    places.play.toggle(t("play"), key=page_controls.key("playing"), on_change=request_full_run)  # Play sets the fragment's timer
+    if page_controls.get("playing"):
         if at_end(runner):
             page.stop_playing = True
             st.rerun(scope="app")
-        page.step = play_step(page.step, ss.w_pace)
+        page.step = play_step(page.step, page_controls.pace)
     else:
         page.play_clock = None  # a Play started later starts its own clock
     requested = page.step
-    serving_view = ss.get("w_view") == "serving"  # the page's step is the server's (`ui.views.serving`)
+    serving_view = settings.get("view") == "serving"  # the page's step is the server's (`ui.views.serving`)
     catching_up = CatchUpNotice(places.controls, requested)
     room = serving_room.room_for(current_state()) if serving_view else None
     page.step = (serving.serve_to(runner, current_state(), requested, room.served if room else None) if serving_view
@@ -134,12 +135,13 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
     catching_up.clear()
     state, problems = clamp(current_state(), model.info.layers, model.info.q_heads)
     for problem in problems:
-        ss["w_" + problem.param] = getattr(state, problem.param)
+        settings[problem.param] = getattr(state, problem.param)
     trace = None if serving_view else runner.trace(page.step)
+    if state.view in HEAD_VIEWS or chapter is not None and trace is not None and trace.split is not None:
+        state = open_on_focused_head(state, trace)  # its pickers, or the chapter's split text, show a layer and head
     ctx = ViewContext(runner=runner, state=state, step=page.step, trace=trace,
-                      stage=chapter.stage if chapter else None, measured_again=page.measured_again, room=room)
-    if ctx.state.view in HEAD_VIEWS or chapter is not None and ctx.trace is not None and ctx.trace.split is not None:
-        open_on_focused_head(ctx.state, ctx.trace)  # its pickers, or the chapter's split text, show a layer and head
+                      stage=chapter.stage if chapter else None, measured_again=page.measured_again, room=room,
+                      load_case=load_case, measure_again=measure_again)
     with places.controls:
         if page.step < requested and not serving_view:  # the server's end: the view's own sentence says so
             st.warning(t("step_unreachable", step=requested, reached=page.step, reason=runner.stop_reason))
@@ -152,7 +154,7 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
             stepper.render(ctx, lines=1 if chapter else None)
         if chapter is not None:
             lesson.panel(ctx)
-    st.radio(t("view"), VIEWS, key="w_view", horizontal=True, format_func=labels("view_"),
+    st.radio(t("view"), VIEWS, key=settings.key("view"), horizontal=True, format_func=labels("view_"),
              label_visibility="collapsed")  # hidden in the lesson: the chapter sets the view
     if chapter is None:
         view_place, details_place = fresh_place(st, side), st.container()
@@ -170,7 +172,7 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
                 stepper.details(ctx)
         sent = TEXT_SENT.set(time.perf_counter())
         with view_place:
-            views.render(ss.w_view, ctx)
+            views.render(settings.view, ctx)
     finally:
         CHAPTER_FIGURE.reset(placed)
         if sent is not None:
@@ -204,7 +206,7 @@ class StepPlaces:
 def layout_side() -> bool:
     """Which of its two slots each place of the step's layout takes in this run (`fresh_place`): the other side
     when this run draws another chapter or view than the session's last one did."""
-    page, layout = page_session(), (ss.get("w_chapter"), ss.get("w_view"))
+    page, layout = page_session(), (settings.get("chapter"), settings.get("view"))
     if page.drawn_layout != layout:
         page.drawn_layout, page.layout_side = layout, not page.layout_side
     return page.layout_side
@@ -225,7 +227,7 @@ def step_places(chapter, side: bool) -> StepPlaces:
     under the other. The lesson: the chapter's title; the counter beside the chapter buttons; the step buttons;
     then the chapter's figure, and beside it the token stream and the chapter's text."""
     if chapter is not None:
-        lesson.header(chapter, ss.w_lang)
+        lesson.header(chapter, settings.lang)
     controls = st.container()
     with controls:
         if chapter is None:
@@ -233,7 +235,7 @@ def step_places(chapter, side: bool) -> StepPlaces:
         else:
             counter_column, back, forward = st.columns([2.6, 1, 1], vertical_alignment="center")
             counter = header_place(counter_column)
-            lesson.chapter_buttons(chapter, ss.w_lang, go_to_chapter, back, forward)
+            lesson.chapter_buttons(chapter, settings.lang, go_to_chapter, back, forward)
         buttons_column, play_column = st.columns([4, 1], vertical_alignment="center")
     buttons = buttons_column.empty()
     if chapter is None:
@@ -256,7 +258,7 @@ def step_buttons(place, runner: Runner, busy: bool = False) -> None:
     greyed and their arrow keys unbound: Streamlit would merge or drop presses made during a run, so they
     are refused visibly instead. Back and Next move by one from the step current when a press is handled."""
     page = page_session()
-    next_label = "next_step" if ss.get("w_view") == "serving" else "next"  # there a step is the server's, not a token
+    next_label = "next_step" if settings.get("view") == "serving" else "next"  # there a step is the server's, not a token
     buttons = (("prefill", "b_prefill", (1, True), {"disabled": page.step >= 1}),
                ("back", "b_back", (-1, False), {"shortcut": "Left", "disabled": page.step == 0}),
                (next_label, "b_next", (1, False), {"shortcut": "Right", "disabled": not busy and at_end(runner)}),
@@ -282,7 +284,7 @@ def step_buttons(place, runner: Runner, busy: bool = False) -> None:
 def at_end(runner: Runner) -> bool:
     """Whether Next has nothing more to show: the run ended at this step (on the Serving view, every request)."""
     step = page_session().step
-    if ss.get("w_view") == "serving":
+    if settings.get("view") == "serving":
         state = current_state()
         return serving.at_end(runner, state, step, serving_room.served_round(state))
     return runner.finished and step >= runner.generated

@@ -8,19 +8,17 @@ Plain Python (no Streamlit). `step` counts generated tokens: 0 is the prompt alo
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
-
-from cachetools import LRUCache
 
 import engine
 from engine.busy_pool import BusyPoolPicture, BusyPoolReplay
 from engine.tokens import TokenCell, candidate_cells, token_cells
 from engine.trace import StepTrace
 from ui.runs import turns
+from ui.runs.memo import Memo
 
 CAPTURE = engine.Capture(attention_budget=1_000_000)  # a prefill keeps at most 4 MB each of probs and scores
 
@@ -81,10 +79,10 @@ class Run:
             raise engine.PromptTooLongError(f"the prompt is {len(session.prompt_ids)} tokens; this app allows "
                                             f"at most {config.max_prompt_tokens}")
         self.session = session
-        self._rebuilt = Memo()  # step → its rebuilt trace
-        self._attention = Memo()  # (layer, head) → (probs, scores)
-        self._cells = Memo()  # tokens generated → the token cells
-        self._candidates = Memo()  # (step, candidate ids) → their cells
+        self._rebuilt = Memo(MEMO)  # step → its rebuilt trace
+        self._attention = Memo(MEMO)  # (layer, head) → (probs, scores)
+        self._cells = Memo(MEMO)  # tokens generated → the token cells
+        self._candidates = Memo(MEMO)  # (step, candidate ids) → their cells
         self._busy: BusyPoolReplay | None = None  # this run replayed in a busy pool, as far as a page asked
         self._busy_pictures: list[BusyPoolPicture] = []  # step s's picture at s − 1 (plain data)
 
@@ -265,33 +263,6 @@ class OwnRuns:
     def lease(self, config: RunConfig, seeds: Seeds, build: RunBuilder) -> Lease:
         return Lease(build(seeds=seeds))
 
-
-class Memo:
-    """A least-recently-used memo of `size` values that pages may read while others add to it (the store sizes runs
-    without their locks)."""
-
-    def __init__(self, size: int = MEMO):
-        self._values: LRUCache = LRUCache(size)
-        self._lock = threading.Lock()
-
-    def get(self, key):
-        with self._lock:
-            return self._values.get(key)  # a hit counts as a use
-
-    def put(self, key, value):
-        with self._lock:
-            self._values[key] = value
-        return value
-
-    def made(self, key, build: Callable):
-        """The value kept under `key`, or `build()`'s, kept (built outside the lock: pages asking at once may each
-        build it, and one is kept)."""
-        value = self.get(key)
-        return self.put(key, build()) if value is None else value
-
-    def values(self) -> list:
-        with self._lock:
-            return list(self._values.values())
 
     def clear(self) -> None:
         with self._lock:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import engine
 from engine.busy_pool import BusyPoolPicture
 from engine.context_kv import TokenInContexts, token_in_contexts
-from engine.prefix_cache import PolicyReuse, PromptHistory
+from engine.prefix_cache import PolicyReuse, PoolState, PromptHistory
 from engine.prompt import PromptSegment, has_chat_template, prompt_segments, template_can_think, tokenize_prompt
 from engine.split_kv import split_demo
 from engine.timing import DecodeTiming, measure_decode
@@ -23,6 +23,7 @@ from engine.tokens import TokenCell, token_cells
 from engine.trace import PrefixHit, SplitKVTrace, StepTrace
 from ui.host import memory
 from ui.runs.eviction import EvictionPair, pair_for
+from ui.runs.eviction_forced import ForcedReading, forced_reading
 from ui.runs.eviction_settings import EvictionSettings
 from ui.runs.store import RunStore
 from ui.runs.run import Lease, OwnRuns, Run, RunConfig, RunSource
@@ -248,6 +249,39 @@ class Runner:
     def stop_reason(self) -> str | None:
         return self.session.stop_reason
 
+    @property
+    def chat(self) -> bool:
+        """Whether the run wraps the prompt in the chat template."""
+        return self.config.chat
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        """The most prompt tokens the host lets a run read."""
+        return self.config.max_prompt_tokens
+
+    @property
+    def step_memory_mb(self) -> int:
+        """The host's memory budget for one step's arrays (what caps a figure or a lab)."""
+        return self.limits.step_memory_mb
+
+    @property
+    def embed_scale(self) -> float | None:
+        """What the embedding row is multiplied by before the first layer (Gemma's √hidden), None where it is not."""
+        return self.model.weights.embed_scale
+
+    def attention_scale(self, layer: int) -> float:
+        """The factor on layer `layer`'s query·key scores before the softmax."""
+        return self.model.attention_scales[layer]
+
+    def run_key(self) -> weakref.ref:
+        """The run shown, weakly: a memo key that tells runs apart and never keeps one alive."""
+        return weakref.ref(self.run)
+
+    def forced_reading(self, answer: list[int], settings: EvictionSettings) -> ForcedReading:
+        """`answer` read through the full cache and through the one `settings` keep (`compute` it before reading),
+        shared by every page of the server's store."""
+        return forced_reading(self.store, self.model, list(self.prompt_ids), answer, settings)
+
     def cells(self, step: int) -> list[TokenCell]:
         """The prompt's tokens and the first `step` generated ones, one cell each (shared: only read)."""
         return self.run.cells(step)
@@ -303,9 +337,9 @@ class Runner:
         """How this run's prefill used the prefix cache (None before the prefill)."""
         return self.session.traces[0].prefix if self.session.traces else None
 
-    def evictions(self) -> int:
+    def blocks_evicted(self) -> int:
         """Blocks the prefix cache has evicted so far (the last 1,000 are remembered)."""
-        return len(self.cache.evictions)
+        return len(self.cache.block_evictions)
 
     def policy_reuse(self) -> dict[str, PolicyReuse]:
         return self.history.predicted_reuse(self.session.prompt_ids, self.config.block_size)
@@ -313,11 +347,3 @@ class Runner:
     def closest_cached(self) -> tuple[list[int], int] | None:
         """The published prompt sharing the longest prefix with this one, and where they first differ."""
         return self.history.closest(self.session.prompt_ids)
-
-
-@dataclass(frozen=True)
-class PoolState:
-    block_size: int
-    blocks: int
-    cached_free: int  # free blocks a prefix-cache lookup can still hit
-

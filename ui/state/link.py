@@ -7,16 +7,16 @@ to a sensible value and leaves a `Problem` for the page to show.
 from __future__ import annotations
 
 import math
+import tomllib
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 
 from engine.eviction import POLICIES as EVICTION_POLICIES
 from engine.kv_cache import DEFAULT_BLOCK_SIZE
 from engine.prefix_cache import POLICIES
 from engine.sampler import TEMPERATURE_FLOOR
-from ui.lesson.chapters import CHAPTERS, DEFAULT_SETTINGS
-from ui.views import VIEWS  # the link's view names, in the page's order
 from viz.words import LANGUAGES as LANGS
 
 DEFAULT_PROMPTS = {"en": "What is a KV cache?", "zh": "什么是 KV 缓存？KV 缓存是"}  # a page opens with its language's
@@ -25,6 +25,11 @@ DEFAULT_PROMPT = DEFAULT_PROMPTS["en"]
 # its prompt is the start of an answer for it to go on with, and the chat switch is off.
 LANGUAGE_DEFAULTS = {"en": {"model": "embedded", "chat": True}, "zh": {"model": "embedded-zh", "chat": False}}
 MAX_PROMPT_CHARS = 4000
+# The link's view names, in the page's order (ui.views.MODULES draws each; its label is the string `view_<name>`).
+VIEWS = ("flow", "attention", "kv", "split", "prefix", "costs", "eviction", "serving")
+# How many chapters a link may name: counted in the lesson's own file, not through the lesson's code (which draws
+# with the views, above the link's state).
+CHAPTER_COUNT = len(tomllib.loads((Path(__file__).parents[1] / "lesson" / "lesson.toml").read_text())["chapter"])
 
 
 @dataclass(frozen=True)
@@ -57,8 +62,8 @@ class AppState:
     interval: int = 8
     stream_window: int = 28
     # The Serving view (ui/runs/serving.py): the pool's blocks and the most requests a step runs (max_num_seqs)
-    serve_blocks: int = DEFAULT_SETTINGS["serve_blocks"]
-    serve_seqs: int = DEFAULT_SETTINGS["serve_seqs"]
+    serve_blocks: int = 10
+    serve_seqs: int = 4
     serve_round: int = 0  # a round of the class's questions its teacher served (ui/follow/class_prompts.py); 0: none
 
 
@@ -83,7 +88,7 @@ RANGES = {
     "step": (int, 0, 100_000),
     "layer": (int, 0, 1000),
     "head": (int, 0, 1000),
-    "chapter": (int, 0, len(CHAPTERS)),
+    "chapter": (int, 0, CHAPTER_COUNT),
     "ratio": (float, 0.0, 0.95),  # the engine takes [0, 1): at 0.95 a 20-position context keeps one
     "budget": (int, 1, 4096),
     "interval": (int, 1, 512),

@@ -1,21 +1,84 @@
-"""What one browser session keeps from one script run to the next, besides its settings (the widget keys
-`w_<setting>`, `ui.page.page_state`): one dataclass per concern, each under one session key. The page's own is
-`PageSession` (key `page`), the lesson's `LessonSession` (key `lesson`); following's is
-`ui.follow.room_link.FollowState` (key `follow`). Views never write them: they get what they show in their
-`ViewContext`.
+"""What one browser session keeps from one script run to the next: the one module that touches Streamlit's session
+state (tests/test_session_owner.py).
+
+- Widgets' values, by name, each kind under its key prefix: `settings` (the link's, one per `AppState` field,
+  `w_<field>`), `page_controls` (the page's own controls, not in the link: Play and its pace, `p_`) and
+  `view_controls` (a view's own, not in the link: `v_`). Buttons are keyed `b_`, expanders `x_`; nothing reads them.
+- One dataclass per concern, each under one session key (`kept`): the page's `PageSession` (key `page`), the
+  lesson's `LessonSession` (key `lesson`), following's `ui.follow.room_link.FollowState` (key `follow`).
+Views read none of it: they get what they show in their `ViewContext`.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import streamlit as st
 
+from ui.state.link import AppState
+
 if TYPE_CHECKING:
-    from ui.runs.runner import Runner
     from ui.state.link import Problem
+
+Kept = TypeVar("Kept")
+
+
+class Controls:
+    """The values of one kind of widget in the session, by name (`settings.lang`, `settings["lang"]`): the only
+    door to their keys. A widget is drawn with `key=controls.key(name)`."""
+
+    def __init__(self, prefix: str, names: tuple[str, ...] | None = None):
+        object.__setattr__(self, "_prefix", prefix)
+        object.__setattr__(self, "_names", names)  # the names allowed; None: any
+        object.__setattr__(self, "_keys", tuple(prefix + name for name in names or ()))
+
+    def key(self, name: str) -> str:
+        if self._names is not None and name not in self._names:
+            raise KeyError(f"{name!r} is not one of these controls ({self._prefix}…)")
+        return self._prefix + name
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return st.session_state.get(self.key(name), default)
+
+    def __getitem__(self, name: str) -> Any:
+        return st.session_state[self.key(name)]
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        st.session_state[self.key(name)] = value
+
+    def __contains__(self, name: str) -> bool:
+        return self.key(name) in st.session_state
+
+    def __getattr__(self, name: str) -> Any:  # only names not found on the object itself: the controls'
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self[name]
+
+    __setattr__ = __setitem__
+
+    def setdefault(self, name: str, value: Any) -> Any:
+        return st.session_state.setdefault(self.key(name), value)
+
+    def values(self) -> dict[str, Any]:
+        """The controls set so far, by name (of those named at construction): one look-up each."""
+        state = st.session_state
+        return {name: state[key] for name, key in zip(self._names, self._keys) if key in state}
+
+
+SETTING_NAMES = tuple(f.name for f in fields(AppState) if f.name != "step")  # the step is the page's (`PageSession`)
+settings = Controls("w_", SETTING_NAMES)
+page_controls = Controls("p_", ("playing", "pace"))
+view_controls = Controls("v_")
+
+
+def kept(key: str, make: Callable[[], Kept]) -> Kept:
+    """The session's object for one concern, under `key`, made on its first use."""
+    if key not in st.session_state:
+        st.session_state[key] = make()
+    return st.session_state[key]
 
 
 @dataclass(frozen=True)
@@ -39,7 +102,7 @@ class OneShot:
 @dataclass
 class PageSession(OneShot):
     step: int = 0  # the step asked for, then the one shown
-    runner: Runner | None = None  # this session's view of its run
+    runner: object = None  # its view of its run: a `ui.runs.runner.Runner` (the runs sit above this state)
     # One script run at a time in a session: each press starts a new run and Streamlit stops the old one only at
     # its next Streamlit call, so without it a run could still be inside the engine while the next one moves the
     # step or reconfigures the same run.
@@ -63,15 +126,15 @@ class PageSession(OneShot):
 @dataclass
 class LessonSession(OneShot):
     """What entering a chapter leaves for the run that draws it."""
-    pending_case: str | None = None  # an article's case to load (`ui.lesson.cases`)
+    pending_case: str | None = None  # an article's case to load (`ui.views.cases`)
     chat_before_case: bool | None = None  # the chat switch before a case turned it off
     forget_published: bool = False  # the chapter's run starts from an empty prefix cache
     pending_window_prompt: bool = False  # the window chapter's prompt, once the model is known to have a window
 
 
 def page_session() -> PageSession:
-    return st.session_state.setdefault("page", PageSession())
+    return kept("page", PageSession)
 
 
 def lesson_session() -> LessonSession:
-    return st.session_state.setdefault("lesson", LessonSession())
+    return kept("lesson", LessonSession)

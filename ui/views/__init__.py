@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import importlib
 
-# The views in the page's order: name → the module under ui/views/ that draws it.
-MODULES = {"flow": "flow", "attention": "attention", "kv": "kv_cache", "split": "split_kv", "prefix": "prefix",
-           "costs": "costs", "eviction": "eviction", "serving": "serving"}
-VIEWS = tuple(MODULES)
+from ui.state.link import VIEWS
+
+# The views in the page's order (the link's names, `ui.state.link.VIEWS`): name → the module under ui/views/ that
+# draws it.
+MODULES = {view: {"kv": "kv_cache", "split": "split_kv"}.get(view, view) for view in VIEWS}
 
 
 def render(view: str, ctx) -> None:

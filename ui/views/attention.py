@@ -18,7 +18,7 @@ def render(ctx: ViewContext) -> None:
     main = Part("heatmap", key="main-figure")  # the heatmap first; its pickers under it
     with main.under:
         layer, head = layer_head_pickers(ctx)
-        show_scores = st.toggle(ctx.t("show_scores"), key="w_scores")
+        show_scores = st.toggle(ctx.t("show_scores"), key=ctx.own_key("scores"))
     value = "s = q·k/√d" if show_scores else "a = softmax(s)"
     labels = ctx.labels
     if main.shown and ctx.runner.short_of_memory():  # the newest row below still shows where this head looked

@@ -8,7 +8,6 @@ import streamlit as st
 from engine.reference_models import reference_info
 from engine.timing import DecodeTiming, crossover_batch, crossover_context, decode_step_bytes, weight_bytes_read
 from ui.views.context import ViewContext
-from ui.page.page_state import measure_again
 from ui.views.chapter_part import Part, shown
 from ui.views.figures import figure, memo_key, shared_table, table
 from ui.views.widgets import words
@@ -53,7 +52,7 @@ def render(ctx: ViewContext) -> None:
                                                  ctx.large, w, window),
                    "context-growth", memo_key(ctx, "growth", per_step=False))
     with growth.under:
-        keep = (st.slider(ctx.t("truncate_keep"), 1, n, key="w_keep", value=max(1, n // 2), persist_state="session")
+        keep = (st.slider(ctx.t("truncate_keep"), 1, n, key=ctx.own_key("keep"), value=max(1, n // 2), persist_state="session")
                 if n > 2 else None)
         if growth.shown:
             truncation(ctx, limit, n, keep)
@@ -62,7 +61,7 @@ def render(ctx: ViewContext) -> None:
 def truncation(ctx: ViewContext, limit: int, n: int, keep: int | None) -> None:
     """The context limit, and what cutting the prompt to its last `keep` tokens would keep and save."""
     info = ctx.info
-    st.markdown(ctx.t("limit_text", limit=limit, n=n, app_limit=ctx.runner.config.max_prompt_tokens,
+    st.markdown(ctx.t("limit_text", limit=limit, n=n, app_limit=ctx.runner.max_prompt_tokens,
                       kib=info.kv_bytes_per_token / 1024))
     if keep is not None:
         st.markdown(ctx.t("truncate_result", dropped=n - keep, keep=keep,
@@ -76,7 +75,7 @@ def step_bytes(ctx: ViewContext, context: int) -> None:
     info, qwen = ctx.info, reference_info(REFERENCE)
     chart = Part("step_bytes", key="main-figure")  # the figure first; its slider under it
     with chart.under:
-        batch = st.slider(ctx.t("batch_slider"), 1, MAX_BATCH, key="w_batch", value=1, persist_state="session",
+        batch = st.slider(ctx.t("batch_slider"), 1, MAX_BATCH, key=ctx.own_key("batch"), value=1, persist_state="session",
                           help=ctx.t("batch_help"))
     if not chart.shown:
         return
@@ -128,4 +127,4 @@ def per_token(ctx: ViewContext, context: int) -> None:
                       steps=len(timing.decode_ms), bytes=fmt_size(timing.step_bytes),
                       floor=fmt_ms(timing.floor_ms) if timing.floor_holds else "–"))
     st.button(ctx.t("measure_again"), key="b_measure_again",
-              on_click=measure_again)
+              on_click=ctx.measure_again)

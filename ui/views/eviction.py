@@ -8,7 +8,7 @@ import math
 import streamlit as st
 
 from engine.eviction import POLICIES
-from ui.runs.eviction_forced import ForcedReading, forced_reading
+from ui.runs.eviction_forced import ForcedReading
 from ui.runs.eviction_settings import EvictionSettings
 from engine.errors import InvalidSettingError
 from ui.views.context import ViewContext
@@ -67,20 +67,20 @@ def controls(ctx: ViewContext) -> bool:
     state = ctx.state
     left, right = st.columns(2)
     with left:
-        st.radio(ctx.t("evict_at"), EVICT_AT, key="w_evict_at", horizontal=True,
+        st.radio(ctx.t("evict_at"), EVICT_AT, key=ctx.setting_key("evict_at"), horizontal=True,
                  format_func=lambda at: ctx.t("evict_at_" + at))
-        st.selectbox(ctx.t("evict_policy"), POLICIES, key="w_evict", format_func=lambda p: ctx.t("evict_policy_" + p),
+        st.selectbox(ctx.t("evict_policy"), POLICIES, key=ctx.setting_key("evict"), format_func=lambda p: ctx.t("evict_policy_" + p),
                      disabled=state.evict_at == "stream", help=ctx.t("evict_policy_help"))
     with right:
         if state.evict_at == "prefill":
-            st.slider(ctx.t("evict_ratio"), *bounds("ratio"), key="w_ratio", step=0.05, help=ctx.t("evict_ratio_help"))
+            st.slider(ctx.t("evict_ratio"), *bounds("ratio"), key=ctx.setting_key("ratio"), step=0.05, help=ctx.t("evict_ratio_help"))
         elif state.evict_at == "decode":
-            st.number_input(ctx.t("evict_budget"), *bounds("budget"), key="w_budget", step=1,
+            st.number_input(ctx.t("evict_budget"), *bounds("budget"), key=ctx.setting_key("budget"), step=1,
                             help=ctx.t("evict_budget_help"))
-            st.number_input(ctx.t("evict_interval"), *bounds("interval"), key="w_interval", step=1,
+            st.number_input(ctx.t("evict_interval"), *bounds("interval"), key=ctx.setting_key("interval"), step=1,
                             help=ctx.t("evict_interval_help"))
         else:
-            st.number_input(ctx.t("evict_window"), *bounds("stream_window"), key="w_stream_window", step=1,
+            st.number_input(ctx.t("evict_window"), *bounds("stream_window"), key=ctx.setting_key("stream_window"), step=1,
                             help=ctx.t("evict_window_help"))
         own = st.toggle(ctx.t("evict_own_cache"), key="evict_own_cache", help=ctx.t("evict_own_cache_help"))
     return own
@@ -102,7 +102,7 @@ def notes(ctx: ViewContext, data: EvictionShown) -> None:
     if data.passes < ctx.step:
         st.caption(ctx.t("evict_ended", passes=data.passes, step=ctx.step))
     if data.capped:
-        st.info(ctx.t("evict_capped", steps=data.pair.plan.steps, mb=ctx.runner.limits.step_memory_mb))
+        st.info(ctx.t("evict_capped", steps=data.pair.plan.steps, mb=ctx.runner.step_memory_mb))
     st.caption(ctx.t("evict_masked_note", allocated=fmt_size(record.allocated_bytes), kept=fmt_size(record.kept_bytes),
                      full=fmt_size(record.full_bytes)))
     st.caption(ctx.t("evict_positions_note"))
@@ -167,9 +167,7 @@ def forced(ctx: ViewContext, data: EvictionShown, policy: str) -> None:
     with opened(ctx.t("evict_forced_open"), "x_forced") as box:
         if not box.open:
             return
-        runner = ctx.runner
-        reading = forced_reading(runner.store, runner.model, list(runner.prompt_ids), data.token_ids(data.pair.full),
-                                 data.settings)
+        reading = ctx.runner.forced_reading(data.token_ids(data.pair.full), data.settings)
         with st.spinner(ctx.t("evict_forced_computing")):
             reading.compute()
         st.markdown(forced_sentence(ctx, reading, policy))

@@ -110,7 +110,7 @@ def error_message(ctx: ViewContext, error: InvalidSettingError) -> str:
         return ctx.t("evict_lab_full", policies=", ".join(str(ctx.t("evict_short_" + n)) for n in error.names))
     if isinstance(error, EvictionTooLarge):
         return ctx.t("evict_too_large", need=error.plan.estimated_bytes / 10**6,
-                     mb=ctx.runner.limits.step_memory_mb)
+                     mb=ctx.runner.step_memory_mb)
     return ctx.t("evict_cannot_run", error=str(error))
 
 

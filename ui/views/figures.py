@@ -4,7 +4,6 @@ figure's title as page text, within the chapter's part's height."""
 from __future__ import annotations
 
 import html
-import weakref
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -14,7 +13,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from ui.views.context import ViewContext
-from ui.runs.run import Memo
+from ui.runs.memo import Memo
 from ui.views.chapter_part import height_limit
 from ui.views.paint import paint_first
 from ui.views.wire import FrozenFigure, compact
@@ -32,7 +31,7 @@ def memo_key(ctx: ViewContext, *parts, per_step: bool = True) -> tuple:
     stage, and `parts` (what else the view read: pickers, toggles, sliders). The run is held weakly: a figure never
     keeps a dropped run alive, nor matches a newer one."""
     step = ctx.step if per_step else None
-    return (weakref.ref(ctx.runner.run), step, replace(ctx.state, step=0), ctx.stage, *parts)
+    return (ctx.runner.run_key(), step, replace(ctx.state, step=0), ctx.stage, *parts)
 
 
 def figure(build: go.Figure | Callable[[], go.Figure], name: str, memo: tuple | None = None) -> None:

@@ -27,7 +27,7 @@ def render(ctx: ViewContext) -> None:
     length = ctx.trace.context_length
     picture = Part("pool")  # the figure first; the choice of pool under it (the first screen is the figure's)
     with picture.under:
-        busy = st.radio(ctx.t("pool_choice"), POOLS, key="w_pool", horizontal=True, help=ctx.t("pool_choice_help"),
+        busy = st.radio(ctx.t("pool_choice"), POOLS, key=ctx.setting_key("pool"), horizontal=True, help=ctx.t("pool_choice_help"),
                         format_func=lambda p: ctx.t("pool_" + p)) == "busy"
     if busy and ctx.runner.short_of_memory():  # the replay's pool is a second run's worth: the own pool instead
         st.info(ctx.t("short_of_memory", left_out=ctx.t("left_out_busy_pool")))
@@ -96,7 +96,7 @@ def kv_values(ctx: ViewContext, layer: int, head: int, length: int) -> None:
     its window (in whole blocks) starts."""
     info = ctx.info
     kv_head = head // info.gqa_group
-    which = st.radio(ctx.t("k_or_v"), ["K", "V"], horizontal=True, key="w_kv")
+    which = st.radio(ctx.t("k_or_v"), ["K", "V"], horizontal=True, key=ctx.own_key("kv"))
     if not shown():
         return
     k, v, start = ctx.runner.cached_kv(layer, length)
@@ -166,7 +166,7 @@ def layer_lengths(ctx: ViewContext, length: int) -> None:
     info = ctx.info
     place = Part("layers")  # the figure first; its slider under it
     with place.under:
-        at = st.slider(ctx.t("lengths_slider"), 1, info.context_limit, key="w_lengths_at",
+        at = st.slider(ctx.t("lengths_slider"), 1, info.context_limit, key=ctx.own_key("lengths_at"),
                        value=lengths_default(info, length), help=ctx.t("lengths_slider_help", n=length))
     if place.shown:
         with place:

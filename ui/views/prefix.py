@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ui.lesson.cases import CASE_BLOCK_SIZE
+from ui.views.cases import CASE_BLOCK_SIZE
 from ui.views.context import ViewContext
-from ui.page.page_state import load_case
 from ui.views.chapter_part import Part, shown
 from ui.views.figures import figure, memo_key, table
 from ui.views.widgets import words
@@ -19,8 +18,8 @@ HEADLINE_ORDER = ("whole", "block", "radix")  # the article's rule first
 def render(ctx: ViewContext) -> None:
     st.subheader(ctx.t("prefix_title"))
     c1, c2 = st.columns(2)
-    c1.button(ctx.t("case1"), key="case1", on_click=load_case, args=("case1",))
-    c2.button(ctx.t("case2"), key="case2", on_click=load_case, args=("case2",))
+    c1.button(ctx.t("case1"), key="case1", on_click=ctx.load_case, args=("case1",))
+    c2.button(ctx.t("case2"), key="case2", on_click=ctx.load_case, args=("case2",))
     main = Part("policies", key="main-figure")  # the headline first, the introduction under it
     if shown():
         st.markdown(ctx.t("prefix_intro"))
@@ -39,7 +38,7 @@ def render(ctx: ViewContext) -> None:
     if shown("alignment"):
         this_run(ctx, n)
     if shown():
-        st.caption(ctx.t("evictions", count=ctx.runner.evictions(), kept=ctx.runner.history.limit))
+        st.caption(ctx.t("evictions", count=ctx.runner.blocks_evicted(), kept=ctx.runner.history.limit))
 
 
 def this_run(ctx: ViewContext, n: int) -> None:

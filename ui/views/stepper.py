@@ -93,7 +93,7 @@ def details(ctx: ViewContext) -> None:
     left, right = st.columns([3, 2])
     with left:
         text_so_far(ctx)
-        if st.toggle(ctx.t("show_template"), key="w_show_template", help=ctx.t("show_template_help")):
+        if st.toggle(ctx.t("show_template"), key=ctx.own_key("show_template"), help=ctx.t("show_template_help")):
             wrapped_prompt(ctx)
     with right:
         if ctx.trace is None:
@@ -130,7 +130,7 @@ def wrapped_prompt(ctx: ViewContext) -> None:
         style = TEMPLATE_STYLE if segment.kind == "template" else ""
         pieces.append(f'<span class="kv-{segment.kind}" style="{style}">{html.escape(segment.text)}</span>')
     st.html(f'<div style="font-family:monospace;white-space:pre-wrap;line-height:1.9">{"".join(pieces)}</div>')
-    st.caption(ctx.t("template_legend" if ctx.runner.config.chat else "template_off"))
+    st.caption(ctx.t("template_legend" if ctx.runner.chat else "template_off"))
 
 
 def downloads(ctx: ViewContext) -> None:

@@ -38,16 +38,16 @@ def layer_head_pickers(ctx: ViewContext, heads: bool = True) -> tuple[int, int]:
     info = ctx.info
     columns = st.columns(2)
     with columns[0]:
-        layer = st.number_input(ctx.t("layer"), 0, info.layers - 1, key="w_layer", step=1)
+        layer = st.number_input(ctx.t("layer"), 0, info.layers - 1, key=ctx.setting_key("layer"), step=1)
     head = 0
     if heads:
         with columns[1]:
-            head = st.number_input(ctx.t("head"), 0, info.q_heads - 1, key="w_head", step=1,
+            head = st.number_input(ctx.t("head"), 0, info.q_heads - 1, key=ctx.setting_key("head"), step=1,
                                    help=ctx.t("head_help", group=info.gqa_group))
     return int(layer), int(head)
 
 
 def shown_layer_head(ctx: ViewContext) -> tuple[int, int]:
     """The layer and head the view's pickers show: what a text drawn beside the view, such as the lesson's,
-    quotes, whichever of the two is drawn first."""
-    return int(st.session_state.get("w_layer", ctx.state.layer)), int(st.session_state.get("w_head", ctx.state.head))
+    quotes, whichever of the two is drawn first (the pickers open on the state's)."""
+    return int(ctx.state.layer), int(ctx.state.head)

@@ -1,5 +1,6 @@
 """kvscope: step through a language model's decoding, one token at a time. Run: streamlit run serve.py (it serves
-this page; `streamlit run app.py` works too, without `ui.host.streamlit_internals.run_unknown_fragments_whole` for pages open across a server restart)."""
+this page; `streamlit run app.py` works too, without `ui.host.streamlit_internals.run_unknown_fragments_whole` for
+pages open across a server restart)."""
 
 import sys
 

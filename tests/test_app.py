@@ -8,7 +8,7 @@ from tests.app_helpers import VIEW_TITLES, assert_clean, shown_text, start
 from tests.helpers import expected
 from ui.page import step as step_fragment
 from ui.text import strings
-from ui.state.link import LANGS, POLICIES, VIEWS, parse_query
+from ui.state.link import CACHE_POLICIES, LANGS, VIEWS, parse_query
 from ui.runs.serving import ARRIVALS
 
 
@@ -132,7 +132,8 @@ def test_a_settings_widget_drawn_anew_sends_back_the_setting_it_shows():
     for key in ("w_top_k", "w_seed", "w_block_size", "w_kv_splits"):
         at.number_input(key=key).set_value(at.number_input(key=key).proto.default)
     at.text_area(key="w_prompt").input(at.text_area(key="w_prompt").proto.default)
-    for key, choices in (("w_lang", LANGS), ("w_policy", POLICIES), ("w_model", at.selectbox(key="w_model").options)):
+    models = at.selectbox(key="w_model").options
+    for key, choices in (("w_lang", LANGS), ("w_policy", CACHE_POLICIES), ("w_model", models)):
         at.selectbox(key=key).set_value(choices[at.selectbox(key=key).proto.default])  # the option, not its label
     at.run()
     assert_clean(at)

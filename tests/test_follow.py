@@ -302,7 +302,8 @@ def test_followed_part_leaves_out_the_followers_own_settings_only():
 
 
 class FakeSession:
-    """What `ui.host.streamlit_internals` asks of a Streamlit session: the fragments it holds, its last client state, a rerun."""
+    """What `ui.host.streamlit_internals` asks of a Streamlit session: the fragments it holds, its last client state,
+    a rerun."""
 
     def __init__(self, held: set[str]):
         from streamlit.proto.ClientState_pb2 import ClientState

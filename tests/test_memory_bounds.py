@@ -156,7 +156,8 @@ def test_the_kernel_cache_is_bounded_before_a_model_loads_unless_the_host_set_it
     env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
     if host is not None:
         env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = host
-    code = "import os; from ui import memory; memory.tune_allocator(); print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])"
+    code = "import os; from ui.host import memory; memory.tune_allocator(); " \
+           "print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])"
     shown = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
                            cwd=Path(__file__).parent.parent)
     assert shown.stdout.strip() == expected

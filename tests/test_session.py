@@ -1,5 +1,5 @@
-"""What a session keeps between its runs: its typed state (ui/state/session.py), where a one-shot field is read once, and
-the link, of which Streamlit keeps a copy."""
+"""What a session keeps between its runs: its typed state (ui/state/session.py), where a one-shot field is read once,
+and the link, of which Streamlit keeps a copy."""
 
 import streamlit as st
 

@@ -227,8 +227,8 @@ def test_runs_no_page_asked_for_in_a_while_are_dropped_and_freed(tiny_model):
 
 def test_the_sweep_forgets_closed_tabs_sessions_then_runs_the_clean_ups(monkeypatch):
     """Streamlit 1.67 keeps a closed tab's session in a TTL cache that forgets it only when next written; the
-    sweep expires it (through the runtime's session manager, as ui/host/streamlit_internals.py reaches it), then runs each
-    clean-up."""
+    sweep expires it (through the runtime's session manager, as ui/host/streamlit_internals.py reaches it), then runs
+    each clean-up."""
     import weakref
     from types import SimpleNamespace
 

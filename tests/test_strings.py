@@ -1,5 +1,6 @@
-"""The page's strings (ui/text/strings.csv, viz/figure_words.csv, ui/lesson/lesson.toml): every one in every language, so a
-Chinese page never falls back to English, and English counts that can be 1 read "1 token", never "1 tokens"."""
+"""The page's strings (ui/text/strings.csv, viz/figure_words.csv, ui/lesson/lesson.toml): every one in every
+language, so a Chinese page never falls back to English, and English counts that can be 1 read "1 token", never
+"1 tokens"."""
 
 import re
 import string

@@ -41,8 +41,8 @@ class FollowState:
     taken: dict | None = None  # the follower's state as taken from the leader (`followed_part`)
     fresh: bool = False  # the leader's state was just taken: the next check keeps the page's state as `taken`
     class_lang: bool = False  # the follower's link named no language: its first take-over takes the class's
-    # The Serving view's class questions (`ui.follow.serving_room`): this page's sender id once it sent one, its last try
-    # (`ui.follow.serving_room.clock`), and what happened, shown once
+    # The Serving view's class questions (`ui.follow.serving_room`): this page's sender id once it sent one, its last
+    # try (`ui.follow.serving_room.clock`), and what happened, shown once
     prompt_sender: str = ""
     prompt_tried_at: float | None = None
     prompt_message: tuple[str, dict] | None = None

@@ -97,5 +97,6 @@ def run_unknown_fragments_whole() -> None:
     (`AppSession.request_rerun` logs "The fragment … does not exist anymore" and returns), so a step button inside
     the step's fragment would do nothing on a page a new server has not drawn yet. From this call on, such a rerun
     runs the whole page instead, with the same widget states: the page rebuilds its session from the link and the
-    press still counts (`ui.page.step.step_buttons`). Once per process, before any page connects (serve.py); idempotent."""
+    press still counts (`ui.page.step.step_buttons`). Once per process, before any page connects (serve.py);
+    idempotent."""
     AppSession.request_rerun = _rerun_unknown_fragments_whole

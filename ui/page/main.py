@@ -1,6 +1,6 @@
 """The Streamlit page: the model and the session's run, the sidebar's settings and the banners, then the step's
-fragment (`ui.page.step`). State and link: `ui.page.page_state`. The numbers come from `ui.runs.runner` (the engine), figures
-from `viz`."""
+fragment (`ui.page.step`). State and link: `ui.page.page_state`. The numbers come from `ui.runs.runner` (the
+engine), figures from `viz`."""
 
 from __future__ import annotations
 
@@ -21,13 +21,13 @@ from ui.text import strings
 from ui.follow import page as follow
 from ui.runs.classroom import ClassroomCache
 from ui.page.page_state import (chat_problem, current_state, engine_error, fit_to_budget, follow_leader, go_to_chapter,
-                           labels, restore_lost_settings, run_config, run_lock, show_problem, start_from_link,
+                           labels, restore_lost_settings, run_config, page_lock, show_problem, start_from_link,
                            switch_language, t, use_default_model, use_lesson_prompt, write_link)
 from ui.runs.runner import Runner
 from ui.state.session import lesson_session, page_controls, page_session, settings
 from ui.runs.store import RunStore
 from ui.host.limits import DTYPES, Limits, load_limits, model_limits, step_limits
-from ui.state.link import LANGS, POLICIES, bounds, clean_prompt
+from ui.state.link import CACHE_POLICIES, LANGS, MAX_PROMPT_CHARS, bounds, clean_prompt
 from ui.page.step import stepper_and_view
 from ui.lesson import panel as lesson
 from ui.lesson.chapters import WINDOW_PROMPTS
@@ -103,7 +103,7 @@ LESSON_CSS = """<style>
 
 
 def main() -> None:
-    with run_lock():
+    with page_lock():
         draw_page()
 
 
@@ -145,7 +145,7 @@ def settle_state(limits: Limits) -> None:
     follow.take_over(lambda query, own: follow_leader(query, limits, own))  # before any widget, as the link is
     if page.stop_playing:
         page_controls.playing, page.stop_playing = False, False
-    page.full_rerun = False  # this run is one
+    page.whole_page_due = False  # this run is one
 
 
 def prepare_run(model: engine.Model, limits: Limits) -> Runner:
@@ -255,7 +255,7 @@ def runner_for(model: engine.Model, limits: Limits) -> Runner:
     if runner is None or runner.model is not model:
         if runner is not None:
             runner.close()
-        store = run_store(settings.model, limits.shared_runs_mb * 10**6)  # the eviction labs and the two-contexts K/V too
+        store = run_store(settings.model, limits.shared_runs_mb * 10**6)  # the eviction labs, the two-contexts K/V
         runs = (classroom_cache(settings.model, limits.shared_cache_tokens, limits.lease_seconds)
                 if limits.shared_prefix_cache else store)
         runner = page.runner = Runner(model, limits.cache_tokens, limits.full_traces, runs, limits, store=store)
@@ -298,37 +298,44 @@ def sidebar(limits: Limits, can_think: bool = False, can_chat: bool = True) -> N
         lesson.sidebar(settings.get("chapter", 0), settings.lang, go_to_chapter)
         st.selectbox(t("language"), LANGS, key=settings.key("lang"), index=LANGS.index(settings.lang),
                      format_func=lambda code: strings.LANGUAGE_NAMES[code], on_change=switch_language)
-        st.toggle(t("large_text"), key=settings.key("large"), value=settings.large)
+        st.toggle(t("large_text"), **held("large"))
         if limits.allow_any_model:
-            st.text_input(t("model"), key=settings.key("model"), value=settings.model, help=t("model_help_any"))
+            st.text_input(t("model"), **held("model"), help=t("model_help_any"))
         else:
             options = list(limits.models)
             if settings.model not in options:
                 settings.model = "embedded"
-            st.selectbox(t("model"), options, key=settings.key("model"), index=options.index(settings.model), help=t("model_help"))
-        st.text_area(t("prompt"), key=settings.key("prompt"), value=settings.prompt, height=120, max_chars=4000)
-        st.toggle(t("chat"), key=settings.key("chat"), value=settings.chat, help=t("chat_help" if can_chat else "chat_none_help"),
+            st.selectbox(t("model"), options, key=settings.key("model"), index=options.index(settings.model),
+                         help=t("model_help"))
+        st.text_area(t("prompt"), **held("prompt"), height=120, max_chars=MAX_PROMPT_CHARS)
+        st.toggle(t("chat"), **held("chat"), help=t("chat_help" if can_chat else "chat_none_help"),
                   disabled=not can_chat)
         if can_think:
-            st.toggle(t("think"), key=settings.key("think"), value=settings.think, help=t("think_help"), disabled=not settings.chat)
+            st.toggle(t("think"), **held("think"), help=t("think_help"), disabled=not settings.chat)
         st.markdown(f"**{t('sampling')}**")
-        st.slider(t("temperature"), *bounds("temperature"), key=settings.key("temperature"), value=settings.temperature, step=0.05,
+        st.slider(t("temperature"), *bounds("temperature"), **held("temperature"), step=0.05,
                   help=t("temperature_help"))
-        st.number_input("top-k", *bounds("top_k"), key=settings.key("top_k"), value=settings.top_k, step=1, help=t("top_k_help"))
-        st.slider("top-p", *bounds("top_p"), key=settings.key("top_p"), value=settings.top_p, step=0.01, help=t("top_p_help"))
-        st.number_input(t("seed"), *bounds("seed"), key=settings.key("seed"), value=settings.seed, step=1)
+        st.number_input("top-k", *bounds("top_k"), **held("top_k"), step=1, help=t("top_k_help"))
+        st.slider("top-p", *bounds("top_p"), **held("top_p"), step=0.01, help=t("top_p_help"))
+        st.number_input(t("seed"), *bounds("seed"), **held("seed"), step=1)
         st.markdown(f"**{t('cache')}**")
-        st.number_input(t("block_size"), *bounds("block_size"), key=settings.key("block_size"), value=settings.block_size, step=1,
+        st.number_input(t("block_size"), *bounds("block_size"), **held("block_size"), step=1,
                         help=t("block_size_help"))
-        st.number_input(t("kv_splits"), *bounds("kv_splits"), key=settings.key("kv_splits"), value=settings.kv_splits, step=1,
+        st.number_input(t("kv_splits"), *bounds("kv_splits"), **held("kv_splits"), step=1,
                         help=t("kv_splits_help"))
-        st.selectbox(t("policy"), POLICIES, key=settings.key("policy"), index=POLICIES.index(settings.policy),
-                     format_func=labels("policy_"))
+        st.selectbox(t("policy"), CACHE_POLICIES, key=settings.key("policy"),
+                     index=CACHE_POLICIES.index(settings.policy), format_func=labels("policy_"))
+
+
+def held(name: str) -> dict:
+    """Setting `name`'s widget arguments: its key, and its current value as its default (why: `sidebar`)."""
+    return {"key": settings.key(name), "value": settings[name]}
 
 
 def play_controls(limits: Limits) -> None:
     """The pace, with the settings in the sidebar; the Play toggle sits in the step buttons' row (`draw_step`)."""
     page_controls.setdefault("pace", max(limits.min_pace, 0.8))
-    st.sidebar.slider(t("pace"), limits.min_pace, 3.0, key=page_controls.key("pace"), value=page_controls.pace, step=0.1)  # value: see sidebar
+    st.sidebar.slider(t("pace"), limits.min_pace, 3.0, key=page_controls.key("pace"), value=page_controls.pace,
+                      step=0.1)  # value: see sidebar
 
 

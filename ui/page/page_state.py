@@ -1,7 +1,7 @@
 """The page's state: its settings in Streamlit's session state (`w_<setting>` keys, one per `AppState` field) and
 its step (`ui.state.session.PageSession`), read from and written to the page's link, the lesson's chapters entered, and
-today's language for text.
-Shared by the page (`ui.page.main`) and the step's fragment (`ui.page.step`); draws nothing but the problems it is given.
+today's language for text. Shared by the page (`ui.page.main`) and the step's fragment (`ui.page.step`); draws
+nothing but the problems it is given.
 """
 
 from __future__ import annotations
@@ -41,15 +41,15 @@ def labels(prefix: str):
     return lambda option: strings.t(prefix + option, lang)
 
 
-def run_lock() -> threading.RLock:
-    """One script run at a time in a browser session (`PageSession.run_lock`)."""
-    return page_session().run_lock
+def page_lock() -> threading.RLock:
+    """The lock on this page's step and runner: one script run of the session at a time (`PageSession.page_lock`)."""
+    return page_session().page_lock
 
 
-def request_full_run() -> None:
+def request_whole_page() -> None:
     """A control inside the step's fragment changed what the rest of the page shows (the chapter and its
     settings, Play, an article's case): the fragment's next run hands over to a run of the whole page."""
-    page_session().full_rerun = True
+    page_session().whole_page_due = True
 
 
 def start_from_link(limits: Limits) -> None:
@@ -97,13 +97,13 @@ def go_to_chapter(number: int) -> None:
     keeps the sidebar's settings redraws the step's fragment alone (most do: only the view, step and stage change);
     entering or leaving the lesson, an article's case, and a chapter with another block size or split count draw
     the whole page again."""
-    with run_lock():
+    with page_lock():
         in_lesson, settings_before = bool(settings.get("chapter")), sidebar_settings()
         enter_chapter(number)
         lesson = lesson_session()
         if (not (in_lesson and number) or sidebar_settings() != settings_before or lesson.pending_case
                 or lesson.pending_window_prompt):
-            request_full_run()
+            request_whole_page()
 
 
 def sidebar_settings() -> list:

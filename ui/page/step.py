@@ -17,7 +17,7 @@ from ui.follow import page as follow
 from ui.views.context import ViewContext
 from ui.lesson.chapters import CHAPTERS
 from ui.page.page_state import (current_state, go_to_chapter, load_case, measure_again, open_on_focused_head,
-                           request_full_run, run_lock,
+                           request_whole_page, page_lock,
                            show_problem, t, labels, write_link)
 from ui.runs.runner import Runner
 from ui.follow import serving_room
@@ -43,11 +43,11 @@ def stepper_and_view(model: engine.Model, runner: Runner) -> None:
     follower.take_step()  # a follower: the leader's new step (a run of this fragment alone follows the leader's move)
     follower.check(current_state())  # a follower who moved on their own is told at once, above the fragment
     page, lesson_state = page_session(), lesson_session()
-    if page.full_rerun or lesson_state.pending_case:  # an article's case is loaded before any widget
-        page.full_rerun = False
+    if page.whole_page_due or lesson_state.pending_case:  # an article's case is loaded before any widget
+        page.whole_page_due = False
         st.rerun(scope="app")  # a control in here changed what the rest of the page shows
     try:
-        with run_lock():  # a fragment's rerun does not pass through main
+        with page_lock():  # a fragment's rerun does not pass through main
             # a chapter entered in this fragment: its run, from an empty cache
             if lesson_state.take("forget_published"):
                 runner.forget_published()
@@ -83,7 +83,7 @@ def reset_session() -> None:
         except Exception:  # noqa: BLE001 — the run is being discarded anyway
             log.warning("closing a failed run raised", exc_info=True)
     page.step = 0
-    request_full_run()  # the page builds the session's new run
+    request_whole_page()  # the page builds the session's new run
 
 
 class CatchUpNotice:
@@ -118,7 +118,8 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
     side = layout_side()
     places = step_places(chapter, side)
     step_buttons(places.buttons, runner, busy=True)
-    places.play.toggle(t("play"), key=page_controls.key("playing"), on_change=request_full_run)  # Play sets the fragment's timer
+    places.play.toggle(t("play"), key=page_controls.key("playing"),
+                       on_change=request_whole_page)  # Play sets the fragment's timer
     if page_controls.get("playing"):
         if at_end(runner):
             page.stop_playing = True
@@ -258,7 +259,7 @@ def step_buttons(place, runner: Runner, busy: bool = False) -> None:
     greyed and their arrow keys unbound: Streamlit would merge or drop presses made during a run, so they
     are refused visibly instead. Back and Next move by one from the step current when a press is handled."""
     page = page_session()
-    next_label = "next_step" if settings.get("view") == "serving" else "next"  # there a step is the server's, not a token
+    next_label = "next_step" if settings.get("view") == "serving" else "next"  # there a step is the server's
     buttons = (("prefill", "b_prefill", (1, True), {"disabled": page.step >= 1}),
                ("back", "b_back", (-1, False), {"shortcut": "Left", "disabled": page.step == 0}),
                (next_label, "b_next", (1, False), {"shortcut": "Right", "disabled": not busy and at_end(runner)}),
@@ -296,7 +297,7 @@ def move(amount: int, absolute: bool) -> None:
     stopped before it draws the step buttons again (Next then moved two steps: 2 presses in ~450 on a busy machine,
     the two calls 55 ms apart in the server's log). A press moved and not yet drawn (`moved`, cleared when the
     live step buttons are drawn) is that second call."""
-    with run_lock():  # callbacks run before main, maybe while a stopped run is still stepping
+    with page_lock():  # callbacks run before main, maybe while a stopped run is still stepping
         page = page_session()
         if page.moved:
             return

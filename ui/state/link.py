@@ -15,7 +15,7 @@ from pathlib import Path
 
 from engine.eviction import POLICIES as EVICTION_POLICIES
 from engine.kv_cache import DEFAULT_BLOCK_SIZE
-from engine.prefix_cache import POLICIES
+from engine.prefix_cache import POLICIES as CACHE_POLICIES
 from engine.sampler import TEMPERATURE_FLOOR
 from viz.words import LANGUAGES as LANGS
 
@@ -109,7 +109,7 @@ def bounds(name: str) -> tuple:
 FLOORS = {"temperature": TEMPERATURE_FLOOR}
 POOLS = ("own", "busy")
 EVICT_AT = ("prefill", "decode", "stream")
-CHOICES = {"view": VIEWS, "lang": LANGS, "policy": POLICIES, "pool": POOLS, "evict": EVICTION_POLICIES,
+CHOICES = {"view": VIEWS, "lang": LANGS, "policy": CACHE_POLICIES, "pool": POOLS, "evict": EVICTION_POLICIES,
            "evict_at": EVICT_AT}
 FLAGS = ("chat", "think", "large")
 

@@ -103,15 +103,15 @@ class OneShot:
 class PageSession(OneShot):
     step: int = 0  # the step asked for, then the one shown
     runner: object = None  # its view of its run: a `ui.runs.runner.Runner` (the runs sit above this state)
-    # One script run at a time in a session: each press starts a new run and Streamlit stops the old one only at
-    # its next Streamlit call, so without it a run could still be inside the engine while the next one moves the
-    # step or reconfigures the same run.
-    run_lock: threading.RLock = field(default_factory=threading.RLock)
+    # What it guards: this page's step and runner, held by one script run at a time. Each press starts a new script
+    # run and Streamlit stops the old one only at its next Streamlit call: without it, one could still be inside
+    # the engine while the next moves the step or reconfigures the same run.
+    page_lock: threading.RLock = field(default_factory=threading.RLock)
     from_link: bool = False  # the link was read (the session's first run)
     drawn_state: dict = field(default_factory=dict)  # the settings last drawn, by name (`AppState` less the step)
     problems: list[Problem] = field(default_factory=list)  # to show in this run's banner, then dropped
     chat_asked: bool = False  # the link asked for the chat template (a base model then says why it is off)
-    full_rerun: bool = False  # a control in the step's fragment changed the rest of the page
+    whole_page_due: bool = False  # a control in the step's fragment changed the rest of the page
     moved: bool = False  # a step button's press moved the step and the live buttons are not drawn yet
     stop_playing: bool = False  # Play goes off before its toggle is drawn
     play_clock: PlayClock | None = None  # Play's clock, while it plays

@@ -1,5 +1,5 @@
-"""The Serving view's part for a class in a follow room (`ctx.room`, `ui.follow.serving_room`): on a student's page, where
-their own question is in the pool, and the box that sends it (once, after they agreed the class will see it); on
+"""The Serving view's part for a class in a follow room (`ctx.room`, `ui.follow.serving_room`): on a student's page,
+where their own question is in the pool, and the box that sends it (once, after they agreed the class will see it); on
 the teacher's, the class's list, ✕ to remove a question, and serving the list as a round or going back to the
 samples. Questions are the students' text: shown as text, never as Markdown or HTML."""
 

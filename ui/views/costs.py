@@ -52,8 +52,8 @@ def render(ctx: ViewContext) -> None:
                                                  ctx.large, w, window),
                    "context-growth", memo_key(ctx, "growth", per_step=False))
     with growth.under:
-        keep = (st.slider(ctx.t("truncate_keep"), 1, n, key=ctx.own_key("keep"), value=max(1, n // 2), persist_state="session")
-                if n > 2 else None)
+        keep = (st.slider(ctx.t("truncate_keep"), 1, n, key=ctx.own_key("keep"), value=max(1, n // 2),
+                          persist_state="session") if n > 2 else None)
         if growth.shown:
             truncation(ctx, limit, n, keep)
 
@@ -75,8 +75,8 @@ def step_bytes(ctx: ViewContext, context: int) -> None:
     info, qwen = ctx.info, reference_info(REFERENCE)
     chart = Part("step_bytes", key="main-figure")  # the figure first; its slider under it
     with chart.under:
-        batch = st.slider(ctx.t("batch_slider"), 1, MAX_BATCH, key=ctx.own_key("batch"), value=1, persist_state="session",
-                          help=ctx.t("batch_help"))
+        batch = st.slider(ctx.t("batch_slider"), 1, MAX_BATCH, key=ctx.own_key("batch"), value=1,
+                          persist_state="session", help=ctx.t("batch_help"))
     if not chart.shown:
         return
     models = [(ctx.t("bytes_this_model"), info), (f"{REFERENCE} ({qwen.dtype})", qwen)]

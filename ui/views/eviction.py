@@ -7,7 +7,7 @@ import math
 
 import streamlit as st
 
-from engine.eviction import POLICIES
+from engine.eviction import POLICIES as EVICTION_POLICIES
 from ui.runs.eviction_forced import ForcedReading
 from ui.runs.eviction_settings import EvictionSettings
 from engine.errors import InvalidSettingError
@@ -69,19 +69,21 @@ def controls(ctx: ViewContext) -> bool:
     with left:
         st.radio(ctx.t("evict_at"), EVICT_AT, key=ctx.setting_key("evict_at"), horizontal=True,
                  format_func=lambda at: ctx.t("evict_at_" + at))
-        st.selectbox(ctx.t("evict_policy"), POLICIES, key=ctx.setting_key("evict"), format_func=lambda p: ctx.t("evict_policy_" + p),
-                     disabled=state.evict_at == "stream", help=ctx.t("evict_policy_help"))
+        st.selectbox(ctx.t("evict_policy"), EVICTION_POLICIES, key=ctx.setting_key("evict"),
+                     format_func=lambda p: ctx.t("evict_policy_" + p), disabled=state.evict_at == "stream",
+                     help=ctx.t("evict_policy_help"))
     with right:
         if state.evict_at == "prefill":
-            st.slider(ctx.t("evict_ratio"), *bounds("ratio"), key=ctx.setting_key("ratio"), step=0.05, help=ctx.t("evict_ratio_help"))
+            st.slider(ctx.t("evict_ratio"), *bounds("ratio"), key=ctx.setting_key("ratio"), step=0.05,
+                      help=ctx.t("evict_ratio_help"))
         elif state.evict_at == "decode":
             st.number_input(ctx.t("evict_budget"), *bounds("budget"), key=ctx.setting_key("budget"), step=1,
                             help=ctx.t("evict_budget_help"))
             st.number_input(ctx.t("evict_interval"), *bounds("interval"), key=ctx.setting_key("interval"), step=1,
                             help=ctx.t("evict_interval_help"))
         else:
-            st.number_input(ctx.t("evict_window"), *bounds("stream_window"), key=ctx.setting_key("stream_window"), step=1,
-                            help=ctx.t("evict_window_help"))
+            st.number_input(ctx.t("evict_window"), *bounds("stream_window"), key=ctx.setting_key("stream_window"),
+                            step=1, help=ctx.t("evict_window_help"))
         own = st.toggle(ctx.t("evict_own_cache"), key="evict_own_cache", help=ctx.t("evict_own_cache_help"))
     return own
 
@@ -163,7 +165,8 @@ def cost(ctx: ViewContext, data: EvictionShown, policy: str) -> None:
 
 
 def forced(ctx: ViewContext, data: EvictionShown, policy: str) -> None:
-    """The full cache's answer so far read through both caches (`ui.runs.eviction_forced`), while its expander is open."""
+    """The full cache's answer so far read through both caches (`ui.runs.eviction_forced`), while its expander is
+    open."""
     with opened(ctx.t("evict_forced_open"), "x_forced") as box:
         if not box.open:
             return

@@ -27,8 +27,8 @@ def render(ctx: ViewContext) -> None:
     length = ctx.trace.context_length
     picture = Part("pool")  # the figure first; the choice of pool under it (the first screen is the figure's)
     with picture.under:
-        busy = st.radio(ctx.t("pool_choice"), POOLS, key=ctx.setting_key("pool"), horizontal=True, help=ctx.t("pool_choice_help"),
-                        format_func=lambda p: ctx.t("pool_" + p)) == "busy"
+        busy = st.radio(ctx.t("pool_choice"), POOLS, key=ctx.setting_key("pool"), horizontal=True,
+                        help=ctx.t("pool_choice_help"), format_func=lambda p: ctx.t("pool_" + p)) == "busy"
     if busy and ctx.runner.short_of_memory():  # the replay's pool is a second run's worth: the own pool instead
         st.info(ctx.t("short_of_memory", left_out=ctx.t("left_out_busy_pool")))
         busy = False

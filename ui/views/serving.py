@@ -105,7 +105,8 @@ def controls(ctx: ViewContext) -> None:
     left, right = st.columns(2)
     left.number_input(ctx.t("serve_blocks"), *bounds("serve_blocks"), key=ctx.setting_key("serve_blocks"), step=1,
                       help=ctx.t("serve_blocks_help"))
-    right.slider(ctx.t("serve_seqs"), *bounds("serve_seqs"), key=ctx.setting_key("serve_seqs"), help=ctx.t("serve_seqs_help"))
+    right.slider(ctx.t("serve_seqs"), *bounds("serve_seqs"), key=ctx.setting_key("serve_seqs"),
+                 help=ctx.t("serve_seqs_help"))
 
 
 def pool(ctx: ViewContext, served: ServedClass, step: int, memo: tuple) -> None:

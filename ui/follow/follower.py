@@ -20,13 +20,13 @@ from collections.abc import Callable
 
 import streamlit as st
 
-from ui.host import streamlit_internals
 from ui.follow import push
 from ui.follow.room_link import follow_state, followed_part, followed_query, room_query, sync
 from ui.follow.sync import Seen
-from ui.state.session import page_session
+from ui.host import streamlit_internals
 from ui.host.limits import env_seconds
 from ui.state.link import AppState, parse_query
+from ui.state.session import page_session
 
 # A follower's page runs as soon as this server's RoomSync reads a new state of its room (`ui.follow.push`); the poll is
 # the safety net (a run that was asked for but lost), so it can be slow: a poll is a script run per follower.

@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-
 from engine.prompt import control_texts
 from ui.follow import class_prompts
 from ui.follow.class_prompts import ClassPrompt, ClassPrompts, PromptRefused, ServedRound
@@ -19,8 +18,8 @@ from ui.follow.room_link import follow_state, sync
 from ui.follow.rooms import new_page_id
 from ui.follow.store import StoreError
 from ui.runs.serving import CLASS_MAX_TOKENS, OPENING, wrapped
-from ui.state.session import page_session, settings, view_controls
 from ui.state.link import AppState
+from ui.state.session import page_session, settings, view_controls
 
 SEND_GAP_SECONDS = 2.0  # a page's sends: one press every so often; a flood of presses is refused, not stored
 PROMPT, CONSENT = "class_prompt", "class_consent"  # the student's box and the consent it asks first (view controls)

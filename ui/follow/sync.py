@@ -51,11 +51,18 @@ class Job:
 
 class RoomSync:
     """Publishes, ends and reads rooms (`rooms`) on a thread of its own; every method returns at once, but for
-    `watch(wait=…)` and `settle`, which wait at most the time they are given."""
+    `watch(wait=…)` and `settle`, which wait at most the time they are given.
 
-    def __init__(self, rooms: Rooms, on_change: Callable[[str], object] | None = None):
+    The thread's schedule (reads, retries, what it forgets) runs on `clock` (seconds), and it idles with
+    `idle(condition, seconds)` (None: until notified): injectable for tests, which move a clock by hand and see
+    when the thread idles. The callers' own waits (`watch`, `settle`) are real time."""
+
+    def __init__(self, rooms: Rooms, on_change: Callable[[str], object] | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 idle: Callable[[threading.Condition, float | None], object] = threading.Condition.wait):
         self.rooms = rooms
         self.on_change = on_change  # called on the thread with a watched room's code when its state changed
+        self._clock, self._idle = clock, idle
         self._lock = threading.Condition()
         self._jobs: dict[str, Job] = {}  # page id → its latest job not sent yet
         self._superseded: set[str] = set()  # pages another page took the room from
@@ -85,7 +92,7 @@ class RoomSync:
             pending = self._jobs.get(page)
             keep_claim = pending is not None and pending.query is not None and pending.claim
             self._jobs[page] = Job(secret, dict(query), claim or keep_claim)
-            self._heard[page] = time.monotonic()
+            self._heard[page] = self._clock()
             self._lock.notify_all()
 
     def end(self, page: str, secret: str) -> None:
@@ -112,7 +119,7 @@ class RoomSync:
         its first read is told (`on_change`) as a change is."""
         deadline = time.monotonic() + wait
         with self._lock:
-            self._watched[code] = time.monotonic()
+            self._watched[code] = self._clock()
             if code not in self._seen:
                 self._hurry = True
                 self._lock.notify_all()
@@ -148,7 +155,7 @@ class RoomSync:
         while True:
             with self._lock:
                 while not self._closed and (wait := self._idle_for()) != 0.0:
-                    self._lock.wait(wait)
+                    self._idle(self._lock, wait)
                 if self._closed:
                     return
                 jobs, codes = self._start_round()
@@ -158,7 +165,7 @@ class RoomSync:
 
     def _idle_for(self) -> float | None:
         """Seconds until the next round is due (0: now; None: when something is asked)."""
-        now = time.monotonic()
+        now = self._clock()
         if self._error is not None and now < self._retry_at:
             return self._retry_at - now
         if self._jobs or self._hurry or (self._watched and now >= self._next_read):
@@ -166,7 +173,7 @@ class RoomSync:
         return self._next_read - now if self._watched else None
 
     def _start_round(self) -> tuple[dict[str, Job], list[str]]:
-        now = time.monotonic()
+        now = self._clock()
         self._started += 1
         self._hurry = False
         self._next_read = now + READ_SECONDS
@@ -221,7 +228,7 @@ class RoomSync:
             if self._error is None:
                 log.warning("the room store failed: %s", error)  # once per outage, not once per try
             self._error = str(error)
-            self._retry_at = time.monotonic() + self._retry_wait
+            self._retry_at = self._clock() + self._retry_wait
             self._retry_wait = min(2 * self._retry_wait, RETRY_MAX)
             for code in codes:
                 self._seen[code] = Seen(None, self._error)

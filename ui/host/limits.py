@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-
 from typing import TYPE_CHECKING
 
 from ui.state.link import RANGES, AppState, Problem

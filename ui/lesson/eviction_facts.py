@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from engine.errors import InvalidSettingError
+from ui.text.strings import Shown
 from ui.views.context import ViewContext
 from ui.views.eviction_shown import EvictionShown, check, kept_counts, policy_label, shown_eviction
-from ui.text.strings import Shown
 from viz.eviction import OUTSIDE_WINDOW
 
 STRONG_SINK = 0.2  # the question about the sink asks why so much: a layer must put at least this on position 0

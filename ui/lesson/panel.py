@@ -9,12 +9,12 @@ from engine.kv_cache import kv_bytes_per_token
 from engine.reference_models import reference_info
 from engine.split_kv import worked_example
 from engine.timing import crossover_batch, crossover_context, decode_step_bytes, weight_bytes_read
-from ui.lesson import eviction_facts as eviction_lesson, serving_facts as serving_lesson
+from ui.lesson import eviction_facts, serving_facts
+from ui.lesson.chapters import CHAPTERS, Chapter, fill
 from ui.text import strings
-from ui.views.contexts_shown import contexts_facts
 from ui.text.strings import Shown
 from ui.views.context import ViewContext
-from ui.lesson.chapters import CHAPTERS, Chapter, fill
+from ui.views.contexts_shown import contexts_facts
 from ui.views.widgets import shown_layer_head
 from viz.costs import attention_scores, context_growth_frame, growth_lengths
 from viz.kv_cache import difference_text
@@ -61,12 +61,12 @@ def facts(ctx: ViewContext) -> dict:
             out.update(busy_facts(runner.busy_pool(ctx.step)))
         if trace.split is not None:
             out.update(split_facts(ctx))
-        out.update(eviction_lesson.facts(ctx) if ctx.state.view == "eviction" else {})  # the eviction chapter's, its figures'
+        out.update(eviction_facts.facts(ctx) if ctx.state.view == "eviction" else {})  # the eviction chapter's, its figures'
         out.update(contexts_facts(ctx) if (chapter := current(ctx)) and chapter.figure == "contexts" else {})
         if ctx.state.view == "attention" and trace.attention is not None:
             out.update(attention_facts(ctx, context))
         out.update(inputs_tokens=ctx.t("count_tokens", n=len(trace.input_ids)))
-    out.update(serving_lesson.facts(ctx) if ctx.state.view == "serving" else {})  # its step is the server's
+    out.update(serving_facts.facts(ctx) if ctx.state.view == "serving" else {})  # its step is the server's
     hit = runner.prefix_hit()
     if hit is not None:
         out.update(reused=hit.reused_tokens, computed=hit.computed_tokens,
@@ -197,7 +197,7 @@ VARIANTS = {
     "context_window": _context_window,
     # its own text once the local layers handed a block back; before that, a variant that holds on either side of W
     "sliding_window": lambda f: ("no_window" if not f["window"] else None if f.get("local_from") else "inside_window",),
-    "evicting": eviction_lesson.variants,
+    "evicting": eviction_facts.variants,
 }
 
 

@@ -13,24 +13,24 @@ import torch
 import engine
 from engine import timing
 from engine.loader import AUTO
-from ui.views import cases
-from ui.lesson import chapter_top
-from ui.page import keys, model_card
-from ui.host import memory
-from ui.text import strings
 from ui.follow import page as follow
-from ui.runs.classroom import ClassroomCache
-from ui.page.page_state import (chat_problem, current_state, engine_error, fit_to_budget, follow_leader, go_to_chapter,
-                           labels, restore_lost_settings, run_config, page_lock, show_problem, start_from_link,
-                           switch_language, t, use_default_model, use_lesson_prompt, write_link)
-from ui.runs.runner import Runner
-from ui.state.session import lesson_session, page_controls, page_session, settings
-from ui.runs.store import RunStore
+from ui.host import memory
 from ui.host.limits import DTYPES, Limits, load_limits, model_limits, step_limits
-from ui.state.link import CACHE_POLICIES, LANGS, MAX_PROMPT_CHARS, bounds, clean_prompt
-from ui.page.step import stepper_and_view
+from ui.lesson import chapter_top
 from ui.lesson import panel as lesson
 from ui.lesson.chapters import WINDOW_PROMPTS
+from ui.page import keys, model_card
+from ui.page.page_state import (chat_problem, current_state, engine_error, fit_to_budget, follow_leader, go_to_chapter,
+                                labels, page_lock, restore_lost_settings, run_config, show_problem, start_from_link,
+                                switch_language, t, use_default_model, use_lesson_prompt, write_link)
+from ui.page.step import stepper_and_view
+from ui.runs.classroom import ClassroomCache
+from ui.runs.runner import Runner
+from ui.runs.store import RunStore
+from ui.state.link import CACHE_POLICIES, LANGS, MAX_PROMPT_CHARS, bounds, clean_prompt
+from ui.state.session import lesson_session, page_controls, page_session, settings
+from ui.text import strings
+from ui.views import cases
 from ui.views.flow import PICTURE_CSS
 
 log = logging.getLogger("kvscope")

@@ -14,16 +14,16 @@ from dataclasses import fields, replace
 import streamlit as st
 
 import engine
-from ui.views import cases
-from ui.text import strings
 from ui.follow import follower, leader
 from ui.follow import page as follow
 from ui.follow.room_link import OWN
+from ui.host.limits import Limits, StepLimits, fit_state
 from ui.lesson.chapters import CHAPTERS, WINDOW_PROMPTS
 from ui.runs.run import RunConfig
-from ui.state.session import lesson_session, page_session, settings
-from ui.host.limits import Limits, StepLimits, fit_state
 from ui.state.link import CHOICES, AppState, Problem, default_prompt, language_defaults, parse_query, to_query
+from ui.state.session import lesson_session, page_session, settings
+from ui.text import strings
+from ui.views import cases
 from ui.views.widgets import HEAD_VIEWS
 from viz.attention import focused_head
 

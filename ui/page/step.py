@@ -11,22 +11,21 @@ from dataclasses import dataclass, replace
 import streamlit as st
 
 import engine
-from ui.follow import follower
-from ui.runs import turns
-from ui.follow import page as follow
-from ui.views.context import ViewContext
-from ui.lesson.chapters import CHAPTERS
-from ui.page.page_state import (current_state, go_to_chapter, load_case, measure_again, open_on_focused_head,
-                           request_whole_page, page_lock,
-                           show_problem, t, labels, write_link)
-from ui.runs.runner import Runner
-from ui.follow import serving_room
-from ui.state.session import PlayClock, lesson_session, page_controls, page_session, settings
 from ui import views
-from ui.state.link import clamp
-from ui.views import VIEWS, serving, stepper
+from ui.follow import follower
+from ui.follow import page as follow
+from ui.follow import serving_room
 from ui.lesson import panel as lesson
+from ui.lesson.chapters import CHAPTERS
+from ui.page.page_state import (current_state, go_to_chapter, labels, load_case, measure_again, open_on_focused_head,
+                                page_lock, request_whole_page, show_problem, t, write_link)
+from ui.runs import turns
+from ui.runs.runner import Runner
+from ui.state.link import clamp
+from ui.state.session import PlayClock, lesson_session, page_controls, page_session, settings
+from ui.views import VIEWS, serving, stepper
 from ui.views.chapter_part import CHAPTER_FIGURE, ChapterFigure
+from ui.views.context import ViewContext
 from ui.views.paint import TEXT_SENT
 from ui.views.widgets import HEAD_VIEWS, opened
 

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import engine
-from ui.runs.run import Lease, Run, RunBuilder, RunConfig, Seeds
 from ui.host.limits import Limits
+from ui.runs.run import Lease, Run, RunBuilder, RunConfig, Seeds
 
 CLASSROOM_CACHES = 3  # (policy, block size) pools a class keeps; the least recently used is dropped first
 

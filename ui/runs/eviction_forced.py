@@ -13,8 +13,8 @@ import numpy as np
 
 import engine
 from engine.eviction import forced_nll
-from ui.runs.eviction_settings import EvictionSettings
 from ui.runs import turns
+from ui.runs.eviction_settings import EvictionSettings
 
 
 class ForcedReading:

@@ -22,14 +22,14 @@ from engine.timing import DecodeTiming, measure_decode
 from engine.tokens import TokenCell, token_cells
 from engine.trace import PrefixHit, SplitKVTrace, StepTrace
 from ui.host import memory
+from ui.host.limits import Limits, step_limits
 from ui.runs.eviction import EvictionPair, pair_for
 from ui.runs.eviction_forced import ForcedReading, forced_reading
 from ui.runs.eviction_settings import EvictionSettings
-from ui.runs.store import RunStore
 from ui.runs.run import Lease, OwnRuns, Run, RunConfig, RunSource
 from ui.runs.serving import ServedClass, served_for, serving_setup
-from ui.host.limits import Limits, step_limits
 from ui.runs.sink_experiment import SinkExperiment
+from ui.runs.store import RunStore
 
 # A link opened at a late step computes its steps in one go (a class's heavy links: over a hundred), and the many
 # traces it slims on the way leave holes in the heap: that page hands them back at once (ui.host.memory's trim, a few

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ui.views.context import ViewContext
 from ui.views.chapter_part import Part, shown
+from ui.views.context import ViewContext
 from ui.views.figures import figure, memo_key
 from ui.views.widgets import layer_head_pickers, titled, words
 from viz.attention import gqa_figure, head_grid_figure, heatmap_figure, newest_row_figure

@@ -8,9 +8,9 @@ from __future__ import annotations
 import streamlit as st
 
 from engine.server import StepReport
-from ui.views.context import ViewContext
 from ui.follow.class_prompts import MAX_CHARS
 from ui.follow.serving_room import CONSENT_KEY, PROMPT_KEY
+from ui.views.context import ViewContext
 from viz.serving import request_label
 
 

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Protocol
 import engine
 from engine.tokens import TokenCell
 from engine.trace import StepTrace
-from ui.text import strings
 from ui.state.link import AppState
 from ui.state.session import settings, view_controls
+from ui.text import strings
 from viz.tokens import position_label
 
 if TYPE_CHECKING:

@@ -7,8 +7,8 @@ import streamlit as st
 
 from engine.reference_models import reference_info
 from engine.timing import DecodeTiming, crossover_batch, crossover_context, decode_step_bytes, weight_bytes_read
-from ui.views.context import ViewContext
 from ui.views.chapter_part import Part, shown
+from ui.views.context import ViewContext
 from ui.views.figures import figure, memo_key, shared_table, table
 from ui.views.widgets import words
 from viz.costs import (attention_scores, context_growth_figure, context_growth_frame, growth_lengths, kv_read_figure,

@@ -7,21 +7,20 @@ import math
 
 import streamlit as st
 
+from engine.errors import InvalidSettingError
 from engine.eviction import POLICIES as EVICTION_POLICIES
 from ui.runs.eviction_forced import ForcedReading
 from ui.runs.eviction_settings import EvictionSettings
-from engine.errors import InvalidSettingError
-from ui.views.context import ViewContext
-from ui.views.eviction_shown import EvictionShown, check, error_message, kept_counts, policy_label, shown_eviction
+from ui.runs.sink_experiment import CACHE, SINKS, SinkExperiment
 from ui.state.link import EVICT_AT, bounds
 from ui.views.chapter_part import Part, shown
+from ui.views.context import ViewContext
+from ui.views.eviction_shown import EvictionShown, check, error_message, kept_counts, policy_label, shown_eviction
 from ui.views.figures import figure, memo_key
 from ui.views.widgets import layer_head_pickers, opened, titled, words
-from ui.runs.sink_experiment import CACHE, SINKS, SinkExperiment
 from viz.eviction import (KEPT, bytes_figure, cost_figure, evicted_share_figure, kept_figure, kept_over_steps_figure,
                           nll_by_position_figure, sink_figure, sinks_figure, text_comparison_html)
 from viz.style import fmt_size
-
 
 SMOOTH = 32  # positions each point of the NLL-by-position lines averages
 

@@ -11,10 +11,10 @@ from functools import cached_property
 import numpy as np
 
 from engine.errors import InvalidSettingError
-from ui.views.context import ViewContext
 from engine.eviction.policies import PREFILL_ONLY
 from ui.runs.eviction import EvictionLabFull, EvictionPair, EvictionTooLarge, PassRecord, first_difference
 from ui.runs.eviction_settings import N_SINK, EvictionSettings
+from ui.views.context import ViewContext
 from viz.eviction import EVICTED, KEPT
 
 

@@ -8,13 +8,13 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import pandas as pd
-import pyarrow as pa
 import plotly.graph_objects as go
+import pyarrow as pa
 import streamlit as st
 
-from ui.views.context import ViewContext
 from ui.runs.memo import Memo
 from ui.views.chapter_part import height_limit
+from ui.views.context import ViewContext
 from ui.views.paint import paint_first
 from ui.views.wire import FrozenFigure, compact
 from viz.style import untitled

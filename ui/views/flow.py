@@ -7,8 +7,8 @@ import pandas as pd
 import streamlit as st
 
 from ui.text import strings
-from ui.views.context import ViewContext
 from ui.views.chapter_part import Part, shown
+from ui.views.context import ViewContext
 from ui.views.figures import figure, memo_key, shared_table
 from ui.views.widgets import titled, words
 from viz.flow import flow_rows, residual_figure, vector_figure

@@ -5,13 +5,13 @@ from __future__ import annotations
 import streamlit as st
 
 from engine.errors import InvalidSettingError
-from ui.views.context import ViewContext
-from ui.views.contexts_shown import shown_contexts
+from ui.state.link import POOLS
 from ui.text.strings import Shown
 from ui.views.chapter_part import Part, shown
+from ui.views.context import ViewContext
+from ui.views.contexts_shown import shown_contexts
 from ui.views.figures import figure, memo_key, shared_table, table
 from ui.views.widgets import layer_head_pickers, opened, titled, words
-from ui.state.link import POOLS
 from viz.kv_cache import (block_table_frame, busy_pool_figure, contexts_figure, difference_text, kv_bytes_table,
                           kv_values_figure, layer_lengths_figure, layer_lengths_frame, layer_lengths_table,
                           lengths_default, occupancy_bar, pool_figure, window_saving)

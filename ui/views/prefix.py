@@ -5,8 +5,8 @@ from __future__ import annotations
 import streamlit as st
 
 from ui.views.cases import CASE_BLOCK_SIZE
-from ui.views.context import ViewContext
 from ui.views.chapter_part import Part, shown
+from ui.views.context import ViewContext
 from ui.views.figures import figure, memo_key, table
 from ui.views.widgets import words
 from viz.prefix import alignment_frame, alignment_table, policies_figure, policy_frame, policy_table

@@ -12,16 +12,16 @@ from statistics import median
 import streamlit as st
 
 from engine.errors import InvalidSettingError
-from ui.views.context import ViewContext
-from ui.text.strings import Shown
 from ui.runs.serving import PoolTooSmall, ServedClass
 from ui.state.link import bounds
+from ui.text.strings import Shown
 from ui.views import class_questions
 from ui.views.chapter_part import Part, shown
+from ui.views.context import ViewContext
 from ui.views.figures import figure, memo_key, shared_table
 from ui.views.widgets import words
-from viz.serving import (decode_rates, pool_figure, request_names, requests_table, throughput_figure,
-                         timeline_figure, waited)
+from viz.serving import (decode_rates, pool_figure, request_names, requests_table, throughput_figure, timeline_figure,
+                         waited)
 
 
 def serve_to(runner, state, step: int, served_round=None) -> int:

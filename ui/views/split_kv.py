@@ -5,8 +5,8 @@ from __future__ import annotations
 import streamlit as st
 
 from engine.split_kv import worked_example
-from ui.views.context import ViewContext
 from ui.views.chapter_part import Part, shown
+from ui.views.context import ViewContext
 from ui.views.figures import figure, memo_key, shared_table, table
 from ui.views.widgets import layer_head_pickers, opened, words
 from viz.split_kv import merge_table, split_figure, split_table, vector_text, worked_example_frame

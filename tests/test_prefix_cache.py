@@ -143,7 +143,7 @@ def test_lru_eviction_keeps_in_use_blocks_and_forgets_evicted_ones(tiny_model):
     # a's tail block goes before its head (blocks are freed last-first), and nothing in use goes.
     assert trace.evicted_blocks == [a_blocks[1]]
     assert not held & set(trace.evicted_blocks)
-    assert [e.block for e in cache.evictions] == trace.evicted_blocks
+    assert [e.block for e in cache.block_evictions] == trace.evicted_blocks
     hog.close()
     assert prefill_then_close(model, cache, a).prefix.reused_tokens == 2  # only a's first block still hits
     holder.close()

@@ -35,3 +35,7 @@ class Memo:
     def values(self) -> list:
         with self._lock:
             return list(self._values.values())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._values.clear()

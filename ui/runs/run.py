@@ -264,11 +264,6 @@ class OwnRuns:
         return Lease(build(seeds=seeds))
 
 
-    def clear(self) -> None:
-        with self._lock:
-            self._values.clear()
-
-
 def _grow(matrix, row, future: float):
     """Append one query row (length n+1) to an n × n causal matrix; earlier rows get `future` for the
     new key they cannot see (0 for probabilities, −inf for scores)."""

@@ -22,7 +22,7 @@ from ui.runs import turns
 
 CACHE = 64  # positions a pass reads at most, sinks included: every configuration holds the same bytes
 TEXT_TOKENS = 320  # the text's first tokens: 256 passes past the cache, about 9 s on SmolLM2 on one core
-TEXTS = Path(__file__).with_name("texts")  # one-token-at-a-time.<lang>.txt
+TEXTS = Path(__file__).parents[1] / "text" / "texts"  # one-token-at-a-time.<lang>.txt
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,7 @@ def test_each_view_is_laid_out_for_its_screen(server, browser, lang, screen, req
                 page.evaluate("() => { window.scrollTo(0, 0); document.querySelector('[data-testid=stMain]')"
                               ".scrollTo(0, 0); }")
             try:
+                assert_the_views_radio_clear_of_the_stream(page)
                 if view == "serving":
                     assert_server_counter(page, lang, model)
                 else:
@@ -99,6 +100,17 @@ def test_each_view_is_laid_out_for_its_screen(server, browser, lang, screen, req
                     assert_figures_laid_out(page)
             except AssertionError as error:
                 raise AssertionError(f"the {view} view: {error}") from error
+
+
+def assert_the_views_radio_clear_of_the_stream(page) -> None:
+    """The view radio's options sit below the token stream's box (the stream pulls the radio up by Markdown's
+    margin, which a radio on two rows filled: its first row lay on the box's border, zh with large text)."""
+    if page.locator(".st-key-token-stream").count() == 0:  # the Serving view's requests are its own stream
+        return
+    stream = box(page, ".st-key-token-stream .kv-stream-box")
+    tops = page.evaluate("() => [...document.querySelectorAll('.st-key-w_view label')].slice(1)"
+                         ".map(label => label.getBoundingClientRect().top)")  # the first label is the radio's own
+    assert tops and min(tops) >= stream["y"] + stream["height"] - 1, (stream, tops)
 
 
 def assert_next_and_the_main_figure_on_the_first_screen(page) -> None:

@@ -59,8 +59,9 @@ def next_token_kl(full: torch.Tensor, evicting: torch.Tensor) -> float:
     return float((p.exp() * (p - q)).sum())
 
 
-class RecordedRun:
-    """One run of a lab, each of its passes recorded (`passes[i]` made answer token i + 1)."""
+class RecordedVariant:
+    """One variant of a lab (the full cache or a policy), each of its passes recorded (`passes[i]` made answer token
+    i + 1)."""
 
     def __init__(self, model: engine.Model, run: EvictionRun):
         self.model = model
@@ -115,8 +116,8 @@ class EvictionLab:
         self.variants = timing.variants(len(prompt_ids) - 1)  # every run it may hold, by name (the full cache: None)
         self.batch = EvictionBatch(model, prompt_ids, [self.variants[None]], max_new_tokens=steps, keep_full_steps=1,
                                    spare=len(self.variants))  # every policy, and one twin at a time
-        self.runs = {None: RecordedRun(model, self.batch.runs[0])}
-        self.joining: dict[str, tuple[RecordedRun, RecordedRun]] = {}  # name → (the twin, the policy's), catching up
+        self.runs = {None: RecordedVariant(model, self.batch.runs[0])}
+        self.joining: dict[str, tuple[RecordedVariant, RecordedVariant]] = {}  # name → (the twin, the policy's), catching up
         self.lock = threading.Lock()  # one page steps the lab at a time; others read the passes it has
 
     def advance_to(self, count: int, name: str | None = None) -> None:
@@ -149,14 +150,14 @@ class EvictionLab:
         return None
 
     def _add(self, name: str) -> None:
-        self.runs[name] = RecordedRun(self.model, self.batch.add(self.variants[name]))
+        self.runs[name] = RecordedVariant(self.model, self.batch.add(self.variants[name]))
 
     def _start_joining(self, name: str) -> None:
         held = len(self.runs) + 2 * len(self.joining) + 2  # with this one and its twin
         if lab_bytes(self.model.info, self.prompt, self.steps, self.timing, held) > self.budget_bytes:
             raise EvictionLabFull([n for n in self.runs if n is not None])
-        twin = RecordedRun(self.model, self.batch.join(self.variants[None]))
-        self.joining[name] = (twin, RecordedRun(self.model, self.batch.join(self.variants[name])))
+        twin = RecordedVariant(self.model, self.batch.join(self.variants[None]))
+        self.joining[name] = (twin, RecordedVariant(self.model, self.batch.join(self.variants[name])))
 
     def _admit(self, name: str) -> None:
         twin, joiner = self.joining.pop(name)
@@ -165,7 +166,7 @@ class EvictionLab:
         self.runs[name] = joiner
 
     @staticmethod
-    def _record(steps, recorded: list[RecordedRun]) -> None:
+    def _record(steps, recorded: list[RecordedVariant]) -> None:
         """Record a batched pass's steps (the first run the full cache's, or its twin's) with each run's KL."""
         full = steps[0]
         for run, step in zip(recorded, steps):
@@ -194,11 +195,11 @@ class EvictionPair:
     lab: EvictionLab
 
     @property
-    def full(self) -> RecordedRun:
+    def full(self) -> RecordedVariant:
         return self.lab.runs[None]
 
     @property
-    def evicting(self) -> RecordedRun:
+    def evicting(self) -> RecordedVariant:
         return self.lab.runs[self.name]
 
     def advance_to(self, count: int) -> int:

@@ -5,10 +5,9 @@ import os
 import signal
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
-from tests.server import free_port, stop
+from tests.server import Output, free_port, stop
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"  # Debian's package; .ci/run installs it
 
@@ -29,19 +28,16 @@ def redis_process(folder: Path, port: int | None = None):
     port = port or free_port()
     log = folder / f"redis-{port}.log"
     process = subprocess.Popen([REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                "--appendonly", "no", "--dir", str(folder), "--logfile", str(log)])
+                                "--appendonly", "no", "--dir", str(folder)],  # it logs to stdout: `Output`
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"redis://127.0.0.1:{port}/0"
     try:
+        try:
+            Output(process, log).wait_for("Ready to accept connections", seconds=60)  # 60: a harness timeout
+        except RuntimeError as error:
+            raise RuntimeError(f"redis-server did not start ({error}); see {log}") from None
         client = redis.Redis.from_url(url)
-        deadline = time.time() + 20
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.time() > deadline or process.poll() is not None:
-                    raise RuntimeError("redis-server did not start; see " + str(log)) from None
-                time.sleep(0.1)
+        assert client.ping()
         client.close()
         yield url, process
     finally:

@@ -5,13 +5,14 @@ link always equals the screen.
 Needs Debian's chromium (`apt-get install chromium`) and the `playwright` package; `.ci/run` installs both.
 """
 
-import time
 from urllib.parse import parse_qs, quote, urlencode, urlparse
 
 import pytest
+from streamlit.proto.BackMsg_pb2 import BackMsg
+from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 
 import engine
-from tests.helpers import WAIT_MS, expected, until_link
+from tests.helpers import COUNT_SENDS, WAIT_MS, expected, until_link
 from tests.server import restarted_server, running_server, settled_text
 from ui.text import strings
 from ui.state.link import VIEWS
@@ -167,24 +168,77 @@ def test_open_page_steps_after_a_server_restart(fresh_server, page, embedded_mod
         assert settled_text(page) == expected(embedded_model, prompt, 3)
 
 
+class Asked:
+    """A page's websocket in Streamlit's protocol, as the page sends and receives it: each run the page asks its
+    server for, each run the server starts, how each ends, and the link each run writes. Registered before the
+    page opens, with COUNT_SENDS (what the page has sent, counted in the page as it sends)."""
+
+    ENDED = (ForwardMsg.FINISHED_SUCCESSFULLY, ForwardMsg.FINISHED_FRAGMENT_RUN_SUCCESSFULLY)  # not stopped for a rerun
+
+    def __init__(self, page):
+        self.sent = 0  # messages the page sent, as far as this process has heard
+        self.events: list[str] = []  # "asked", "started", "ended", "stopped"
+        self.query = ""  # the link the server last wrote
+        self.socket = None
+        page.add_init_script(COUNT_SENDS)
+        page.on("websocket", self._opened)
+
+    def _opened(self, socket) -> None:
+        self.socket = socket
+        socket.on("framesent", self._sent)
+        socket.on("framereceived", self._received)
+
+    def _sent(self, payload) -> None:
+        self.sent += 1
+        if isinstance(payload, bytes) and BackMsg.FromString(payload).WhichOneof("type") == "rerun_script":
+            self.events.append("asked")
+
+    def _received(self, payload) -> None:
+        if not isinstance(payload, bytes):
+            return
+        message = ForwardMsg.FromString(payload)
+        kind = message.WhichOneof("type")
+        if kind == "new_session":
+            self.events.append("started")
+        elif kind == "script_finished":
+            self.events.append("ended" if message.script_finished in self.ENDED else "stopped")
+        elif kind == "page_info_changed":
+            self.query = message.page_info_changed.query_string
+
+    def answered(self, sent: int) -> bool:
+        """The server has run all that the page asked for in its first `sent` messages: this process has heard of
+        them all (its events come late), a run started after the last ask, and the last run ended rather than
+        stopping for a rerun (presses that come during a run stop it: one run answers them all)."""
+        if self.sent < sent:
+            return False
+        last = len(self.events) - self.events[::-1].index("asked") if "asked" in self.events else 0
+        runs = self.events[last:]
+        return "started" in runs and runs[-1] == "ended"
+
+    def wait_until_answered(self, page) -> None:
+        """Until the server has run all that the page has asked for so far."""
+        # A press's message goes out in a task its key's handler queued (Streamlit batches widget changes with a
+        # setTimeout 0): the page's next such task runs after it.
+        sent = page.evaluate("() => new Promise(done => setTimeout(() => done(window.kvSent)))")
+        if not self.answered(sent):
+            self.socket.wait_for_event("framereceived", predicate=lambda _: self.answered(sent), timeout=WAIT_MS)
+
+
 def test_link_equals_screen_after_fast_presses(server, page, embedded_model):
     """Whatever number of presses counted, the link's step is the step on screen (text and token chips)."""
     prompt = "Count from one to one hundred."
+    asked = Asked(page)
     page.goto(f"{server}/?prompt={quote(prompt)}&step=1")
     settled_text(page)
     page.locator("h1").first.click()
     page.keyboard.press("ArrowRight")
     # While the step is computed the buttons are greyed: a press then is refused, visibly.
     page.wait_for_function("() => [...document.querySelectorAll('button')].some("
-                           "b => b.innerText.includes('Next token') && b.disabled)", polling="raf", timeout=30_000)
+                           "b => b.innerText.includes('Next token') && b.disabled)", polling="raf", timeout=WAIT_MS)
     for _ in range(49):
         page.keyboard.press("ArrowRight")
-    shown, calm = None, 0
-    while calm < 3:  # settled: the same link and text for three checks a second apart
-        time.sleep(1)
-        now = (page.url, settled_text(page), chips(page))
-        calm = calm + 1 if now == shown else 0
-        shown = now
-    step = url_step(page)
+    asked.wait_until_answered(page)  # every press the page sent has been run: no run is to come
+    step = int(parse_qs(asked.query)["step"][0])  # the link the last run wrote
+    text = until_link(page, step=str(step))  # the page has drawn that run
     prompt_tokens = len(engine.DecodeSession(embedded_model, prompt, chat=True).prompt_ids)
-    assert (shown[1], shown[2]) == (expected(embedded_model, prompt, step), prompt_tokens + step)
+    assert (text, chips(page), url_step(page)) == (expected(embedded_model, prompt, step), prompt_tokens + step, step)

@@ -1,8 +1,9 @@
 """Follow the teacher when things go wrong, in headless Chromium on real servers: a teacher and two followers with
 the rooms in a real redis-server that is paused (SIGSTOP; one killed and started again empty is
-tests/test_servers.py's); an app server restart; two pages on one leader link. No follower is clicked: they come back by themselves, saying so. How long the teacher's press takes
-in each case, and how long the followers take to come back, is measured by bench/store_faults.py, not bounded
-here (a loaded machine's timings are not the product's)."""
+tests/test_servers.py's); an app server restart; two pages on one leader link. No follower is clicked: they come
+back by themselves, saying so. How long the teacher's press takes in each case, and how long the followers take to
+come back, is measured by bench/store_faults.py, not bounded here (a loaded machine's timings are not the
+product's)."""
 
 import os
 import signal
@@ -15,7 +16,7 @@ from playwright.sync_api import expect
 from tests.redis_server import redis_process
 from tests.server import restarted_server, running_server, settled_text
 from tests.test_controls import link
-from tests.test_follow_browser import FOLLOW_MS, IDLE, WAIT_MS, press, shown, shows
+from tests.test_follow_browser import IDLE, WAIT_MS, press, shown, shows
 from ui.text import strings
 
 pytestmark = pytest.mark.browser
@@ -112,11 +113,11 @@ def test_a_paused_redis_never_slows_the_teacher_and_followers_come_back_by_thems
 
         os.kill(store.pid, signal.SIGSTOP)
         for page, says in ((followers[0], DOWN), (followers[1], DOWN), (leader, LEAD_DOWN)):
-            expect(page.get_by_text(says)).to_be_visible(timeout=FOLLOW_MS)  # each told once, at once
+            expect(page.get_by_text(says)).to_be_visible(timeout=WAIT_MS)  # each page told
         _, now = timed_next(leader, 4)  # the press is not held up by the store (its time: the bench)
         os.kill(store.pid, signal.SIGCONT)
         back_in_step(followers, now)
-        expect(leader.get_by_text(LEAD_DOWN)).to_have_count(0, timeout=FOLLOW_MS)
+        expect(leader.get_by_text(LEAD_DOWN)).to_have_count(0, timeout=WAIT_MS)
         followed(leader, followers, 5)
 
 
@@ -177,7 +178,7 @@ def test_two_pages_on_one_leader_link_never_make_a_follower_flip(server, pages):
     now = shown(projector)
     sequence.append(now["counter"])
     shows(follower, now)
-    expect(laptop.get_by_text(strings.t("follow_superseded"))).to_be_visible(timeout=FOLLOW_MS)
+    expect(laptop.get_by_text(strings.t("follow_superseded"))).to_be_visible(timeout=WAIT_MS)
     timed_next(laptop, 4)  # the laptop no longer leads: its moves are its own
     _, now = timed_next(projector, 2)
     sequence.append(now["counter"])
@@ -186,7 +187,7 @@ def test_two_pages_on_one_leader_link_never_make_a_follower_flip(server, pages):
     now = shown(laptop)
     sequence.append(now["counter"])
     shows(follower, now)
-    expect(projector.get_by_text(strings.t("follow_superseded"))).to_be_visible(timeout=FOLLOW_MS)
+    expect(projector.get_by_text(strings.t("follow_superseded"))).to_be_visible(timeout=WAIT_MS)
     timed_next(projector, 3)
     _, now = timed_next(laptop, 5)
     sequence.append(now["counter"])

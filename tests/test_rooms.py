@@ -1,19 +1,19 @@
-"""Rooms (ui/follow/rooms.py) over both stores (ui/follow/store.py): the in-process MemoryStore and a real redis-server, as
-two app servers behind a load balancer share it."""
+"""Rooms (ui/follow/rooms.py) over both stores (ui/follow/store.py): the in-process MemoryStore and a real
+redis-server, as two app servers behind a load balancer share it."""
 
 import threading
-import time
 
 import pytest
 import redis
 
-from tests.helpers import Clock
+from tests.helpers import WAIT_MS, Clock
 from ui.follow import rooms
 from ui.follow.rooms import Room, Rooms
 from ui.follow.store import MemoryStore, RedisStore, StoreError, store_from_env
 
 STATE = {"step": "3", "view": "attention", "prompt": "Why is the sky blue?"}
 MOVED = {**STATE, "step": "4"}
+WAIT_S = WAIT_MS / 1000  # a harness timeout: only keeps a hung test from hanging
 
 
 
@@ -141,15 +141,26 @@ def test_a_room_not_refreshed_for_its_ttl_expires_in_redis(redis_url):
 
 def test_redis_keeps_a_key_for_its_ttl_and_then_expires_it_on_its_own_clock(redis_url):
     """The fake clock above shortens TTLs; here the TTL reaches Redis in milliseconds, and Redis's own clock ends
-    one (the end waited for, not slept through)."""
+    one: its `expired` event (a keyspace notification) is waited for, not slept through."""
     store, client = RedisStore(redis_url), redis.Redis.from_url(redis_url)
     store.set("kept", "1", 60)
     assert 59_000 < client.pttl("kept") <= 60_000
-    store.set("short", "lived", 0.05)
-    deadline = time.monotonic() + 10
-    while store.get("short") is not None:
-        assert time.monotonic() < deadline, "a key set for 50 ms was still there after 10 s"
-        time.sleep(0.01)  # a poll, not a wait for the TTL
+    client.config_set("notify-keyspace-events", "Ex")
+    events = client.pubsub()
+    try:
+        events.psubscribe("__keyevent@*__:expired")
+        assert events.get_message(timeout=WAIT_S)["type"] == "psubscribe"  # listening before the key is set
+        store.set("short", "lived", 0.05)
+        assert client.pttl("short") <= 50  # milliseconds, not a second rounded up (-2: gone already)
+        expired = []
+        while b"short" not in expired:  # another test's key may expire meanwhile
+            message = events.get_message(timeout=WAIT_S)
+            assert message is not None, f"no key expired; saw {expired}"
+            expired.append(message["data"])
+        assert store.get("short") is None and store.get("kept") == "1"
+    finally:
+        events.close()
+        client.config_set("notify-keyspace-events", "")
 
 
 # -- stores -----------------------------------------------------------------------------------------------

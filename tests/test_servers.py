@@ -13,7 +13,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,19 +21,17 @@ from urllib.parse import quote
 import pytest
 from playwright.sync_api import expect
 
-from tests.server import ROOT, free_port, settled_text
+from tests.server import ROOT, Output, free_port, settled_text, wait_until_listening
 from tests.helpers import WAIT_MS, expected, link, press, until_link
-from tests.test_follow_browser import FOLLOW_MS, leader_moves, shows
+from tests.test_follow_browser import leader_moves, shows
 from tests.test_follow_faults import DOWN, LEAD_DOWN, open_class, pages, timed_next  # noqa: F401 (pages: a fixture)
-from tests.test_room_sync import wait_for
 from ui.text import strings
 
 pytestmark = pytest.mark.browser
 
 COOKIE = "kvscope_server"
 PROMPT = "Name three colours."
-START_SECONDS = 240  # two app processes import torch at once on a small machine
-REDIS_BACK_SECONDS = 10  # the script notices a dead Redis within 1 s; starts it again at once, or 1 s on (backoff)
+START_SECONDS = 240  # a harness timeout for the script's start: two app processes import torch at once
 
 
 @dataclass
@@ -44,11 +41,22 @@ class Deployment:
     redis_port: int
     run_dir: Path
     script: subprocess.Popen
-    output: Path
+    output: Output  # what the script prints, as it prints it (and in the module's folder, script.txt)
 
     def started(self) -> dict[str, int]:
         """Each child's pid as the script last said it started it ("started <name> (pid N)"; again after a restart)."""
-        return {name: int(pid) for name, pid in re.findall(r"started (\S+) \(pid (\d+)\)", self.output.read_text())}
+        printed = "\n".join(self.output.lines)
+        return {name: int(pid) for name, pid in re.findall(r"started (\S+) \(pid (\d+)\)", printed)}
+
+    def redis_started_again(self, since: int) -> int:
+        """The pid of the redis-server the script says it started again, after saying that the last one exited,
+        both in what it printed from line `since` on; once that one takes connections on Redis's port."""
+        exited, _ = self.output.wait_for(r"^kvscope: redis exited", since)
+        started, found = self.output.wait_for(r"^kvscope: started redis \(pid (\d+)\)", since)
+        assert exited < started, self.output.lines[since:]
+        pid = int(found.group(1))
+        wait_until_listening(self.redis_port, pid)
+        return pid
 
     def served(self) -> list[tuple[str, int]]:
         """(cookie sent, port nginx connected to) for every proxied request so far; the last port if it tried
@@ -83,34 +91,21 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
-def wait_for_url(script: subprocess.Popen, output: Path) -> str:
-    deadline = time.time() + START_SECONDS
-    while time.time() < deadline:
-        found = re.search(r"^kvscope: (http://\S+)", output.read_text(), re.MULTILINE)
-        if found:
-            return found.group(1)
-        if script.poll() is not None:
-            break
-        time.sleep(1)
-    raise RuntimeError("serve_class.py printed no URL:\n" + output.read_text())
-
-
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
     folder = tmp_path_factory.mktemp("servers")
     ports, redis_port = {"app1": free_port(), "app2": free_port()}, free_port()
-    output = folder / "script.txt"
     command = [sys.executable, str(ROOT / "scripts" / "serve_class.py"), "--port", str(free_port()),
                "--servers", "2", "--app-ports", *map(str, ports.values()), "--redis-port", str(redis_port),
                "--run-dir", str(folder / "run")]
-    with open(output, "w") as out:
-        script = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=out,
-                                  stderr=subprocess.STDOUT)
+    script = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT)
+    output = Output(script, folder / "script.txt")
     started = set()
     try:
-        url = wait_for_url(script, output)
+        _, found = output.wait_for(r"^kvscope: (http://\S+)", seconds=START_SECONDS)  # it serves
         started = descendants(script.pid)  # now, while they are still the script's children
-        yield Deployment(url, ports, redis_port, folder / "run", script, output)
+        yield Deployment(found.group(1), ports, redis_port, folder / "run", script, output)
     finally:
         leftovers = started | descendants(script.pid)
         if script.poll() is None:
@@ -248,13 +243,13 @@ def test_an_unknown_cookie_is_drawn_again(deployment):
 def test_a_killed_redis_is_started_again_on_its_port_and_every_app_goes_on_serving(deployment):
     """kill -9 the script's redis-server: the script stays up and says so, a new one answers on the same port, and
     nginx and both apps (not restarted) serve the page and its health check."""
-    before = deployment.started()
+    before, since = deployment.started(), len(deployment.output.lines)
     os.kill(before["redis"], signal.SIGKILL)
-    wait_for(lambda: deployment.started()["redis"] != before["redis"] and redis_answers(deployment.redis_port),
-             REDIS_BACK_SECONDS, "a new redis-server answering on the same port")
+    again = deployment.redis_started_again(since)
+    assert again != before["redis"] and redis_answers(deployment.redis_port)  # a new one, on the same port
     assert deployment.script.poll() is None
-    assert "kvscope: redis exited" in deployment.output.read_text()
     now = deployment.started()
+    assert now["redis"] == again
     assert not alive(before["redis"]) and alive(now["redis"])
     assert {name: pid for name, pid in now.items() if name != "redis"} == \
            {name: pid for name, pid in before.items() if name != "redis"}
@@ -273,20 +268,21 @@ def test_followers_on_both_servers_are_back_in_step_after_a_killed_redis_returns
     for page, name in zip(pages, (first, first, other)):
         page.context.add_cookies([{"name": COOKIE, "value": name, "url": deployment.url}])
     open_class(deployment.url, leader, [beside, across])
+    since = len(deployment.output.lines)
     os.kill(deployment.script.pid, signal.SIGSTOP)
     try:
         os.kill(deployment.started()["redis"], signal.SIGKILL)
         for page, says in ((beside, DOWN), (across, DOWN), (leader, LEAD_DOWN)):
-            expect(page.get_by_text(says)).to_be_visible(timeout=FOLLOW_MS)  # each page saw the store go
+            expect(page.get_by_text(says)).to_be_visible(timeout=WAIT_MS)  # each page saw the store go
         _, now = timed_next(leader, 2)  # held by the teacher's page alone: Redis never had it
         assert_every_app_serves(deployment)
     finally:
         os.kill(deployment.script.pid, signal.SIGCONT)
-    wait_for(lambda: redis_answers(deployment.redis_port), REDIS_BACK_SECONDS, "Redis started again")
+    deployment.redis_started_again(since)
     for follower in (beside, across):
-        shows(follower, now, timeout_ms=WAIT_MS)
+        shows(follower, now)
         expect(follower.get_by_text(strings.t("follow_rejoined"))).to_be_visible(timeout=WAIT_MS)
-    expect(leader.get_by_text(LEAD_DOWN)).to_have_count(0, timeout=FOLLOW_MS)  # the teacher is told it is back
+    expect(leader.get_by_text(LEAD_DOWN)).to_have_count(0, timeout=WAIT_MS)  # the teacher is told it is back
     _, now = timed_next(leader, 3)  # and the room goes on in the new Redis
     for follower in (beside, across):
         shows(follower, now)

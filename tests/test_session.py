@@ -1,11 +1,26 @@
 """What a session keeps between its runs: its typed state (ui/state/session.py), where a one-shot field is read once,
 and the link, of which Streamlit keeps a copy."""
 
+import pytest
 import streamlit as st
 
 from ui.page import page_state
-from ui.state.session import LessonSession, PageSession
+from ui.state import session
+from ui.state.session import LessonSession, PageSession, page_controls, settings, view_controls
 from ui.state.link import AppState, Problem, to_query
+
+
+def test_the_controls_keep_each_kind_under_its_prefix_and_refuse_a_name_not_theirs(monkeypatch):
+    """A link setting is an `AppState` field under w_, the page's own control one of its two under p_; a view's own
+    control takes any name under v_. A misspelt setting is an error, not a new widget key nobody reads."""
+    state = {}
+    monkeypatch.setattr(session.st, "session_state", state)
+    settings.lang, settings["model"], page_controls.pace, view_controls.keep = "zh", "x", 1.2, 3
+    assert state == {"w_lang": "zh", "w_model": "x", "p_pace": 1.2, "v_keep": 3}
+    assert settings.values() == {"lang": "zh", "model": "x"} and "chat" not in settings
+    for controls, name in ((settings, "step"), (settings, "langauge"), (page_controls, "lang")):
+        with pytest.raises(KeyError):
+            controls.key(name)
 
 
 def test_take_returns_a_field_and_puts_its_default_back():

@@ -1,5 +1,5 @@
 """What one browser session keeps from one script run to the next: the one module that touches Streamlit's session
-state (tests/test_session_owner.py).
+state (tests/test_view_protocol.py).
 
 - Widgets' values, by name, each kind under its key prefix: `settings` (the link's, one per `AppState` field,
   `w_<field>`), `page_controls` (the page's own controls, not in the link: Play and its pace, `p_`) and
@@ -65,7 +65,7 @@ class Controls:
     def values(self) -> dict[str, Any]:
         """The controls set so far, by name (of those named at construction): one look-up each."""
         state = st.session_state
-        return {name: state[key] for name, key in zip(self._names, self._keys) if key in state}
+        return {name: state[key] for name, key in zip(self._names or (), self._keys) if key in state}
 
 
 SETTING_NAMES = tuple(f.name for f in fields(AppState) if f.name != "step")  # the step is the page's (`PageSession`)

@@ -12,9 +12,9 @@ HEADER = "| view | what it shows | lesson chapters |"
 
 
 def chapters_written(cell: str) -> list[int]:
-    """"1–5" → [1, 2, 3, 4, 5]; "8, 9, 15" → [8, 9, 15]."""
+    """"1–5" → [1, 2, 3, 4, 5]; "8, 9, 15" → [8, 9, 15]; "—" (a view no chapter shows) → []."""
     numbers = []
-    for part in cell.split(","):
+    for part in ([] if cell == "—" else cell.split(",")):
         low, _, high = part.strip().partition("–")
         numbers += range(int(low), int(high or low) + 1)
     return numbers
@@ -36,6 +36,7 @@ def test_chapters_written():
     assert chapters_written("1–5") == [1, 2, 3, 4, 5]
     assert chapters_written("8, 9, 15") == [8, 9, 15]
     assert chapters_written("12–13") == [12, 13]
+    assert chapters_written("—") == []
 
 
 def test_readmes_views_table_names_each_views_chapters():

@@ -54,6 +54,25 @@ def test_unsupported_architecture(tmp_path):
         engine.load_model(str(tmp_path))
 
 
+@pytest.mark.parametrize("family, changes, match", [
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 8}, "sliding-window attention"),
+    ("gemma3", {"attn_logit_softcapping": 50.0}, "caps its attention scores"),
+    ("gemma3", {"use_bidirectional_attention": True}, "bidirectional attention"),
+    ("gpt2", {"add_cross_attention": True}, "cross-attention"),
+], ids=["qwen2-sliding-window", "gemma3-softcapping", "gemma3-bidirectional", "gpt2-cross-attention"])
+def test_a_feature_the_engine_does_not_compute_is_refused_not_computed_wrongly(tmp_path, family, changes, match):
+    """A supported family with a feature the engine leaves out (engine/loader.py `_check_supported`) is refused
+    with its name, before any weight is read."""
+    from tests.conftest import family_config
+
+    config = family_config(family, vocab=64)
+    for name, value in changes.items():
+        setattr(config, name, value)
+    config.save_pretrained(tmp_path)
+    with pytest.raises(engine.UnsupportedModelError, match=match):
+        engine.load_model(str(tmp_path))
+
+
 def test_architecture_transformers_does_not_know(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "not-a-real-family"}))
     with pytest.raises(engine.UnsupportedModelError, match="supported"):

@@ -149,10 +149,13 @@ def metric_value(page, key: str) -> str:
 # from the last run on the page. Its state is kept on `window` between the frames Playwright polls it in. An element
 # not drawn yet is not settled: between two runs (a fragment's run handing over to the whole page's) the page says
 # "not running" for a moment while the next run's elements are still to come.
+# Stale elements of the follow strip's and banner's timed fragments do not count: they rerun on their own clock (a
+# leader's every second), and on a loaded machine one of them was always mid-run, so a teacher's page never settled.
 STILL_BOX = """([selector, frames]) => {
     const el = document.querySelector(selector), r = el && el.getBoundingClientRect();
     const now = r ? [r.x, r.y, r.width, r.height].join() : null;
-    const stale = document.querySelector('[data-testid="stMain"] [data-stale="true"]');
+    const stale = [...document.querySelectorAll('[data-testid="stMain"] [data-stale="true"]')]
+        .some(e => !e.closest('.st-key-follow-lead, .st-key-follow-banner'));
     if (now === null || stale || window.kvBox !== now) { window.kvBox = now; window.kvStill = 0; return false; }
     return ++window.kvStill >= frames; }"""
 

@@ -168,7 +168,10 @@ def settled_box(page, selector: str, frames: int = 10) -> dict:
     try:
         page.wait_for_function(STILL_BOX, arg=[selector, frames], polling="raf", timeout=WAIT_MS)
     except PlaywrightTimeout:
-        raise AssertionError(f"{selector} was not drawn and still within {WAIT_MS} ms") from None
+        stale = page.evaluate("""() => [...document.querySelectorAll('[data-testid="stMain"] [data-stale="true"]')]
+            .map(e => (e.className || '').slice(0, 80) + ' ' + e.outerHTML.slice(0, 120))""")  # what kept it unsettled
+        raise AssertionError(f"{selector} was not drawn and still within {WAIT_MS} ms; its box at the end "
+                             f"{page.evaluate('window.kvBox')}; stale elements {stale[:6]}") from None
     return page.locator(selector).bounding_box()
 
 

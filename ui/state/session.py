@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ui.state.link import Problem
 
 Kept = TypeVar("Kept")
+_UNSET = object()  # a control not set yet (None is a value)
 
 
 class Controls:
@@ -65,7 +66,8 @@ class Controls:
     def values(self) -> dict[str, Any]:
         """The controls set so far, by name (of those named at construction): one look-up each."""
         state = st.session_state
-        return {name: state[key] for name, key in zip(self._names or (), self._keys) if key in state}
+        return {name: value for name, key in zip(self._names or (), self._keys)
+                if (value := state.get(key, _UNSET)) is not _UNSET}
 
 
 SETTING_NAMES = tuple(f.name for f in fields(AppState) if f.name != "step")  # the step is the page's (`PageSession`)

@@ -16,8 +16,11 @@ def test_the_controls_keep_each_kind_under_its_prefix_and_refuse_a_name_not_thei
     state = {}
     monkeypatch.setattr(session.st, "session_state", state)
     settings.lang, settings["model"], page_controls.pace, view_controls.keep = "zh", "x", 1.2, 3
-    assert state == {"w_lang": "zh", "w_model": "x", "p_pace": 1.2, "v_keep": 3}
-    assert settings.values() == {"lang": "zh", "model": "x"} and "chat" not in settings
+    written = {"lang": "zh", "model": "x"}  # the settings the page set since it last drew, and only those
+    assert state == {"w_lang": "zh", "w_model": "x", "p_pace": 1.2, "v_keep": 3, "written:w_": written}
+    assert settings.values() == written and "chat" not in settings and settings.written() == written
+    settings.forget_written()
+    assert settings.written() == {} and settings.lang == "zh"
     for controls, name in ((settings, "step"), (settings, "langauge"), (page_controls, "lang")):
         with pytest.raises(KeyError):
             controls.key(name)

@@ -1,8 +1,8 @@
 """The private Streamlit internals kvscope relies on, in one place (Streamlit 1.67, pinned in requirements.txt).
 
-Streamlit has no public call for these: which session and fragment are running, asking another session to run its
-page (as its own "run on save" does), forgetting the sessions of tabs closed long ago, and running a whole page
-when a press comes from a fragment this server never drew. tests/test_streamlit_internals.py fails if the
+Streamlit has no public call for these: which session and fragment are running, the link a request came with,
+asking another session to run its page (as its own "run on save" does), forgetting the sessions of tabs closed long
+ago, and running a whole page when a press comes from a fragment this server never drew. tests/test_streamlit_internals.py fails if the
 pinned version's shapes change; each call here is a no-op where they are missing (AppTest's runtime).
 """
 
@@ -22,6 +22,14 @@ def current_session_id() -> str | None:
     """The id of the browser session whose script runs on this thread (None outside a script run)."""
     ctx = script_run_context.get_script_run_ctx()
     return None if ctx is None else ctx.session_id
+
+
+def request_link() -> str | None:
+    """The query string of the browser's link when it sent the request this run answers (None outside a script
+    run). The browser writes a page's new link into its address after the widgets that draw drew theirs: a request
+    sent with an older link was sent before the browser had the last draw's widget values."""
+    ctx = script_run_context.get_script_run_ctx()
+    return None if ctx is None else ctx.query_string
 
 
 def current_fragment_id() -> str | None:

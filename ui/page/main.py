@@ -22,7 +22,8 @@ from ui.lesson.chapters import WINDOW_PROMPTS
 from ui.page import keys, model_card
 from ui.page.page_state import (chat_problem, current_state, engine_error, fit_to_budget, follow_leader, go_to_chapter,
                                 labels, page_lock, restore_lost_settings, run_config, show_problem, start_from_link,
-                                switch_language, t, use_default_model, use_lesson_prompt, write_link)
+                                switch_language, t, undo_stale_echoes, use_default_model, use_lesson_prompt,
+                                write_link)
 from ui.page.step import stepper_and_view
 from ui.runs.classroom import ClassroomCache
 from ui.runs.runner import Runner
@@ -142,6 +143,7 @@ def settle_state(limits: Limits) -> None:
     if not page.from_link:
         start_from_link(limits)
     restore_lost_settings()
+    undo_stale_echoes()  # before the leader's state: a follower's push carries the browser's last values
     follow.take_over(lambda query, own: follow_leader(query, limits, own))  # before any widget, as the link is
     if page.stop_playing:
         page_controls.playing, page.stop_playing = False, False

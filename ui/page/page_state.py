@@ -10,6 +10,7 @@ import logging
 import re
 import threading
 from dataclasses import fields, replace
+from urllib.parse import parse_qsl
 
 import streamlit as st
 
@@ -17,6 +18,7 @@ import engine
 from ui.follow import follower, leader
 from ui.follow import page as follow
 from ui.follow.room_link import OWN
+from ui.host import streamlit_internals
 from ui.host.limits import Limits, StepLimits, fit_state
 from ui.lesson.chapters import CHAPTERS, WINDOW_PROMPTS
 from ui.runs.run import RunConfig
@@ -194,8 +196,28 @@ def restore_lost_settings() -> None:
             settings[name] = drawn.get(name, getattr(AppState, name))
 
 
+def undo_stale_echoes() -> None:
+    """Put back what a stale request took from the page's settings, as a run begins (before any widget). Each request
+    carries the browser's copy of every widget's value, and Streamlit takes it over the page's own: a request sent
+    before the page's last draw reached the browser (a timed fragment's tick, a follower's push) carries the values
+    from before that draw and undoes what the page set. Seen in CI: the teacher's page entered chapter 10 with blocks
+    of 4; the follow strip's tick, sent a moment before, put chapter 9's blocks of 16 back, and the chapter's text
+    then said 16. Such a request also carries the link the browser had then: a setting whose value is that link's,
+    where the page means another (what it set since it last drew, else what it drew), is the echo and goes back."""
+    query = streamlit_internals.request_link()
+    meant = page_session().drawn_state | settings.written()
+    if not meant or query is None:
+        return
+    sent, _ = parse_query(dict(parse_qsl(query)))
+    for name, value in meant.items():
+        if (old := getattr(sent, name)) != value and settings.get(name) == old:
+            log.info("a stale request's %s was put back", name)  # the name only, never the value
+            settings[name] = value
+
+
 def write_link(state: AppState) -> None:
     page_session().drawn_state = {f.name: getattr(state, f.name) for f in fields(AppState) if f.name != "step"}
+    settings.forget_written()  # drawn: from now on a request's older value for them is an echo
     leader.publish(state)  # a leader's every draw (a play tick too) reaches its followers
     follower.check(state)  # a follower's own move (Play's tick too) leaves following
     # Sent on every draw, even when Streamlit's copy of the link already holds it: that copy is shared by a

@@ -18,7 +18,7 @@ from ui.follow import serving_room
 from ui.lesson import panel as lesson
 from ui.lesson.chapters import CHAPTERS
 from ui.page.page_state import (current_state, go_to_chapter, labels, load_case, measure_again, open_on_focused_head,
-                                page_lock, request_whole_page, show_problem, t, write_link)
+                                page_lock, request_whole_page, show_problem, t, undo_stale_echoes, write_link)
 from ui.runs import turns
 from ui.runs.runner import Runner
 from ui.state.link import clamp
@@ -39,6 +39,7 @@ def stepper_and_view(model: engine.Model, runner: Runner) -> None:
     """The step, its view and (in the lesson) its chapter: a fragment, redrawn alone by a press of a step button,
     a change of view, layer or head, and Play's ticks. A fault stays in this session: it is shown, and the
     session can start again; the shared model and other sessions are untouched."""
+    undo_stale_echoes()  # a tick's or a push's request: before the follower's check reads the settings
     follower.take_step()  # a follower: the leader's new step (a run of this fragment alone follows the leader's move)
     follower.check(current_state())  # a follower who moved on their own is told at once, above the fragment
     page, lesson_state = page_session(), lesson_session()

@@ -31,10 +31,11 @@ class Controls:
     """The values of one kind of widget in the session, by name (`settings.lang`, `settings["lang"]`): the only
     door to their keys. A widget is drawn with `key=controls.key(name)`."""
 
-    def __init__(self, prefix: str, names: tuple[str, ...] | None = None):
+    def __init__(self, prefix: str, names: tuple[str, ...] | None = None, journal: bool = False):
         object.__setattr__(self, "_prefix", prefix)
         object.__setattr__(self, "_names", names)  # the names allowed; None: any
         object.__setattr__(self, "_keys", tuple(prefix + name for name in names or ()))
+        object.__setattr__(self, "_written_key", "written:" + prefix if journal else None)  # no widget's key
 
     def key(self, name: str) -> str:
         if self._names is not None and name not in self._names:
@@ -49,6 +50,15 @@ class Controls:
 
     def __setitem__(self, name: str, value: Any) -> None:
         st.session_state[self.key(name)] = value
+        if self._written_key:
+            st.session_state.setdefault(self._written_key, {})[name] = value
+
+    def written(self) -> dict[str, Any]:
+        """What the page set since `forget_written`, by name (for the settings: since the page last drew them)."""
+        return dict(st.session_state.get(self._written_key, {}))
+
+    def forget_written(self) -> None:
+        st.session_state.pop(self._written_key, None)
 
     def __contains__(self, name: str) -> bool:
         return self.key(name) in st.session_state
@@ -71,7 +81,7 @@ class Controls:
 
 
 SETTING_NAMES = tuple(f.name for f in fields(AppState) if f.name != "step")  # the step is the page's (`PageSession`)
-settings = Controls("w_", SETTING_NAMES)
+settings = Controls("w_", SETTING_NAMES, journal=True)  # what the page set since it drew (`undo_stale_echoes`)
 page_controls = Controls("p_", ("playing", "pace"))
 view_controls = Controls("v_")
 

@@ -1,12 +1,14 @@
 """Link parsing: every value either round-trips or falls back with a stated problem."""
 
+from dataclasses import fields
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import engine
 from ui.host.limits import load_limits
-from ui.state.link import AppState, clamp, clean_prompt, parse_query, to_query
+from ui.state.link import AppState, clamp, clean_prompt, default_prompt, link_holds, parse_query, to_query
 
 
 def test_default_state_round_trips_through_a_link():
@@ -121,10 +123,9 @@ def test_the_view_registry_lists_every_view_once_with_its_module_and_labels():
     import importlib
     from pathlib import Path
 
-    from ui.text import strings
-
     from ui import views
     from ui.state.link import LANGS, VIEWS
+    from ui.text import strings
 
     assert VIEWS == tuple(views.MODULES) and len(set(views.MODULES.values())) == len(VIEWS)
     for name, module in views.MODULES.items():
@@ -134,3 +135,17 @@ def test_the_view_registry_lists_every_view_once_with_its_module_and_labels():
     folder = Path(views.__file__).parent
     drawing = {path.stem for path in folder.glob("*.py") if "\ndef render(" in path.read_text(encoding="utf-8")}
     assert drawing - {"__init__", "stepper"} == set(views.MODULES.values())
+
+
+def test_a_link_holds_what_it_writes_and_the_languages_defaults_it_leaves_out():
+    """`link_holds` reads a value as `to_query` wrote it: a parameter left out is the default of the link's own
+    language (its prompt and model), an empty prompt is itself, a switch is 1 or 0."""
+    english, chinese = {"step": "2"}, {"step": "2", "lang": "zh"}
+    assert link_holds(english, "block_size", 16) and not link_holds(english, "block_size", 4)
+    assert link_holds(english, "prompt", default_prompt("en")) and not link_holds(english, "prompt", "")
+    assert link_holds(chinese, "prompt", default_prompt("zh")) and link_holds(chinese, "model", "embedded-zh")
+    assert link_holds({"prompt": ""}, "prompt", "") and not link_holds({"prompt": ""}, "prompt", default_prompt("en"))
+    assert link_holds({"chat": "0"}, "chat", False) and link_holds({"block_size": "4"}, "block_size", 4)
+    for state in (AppState(block_size=4, chat=False, prompt=""), AppState(lang="zh", model="embedded", step=3)):
+        written = to_query(state)
+        assert all(link_holds(written, f.name, getattr(state, f.name)) for f in fields(AppState) if f.name != "step")

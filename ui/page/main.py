@@ -138,12 +138,13 @@ def draw_page() -> None:
 
 def settle_state(limits: Limits) -> None:
     """The session's settings for this run, before any widget: from the link (the first run), what Streamlit
-    lost, the leader's state for a follower."""
+    lost or a stale request took back, the leader's state for a follower."""
     page = page_session()
     if not page.from_link:
         start_from_link(limits)
     restore_lost_settings()
     undo_stale_echoes()  # before the leader's state: a follower's push carries the browser's last values
+    page.echoes_undone = True
     follow.take_over(lambda query, own: follow_leader(query, limits, own))  # before any widget, as the link is
     if page.stop_playing:
         page_controls.playing, page.stop_playing = False, False

@@ -22,7 +22,8 @@ from ui.host import streamlit_internals
 from ui.host.limits import Limits, StepLimits, fit_state
 from ui.lesson.chapters import CHAPTERS, WINDOW_PROMPTS
 from ui.runs.run import RunConfig
-from ui.state.link import CHOICES, AppState, Problem, default_prompt, language_defaults, parse_query, to_query
+from ui.state.link import (CHOICES, AppState, Problem, default_prompt, language_defaults, link_holds, parse_query,
+                           to_query)
 from ui.state.session import lesson_session, page_session, settings
 from ui.text import strings
 from ui.views import cases
@@ -208,9 +209,10 @@ def undo_stale_echoes() -> None:
     meant = page_session().drawn_state | settings.written()
     if not meant or query is None:
         return
-    sent, _ = parse_query(dict(parse_qsl(query)))
+    sent = dict(parse_qsl(query, keep_blank_values=True))
     for name, value in meant.items():
-        if (old := getattr(sent, name)) != value and settings.get(name) == old:
+        now = settings.get(name)
+        if now != value and link_holds(sent, name, now) and not link_holds(sent, name, value):
             log.info("a stale request's %s was put back", name)  # the name only, never the value
             settings[name] = value
 

@@ -39,7 +39,8 @@ def stepper_and_view(model: engine.Model, runner: Runner) -> None:
     """The step, its view and (in the lesson) its chapter: a fragment, redrawn alone by a press of a step button,
     a change of view, layer or head, and Play's ticks. A fault stays in this session: it is shown, and the
     session can start again; the shared model and other sessions are untouched."""
-    undo_stale_echoes()  # a tick's or a push's request: before the follower's check reads the settings
+    if not page_session().take("echoes_undone"):  # a run of the step alone (a tick, a press, a push): its request's
+        undo_stale_echoes()  # before the follower's check reads the settings; the sidebar's widgets are not drawn
     follower.take_step()  # a follower: the leader's new step (a run of this fragment alone follows the leader's move)
     follower.check(current_state())  # a follower who moved on their own is told at once, above the fragment
     page, lesson_state = page_session(), lesson_session()

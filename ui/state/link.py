@@ -202,6 +202,14 @@ def _show(value) -> str:
     return str(value)
 
 
+def link_holds(params: dict[str, str], name: str, value) -> bool:
+    """Whether link parameters `params` hold `value` for setting `name`, as `to_query` writes it: a parameter left
+    out holds the default (for the link's language)."""
+    if name in params:
+        return params[name] == _show(value)
+    return value == getattr(replace(language_defaults(params.get("lang", AppState.lang)), lang=AppState.lang), name)
+
+
 def to_query(state: AppState) -> dict[str, str]:
     """The link parameters for `state`: only values that differ from the defaults (the prompt's, the model's and
     the chat switch's depend on the language), plus the step."""

@@ -124,6 +124,7 @@ class PageSession(OneShot):
     problems: list[Problem] = field(default_factory=list)  # to show in this run's banner, then dropped
     chat_asked: bool = False  # the link asked for the chat template (a base model then says why it is off)
     whole_page_due: bool = False  # a control in the step's fragment changed the rest of the page
+    echoes_undone: bool = False  # this run of the whole page has undone its request's echoes: its step need not
     moved: bool = False  # a step button's press moved the step and the live buttons are not drawn yet
     stop_playing: bool = False  # Play goes off before its toggle is drawn
     play_clock: PlayClock | None = None  # Play's clock, while it plays

@@ -124,6 +124,7 @@ def page_naming_its_session_and_fragment():
     from ui.host import streamlit_internals
 
     st.text(f"page: {streamlit_internals.current_fragment_id()}")
+    st.text(f"link: {streamlit_internals.request_link()}")
 
     @st.fragment
     def step():
@@ -133,10 +134,11 @@ def page_naming_its_session_and_fragment():
     step()
 
 
-def test_a_script_run_knows_its_session_and_the_fragment_it_is_in():
-    at = AppTest.from_function(page_naming_its_session_and_fragment).run()
-    page, fragment, session = (text.value for text in at.text)
-    assert page == "page: None"
+def test_a_script_run_knows_its_session_the_fragment_it_is_in_and_its_requests_link():
+    at = AppTest.from_function(page_naming_its_session_and_fragment)
+    at.query_params["chapter"] = "10"
+    page, link, fragment, session = (text.value for text in at.run().text)
+    assert page == "page: None" and link == "link: chapter=10"
     assert fragment.startswith("fragment: ") and fragment != "fragment: None"
     assert session.startswith("session: ") and session != "session: None"
     assert streamlit_internals.current_session_id() is None  # outside a script run

@@ -2,8 +2,9 @@
 
 Streamlit has no public call for these: which session and fragment are running, the link a request came with,
 asking another session to run its page (as its own "run on save" does), forgetting the sessions of tabs closed long
-ago, and running a whole page when a press comes from a fragment this server never drew. tests/test_streamlit_internals.py fails if the
-pinned version's shapes change; each call here is a no-op where they are missing (AppTest's runtime).
+ago, and running a whole page when a press comes from a fragment this server never drew.
+tests/test_streamlit_internals.py fails if the pinned version's shapes change; each call here is a no-op where they
+are missing (AppTest's runtime).
 """
 
 from __future__ import annotations

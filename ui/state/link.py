@@ -6,6 +6,7 @@ to a sensible value and leaves a `Problem` for the page to show.
 
 from __future__ import annotations
 
+import functools
 import math
 import tomllib
 import unicodedata
@@ -202,18 +203,24 @@ def _show(value) -> str:
     return str(value)
 
 
+@functools.lru_cache(maxsize=8)  # a few languages; a link may name any string
+def link_defaults(lang: str) -> AppState:
+    """What a link in `lang` leaves out: that language's defaults, and the default language (AppState is frozen)."""
+    return replace(language_defaults(lang), lang=AppState.lang)
+
+
 def link_holds(params: dict[str, str], name: str, value) -> bool:
     """Whether link parameters `params` hold `value` for setting `name`, as `to_query` writes it: a parameter left
     out holds the default (for the link's language)."""
     if name in params:
         return params[name] == _show(value)
-    return value == getattr(replace(language_defaults(params.get("lang", AppState.lang)), lang=AppState.lang), name)
+    return value == getattr(link_defaults(params.get("lang", AppState.lang)), name)
 
 
 def to_query(state: AppState) -> dict[str, str]:
     """The link parameters for `state`: only values that differ from the defaults (the prompt's, the model's and
     the chat switch's depend on the language), plus the step."""
-    defaults = replace(language_defaults(state.lang), lang=AppState.lang)
+    defaults = link_defaults(state.lang)
     out = {}
     for f in fields(AppState):
         value = getattr(state, f.name)

@@ -264,24 +264,27 @@ class BlockTable:
         size = self.pool.block_size
         return max(0, -(-(self.length + count) // size) - self.dropped - len(self.blocks))
 
-    def mark(self) -> tuple:
-        """The table's extent now (logical blocks, positions, the window table's mark), to `roll_back` to."""
-        return self.dropped + len(self.blocks), self.length, self.window.mark() if self.window is not None else None
+    def mark(self) -> int:
+        """The table's extent now (its length), to `roll_back` to."""
+        return self.length
 
-    def roll_back(self, mark: tuple) -> None:
-        """Release the blocks added since `mark` (last first) and forget the positions reserved since.
+    def roll_back(self, mark: int) -> list[int]:
+        """Forget the positions from `mark` (a length) on and release the blocks they alone used, last first (the
+        window table's too); returns this table's blocks released. A step undone after an error, and the rows a
+        verify pass wrote for guesses it rejected (`engine.speculative`), go this way.
 
         A slot written past the restored length is never read: the next append reserves it again.
         """
-        count, length, window = mark
-        keep = count - self.dropped
-        for block in reversed(self.blocks[keep:]):
+        keep = max(0, -(-mark // self.pool.block_size) - self.dropped)
+        released = self.blocks[keep:]
+        for block in reversed(released):
             self.allocator.release(block)
         del self.blocks[keep:]
-        self.length = length
+        self.length = mark
         self._device_blocks = None
         if self.window is not None:
-            self.window.roll_back(window)
+            self.window.roll_back(mark)
+        return released
 
     def slide(self) -> list[int]:
         """Hand back the window table's blocks that no later query can see (every position in them is

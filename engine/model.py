@@ -183,7 +183,7 @@ class Model:
     def forward(self, ids: list[int], positions: list[int], table: BlockTable, capture: Capture, kv_splits: int = 1,
                 write: bool = True, kept: list[torch.Tensor | None] | None = None,
                 observe: Observer | None = None,
-                head: bool = True, prefill: bool = False) -> ForwardRecord | torch.Tensor:
+                head: bool = True, prefill: bool = False, depth: int | None = None) -> ForwardRecord | torch.Tensor:
         """Process `ids` at `positions`, the last `len(ids)` positions `table` has reserved (`table.append`).
 
         Each layer writes the new K/V into the pool, then attends over every cached position it can see
@@ -198,12 +198,14 @@ class Model:
         that only fills the cache ignores it (`engine.replay`); `logits` turns rows of it into logits.
         `prefill=True` computes the rows as one batch even when a prefix hit leaves one (`layers.ROWS_AS_BATCH`):
         its numbers are then those of the same row in a cold prefill, in every dtype.
+        `depth=n` runs the first n layers only, then the final norm (and `lm_head`): the model exiting early, the
+        draft of speculative decoding's early exit (`engine.speculative`); the pass writes only those layers' K/V.
         """
         one = Pass(ids, positions, table, capture, kv_splits, write, kept, observe)
-        return self.forward_batch([one], head=head, prefill=prefill)[0]
+        return self.forward_batch([one], head=head, prefill=prefill, depth=depth)[0]
 
     @torch.inference_mode()
-    def forward_batch(self, passes: list[Pass], head: bool = True, prefill: bool = False
+    def forward_batch(self, passes: list[Pass], head: bool = True, prefill: bool = False, depth: int | None = None
                       ) -> list[ForwardRecord] | list[torch.Tensor]:
         """Several sequences' passes as one: their rows go through every projection and MLP together (the
         weights are read once for the batch, which is what makes a batch cheap when decode is memory-bound),
@@ -237,7 +239,7 @@ class Model:
                                           self.device))
         token, pause = ROWS_AS_BATCH.set(prefill), _BETWEEN_LAYERS.get()
         try:
-            for layer in self.layers:
+            for layer in self.layers[:depth]:
                 x = layer(x, contexts, recorders)
                 if pause is not None:
                     pause()

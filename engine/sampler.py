@@ -107,8 +107,14 @@ def filter_logits(logits: torch.Tensor, sampling: Sampling) -> FilterStages:
     return FilterStages(raw=logits, temperature=tempered, top_k=top_k, top_p=apply_top_p(top_k, sampling.top_p))
 
 
-def step_generator(seed: int, step: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed * _STEP_SEED_STRIDE + step)
+# Independent streams of draws for one (seed, step): the plain draw's, and speculative decoding's draft and verifier
+# (`engine.speculative`), whose draws must not be correlated with each other for its rejection rule to hold.
+PLAIN, DRAFT, VERIFY = 0, 1, 2
+_STREAM_STRIDE = 2**56  # above any seed × stride + step (< 2**53), and 2 × it + that stays below torch's 2**64
+
+
+def step_generator(seed: int, step: int, stream: int = PLAIN) -> torch.Generator:
+    return torch.Generator().manual_seed(stream * _STREAM_STRIDE + seed * _STEP_SEED_STRIDE + step)
 
 
 def sample(logits: torch.Tensor, sampling: Sampling, step: int) -> tuple[int, FilterStages]:

@@ -262,7 +262,7 @@ class DecodeSession:
         token_id, stages = sample(record.logits, self.sampling, step)
         clock.lap("sample")
         self.generated.append(token_id)
-        self.stop_reason = self._stop_reason(token_id)
+        self.stop_reason = stop_reason(model, token_id, len(self.prompt_ids), len(self.generated), self.max_new_tokens)
         tokenizer = model.tokenizer
         trace = StepTrace(
             step=step,
@@ -313,11 +313,15 @@ class DecodeSession:
                     final_hidden=record.final_hidden, split=record.split,
                     next_input_embedding=self.model.next_input(token_id, position))
 
-    def _stop_reason(self, token_id: int) -> str | None:
-        if token_id in self.model.eos_ids:
-            return "eos"
-        if len(self.generated) >= self.max_new_tokens:
-            return "max_new_tokens"
-        if len(self.prompt_ids) + len(self.generated) >= self.model.info.context_limit:
-            return "context_limit"  # the newest token would sit beyond the positions the model was trained on
-        return None
+
+def stop_reason(model: Model, token_id: int, prompt_length: int, answer_length: int, max_new_tokens: int) -> str | None:
+    """Why a run ends with `token_id`, the answer's `answer_length`-th token (None: it goes on): the end-of-sequence
+    token, the answer's length limit, or the model's context (the newest token would sit beyond the positions it
+    was trained on). Every run that decodes token by token stops by this rule."""
+    if token_id in model.eos_ids:
+        return "eos"
+    if answer_length >= max_new_tokens:
+        return "max_new_tokens"
+    if prompt_length + answer_length >= model.info.context_limit:
+        return "context_limit"
+    return None

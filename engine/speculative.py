@@ -1,0 +1,366 @@
+"""Speculative decoding: guess several tokens cheaply, then check them all in one pass of the model.
+
+A decode pass reads every weight and the whole cache to make one token: it is memory-bound, so a pass over k + 1
+rows reads the same bytes and costs about as much. A *draft* guesses k tokens; one *verify* pass of the full model
+reads the last token and the guesses; the model keeps the longest prefix of guesses it agrees with, plus its own
+next token. A pass therefore adds 1 to k + 1 tokens. A draft the model rarely agrees with costs its own work for a
+token a pass, and is slower than no draft.
+
+Agreeing, as transformers' assisted generation decides it (`generate(prompt_lookup_num_tokens=…)`,
+`generate(assistant_early_exit=…)`, the references of bench/speculative_peer.py):
+- greedy: a guess is kept while it equals the model's argmax at its row; the model's token after the last kept
+  guess comes from the row after it. The tokens are plain greedy decoding's;
+- sampling: the rejection rule (Leviathan et al. 2023, algorithm 1). Guess x is accepted with probability
+  min(1, p(x)/q(x)), p the model's distribution at its row after the sampler's filters, q the draft's; at the first
+  rejection the next token is drawn from (p − q)+ normalised; when every guess was accepted, from p. A
+  deterministic draft has q = one-hot(x). The tokens are distributed as plain sampling's. Draws come from the
+  page's seed, each decided token's own generator (`engine.sampler.step_generator`, streams DRAFT and VERIFY).
+
+The drafts (`DRAFTS`): prompt lookup (the last n-gram found earlier in the text, and what followed it there), and
+early exit (the model's own first n layers, then its final norm and lm_head). Each is one small class with
+`guess`; docs/architecture.md has the recipe for another.
+
+The cache: the first pass is the prefill, the prompt followed by the draft's guesses (transformers' first pass too).
+A verify pass writes its k + 1 rows; the rows of rejected guesses are then forgotten (`BlockTable.roll_back`) and a
+block they alone used goes back to the pool. The model's own next token is not yet in the cache: the next pass
+feeds it first. The early-exit draft writes its first n layers' K/V into the same rows, which the verify pass then
+writes again whole: for the positions before, those layers' K/V are the full model's, the same computation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from engine.detokenizer import IncrementalDetokenizer
+from engine.errors import InvalidSettingError, SessionStateError
+from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockTable
+from engine.model import Model
+from engine.prompt import tokenize_prompt
+from engine.sampler import DRAFT, VERIFY, Sampling, filter_logits, step_generator
+from engine.session import stop_reason
+from engine.settings import check_prompt_fits, require_integer
+from engine.stopwatch import Stopwatch
+from engine.trace import NO_RECORD
+
+DRAFTS = ("lookup", "early_exit")
+MAX_GUESSES = 16  # k: more guesses than this would be rejected almost surely, each a row of work
+MAX_NGRAM = 8  # prompt lookup's longest n-gram
+
+
+# -- drafts ---------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Guesses:
+    """What a draft proposes: token ids, and the draft's distribution each was drawn from ((len(ids), vocab) after the
+    sampler's filters), None for a deterministic draft (q = one-hot)."""
+
+    ids: list[int]
+    q: torch.Tensor | None = None
+
+
+class Draft(Protocol):
+    """Proposes up to `k` next tokens for the sequence `ids`, whose first `table.length` positions are cached.
+    `room`: how many tokens the answer may still add (transformers' `max_length` less the length)."""
+
+    name: str
+    k: int
+
+    def guess(self, model: Model, table: BlockTable, ids: list[int], room: int, sampling: Sampling) -> Guesses: ...
+
+
+class NoDraft:
+    """No guesses: each pass is a plain decode step (the baseline the others are timed against)."""
+
+    name, k = "none", 0
+
+    def guess(self, model: Model, table: BlockTable, ids: list[int], room: int, sampling: Sampling) -> Guesses:
+        return Guesses([])
+
+
+class PromptLookup:
+    """The continuation of the last n-gram where it occurred before (transformers' `PromptLookupCandidateGenerator`):
+    n from `max_ngram` down to 1, the first occurrence from the left that has tokens after it, up to `k` of them,
+    cut before an end-of-sequence token. Costs no model work; guesses well where the answer quotes the text."""
+
+    name = "lookup"
+
+    def __init__(self, k: int, max_ngram: int = 2):
+        require_integer("k (guesses a pass)", k, 1, MAX_GUESSES)
+        require_integer("max_ngram", max_ngram, 1, MAX_NGRAM)
+        self.k, self.max_ngram = k, max_ngram
+
+    def guess(self, model: Model, table: BlockTable, ids: list[int], room: int, sampling: Sampling) -> Guesses:
+        if room <= 1:  # as transformers: no guesses when one token is left to make
+            return Guesses([])
+        return Guesses(prompt_lookup(ids, self.k, self.max_ngram, model.eos_ids))
+
+
+def prompt_lookup(ids: Sequence[int], k: int, max_ngram: int, eos_ids: set[int] = frozenset()) -> list[int]:
+    """Up to `k` tokens that followed the first earlier occurrence of the longest matching tail n-gram of `ids`."""
+    n = len(ids)
+    for size in range(min(max_ngram, n - 1), 0, -1):
+        tail = list(ids[n - size:])
+        for start in range(n - size + 1):
+            if list(ids[start:start + size]) != tail or start + size >= n:
+                continue
+            found = list(ids[start + size:min(start + size + k, n)])
+            cut = next((i for i, token in enumerate(found) if token in eos_ids), len(found))
+            return found[:cut]
+    return []
+
+
+class EarlyExit:
+    """The model's own first `layers` layers, then its final norm and lm_head (transformers' `assistant_early_exit`):
+    one pass of those layers a guess, greedy or drawn as the sampler draws, stopping after an end-of-sequence token.
+    Reads the K/V the full model cached for those layers, and writes its own for its guesses' positions (the verify
+    pass writes them again). Costs layers/L of a step a guess: it pays only where those layers already predict
+    what the whole model does."""
+
+    name = "early_exit"
+
+    def __init__(self, k: int, layers: int, model_layers: int):
+        require_integer("k (guesses a pass)", k, 1, MAX_GUESSES)
+        require_integer("early-exit layers", layers, 1, model_layers - 1, f" (the model has {model_layers} layers)")
+        self.k, self.layers = k, layers
+
+    def guess(self, model: Model, table: BlockTable, ids: list[int], room: int, sampling: Sampling) -> Guesses:
+        count = min(self.k, room - 1)  # as transformers: the verify pass makes one token more
+        mark, guesses, q_rows = table.length, [], []
+        try:
+            feed = ids[mark:]
+            while len(guesses) < count:
+                start = table.length
+                table.append(len(feed))
+                hidden = model.forward(feed, list(range(start, start + len(feed))), table, NO_RECORD, head=False,
+                                       prefill=start == 0, depth=self.layers)
+                logits = model.logits(hidden[-1])
+                token, q = draw(logits, sampling, len(ids) + len(guesses), DRAFT)  # indexed by position
+                guesses.append(token)
+                q_rows.append(q)
+                if token in model.eos_ids:
+                    break
+                feed = [token]
+        finally:
+            table.roll_back(mark)  # the verify pass reserves its own rows
+        q = None if sampling.greedy or not q_rows else torch.stack(q_rows)
+        return Guesses(guesses, q)
+
+
+def make_draft(name: str, k: int, layers: int, model: Model, max_ngram: int = 2) -> Draft:
+    """The draft `name` (one of DRAFTS, or "none") with its settings, checked."""
+    if name == "none":
+        return NoDraft()
+    if name == "lookup":
+        return PromptLookup(k, max_ngram)
+    if name == "early_exit":
+        return EarlyExit(k, layers, model.info.layers)
+    raise InvalidSettingError(f"draft must be one of none, {', '.join(DRAFTS)}; got {name!r}")
+
+
+# -- the verifier's rule --------------------------------------------------------------------------------------------
+
+def distribution(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """The probabilities a draw reads, (…, vocab): softmax after the sampler's filters (none when greedy)."""
+    return torch.softmax(filter_logits(logits, sampling).top_p, dim=-1)
+
+
+def draw(logits: torch.Tensor, sampling: Sampling, index: int, stream: int) -> tuple[int, torch.Tensor]:
+    """A token for position `index` from `logits` (vocab,) as the sampler draws it (argmax when greedy), on `stream`;
+    and the distribution it was drawn from."""
+    p = distribution(logits, sampling)
+    if sampling.greedy:
+        return int(logits.argmax()), p
+    return int(torch.multinomial(p, 1, generator=step_generator(sampling.seed, index, stream))), p
+
+
+def acceptance(p_x: float, q_x: float) -> float:
+    """The chance a guess x is kept: min(1, p(x)/q(x))."""
+    return min(1.0, p_x / q_x)
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Where the next token is drawn from after a rejection: (p − q)+ normalised, (vocab,)."""
+    rest = torch.clamp(p - q, min=0)
+    return rest / rest.sum()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How many guesses were kept, and the model's own token after them."""
+
+    accepted: int
+    token_id: int
+
+
+def judge_greedy(top: list[int], guesses: list[int]) -> Verdict:
+    """top: the model's argmax after each of len(guesses) + 1 rows. Guesses are kept while they equal it."""
+    accepted = next((i for i, g in enumerate(guesses) if g != top[i]), len(guesses))
+    return Verdict(accepted, top[accepted])
+
+
+def judge_sampled(p: torch.Tensor, guesses: list[int], q: torch.Tensor | None,
+                  generator: Callable[[int], torch.Generator]) -> Verdict:
+    """p: (len(guesses) + 1, vocab), the model's distribution after each row; q: (len(guesses), vocab), the draft's
+    (None: one-hot at each guess). Guess i is kept when a uniform draw from `generator(i)` is ≤ min(1, p(x)/q(x)) (≤ as
+    transformers' `_speculative_sampling`); the token after the kept ones is drawn from `generator(i)` too: from
+    (p − q)+ at a rejection, from p after them all."""
+    vocab = p.shape[-1]
+    for i, x in enumerate(guesses):
+        g = generator(i)
+        q_row = q[i] if q is not None else torch.nn.functional.one_hot(torch.tensor(x), vocab).to(p.dtype)
+        if float(torch.rand(1, generator=g)) <= acceptance(float(p[i, x]), float(q_row[x])):
+            continue
+        return Verdict(i, int(torch.multinomial(residual(p[i], q_row), 1, generator=g)))
+    return Verdict(len(guesses), int(torch.multinomial(p[-1], 1, generator=generator(len(guesses)))))
+
+
+# -- the run --------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class VerifyPass:
+    """One pass of the full model as plain data. Positions: the pass fed `fed` at `first_position` onward; the last
+    len(guesses) + 1 rows each give the model's token after them."""
+
+    index: int  # 0: the prefill's pass
+    first_position: int
+    fed: list[int]  # the tokens not yet cached (the prompt on the first pass, else the last token), then the guesses
+    guesses: list[int]
+    top: list[int]  # the model's most likely token after each of the last len(guesses) + 1 rows
+    p_guess: list[float]  # the model's probability of each guess at its row, after the sampler's filters
+    accepted: int  # guesses the model agreed with
+    token_id: int  # the model's own token after them: the first miss's replacement, or the one after every guess
+    added: list[int]  # the tokens the pass added: the accepted guesses, then token_id; cut after a token that stops
+    slots: list[tuple[int, int]]  # (block, offset) of every row written, in order
+    kept_rows: int  # rows whose K/V stay cached; the rest were discarded
+    blocks_returned: list[int]  # blocks only the discarded rows used, back in the pool
+    block_table: list[int]  # after the pass
+    context_length: int  # positions cached after the pass
+    text: str  # what the pass added to the answer's text
+    draft_ms: float
+    verify_ms: float
+    stop_reason: str | None
+
+    @property
+    def rows_written(self) -> int:
+        return len(self.slots)
+
+    @property
+    def rows_discarded(self) -> int:
+        return len(self.slots) - self.kept_rows
+
+
+class SpeculativeSession:
+    """Generation for one prompt, one verify pass a `step()`, with `draft` guessing (see the module's docstring).
+
+        session = SpeculativeSession(model, "def f(x): ...", PromptLookup(k=5))
+        while not session.finished:
+            done = session.step()      # done.accepted of done.guesses kept, then done.token_id
+    """
+
+    def __init__(self, model: Model, prompt: str | Sequence[int], draft: Draft, *, chat: bool = False,
+                 sampling: Sampling | None = None, block_size: int = DEFAULT_BLOCK_SIZE, max_new_tokens: int = 256):
+        require_integer("block_size", block_size, 1)
+        require_integer("max_new_tokens", max_new_tokens, 1)
+        self.model, self.draft = model, draft
+        self.sampling = sampling or Sampling()
+        self.max_new_tokens = max_new_tokens
+        self.prompt_ids = tokenize_prompt(model, prompt, chat)
+        check_prompt_fits(self.prompt_ids, model)
+        limit = model.info.context_limit
+        if len(self.prompt_ids) + draft.k >= limit:
+            raise InvalidSettingError(f"k = {draft.k} guesses after this {len(self.prompt_ids)}-token prompt pass "
+                                      f"{model.info.name}'s context of {limit} positions")
+        capacity = min(len(self.prompt_ids) + max_new_tokens, limit) + draft.k  # the last pass's guesses overhang
+        self.table = BlockTable(model.new_pool(math.ceil(capacity / block_size), block_size))
+        self.generated: list[int] = []
+        self.passes: list[VerifyPass] = []
+        self.detokenizer = IncrementalDetokenizer(model.tokenizer, self.prompt_ids)
+        self.stop_reason: str | None = None
+        self.closed = False
+
+    @property
+    def ids(self) -> list[int]:
+        return self.prompt_ids + self.generated
+
+    @property
+    def finished(self) -> bool:
+        return self.stop_reason is not None
+
+    @property
+    def text(self) -> str:
+        return "".join(p.text for p in self.passes)
+
+    def step(self) -> VerifyPass:
+        """One pass: the draft guesses, the model verifies every guess at once, the rejected rows are forgotten."""
+        if self.closed:
+            raise SessionStateError("the session is closed")
+        if self.finished:
+            raise SessionStateError(f"generation has ended ({self.stop_reason})")
+        model, table, ids, sampling = self.model, self.table, self.ids, self.sampling
+        clock = Stopwatch()
+        room = self.max_new_tokens - len(self.generated)
+        guesses = self.draft.guess(model, table, ids, room, sampling)
+        guessed = guesses.ids[:model.info.context_limit - len(ids)]  # no row past the positions the model knows
+        clock.lap("draft")
+        start = table.length
+        fed = ids[start:] + guessed
+        slots = table.append(len(fed))
+        try:
+            hidden = model.forward(fed, list(range(start, start + len(fed))), table, NO_RECORD, head=False,
+                                   prefill=start == 0)
+        except BaseException:
+            table.roll_back(start)
+            raise
+        logits = model.logits(hidden[-len(guessed) - 1:])  # (guesses + 1, vocab): the rows that decide tokens
+        top, p = logits.argmax(-1).tolist(), distribution(logits, sampling)
+        first = len(self.generated)  # the answer index the first decided token takes
+        if sampling.greedy:
+            verdict = judge_greedy(top, guessed)
+        else:
+            q = guesses.q[:len(guessed)] if guesses.q is not None else None
+            verdict = judge_sampled(p, guessed, q, lambda i: step_generator(sampling.seed, first + i, VERIFY))
+        clock.lap("verify")
+        added, text = [], []
+        for token in guessed[:verdict.accepted] + [verdict.token_id]:
+            self.generated.append(token)
+            added.append(token)
+            self.stop_reason = stop_reason(model, token, len(self.prompt_ids), len(self.generated),
+                                           self.max_new_tokens)
+            text.append(self.detokenizer.add(token, final=self.finished))
+            if self.finished:
+                break
+        kept = len(ids) - start + len(added) - 1  # the fed rows up to the last kept guess; the new token is not fed
+        returned = table.roll_back(start + kept)
+        table.slide()  # a sliding window's old blocks go back to the pool
+        done = VerifyPass(
+            index=len(self.passes), first_position=start, fed=fed, guesses=guessed,
+            top=top, p_guess=[float(p[i, x]) for i, x in enumerate(guessed)], accepted=verdict.accepted,
+            token_id=verdict.token_id, added=added, slots=slots, kept_rows=kept, blocks_returned=returned,
+            block_table=list(table.blocks), context_length=table.length, text="".join(text),
+            draft_ms=clock.timings_ms()["draft"], verify_ms=clock.timings_ms()["verify"],
+            stop_reason=self.stop_reason)
+        self.passes.append(done)
+        return done
+
+    def run(self) -> list[int]:
+        """Pass after pass to the end; the answer's ids."""
+        while not self.finished:
+            self.step()
+        return list(self.generated)
+
+    def close(self) -> None:
+        """Return the session's blocks to its pool."""
+        if not self.closed:
+            self.table.free()
+            self.closed = True
+
+    def __enter__(self) -> SpeculativeSession:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

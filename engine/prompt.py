@@ -63,6 +63,17 @@ def tokenize_prompt(model: Model, prompt: str | Sequence[int], chat: bool, think
             + _encode(tokenizer, rest))
 
 
+def word_end(model: Model, sentence: str, word: str) -> tuple[list[int], int]:
+    """`sentence`'s ids read without a chat template, and the index of the last token of `word`'s first occurrence in
+    it; InvalidSettingError where `word` is missing or not a whole run of tokens there."""
+    end = sentence.find(word) + len(word)
+    ids = tokenize_prompt(model, sentence, chat=False)
+    head = tokenize_prompt(model, sentence[:end], chat=False)
+    if end < len(word) or ids[:len(head)] != head:
+        raise InvalidSettingError(f"“{word}” is not a whole run of tokens in “{sentence}” on this model")
+    return ids, len(head) - 1
+
+
 def prompt_segments(model: Model, prompt: str, chat: bool, think: bool = False) -> list[PromptSegment]:
     """The prompt as the model reads it, in order: template text and the user's text (empty runs left out)."""
     _check_not_empty(prompt)

@@ -20,6 +20,7 @@ from engine.tokens import token_cells
 from tests.app_helpers import VIEW_TITLES, assert_clean, open_whole_view, start
 from tests.test_eviction_view import eviction_numbers, strong_sink
 from tests.test_serving_view import serving_numbers
+from tests.test_speculative_view import free_guesses_worse, plain_answer_equal, speculative_numbers
 from tests.test_app import english_left
 from tests.test_gemma_views import charts, matrix
 from tests.runs import decode
@@ -175,6 +176,8 @@ def expected_numbers(chapter, run: Run, at) -> list[str]:
         "evicting": lambda: eviction_numbers(run.model, run.shown[:run.n], chapter.step),
         "serving": lambda: serving_numbers(run.model, at.session_state["w_lang"], at.session_state["w_chat"],
                                            chapter.step),
+        "speculative": lambda: speculative_numbers(run.model, at.session_state["w_lang"], at.session_state["w_chat"],
+                                                   chapter.step),
         "contexts": lambda: contexts_numbers(run.model, at.session_state["w_model"], at.session_state["w_lang"])[0],
     }[chapter.key]()
     return [str(x) for x in numbers]
@@ -327,6 +330,12 @@ def premises(chapter, run: Run, at) -> dict[tuple[str, str | None], bool]:
         agree = reuse["whole"] == reuse["radix"] == reuse["block"] == cached
         return {(part, None): fewer for part in ("question", "answer")} | {
             (part, "all_agree"): agree for part in ("question", "answer")}
+    if chapter.key == "speculative":  # greedy: the answer is plain decoding's; the free answer guesses worse
+        lang, chat = at.session_state["w_lang"], at.session_state["w_chat"]
+        equal = plain_answer_equal(run.model, lang, chat, chapter.step)
+        worse = free_guesses_worse(run.model, lang, chat)
+        return {("claim", None): equal and chapter.step > 1, ("claim", "prefill_only"): chapter.step == 1,
+                ("claim", "sampled"): False, ("question", None): worse, ("answer", None): worse}  # lessons are greedy
     if chapter.key == "context_window":
         past = window is not None and n > window
         halves = 40 <= 100 * kv_at(run.keep) / kv_at(n) <= 60 and 20 <= 100 * run.scores(run.keep) / run.scores(n) <= 35
@@ -494,7 +503,7 @@ def test_past_the_window_the_chapters_say_so(key, embedded_zh_model, monkeypatch
 def test_chapters_tell_different_things_and_cover_every_teaching_point():
     bodies = [c.part("body", lang) for c in CHAPTERS for lang in ("en", "zh")]
     assert len(set(bodies)) == len(bodies) and len(CHAPTERS) >= 10
-    assert {p for c in CHAPTERS for p in c.points} == {f"T{i}" for i in range(1, 19)}
+    assert {p for c in CHAPTERS for p in c.points} == {f"T{i}" for i in range(1, 20)}
     for c in CHAPTERS:  # the same placeholders in both languages: a number is never missing in one of them
         for variant in (None, *c.variants):
             texts = [c.text[lang][variant] if variant else c.text[lang] for lang in ("en", "zh")]

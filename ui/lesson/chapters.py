@@ -21,8 +21,10 @@ from viz.words import LANGUAGES
 
 TEXT_PARTS = ("title", "body", "look", "claim", "question", "answer")
 # Settings a chapter may set besides the view and step (others keep theirs); a chapter that names none of them runs
-# with the link's defaults. serve_*: the Serving view's pool (blocks) and batch limit.
-SETTINGS = ("block_size", "kv_splits", "pool", "serve_blocks", "serve_seqs")
+# with the link's defaults. serve_*: the Serving view's pool (blocks) and batch limit; the speculative view's prompt,
+# draft, k and n.
+SETTINGS = ("block_size", "kv_splits", "pool", "serve_blocks", "serve_seqs", "spec_prompt", "draft", "draft_k",
+            "draft_n")
 DEFAULT_SETTINGS = {name: getattr(AppState(), name) for name in SETTINGS}
 
 

@@ -9,10 +9,11 @@ from engine.kv_cache import kv_bytes_per_token
 from engine.reference_models import reference_info
 from engine.split_kv import worked_example
 from engine.timing import crossover_batch, crossover_context, decode_step_bytes, weight_bytes_read
-from ui.lesson import eviction_facts, serving_facts
+from ui.lesson import eviction_facts, serving_facts, speculative_facts
 from ui.lesson.chapters import CHAPTERS, Chapter, fill
 from ui.text import strings
 from ui.text.strings import Shown
+from ui.views import OWN_STEPS
 from ui.views.context import ViewContext
 from ui.views.contexts_shown import contexts_facts
 from ui.views.widgets import shown_layer_head
@@ -67,6 +68,7 @@ def facts(ctx: ViewContext) -> dict:
             out.update(attention_facts(ctx, context))
         out.update(inputs_tokens=ctx.t("count_tokens", n=len(trace.input_ids)))
     out.update(serving_facts.facts(ctx) if ctx.state.view == "serving" else {})  # its step is the server's
+    out.update(speculative_facts.facts(ctx) if ctx.state.view == "speculate" else {})  # its step is a verify pass
     hit = runner.prefix_hit()
     if hit is not None:
         out.update(reused=hit.reused_tokens, computed=hit.computed_tokens,
@@ -198,6 +200,7 @@ VARIANTS = {
     # its own text once the local layers handed a block back; before that, a variant that holds on either side of W
     "sliding_window": lambda f: ("no_window" if not f["window"] else None if f.get("local_from") else "inside_window",),
     "evicting": eviction_facts.variants,
+    "speculative": speculative_facts.variants,
 }
 
 
@@ -301,8 +304,8 @@ def panel(ctx: ViewContext) -> None:
     on some runs, the chapter's variant that holds on this one (`variants`)."""
     chapter, lang = current(ctx), ctx.state.lang
     with st.container(key="chapter", height=PANEL_HEIGHT[ctx.large], border=True):
-        serving = chapter.view == "serving"  # its step is the server's: the run's trace and tokens are not shown
-        if ctx.trace is None and not serving:
+        own = chapter.view in OWN_STEPS  # its step is its view's run's: the page's trace and tokens are not shown
+        if ctx.trace is None and not own:
             st.info(ctx.t("need_prefill"))
             return
         numbers = facts(ctx)
@@ -311,7 +314,7 @@ def panel(ctx: ViewContext) -> None:
         def text(part: str) -> str:
             return fill(chapter.part(part, lang, chosen), numbers)
 
-        if not serving and chapter.key != "tokens" and ctx.cells[-1].group.state == "unfinished":  # a lone byte chip beside the
+        if not own and chapter.key != "tokens" and ctx.cells[-1].group.state == "unfinished":  # a lone byte chip beside the
             st.caption(ctx.t("lesson_unfinished", chip=ctx.cells[-1].group.text))  # step's header: first, say why
         st.markdown(text("body"))
         if chapter.key == "tokens" and any(cell.group.size > 1 for cell in ctx.cells):

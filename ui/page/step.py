@@ -23,7 +23,7 @@ from ui.runs import turns
 from ui.runs.runner import Runner
 from ui.state.link import clamp
 from ui.state.session import PlayClock, lesson_session, page_controls, page_session, settings
-from ui.views import VIEWS, serving, stepper
+from ui.views import VIEWS, stepper
 from ui.views.chapter_part import CHAPTER_FIGURE, ChapterFigure
 from ui.views.context import ViewContext
 from ui.views.paint import TEXT_SENT
@@ -129,30 +129,31 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
     else:
         page.play_clock = None  # a Play started later starts its own clock
     requested = page.step
-    serving_view = settings.get("view") == "serving"  # the page's step is the server's (`ui.views.serving`)
-    catching_up = CatchUpNotice(places.controls, requested)
-    room = serving_room.room_for(current_state()) if serving_view else None
-    page.step = (serving.serve_to(runner, current_state(), requested, room.served if room else None) if serving_view
-                 else runner.advance_to(requested, catching_up))
-    catching_up.clear()
-    state, problems = clamp(current_state(), model.info.layers, model.info.q_heads)
+    state, problems = clamp(current_state(), model.info.layers, model.info.q_heads)  # before a view's run reads them
     for problem in problems:
         settings[problem.param] = getattr(state, problem.param)
-    trace = None if serving_view else runner.trace(page.step)
+    own = own_steps()  # the Serving and speculative views step a run of their own: a server's step, a verify pass
+    catching_up = CatchUpNotice(places.controls, requested)
+    room = serving_room.room_for(state) if state.view == "serving" else None
+    page.step = (own.advance_to(runner, state, requested, room.served if room else None) if own
+                 else runner.advance_to(requested, catching_up))
+    catching_up.clear()
+    state = replace(state, step=page.step)
+    trace = None if own else runner.trace(page.step)
     if state.view in HEAD_VIEWS or chapter is not None and trace is not None and trace.split is not None:
         state = open_on_focused_head(state, trace)  # its pickers, or the chapter's split text, show a layer and head
     ctx = ViewContext(runner=runner, state=state, step=page.step, trace=trace,
                       stage=chapter.stage if chapter else None, measured_again=page.measured_again, room=room,
                       load_case=load_case, measure_again=measure_again)
     with places.controls:
-        if page.step < requested and not serving_view:  # the server's end: the view's own sentence says so
+        if page.step < requested and not own:  # its run's end: the view's own sentence says so
             st.warning(t("step_unreachable", step=requested, reached=page.step, reason=runner.stop_reason))
         for problem in problems:
             show_problem(problem)
-        page.counter_html = serving.counter_html(ctx) if serving_view else stepper.counter_html(ctx)
+        page.counter_html = own.counter_html(ctx) if own else stepper.counter_html(ctx)
         places.counter.html(page.counter_html)
     with places.beside:
-        if not serving_view:  # the server's requests and their texts are the view's
+        if not own:  # the view's run has its own tokens and texts
             stepper.render(ctx, lines=1 if chapter else None)
         if chapter is not None:
             lesson.panel(ctx)
@@ -170,7 +171,7 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
     sent = None
     try:
         with details_place:  # sent before the view's figures: the step's text is on screen first
-            if not serving_view:
+            if not own:
                 stepper.details(ctx)
         sent = TEXT_SENT.set(time.perf_counter())
         with view_place:
@@ -260,7 +261,7 @@ def step_buttons(place, runner: Runner, busy: bool = False) -> None:
     greyed and their arrow keys unbound: Streamlit would merge or drop presses made during a run, so they
     are refused visibly instead. Back and Next move by one from the step current when a press is handled."""
     page = page_session()
-    next_label = "next_step" if settings.get("view") == "serving" else "next"  # there a step is the server's
+    next_label = own_steps().next_label if own_steps() else "next"  # there a step is the view's run's
     buttons = (("prefill", "b_prefill", (1, True), {"disabled": page.step >= 1}),
                ("back", "b_back", (-1, False), {"shortcut": "Left", "disabled": page.step == 0}),
                (next_label, "b_next", (1, False), {"shortcut": "Right", "disabled": not busy and at_end(runner)}),
@@ -285,11 +286,16 @@ def step_buttons(place, runner: Runner, busy: bool = False) -> None:
 
 def at_end(runner: Runner) -> bool:
     """Whether Next has nothing more to show: the run ended at this step (on the Serving view, every request)."""
-    step = page_session().step
-    if settings.get("view") == "serving":
+    step, own = page_session().step, own_steps()
+    if own:
         state = current_state()
-        return serving.at_end(runner, state, step, serving_room.served_round(state))
+        return own.at_end(runner, state, step, serving_room.served_round(state) if state.view == "serving" else None)
     return runner.finished and step >= runner.generated
+
+
+def own_steps():
+    """The view module whose run the page's step counts (`ui.views.OWN_STEPS`), or None: the page's run's tokens."""
+    return views.own_steps(settings.get("view"))
 
 
 def move(amount: int, absolute: bool) -> None:

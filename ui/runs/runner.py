@@ -16,7 +16,7 @@ import engine
 from engine.busy_pool import BusyPoolPicture
 from engine.context_kv import TokenInContexts, token_in_contexts
 from engine.prefix_cache import PolicyReuse, PoolState, PromptHistory
-from engine.prompt import PromptSegment, has_chat_template, prompt_segments, template_can_think, tokenize_prompt
+from engine.prompt import PromptSegment, has_chat_template, prompt_segments, template_can_think, word_end
 from engine.split_kv import split_demo
 from engine.timing import DecodeTiming, measure_decode
 from engine.tokens import TokenCell, token_cells
@@ -29,6 +29,7 @@ from ui.runs.eviction_settings import EvictionSettings
 from ui.runs.run import Lease, OwnRuns, Run, RunConfig, RunSource
 from ui.runs.serving import ServedClass, served_for, serving_setup
 from ui.runs.sink_experiment import SinkExperiment
+from ui.runs.speculative import SpeculativeRun, run_for, setup_for
 from ui.runs.store import RunStore
 
 # A link opened at a late step computes its steps in one go (a class's heavy links: over a hundred), and the many
@@ -174,12 +175,18 @@ class Runner:
         self.store.trim()
         return served
 
+    def speculative(self, state) -> SpeculativeRun:
+        """The speculative view's run of the link's settings (`ui.runs.speculative`), one for every page with the same.
+        Raises InvalidSettingError for a draft setting the model cannot take (n past its layers)."""
+        setup = setup_for(self.model, state, self.config.chat, self.config.prompt, self.config.sampling)
+        return run_for(self.store, self.model, setup)
+
     def token_in_contexts(self, first: str, second: str, word: str) -> TokenInContexts:
         """The last token of `word` in two sentences, each read as a prompt without a chat template: its K and V in
         every layer of both (`engine.context_kv`), computed once for every page on this model (the store's entry).
         Raises InvalidSettingError where `word` is missing from a sentence or ends on different ids in the two."""
         def build() -> TokenInContexts:
-            (a, i), (b, j) = (self._word_end(text, word) for text in (first, second))
+            (a, i), (b, j) = (word_end(self.model, text, word) for text in (first, second))
             return token_in_contexts(self.model, a, i, b, j)
 
         info = self.model.info
@@ -190,15 +197,6 @@ class Runner:
         this model; compute it with its `compute` (long: the caller shows progress)."""
         info = self.model.info
         return self.store.get(("sinks", info.name, info.dtype, lang), lambda: SinkExperiment(self.model, lang))
-
-    def _word_end(self, sentence: str, word: str) -> tuple[list[int], int]:
-        """`sentence`'s ids and the index of the last token of `word`'s first occurrence in it."""
-        end = sentence.find(word) + len(word)
-        ids = tokenize_prompt(self.model, sentence, chat=False)
-        head = tokenize_prompt(self.model, sentence[:end], chat=False)
-        if end < len(word) or ids[:len(head)] != head:
-            raise engine.InvalidSettingError(f"“{word}” is not a whole run of tokens in “{sentence}” on this model")
-        return ids, len(head) - 1
 
     def trace(self, step: int) -> StepTrace | None:
         """The trace that produced token `step` (1-based), with its tensors (rebuilt if it was slimmed)."""

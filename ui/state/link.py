@@ -18,6 +18,7 @@ from engine.eviction import POLICIES as EVICTION_POLICIES
 from engine.kv_cache import DEFAULT_BLOCK_SIZE
 from engine.prefix_cache import POLICIES as CACHE_POLICIES
 from engine.sampler import TEMPERATURE_FLOOR
+from engine.speculative import DRAFTS, MAX_GUESSES
 from viz.words import LANGUAGES as LANGS
 
 DEFAULT_PROMPTS = {"en": "What is a KV cache?", "zh": "什么是 KV 缓存？KV 缓存是"}  # a page opens with its language's
@@ -27,7 +28,7 @@ DEFAULT_PROMPT = DEFAULT_PROMPTS["en"]
 LANGUAGE_DEFAULTS = {"en": {"model": "embedded", "chat": True}, "zh": {"model": "embedded-zh", "chat": False}}
 MAX_PROMPT_CHARS = 4000
 # The link's view names, in the page's order (ui.views.MODULES draws each; its label is the string `view_<name>`).
-VIEWS = ("flow", "attention", "kv", "split", "prefix", "costs", "eviction", "serving")
+VIEWS = ("flow", "attention", "kv", "split", "prefix", "costs", "eviction", "serving", "speculate")
 # How many chapters a link may name: counted in the lesson's own file, not through the lesson's code (which draws
 # with the views, above the link's state).
 CHAPTER_COUNT = len(tomllib.loads((Path(__file__).parents[1] / "lesson" / "lesson.toml").read_text())["chapter"])
@@ -66,6 +67,12 @@ class AppState:
     serve_blocks: int = 10
     serve_seqs: int = 4
     serve_round: int = 0  # a round of the class's questions its teacher served (ui/follow/class_prompts.py); 0: none
+    # The speculative view (ui/runs/speculative.py): its prompt (one that quotes itself, a free one, the page's), the
+    # draft that guesses (engine.speculative.DRAFTS), the guesses a pass (k) and early exit's layers (n)
+    spec_prompt: str = "edit"
+    draft: str = "lookup"
+    draft_k: int = 5
+    draft_n: int = 6
 
 
 @dataclass(frozen=True)
@@ -97,6 +104,8 @@ RANGES = {
     "serve_blocks": (int, 1, 64),
     "serve_seqs": (int, 1, 8),
     "serve_round": (int, 0, 1_000_000),
+    "draft_k": (int, 1, MAX_GUESSES),
+    "draft_n": (int, 1, 1000),  # below the model's layer count (`clamp`)
 }
 
 
@@ -110,8 +119,9 @@ def bounds(name: str) -> tuple:
 FLOORS = {"temperature": TEMPERATURE_FLOOR}
 POOLS = ("own", "busy")
 EVICT_AT = ("prefill", "decode", "stream")
+SPEC_PROMPTS = ("edit", "free", "page")  # a code edit (it quotes itself), a free answer, the page's own prompt
 CHOICES = {"view": VIEWS, "lang": LANGS, "policy": CACHE_POLICIES, "pool": POOLS, "evict": EVICTION_POLICIES,
-           "evict_at": EVICT_AT}
+           "evict_at": EVICT_AT, "spec_prompt": SPEC_PROMPTS, "draft": DRAFTS}
 FLAGS = ("chat", "think", "large")
 
 
@@ -230,12 +240,13 @@ def to_query(state: AppState) -> dict[str, str]:
 
 
 def clamp(state: AppState, layers: int, heads: int) -> tuple[AppState, list[Problem]]:
-    """Fit layer and head to the loaded model."""
+    """Fit layer, head and early exit's layers to the loaded model (the last fitted quietly off its view)."""
     problems = []
     changes = {}
-    for name, limit in (("layer", layers - 1), ("head", heads - 1)):
+    for name, limit in (("layer", layers - 1), ("head", heads - 1), ("draft_n", max(1, layers - 1))):
         value = getattr(state, name)
         if value > limit:
             changes[name] = limit
-            problems.append(Problem(name, str(value), str(limit), "out_of_range"))
+            if name != "draft_n" or state.view == "speculate":
+                problems.append(Problem(name, str(value), str(limit), "out_of_range"))
     return replace(state, **changes), problems

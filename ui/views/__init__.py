@@ -11,6 +11,15 @@ from ui.state.link import VIEWS
 # The views in the page's order (the link's names, `ui.state.link.VIEWS`): name → the module under ui/views/ that
 # draws it.
 MODULES = {view: {"kv": "kv_cache", "split": "split_kv"}.get(view, view) for view in VIEWS}
+# Views whose step is a run of their own, not the page's tokens: the Serving view's server steps, the speculative
+# view's verify passes. Each module has `advance_to(runner, state, step, room)`, `at_end(…)`, `counter_html(ctx)` and
+# `next_label` (the Next button's string).
+OWN_STEPS = ("serving", "speculate")
+
+
+def own_steps(view: str | None):
+    """The module of `view` when its step is a run of its own (`OWN_STEPS`), else None."""
+    return importlib.import_module(f"ui.views.{MODULES[view]}") if view in OWN_STEPS else None
 
 
 def render(view: str, ctx) -> None:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from ui.runs.eviction_settings import EvictionSettings
     from ui.runs.serving import ServedClass
     from ui.runs.sink_experiment import SinkExperiment
+    from ui.runs.speculative import SpeculativeRun
 
 
 class RunView(Protocol):
@@ -72,12 +73,13 @@ class RunView(Protocol):
     def blocks_evicted(self) -> int: ...
     def policy_reuse(self) -> dict[str, PolicyReuse]: ...
     def closest_cached(self) -> tuple[list[int], int] | None: ...
-    # costs, eviction, serving
+    # costs, eviction, serving, speculative decoding
     def decode_timing(self, prompt: int, context: int, bandwidth_again: bool = False) -> DecodeTiming: ...
     def eviction_pair(self, settings: EvictionSettings, step: int) -> tuple[EvictionPair, int]: ...
     def forced_reading(self, answer: list[int], settings: EvictionSettings) -> ForcedReading: ...
     def sink_experiment(self, lang: str) -> SinkExperiment: ...
     def serving(self, state: AppState, served_round=None) -> ServedClass: ...
+    def speculative(self, state: AppState) -> SpeculativeRun: ...
 
 
 @dataclass
@@ -129,3 +131,12 @@ class ViewContext:
         """The class of requests the Serving view shows (`Runner.serving`): the round of the class's questions the
         link names, else the samples. Raises `ui.runs.serving.PoolTooSmall` where the pool cannot serve them."""
         return self.runner.serving(self.state, self.room.served if self.room else None)
+
+    def speculative(self) -> SpeculativeRun:
+        """The speculative view's run of the link's settings (`Runner.speculative`). Raises InvalidSettingError where
+        the model cannot take them."""
+        return self.runner.speculative(self.state)
+
+    def token_text(self, token_id: int) -> str:
+        """One token as figures label it: its text with whitespace made visible; part of a character, its bytes."""
+        return position_label(self.runner.prompt_cells([token_id])[0])

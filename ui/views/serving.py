@@ -24,7 +24,10 @@ from viz.serving import (decode_rates, pool_figure, request_names, requests_tabl
                          waited)
 
 
-def serve_to(runner, state, step: int, served_round=None) -> int:
+next_label = "next_step"  # → runs the server's next step
+
+
+def advance_to(runner, state, step: int, served_round=None) -> int:
     """The page's step on this view: the server's steps run to `step` (or as far as its requests go), on the class's
     round or the samples (`Runner.serving`). Where the settings cannot serve, the step stays and the view says why."""
     try:

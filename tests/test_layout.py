@@ -24,6 +24,7 @@ from tests.server import settled_text
 from ui.text import strings
 from ui.state.link import VIEWS, default_prompt, parse_query
 from tests.helpers import WAIT_MS, box, until_link
+from tests.test_speculative_view import reference_passes
 from tests.test_serving_view import reference_steps, setup_of
 
 pytestmark = pytest.mark.browser
@@ -90,6 +91,8 @@ def test_each_view_is_laid_out_for_its_screen(server, browser, lang, screen, req
                 assert_the_views_radio_clear_of_the_stream(page)
                 if view == "serving":
                     assert_server_counter(page, lang, model)
+                elif view == "speculate":
+                    assert_pass_counter(page, lang, model)
                 else:
                     assert_step_counter(page, lang, model)
                 if large:
@@ -162,6 +165,15 @@ def assert_server_counter(page, lang: str, model) -> None:
     report = reference_steps(model, setup_of(model, lang, chat))[7]
     key = "serve_counter_prefill" if report.prefill else "serve_counter_decode"
     assert page.locator(".kv-counter").inner_text() == strings.t(key, lang, step=8, n=len(report.ran))
+
+
+def assert_pass_counter(page, lang: str, model) -> None:
+    """The speculative view's header at step 8: its run's pass 8 (or its last), the tokens it and all passes so far
+    added (the engine's own session on the view's code edit, tests/test_speculative_view.py)."""
+    chat = parse_query({"lang": lang})[0].chat
+    passes = reference_passes(model, lang, chat)[:8]
+    assert page.locator(".kv-counter").inner_text() == strings.t(
+        "spec_counter", lang, step=len(passes), n=len(passes[-1].added), tokens=sum(len(p.added) for p in passes))
 
 
 @pytest.mark.parametrize(("viewport", "lang"), [(PROJECTOR, "en"), (PROJECTOR, "zh"), (PHONE, "en")])

@@ -6,7 +6,7 @@ the run's totals (tokens per pass, bytes read per token against plain decoding) 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -25,34 +25,36 @@ MOST_BLOCKS = 4  # blocks the cache's part shows: the last ones the pass wrote
 
 @dataclass(frozen=True)
 class Cell:
-    x: float
+    x: float  # its middle, in the cache's slots
     y: float
     text: str
     color: str
     hover: str
+    width: float = 1
 
 
-def guess_cells(done: VerifyPass, token_text: Callable[[int], str], words: Words) -> list[Cell]:
-    """Two rows, a column per decided token: the draft's guess (kept, the first miss, or never read after it) over the
-    model's token at that row (its own, orange, where the pass took it)."""
+def guess_cells(done: VerifyPass, token_text: Callable[[int], str], words: Words, width: float = 1) -> list[Cell]:
+    """Two rows, a column per decided token (`width` cells wide): the draft's guess (kept, the first miss, or never
+    read after it) over the model's token at that row (its own, orange, where the pass took it)."""
     cells = []
     taken = len(done.added) - 1  # the column whose token is the model's own (or the last kept guess, at a stop)
     for i in range(len(done.guesses) + 1):
+        x = (i + 0.5) * width - 0.5  # the column's middle, in the cache's slots
         if i < len(done.guesses):
             status = "kept" if i < done.accepted else "miss" if i == done.accepted else "unread"
             text = token_text(done.guesses[i])
-            cells.append(Cell(i, 0, text, STATUS_COLORS[status],
+            cells.append(Cell(x, 0, text, STATUS_COLORS[status],
                               words[f"spec_guess_{status}"].format(n=i + 1, token=text)))
         else:
-            cells.append(Cell(i, 0, "—", STATUS_COLORS["empty"], words["spec_no_guess"]))
+            cells.append(Cell(x, 0, "—", STATUS_COLORS["empty"], words["spec_no_guess"]))
         if i == done.accepted and i <= taken:
             text = token_text(done.token_id)
-            cells.append(Cell(i, 1, text, STATUS_COLORS["model"], words["spec_model_takes"].format(token=text)))
+            cells.append(Cell(x, 1, text, STATUS_COLORS["model"], words["spec_model_takes"].format(token=text)))
         elif i < min(done.accepted, taken + 1):
             text = token_text(done.top[i])
-            cells.append(Cell(i, 1, text, STATUS_COLORS["kept"], words["spec_model_agrees"].format(token=text)))
+            cells.append(Cell(x, 1, text, STATUS_COLORS["kept"], words["spec_model_agrees"].format(token=text)))
         else:
-            cells.append(Cell(i, 1, "", STATUS_COLORS["unread"], words["spec_model_unread"]))
+            cells.append(Cell(x, 1, "", STATUS_COLORS["unread"], words["spec_model_unread"]))
     return cells
 
 
@@ -67,7 +69,7 @@ def cache_cells(done: VerifyPass, block_size: int, words: Words, top: float) -> 
         returned = block in done.blocks_returned
         logical = None if returned else done.block_table.index(block)
         label = words["spec_block_returned" if returned else "spec_block"].format(block=block)
-        cells.append(Cell(-1.2, top + row, label, "#ffffff", label))
+        cells.append(Cell(-1, top + row, label, "#ffffff", label))  # a row label, written right-aligned
         for offset in range(block_size):
             position = None if logical is None else logical * block_size + offset
             if (block, offset) in written:
@@ -89,24 +91,27 @@ def cache_cells(done: VerifyPass, block_size: int, words: Words, top: float) -> 
 def pass_figure(done: VerifyPass, token_text: Callable[[int], str], block_size: int, title: str = "",
                 large: bool = False, words: Words = ENGLISH) -> go.Figure:
     """The pass in one picture: its guesses and the model's tokens, then the cache's blocks it wrote."""
-    guesses = guess_cells(done, token_text, words)
+    columns = len(done.guesses) + 1
+    wide = max(1.0, min(3.0, block_size / columns))  # a guess's column: up to three slots, for a word to fit
+    guesses = [replace(c, width=wide) for c in guess_cells(done, token_text, words, wide)]
     rows = min(MOST_BLOCKS, len(dict.fromkeys(b for b, _ in done.slots)))
     cache = cache_cells(done, block_size, words, top=3)
-    width = max(len(done.guesses) + 1, block_size)
+    width = max(columns * wide, block_size)
     fig = go.Figure()
     size = 13 + (3 if large else 0)
-    for y, key in ((0, "spec_row_draft"), (1, "spec_row_model"), (2.3, "spec_row_cache")):
-        fig.add_annotation(x=-0.6, y=y, text=f"<b>{words[key]}</b>", showarrow=False, xanchor="right",
-                           font=dict(size=size))
-    for cell in guesses + cache:
-        if cell.x >= 0:
-            fig.add_shape(type="rect", x0=cell.x - 0.46, x1=cell.x + 0.46, y0=cell.y - 0.42, y1=cell.y + 0.42,
-                          fillcolor=cell.color, line=dict(color="#bbbbbb", width=1), layer="below")
-    shown = [c for c in guesses + cache]
+    labels = [(0, f"<b>{words['spec_row_draft']}</b>"), (1, f"<b>{words['spec_row_model']}</b>"),
+              (2.3, f"<b>{words['spec_row_cache']}</b>")] + [(c.y, c.text) for c in cache if c.x < 0]
+    for y, text in labels:
+        fig.add_annotation(x=-0.6, y=y, text=text, showarrow=False, xanchor="right", font=dict(size=size))
+    shown = guesses + [c for c in cache if c.x >= 0]
+    for cell in shown:
+        half = cell.width / 2 - 0.04
+        fig.add_shape(type="rect", x0=cell.x - half, x1=cell.x + half, y0=cell.y - 0.42, y1=cell.y + 0.42,
+                      fillcolor=cell.color, line=dict(color="#bbbbbb", width=1), layer="below")
     fig.add_scatter(x=[c.x for c in shown], y=[c.y for c in shown], mode="text", text=[c.text for c in shown],
-                    textfont=dict(size=size, color=[text_color_on(c.color) if c.x >= 0 else "#333333" for c in shown]),
+                    textfont=dict(size=size, color=[text_color_on(c.color) for c in shown]),
                     hovertext=[c.hover for c in shown], hoverinfo="text", showlegend=False)
-    fig.update_xaxes(visible=False, range=[-4.2, width - 0.5])
+    fig.update_xaxes(visible=False, range=[-5, width - 0.5])
     fig.update_yaxes(visible=False, range=[3 + rows - 0.5, -0.6])
     height = 40 + (30 if title else 0) + (3 + rows) * (50 if large else 40)
     return finish(fig, title, large, height=height)

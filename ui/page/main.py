@@ -92,6 +92,8 @@ LAYOUT_CSS = """<style>
 /* The token stream is set as HTML, not Markdown: it keeps the -1rem under it that Markdown has, and the page's
    first screen was laid out with (the view's radio, one line on a wide screen, has room above its options). */
 .st-key-token-stream { margin-bottom: -1rem; }
+/* The view radio's nine options on one line at 1280×720 with large text and the sidebar open: tighter gaps. */
+.st-key-w_view [role="radiogroup"] { column-gap: 0.2rem; }
 </style>"""
 LARGE_CSS = "<style>html { font-size: 125%; }</style>"  # every rem-sized text and control, a quarter larger
 # In the lesson the chapter sets the view (its selector is hidden) and its title is the page's: a compact header.

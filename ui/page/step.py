@@ -171,8 +171,7 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
     sent = None
     try:
         with details_place:  # sent before the view's figures: the step's text is on screen first
-            if not own:
-                stepper.details(ctx)
+            (own or stepper).details(ctx)
         sent = TEXT_SENT.set(time.perf_counter())
         with view_place:
             views.render(settings.view, ctx)

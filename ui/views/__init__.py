@@ -12,8 +12,9 @@ from ui.state.link import VIEWS
 # draws it.
 MODULES = {view: {"kv": "kv_cache", "split": "split_kv"}.get(view, view) for view in VIEWS}
 # Views whose step is a run of their own, not the page's tokens: the Serving view's server steps, the speculative
-# view's verify passes. Each module has `advance_to(runner, state, step, room)`, `at_end(…)`, `counter_html(ctx)` and
-# `next_label` (the Next button's string).
+# view's verify passes. Each module has `advance_to(runner, state, step, room)`, `at_end(…)`, `counter_html(ctx)`,
+# `details(ctx)` (what goes under the view in the stepper's place: the text so far) and `next_label` (the Next
+# button's string).
 OWN_STEPS = ("serving", "speculate")
 
 

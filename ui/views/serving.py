@@ -45,6 +45,10 @@ def at_end(runner, state, step: int, served_round=None) -> bool:
     return served.finished and step >= len(served.steps)
 
 
+def details(ctx: ViewContext) -> None:
+    """Nothing under the view: the requests' texts are in its table."""
+
+
 def counter_html(ctx: ViewContext) -> str:
     """The header line on this view: the server's step, its kind and how many requests it ran."""
     try:

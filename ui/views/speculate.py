@@ -81,7 +81,6 @@ def render(ctx: ViewContext) -> None:
                                        ctx.large, words(ctx)),
                    "speculative-pass", memo_key(ctx, "pass", weakref.ref(run), step))
     st.markdown(pass_sentence(ctx, run, step))
-    answer(ctx, run, step)
     if shown("totals"):
         with Part("totals"):
             totals_part(ctx, run, step)
@@ -122,9 +121,14 @@ def pass_sentence(ctx: ViewContext, run: SpeculativeRun, step: int) -> Shown:
     return Shown(text)
 
 
-def answer(ctx: ViewContext, run: SpeculativeRun, step: int) -> None:
-    """The answer after the pass, as plain text (container `generated`, as the other views' text so far)."""
-    _, text = run.answer_after(step)
+def details(ctx: ViewContext) -> None:
+    """Under the view (in the lesson, above the whole view): the answer after the pass, as plain text (container
+    `generated`, as the other views' text so far)."""
+    try:
+        run = ctx.speculative()
+    except InvalidSettingError:
+        return
+    _, text = run.answer_after(min(ctx.step, len(run.passes)))
     with st.container(key="generated"):
         st.markdown(f"**{ctx.t('spec_answer')}**")
         st.code("\n" + text + "\n", language=None, wrap_lines=True)  # st.code drops one newline at each end

@@ -36,6 +36,7 @@ from tests.server import settled_text
 from tests.test_controls import batch_slider, click_then_key, layer_picker, nothing, scores_on, text_on_page
 from ui.text import strings
 from ui.lesson.chapters import CHAPTERS, number_of
+from ui.views import OWN_STEPS
 
 pytestmark = pytest.mark.browser
 
@@ -74,8 +75,8 @@ class Walk:
         for element in ("h1", ".st-key-b_next button"):  # the title and Next on the first screen too
             assert box(page, element)["y"] + box(page, element)["height"] <= SCREEN, (number, element)
         assert page.evaluate(NOT_CUT) == [], number  # no button label or title cut
-        serving = CHAPTERS[number - 1].view == "serving"  # its requests' texts are in its view: no token stream
-        assert page.evaluate(CHIPS_OUTSIDE) == (-1 if serving else 0), number  # the token chips stay in their box
+        own = CHAPTERS[number - 1].view in OWN_STEPS  # its run's tokens are in its view: no token stream
+        assert page.evaluate(CHIPS_OUTSIDE) == (-1 if own else 0), number  # the token chips stay in their box
         assert page.locator(SHOWN_PROBLEMS).all_inner_texts() == [], number
         text = page.locator(".st-key-chapter").inner_text()
         assert text.strip(), number

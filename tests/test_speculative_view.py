@@ -6,10 +6,12 @@ settings are messages; the chapter's numbers are the pass's (tests/test_lesson.p
 import functools
 
 import pytest
+from playwright.sync_api import expect
 
 from engine.speculative import PromptLookup, SpeculativeSession
 from engine.timing import weight_bytes_read
 from tests.app_helpers import assert_clean, start
+from tests.helpers import choose, idle, until_link, widget
 from ui.lesson.chapters import CHAPTERS
 from ui.runs.speculative import MAX_TOKENS, PROMPTS
 from ui.text import strings
@@ -122,3 +124,36 @@ def test_bad_settings_are_a_message_and_the_view_still_runs(link, problem, embed
     at.button(key="b_next").click().run()
     assert_clean(at)
     assert at.query_params["step"] == "3"
+
+
+@pytest.mark.browser
+def test_the_views_controls_and_arrows_reach_the_link_and_the_pass(server, page):
+    """In Chromium: → and ← step verify passes; the prompt radio, the draft's select box, k's slider and n's number
+    input each reach the link and redraw the pass."""
+    page.goto(f"{server}/?view=speculate&step=2")
+    until_link(page, step="2", view="speculate")
+    title = page.locator(".kv-figure-title").first
+    expect(title).to_contain_text("Pass 2:")
+    page.locator(".st-key-b_next button").click()
+    until_link(page, step="3")
+    expect(title).to_contain_text("Pass 3:")
+    page.keyboard.press("ArrowLeft")  # the last control clicked was Next: the arrows step the passes
+    until_link(page, step="2")
+    expect(title).to_contain_text("Pass 2:")
+    idle(page)
+    widget(page, "w_spec_prompt").locator("label", has_text=strings.t("spec_prompt_free")).click()
+    until_link(page, spec_prompt="free", step="2")
+    expect(page.locator(".st-key-generated code")).not_to_contain_text("total_price")  # the free answer's text
+    idle(page)
+    slider = widget(page, "w_draft_k").get_by_role("slider")
+    slider.focus()
+    slider.press("ArrowLeft")
+    until_link(page, draft_k="4", step="2")
+    choose(page, "w_draft", strings.t("fig_spec_draft_early_exit"))
+    until_link(page, draft="early_exit", step="2")
+    expect(title).to_contain_text("Pass 2:")
+    idle(page)
+    widget(page, "w_draft_n").get_by_test_id("stNumberInputStepUp").click()
+    until_link(page, draft_n="7", step="2")
+    expect(page.locator(".st-key-main-figure")).to_be_visible()
+    assert page.locator('[data-testid="stException"]').count() == 0

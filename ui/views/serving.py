@@ -5,7 +5,6 @@ or was preempted at each step, each request's answer growing, and tokens per sec
 
 from __future__ import annotations
 
-import html
 import weakref
 from statistics import median
 
@@ -19,7 +18,7 @@ from ui.views import class_questions
 from ui.views.chapter_part import Part, shown
 from ui.views.context import ViewContext
 from ui.views.figures import figure, memo_key, shared_table
-from ui.views.widgets import words
+from ui.views.widgets import counter_line, words
 from viz.serving import (decode_rates, pool_figure, request_names, requests_table, throughput_figure, timeline_figure,
                          waited)
 
@@ -62,8 +61,7 @@ def counter_html(ctx: ViewContext) -> str:
         report = served.steps[step - 1].report
         text = ctx.t("serve_counter_prefill" if report.prefill else "serve_counter_decode", step=step,
                      n=len(report.ran))
-    return (f'<div class="kv-header" style="font-size:1rem;line-height:1.8">'
-            f'<b class="kv-counter">{html.escape(text)}</b></div>')
+    return counter_line(text)
 
 
 def render(ctx: ViewContext) -> None:

@@ -5,7 +5,6 @@ per pass and bytes read per token against plain decoding; plain decoding and eac
 
 from __future__ import annotations
 
-import html
 import weakref
 
 import streamlit as st
@@ -18,7 +17,7 @@ from ui.text.strings import Shown
 from ui.views.chapter_part import Part, shown
 from ui.views.context import ViewContext
 from ui.views.figures import figure, memo_key, shared_table, table
-from ui.views.widgets import words
+from ui.views.widgets import counter_line, words
 from viz.speculative import measured_table, pass_figure, totals
 
 next_label = "next_pass"  # → runs the next verify pass
@@ -54,8 +53,7 @@ def counter_html(ctx: ViewContext) -> str:
     else:
         text = ctx.t("spec_counter", step=step, n=len(run.passes[step - 1].added),
                      tokens=sum(len(p.added) for p in run.passes[:step]))
-    return (f'<div class="kv-header" style="font-size:1rem;line-height:1.8">'
-            f'<b class="kv-counter">{html.escape(text)}</b></div>')
+    return counter_line(text)
 
 
 def render(ctx: ViewContext) -> None:

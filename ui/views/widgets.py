@@ -3,6 +3,8 @@ only while open, the figures' words in the page's language."""
 
 from __future__ import annotations
 
+import html
+
 import streamlit as st
 
 from ui.text import strings
@@ -51,3 +53,10 @@ def shown_layer_head(ctx: ViewContext) -> tuple[int, int]:
     """The layer and head the view's pickers show: what a text drawn beside the view, such as the lesson's,
     quotes, whichever of the two is drawn first (the pickers open on the state's)."""
     return int(ctx.state.layer), int(ctx.state.head)
+
+
+def counter_line(text: str) -> str:
+    """The step's header line of a view whose step is its own run's (the Serving view's server steps, the speculative
+    view's passes): `text` in bold, as the page's counter."""
+    return (f'<div class="kv-header" style="font-size:1rem;line-height:1.8">'
+            f'<b class="kv-counter">{html.escape(text)}</b></div>')

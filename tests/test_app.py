@@ -8,8 +8,10 @@ from tests.app_helpers import VIEW_TITLES, assert_clean, shown_text, start
 from tests.helpers import expected
 from ui.page import step as step_fragment
 from ui.text import strings
-from ui.state.link import CACHE_POLICIES, LANGS, VIEWS, parse_query
+from engine.prompt import tokenize_prompt
+from ui.state.link import CACHE_POLICIES, LANGS, VIEWS, AppState, parse_query
 from ui.runs.serving import ARRIVALS
+from ui.runs.speculative import PROMPTS
 
 
 def test_default_page_shows_the_prompt_ready_to_prefill(embedded_model):
@@ -75,14 +77,18 @@ def test_every_view_renders_before_prefill_after_prefill_and_while_decoding(view
     assert parse_query(dict(at.query_params.items()))[0].view == view and at.query_params["step"] == str(step)
     assert strings.t(VIEW_TITLES[view]) in [s.value for s in at.subheader]
     hints = [i.value for i in at.info]
-    if step == 0:  # nothing has run: the view says how to start it (the Serving view: its server's first step)
-        start_hint = strings.t("need_prefill") if view != "serving" else strings.t(
-            "serve_ready", n=ARRIVALS.count(0), total=len(ARRIVALS))
+    if step == 0:  # nothing has run: the view says how to start it (the Serving view: its server's first step; the
+        start_hint = {  # speculative view: its first pass, the prefill of its own prompt with the draft's guesses)
+            "serving": lambda: strings.t("serve_ready", n=ARRIVALS.count(0), total=len(ARRIVALS)),
+            "speculate": lambda: strings.t("spec_ready", k=AppState().draft_k, prompt=len(tokenize_prompt(
+                embedded_model, PROMPTS[("edit", "en", True)], chat=True))),
+        }.get(view, lambda: strings.t("need_prefill"))()
         assert start_hint in hints
     else:  # the step's own figures, and the counter names the step
         assert strings.t("need_prefill") not in hints
         assert len(at.get("plotly_chart")) >= 1
-        assert f"step {step}" in " ".join(h.value for h in at.get("html"))
+        counter = f"Pass {step}" if view == "speculate" else f"step {step}"  # its step is a verify pass
+        assert counter in " ".join(h.value for h in at.get("html"))
 
 
 def test_views_can_be_switched_and_layer_head_chosen(embedded_model):

@@ -144,6 +144,32 @@ def totals(passes: Sequence[VerifyPass], info: ModelInfo) -> Totals:
                   spec / tokens if tokens else 0.0, plain / tokens if tokens else 0.0)
 
 
+def totals_table(done: Totals, words: Words = ENGLISH) -> pd.DataFrame:
+    """Tokens per pass and MiB read per token after the prefill: this draft's against plain decoding's."""
+    frame = pd.DataFrame({
+        "spec_measure": [words["spec_tokens_per_pass"], words["spec_mib_per_token"]],
+        "spec_this_draft": [f"{done.tokens_per_pass:.2f}", f"{done.bytes_per_token / 2**20:,.1f}"
+                            if done.decode_tokens else "–"],
+        "spec_draft_none": ["1.00", f"{done.plain_bytes_per_token / 2**20:,.1f}" if done.decode_tokens else "–"],
+    })
+    return readable(frame, words)
+
+
+def passes_table(passes: Sequence[VerifyPass], token_text: Callable[[int], str], words: Words = ENGLISH
+                 ) -> pd.DataFrame:
+    """One row a pass: rows it fed, its guesses, how many the model kept, the tokens it added and the rows it
+    discarded."""
+    frame = pd.DataFrame({
+        "spec_pass": [p.index + 1 for p in passes],
+        "spec_rows": [p.rows_written for p in passes],
+        "spec_guesses": [" ".join(token_text(t) for t in p.guesses) for p in passes],
+        "spec_kept": [p.accepted for p in passes],
+        "spec_added": [" ".join(token_text(t) for t in p.added) for p in passes],
+        "spec_discarded": [p.rows_discarded for p in passes],
+    })
+    return readable(frame, words)
+
+
 def measured_table(rows, words: Words = ENGLISH) -> pd.DataFrame:
     """Plain decoding and each draft timed on this machine: passes, tokens, tokens a pass, ms a token, and whether
     its tokens are plain decoding's (`ui.runs.speculative.Measured.rows`)."""

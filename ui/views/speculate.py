@@ -18,7 +18,7 @@ from ui.views.chapter_part import Part, shown
 from ui.views.context import ViewContext
 from ui.views.figures import figure, memo_key, shared_table, table
 from ui.views.widgets import counter_line, words
-from viz.speculative import measured_table, pass_figure, totals
+from viz.speculative import measured_table, pass_figure, passes_table, totals, totals_table
 
 next_label = "next_pass"  # → runs the next verify pass
 
@@ -133,14 +133,15 @@ def details(ctx: ViewContext) -> None:
 
 
 def totals_part(ctx: ViewContext, run: SpeculativeRun, step: int) -> None:
+    """Tokens per pass and bytes read per token so far, against plain decoding; then every pass in a row."""
     done = totals(run.passes[:step], ctx.info)
-    left, middle, right = st.columns(3)
-    left.metric(ctx.t("spec_tokens_per_pass"), f"{done.tokens_per_pass:.2f}",
-                help=ctx.t("spec_tokens_per_pass_help", tokens=done.tokens, passes=done.passes))
-    if done.decode_tokens:
-        middle.metric(ctx.t("spec_bytes_per_token"), f"{done.bytes_per_token / 2**20:,.1f} MiB",
-                      help=ctx.t("spec_bytes_help"))
-        right.metric(ctx.t("spec_plain_bytes_per_token"), f"{done.plain_bytes_per_token / 2**20:,.1f} MiB")
+    st.markdown(f"**{ctx.t('spec_totals_title', tokens=done.tokens, passes=done.passes)}**")
+    table(shared_table(lambda: totals_table(done, words(ctx)), memo_key(ctx, "totals", weakref.ref(run), step)),
+          key="speculative-totals")
+    st.caption(ctx.t("spec_bytes_help"))
+    frame = shared_table(lambda: passes_table(run.passes[:step], ctx.token_text, words(ctx)),
+                         memo_key(ctx, "passes", weakref.ref(run), step))
+    table(frame, key="speculative-passes")
 
 
 def measured_part(ctx: ViewContext, run: SpeculativeRun) -> None:

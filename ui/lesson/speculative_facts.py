@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from engine.errors import InvalidSettingError
+from engine.errors import KvscopeError
 from ui.views.context import ViewContext
 from viz.speculative import totals
 
@@ -12,7 +12,7 @@ def facts(ctx: ViewContext) -> dict:
     """The chapter's numbers after the page's pass; {} where the settings cannot run (the view says why)."""
     try:
         run = ctx.speculative()
-    except InvalidSettingError:
+    except KvscopeError:
         return {}
     step = min(ctx.step, len(run.passes))
     out = dict(sp_k=run.setup.k, sp_draft=ctx.t(f"fig_spec_draft_{run.setup.draft}"), sp_step=step,

@@ -9,7 +9,7 @@ import weakref
 
 import streamlit as st
 
-from engine.errors import InvalidSettingError
+from engine.errors import KvscopeError
 from engine.speculative import DRAFTS
 from ui.runs.speculative import SpeculativeRun
 from ui.state.link import SPEC_PROMPTS, bounds
@@ -28,7 +28,7 @@ def advance_to(runner, state, step: int, room=None) -> int:
     run, the step stays and the view says why."""
     try:
         return runner.speculative(state).advance_to(step)
-    except InvalidSettingError:
+    except KvscopeError:
         return step
 
 
@@ -36,7 +36,7 @@ def at_end(runner, state, step: int, room=None) -> bool:
     """Whether → has nothing more to show: the answer ended by pass `step` (or the settings cannot run)."""
     try:
         run = runner.speculative(state)
-    except InvalidSettingError:
+    except KvscopeError:
         return True
     return run.finished and step >= len(run.passes)
 
@@ -45,7 +45,7 @@ def counter_html(ctx: ViewContext) -> str:
     """The header line on this view: the pass, and the tokens it and all passes so far made."""
     try:
         run = ctx.speculative()
-    except InvalidSettingError:
+    except KvscopeError:
         run = None
     step = min(ctx.step, len(run.passes)) if run else 0
     if not step:
@@ -63,7 +63,7 @@ def render(ctx: ViewContext) -> None:
         controls(ctx)
     try:
         run = ctx.speculative()
-    except InvalidSettingError as error:
+    except KvscopeError as error:
         st.warning(ctx.t("bad_input", error=str(error)))
         return
     step = min(ctx.step, len(run.passes))
@@ -124,7 +124,7 @@ def details(ctx: ViewContext) -> None:
     `generated`, as the other views' text so far)."""
     try:
         run = ctx.speculative()
-    except InvalidSettingError:
+    except KvscopeError:
         return
     _, text = run.answer_after(min(ctx.step, len(run.passes)))
     with st.container(key="generated"):

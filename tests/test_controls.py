@@ -438,7 +438,9 @@ def test_back_moves_one_step_on_every_view_at_the_limits_worst_case(server, page
             widget(page, "w_view").locator("label", has_text=strings.t("view_" + view)).click()
             until_link(page, view=view)
             step = int(link(page)["step"])
-            assert step < 100 and page.locator(".st-key-b_next button").is_disabled()  # its run's last step
+            assert step < 100  # its run's own length (the speculative view's 48 tokens: at most 48 passes)
+            if view == "serving":  # every request finished: the server's last step
+                assert page.locator(".st-key-b_next button").is_disabled()
             expect(page.locator(MAIN + " h3", has_text=strings.t(VIEW_TITLES[view])).first).to_be_visible()
         else:
             widget(page, "w_view").locator("label", has_text=strings.t("view_" + view)).click()

@@ -260,7 +260,8 @@ def step_buttons(place, runner: Runner, busy: bool = False) -> None:
     greyed and their arrow keys unbound: Streamlit would merge or drop presses made during a run, so they
     are refused visibly instead. Back and Next move by one from the step current when a press is handled."""
     page = page_session()
-    next_label = own_steps().next_label if own_steps() else "next"  # there a step is the view's run's
+    own = own_steps()
+    next_label = own.next_label if own else "next"  # there a step is the view's run's
     buttons = (("prefill", "b_prefill", (1, True), {"disabled": page.step >= 1}),
                ("back", "b_back", (-1, False), {"shortcut": "Left", "disabled": page.step == 0}),
                (next_label, "b_next", (1, False), {"shortcut": "Right", "disabled": not busy and at_end(runner)}),

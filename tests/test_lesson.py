@@ -532,7 +532,8 @@ def test_every_variant_is_checked_against_its_run():
     checked = {"prefill": {"one_token"}, "residual": {"post_norms"}, "gqa": {"mha"},
                "long_context": {"window_doubling"}, "prefix_case1": {"all_agree"},
                "context_window": {"windowed", "rough", "past_window", "one_token"},
-               "sliding_window": {"inside_window", "no_window"}, "evicting": {"weak_sink"}, "contexts": {"learned"}}
+               "sliding_window": {"inside_window", "no_window"}, "evicting": {"weak_sink"}, "contexts": {"learned"},
+               "speculative": {"prefill_only", "sampled"}}
     for c in CHAPTERS:
         assert set(c.variants) == checked.get(c.key, set()) | unchecked.get(c.key, set()), c.key
 

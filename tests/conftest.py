@@ -125,8 +125,15 @@ def embedded_zh_model() -> engine.Model:
 def browser():
     """Headless Chromium, one for the whole session of each xdist worker: each test gets a context of its own
     (`page`)."""
+    from playwright.sync_api import expect
+
+    from tests.helpers import WAIT_MS
     from tests.server import chromium
 
+    # A page's draw on a loaded 2-core machine (or a slower CI one) can take longer than Playwright's default 5 s: an
+    # assertion waits as long as any one wait may (tests/helpers.py's WAIT_MS). How soon a page draws is measured by
+    # bench/browser_latency.py, not here.
+    expect.set_options(timeout=WAIT_MS)
     with chromium() as browser:
         yield browser
 

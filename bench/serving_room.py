@@ -154,7 +154,7 @@ def run(args) -> None:
         answered = wait_for(lambda: all(s.sent_reply for s in students), WAIT_S, every=0.05)
         took = max((s.sent_reply or time.perf_counter()) for s in students) - start
         refused = sum(1 for s in students if s.sent_reply is None)
-        query = urlencode({"lead": teacher.url.split("lead=")[1].split("&")[0], "view": "serving", "step": 0,
+        query = urlencode({"lead": 1, "view": "serving", "step": 0,  # the same browser: its cookie resumes the room
                            "lang": args.lang, "serve_blocks": args.blocks, "serve_seqs": args.seqs})
         teacher.goto(f"{url}/?{query}")
         teacher.wait_for_selector(".st-key-b_class_serve button", timeout=WAIT_S * 1000)

@@ -37,6 +37,11 @@ def assert_clean(at: AppTest):
     assert not at.error, [e.value for e in at.error]
 
 
+def secret_of(at: AppTest) -> str:
+    """The secret of the room a leading page leads (kept in the teacher's browser, never in its link)."""
+    return at.session_state["follow"].secret
+
+
 def step_of(at: AppTest) -> int:
     return int(at.query_params["step"])
 

@@ -9,6 +9,7 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 import engine
 from tests.server import settled_text
+from ui.follow.teacher_browser import COOKIE
 
 IDLE = '[data-testid="stApp"][data-test-script-state="notRunning"]'  # the page's script run has finished
 WAIT_MS = 120_000  # a run on a loaded 2-core machine: the longest any one wait may take
@@ -125,6 +126,12 @@ def wait_until(page, condition, timeout_ms: int = WAIT_MS) -> None:
 
 def link(page) -> dict[str, str]:
     return {name: values[0] for name, values in parse_qs(urlparse(page.url).query).items()}
+
+
+def leader_secret(page) -> str:
+    """The secret of the room `page` leads, from its browser's cookie (`ui.follow.teacher_browser`), once set."""
+    page.wait_for_function(f"() => document.cookie.includes('{COOKIE}=')", timeout=WAIT_MS)
+    return next(c["value"] for c in page.context.cookies() if c["name"] == COOKIE)
 
 
 def until_link(page, **expected_link) -> str:

@@ -7,7 +7,7 @@ consent, a full list) gets a message in the page's language and changes nothing 
 import pytest
 from playwright.sync_api import expect
 
-from tests.app_helpers import assert_clean, start
+from tests.app_helpers import assert_clean, secret_of, start
 from tests.helpers import idle, press, until_link, widget
 from tests.test_follow import code_in, follow_link, settle
 from ui.follow import serving_room
@@ -184,7 +184,7 @@ def test_once_sent_the_page_shows_its_question_and_no_box(room):
 
 def test_a_round_the_store_lost_serves_the_samples_and_says_so(room):
     lead, _ = room
-    at = start(lead=lead.query_params["lead"], view="serving", step=2, serve_round=7)
+    at = start(lead=secret_of(lead), view="serving", step=2, serve_round=7)
     assert_clean(at)
     assert strings.t("class_round_gone", "en", round=7) in [i.value for i in at.info]
 

@@ -13,7 +13,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 import redis
 
-from tests.app_helpers import assert_clean, keeps_working, shown_text, start, step_of
+from tests.app_helpers import assert_clean, keeps_working, secret_of, shown_text, start, step_of
 from ui.text import strings
 from ui.follow import room_link, rooms
 from ui.runs import turns
@@ -74,12 +74,12 @@ def leader(embedded_model):
 
 
 def test_lead_1_shows_a_students_link_with_a_code_and_never_the_secret(leader):
-    secret = leader.query_params["lead"]
-    assert secret != "1" and rooms.is_secret(secret)  # the leader's own link now names its room
+    secret = secret_of(leader)
+    assert rooms.is_secret(secret) and leader.query_params["lead"] == "1"  # the projected link names no room
     link = follow_link(leader)
     code = code_in(link)
     assert rooms.is_code(code) and code not in secret and secret not in link
-    assert secret not in everything_shown(leader)
+    assert secret not in everything_shown(leader).replace(f"kvscope_lead={secret};", "")  # but the cookie's script
     room = room_link.the_rooms().read(code)  # what a student's page will read: the leader's link, no secret
     assert room is not None and parse_query(room.query) == (state_of(leader), [])
     assert "large" not in room.query  # a follower's own setting, not the leader's to set
@@ -88,12 +88,15 @@ def test_lead_1_shows_a_students_link_with_a_code_and_never_the_secret(leader):
     assert any("data:image/svg+xml" in h.proto.body for h in leader.html)  # the QR code beside the link
 
 
-def test_a_reload_of_the_leaders_link_resumes_its_code_and_lead_1_opens_another(leader):
-    secret, code = leader.query_params["lead"], code_in(follow_link(leader))
+def test_the_teachers_own_link_resumes_its_code_and_lead_1_in_another_browser_opens_another(leader):
+    """A link naming the secret (a teacher's own, kept off the projector) resumes the room and then reads `lead=1`;
+    `lead=1` in a browser without the room's cookie (AppTest sends none) opens a room of its own."""
+    secret, code = secret_of(leader), code_in(follow_link(leader))
     reloaded = start(lead=secret, step=2)
-    assert reloaded.query_params["lead"] == secret and code_in(follow_link(reloaded)) == code
+    assert reloaded.query_params["lead"] == "1" and code_in(follow_link(reloaded)) == code
+    assert secret_of(reloaded) == secret
     other = start(lead=1)
-    assert code_in(follow_link(other)) != code and other.query_params["lead"] != secret
+    assert code_in(follow_link(other)) != code and secret_of(other) != secret
 
 
 def test_a_follower_takes_the_leaders_state_and_keeps_its_own_language(leader):
@@ -165,7 +168,7 @@ def test_a_follower_on_another_server_follows_through_redis(redis_url, monkeypat
         settle()
         code = code_in(follow_link(leader))
         raw = redis.Redis.from_url(redis_url, decode_responses=True).get(rooms.KEY_PREFIX + code)
-        assert raw is not None and leader.query_params["lead"] not in raw
+        assert raw is not None and secret_of(leader) not in raw
         room_link.room_sync.clear()  # the other server's own connection
         follower = start(follow=code)
         assert state_of(follower) == state_of(leader) and shown_text(follower) == shown_text(leader)

@@ -7,13 +7,14 @@ import html
 from urllib.parse import parse_qs, urlparse
 
 import pytest
+import segno
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import expect
 
-from tests.helpers import IDLE, WAIT_MS, Received, link, press
+from tests.helpers import IDLE, WAIT_MS, Received, leader_secret, link, press
 from tests.server import running_server, settled_text
 from ui.text import strings
-from ui.follow import rooms
+from ui.follow import rooms, teacher_browser
 
 pytestmark = pytest.mark.browser
 
@@ -122,9 +123,8 @@ def test_two_followers_follow_by_the_leaders_push_until_each_explores_on_its_own
     sent, sent_second = Received(first), Received(second)  # what the server sends each
     leader.goto(f"{slow_polls_server}/?lead=1")
     settled_text(leader)
-    leader.wait_for_function("() => (new URL(location.href).searchParams.get('lead') || '1') !== '1'",
-                             timeout=WAIT_MS)
-    secret = link(leader)["lead"]
+    secret = leader_secret(leader)
+    assert link(leader)["lead"] == "1"
     href = leader.locator(".st-key-follow-link a").get_attribute("href")
     assert href.startswith(slow_polls_server + "/?follow=") and secret not in href  # absolute: the browser's address
     assert rooms.is_code(parse_qs(urlparse(href).query)["follow"][0])
@@ -193,3 +193,49 @@ def test_the_leader_stops_sharing_and_its_followers_are_told(server, pages):
     expect(leader.locator(".st-key-follow-link")).to_have_count(0)
     expect(follower.get_by_text(strings.t("follow_gone"))).to_be_visible(timeout=WAIT_MS)
     assert follower.locator('[data-testid="stException"]').count() == 0
+
+
+def test_nothing_the_projector_shows_lets_a_student_lead(server, pages):
+    """The teacher's projected page, opened as 127.0.0.1 on a server that listens on loopback only:
+    - its address bar reads `lead=1`; no text, link or image on it holds the room's secret (a cookie of the teacher's
+      browser); its QR code encodes the students' link, and the strip says phones cannot reach this server;
+    - a student's browser that opens the projected address leads a room of its own: the class keeps following the
+      teacher, and the teacher's page still leads;
+    - the teacher's reload resumes its room (the same students' code); "Stop sharing" forgets the secret."""
+    teacher, student, classmate = pages
+    teacher.goto(f"{server}/?lead=1&step=1")
+    settled_text(teacher)
+    secret = leader_secret(teacher)
+    assert link(teacher)["lead"] == "1" and secret not in teacher.url
+    teacher.locator(".st-key-follow-share summary").click()  # the panel with the link and the QR code, as projected
+    href = teacher.locator(".st-key-follow-link a").get_attribute("href")
+    code = parse_qs(urlparse(href).query)["follow"][0]
+    qr = teacher.locator(".st-key-follow-share .kv-follow-qr img").get_attribute("src")
+    assert qr == segno.make(href, error="m").svg_data_uri(scale=1, border=3, omitsize=True, light="#fff")
+    host = urlparse(server).hostname
+    warning = strings.t("follow_local_only", host=host, name=teacher_browser.PUBLIC_URL_ENV)
+    expect(teacher.locator('[data-testid="stAlert"]', has_text=warning.replace("\\", "").split("`")[0])).to_be_visible()
+    shown_anywhere = [teacher.inner_text("body"), teacher.url, qr,
+                      *teacher.eval_on_selector_all("a[href], img[src]", "els => els.map(e => e.href || e.src)")]
+    assert not [where for where in shown_anywhere if secret in where]
+
+    classmate.goto(href)
+    settled_text(classmate)
+    student.goto(teacher.url)  # typed from the projector
+    settled_text(student)
+    assert leader_secret(student) != secret
+    own = student.locator(".st-key-follow-link a").get_attribute("href")
+    assert parse_qs(urlparse(own).query)["follow"][0] != code  # a room of its own
+    now = leader_moves(teacher, "b_next", step="2")
+    shows(classmate, now)  # the class still follows the teacher
+    expect(teacher.get_by_text(strings.t("follow_superseded"))).to_have_count(0)
+
+    teacher.reload()
+    settled_text(teacher)
+    assert link(teacher)["lead"] == "1" and leader_secret(teacher) == secret
+    assert teacher.locator(".st-key-follow-link a").get_attribute("href") == href
+    now = leader_moves(teacher, "b_next", step="3")
+    shows(classmate, now)
+    teacher.locator(".st-key-follow-share summary").click()
+    press(teacher, "b_follow_end")
+    teacher.wait_for_function(f"() => !document.cookie.includes('{teacher_browser.COOKIE}=')", timeout=WAIT_MS)

@@ -16,6 +16,7 @@ from playwright.sync_api import expect
 from tests.redis_server import redis_process
 from tests.server import restarted_server, running_server, settled_text
 from tests.test_controls import link
+from tests.helpers import leader_secret
 from tests.test_follow_browser import IDLE, WAIT_MS, press, shown, shows
 from ui.text import strings
 
@@ -58,8 +59,7 @@ def open_class(server: str, leader, followers, step: int = 1) -> str:
     """The leader's page at `step` and its followers in step with it; the followers' link."""
     leader.goto(f"{server}/?lead=1&step={step}")
     settled_text(leader)
-    leader.wait_for_function("() => (new URL(location.href).searchParams.get('lead') || '1') !== '1'",
-                             timeout=WAIT_MS)
+    leader_secret(leader)  # the room's secret is in the teacher's browser: the room is open
     href = leader.locator(".st-key-follow-link a").get_attribute("href")
     for follower in followers:
         follower.goto(href)
@@ -149,6 +149,9 @@ def test_followers_follow_again_by_themselves_after_an_app_server_restart(tmp_pa
                              and any(text in (e[3] or "") for text in following), up)
                 assert back is not None, [(t - up, *rest) for t, *rest in entries]
             followed(leader, followers, 3)  # and they follow the teacher's next move
+            leader.reload()  # on the new server, a reload resumes the room from the browser's cookie
+            settled_text(leader)
+            followed(leader, followers, 4)
 
 
 def seen_from(entries, moment: int) -> list:
@@ -172,7 +175,7 @@ def test_two_pages_on_one_leader_link_never_make_a_follower_flip(server, pages):
     the room back. The follower shows one page's steps at a time, never the other's in between."""
     laptop, projector, follower = pages
     open_class(server, laptop, [follower], step=3)
-    secret = link(laptop)["lead"]
+    secret = leader_secret(laptop)  # the teacher's own link to it, kept off the projector
     sequence = [shown(laptop)["counter"]]  # the steps the follower must show, in order
     projector.goto(f"{server}/?lead={secret}&step=1")
     now = shown(projector)

@@ -15,6 +15,7 @@ import segno
 import streamlit as st
 
 from ui.follow.room_link import follow_state, room_query, sync
+from ui.follow.teacher_browser import remember, students_base
 from ui.host.limits import env_seconds
 from ui.state.link import AppState
 from ui.state.session import settings
@@ -64,22 +65,28 @@ def send(query: dict[str, str], claim: bool = False) -> None:
         room_sync.publish(mine.page, mine.secret, query, claim=claim)
 
 
-def student_url() -> str:
-    """The students' link: absolute when the browser told the server its address, else relative."""
+def student_url() -> tuple[str, tuple[str, dict] | None]:
+    """The students' link, absolute when the browser told the server its address (else relative), and why phones
+    could not open the page's own address, if so (a string key and its fields; `teacher_browser.students_base`)."""
     params = {"follow": follow_state().code}
     lang = settings.get("lang", "en")
     if lang != "en":
         params["lang"] = lang  # students open in the class's language, then choose their own
-    base = urlsplit(st.context.url or "")  # scheme, host and path; "" when the browser has not said
-    return urlunsplit((base.scheme, base.netloc, base.path or ("/" if base.netloc else ""), urlencode(params), ""))
+    address, problem, fields = students_base(st.context.url or "", st.get_option("server.address"))
+    base = urlsplit(address)  # scheme, host and path; "" when the browser has not said
+    url = urlunsplit((base.scheme, base.netloc, base.path or ("/" if base.netloc else ""), urlencode(params), ""))
+    return url, (problem, fields) if problem else None
 
 
 def panel(t: Callable[..., str]) -> None:
-    url = student_url()
+    url, problem = student_url()
+    remember(follow_state().secret)
     # A data URI: the page's HTML sanitizer keeps an <img> but strips an inline <svg> element.
     qr = segno.make(url, error="m").svg_data_uri(scale=1, border=3, omitsize=True, light="#fff")
     st.html(STRIP_CSS)
     with st.expander(t("follow_share"), icon=":material/qr_code_2:", key="follow-share"):
+        if problem is not None:
+            st.warning(t(problem[0], **problem[1]), icon=":material/wifi_off:")
         qr_column, text_column = st.columns([3, 2])
         qr_column.html(f"{QR_CSS}<div class='kv-follow-qr'><img src='{html.escape(qr)}' "
                        f"alt='{html.escape(t('follow_qr'))}'></div>")
@@ -124,3 +131,4 @@ def end_room() -> None:
     if room_sync is not None and room_sync.leads(mine.page):
         room_sync.end(mine.page, mine.secret)
     mine.role = ""  # neither side from now on
+    mine.forget_secret = True  # the browser's cookie goes at the next draw (`ui.follow.page.show`)

@@ -1,6 +1,7 @@
 """Follow the teacher: the Streamlit side of `ui.follow.rooms`, through the process's `ui.follow.sync.RoomSync`.
 
-A page opened with `lead=1` leads (`ui.follow.leader`); a page opened with `follow=<code>` follows
+A page opened with `lead=1` leads (`ui.follow.leader`; its secret stays in the teacher's browser,
+`ui.follow.teacher_browser`); a page opened with `follow=<code>` follows
 (`ui.follow.follower`). This module wires them into the page: the role from the link, the leader's state applied
 before any widget exists (`take_over`), the panel or banner below the title (`show`), the link's own parameter.
 Both sides share the room's view in `ui.follow.room_link`, and the session's `FollowState` there. No page waits for
@@ -13,7 +14,7 @@ from collections.abc import Callable
 
 import streamlit as st
 
-from ui.follow import follower, leader, rooms
+from ui.follow import follower, leader, rooms, teacher_browser
 from ui.follow.room_link import OWN, follow_state
 
 # Clear of the title's descenders above (the page's one-line title sits tight on what follows it).
@@ -43,8 +44,9 @@ def begin(params: dict[str, str]) -> None:
     mine = follow_state()
     mine.role = ""
     if "lead" in params:
-        mine.role = "lead"
-        mine.secret, mine.code = rooms.lead_or_resume(params["lead"])
+        mine.role = "lead"  # the room of the secret in the link (a teacher's own), else of the browser's, else new
+        given = params["lead"]
+        mine.secret, mine.code = rooms.lead_or_resume(given if rooms.is_secret(given) else teacher_browser.remembered())
         mine.page, mine.claim = rooms.new_page_id(), True
     elif "follow" in params:
         mine.role = "follow"
@@ -70,10 +72,11 @@ def follows_a_room() -> bool:
 
 
 def link_params() -> dict[str, str]:
-    """What this session's own link carries besides its state: the leader's secret or the follower's code."""
+    """What this session's own link carries besides its state: `lead=1` (the secret stays in the teacher's browser:
+    the projector shows this link) or the follower's code."""
     mine = follow_state()
     if mine.role == "lead":
-        return {"lead": mine.secret}
+        return {"lead": "1"}
     if mine.role == "follow":
         return {"follow": mine.code}
     return {}
@@ -83,6 +86,9 @@ def show(t: Callable[..., str]) -> None:
     """Below the title: the leader's panel, or the follower's banner (`t`: the page's string function)."""
     mine = follow_state()
     role = mine.role
+    if mine.forget_secret:
+        teacher_browser.forget()
+        mine.forget_secret = False
     if role:
         st.html(SPACING_CSS)
     if role == "lead":

@@ -28,7 +28,8 @@ class FollowState:
     error: str | None = None  # why the store could not be used
     code: str = ""  # the room's code (both sides)
     # The leader's side
-    secret: str = ""  # the room's secret, in the leader's link
+    secret: str = ""  # the room's secret, kept in the teacher's browser (`ui.follow.teacher_browser`)
+    forget_secret: bool = False  # the page stopped sharing: its browser forgets the secret at the next draw
     page: str = ""  # this page's own id: the newest page on a leader link leads
     claim: bool = False  # the leader's next publish claims the room
     published: dict[str, str] | None = None  # the leader's last published link

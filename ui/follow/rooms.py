@@ -1,8 +1,9 @@
 """Rooms: a teacher's page publishes its state; students' pages read it and follow (plain Python, no Streamlit).
 
-The teacher holds a secret (in the teacher's own link, `lead=<secret>`); the students' code (`follow=<code>`)
-is derived from it by a one-way hash, so the code never reveals the secret, and a reload of the teacher's link
-resumes the same room with the same code even on a server that has just restarted with an empty store. The
+The teacher holds a secret (in a cookie of the teacher's browser, `ui.follow.teacher_browser`, or a link the teacher
+keeps, `lead=<secret>`); the students' code (`follow=<code>`) is derived from it by a one-way hash, so the code never
+reveals the secret, and the teacher's page resumes the same room with the same code even on a server that has just
+restarted with an empty store. The
 store holds only the code's published state (the link's query dict and a version), never the secret.
 
 A room lives while its leader publishes: each publish sets a TTL, and a room not refreshed for `ttl_seconds`

@@ -218,6 +218,7 @@ def test_nothing_the_projector_shows_lets_a_student_lead(server, pages):
     shown_anywhere = [teacher.inner_text("body"), teacher.url, qr,
                       *teacher.eval_on_selector_all("a[href], img[src]", "els => els.map(e => e.href || e.src)")]
     assert not [where for where in shown_anywhere if secret in where]
+    teacher.locator(".st-key-follow-share summary").click()  # closed: the panel lies over the page when open
 
     classmate.goto(href)
     settled_text(classmate)

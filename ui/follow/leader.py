@@ -84,7 +84,8 @@ def panel(t: Callable[..., str]) -> None:
     # A data URI: the page's HTML sanitizer keeps an <img> but strips an inline <svg> element.
     qr = segno.make(url, error="m").svg_data_uri(scale=1, border=3, omitsize=True, light="#fff")
     st.html(STRIP_CSS)
-    with st.expander(t("follow_share"), icon=":material/qr_code_2:", key="follow-share"):
+    icon = ":material/qr_code_2:" if problem is None else ":material/wifi_off:"  # seen on the strip, closed
+    with st.expander(t("follow_share"), icon=icon, key="follow-share"):
         if problem is not None:
             st.warning(t(problem[0], **problem[1]), icon=":material/wifi_off:")
         qr_column, text_column = st.columns([3, 2])

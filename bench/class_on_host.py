@@ -84,10 +84,10 @@ from streamlit.proto.Alert_pb2 import Alert  # noqa: E402
 from streamlit.proto.BackMsg_pb2 import BackMsg  # noqa: E402
 from streamlit.proto.ForwardMsg_pb2 import ForwardMsg  # noqa: E402
 
+import engine  # noqa: E402
 from bench.browser_latency import SocketFollower, Wire, counter, press_step  # noqa: E402
 from bench.class_open import CpuSplit  # noqa: E402
 from tests.server import ROOT, chromium, running_server, settled_text  # noqa: E402
-import engine  # noqa: E402
 from ui.host.limits import APP_MAX_KV_SPLITS, load_limits  # noqa: E402
 from ui.state.link import LANGUAGE_DEFAULTS, default_prompt, parse_query  # noqa: E402
 
@@ -161,7 +161,6 @@ def heaviest_prompt(limits, lang: str) -> int:
     """The longest prompt the host allows on `lang`'s model (ui/host/limits.py `model_limits`: a model whose K/V take
     fewer bytes a token gets longer prompts), less 2 as bench/step_memory.py's worst case (382 of 384 on SmolLM2)."""
     from engine.loader import AUTO
-
     from ui.host.limits import model_limits
 
     info = engine.load_model(LANGUAGE_DEFAULTS[lang]["model"], dtype=AUTO).info  # its limits need its shapes

@@ -26,7 +26,6 @@ from engine.rope import Rope, apply_rope
 from engine.trace import Capture
 from engine.weights import LayerWeights, Weights
 
-
 ATTENTION_COPIES = 6  # (q_heads, T, L) float32 tensors one layer's attention holds at its peak
 Observer = Callable[[int, AttentionResult, torch.Tensor], None]  # (layer, its attention, its queries before RoPE)
 # Called after each layer of every pass this thread runs inside `between_layers`: a server whose pages share one

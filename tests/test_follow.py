@@ -14,11 +14,11 @@ import pytest
 import redis
 
 from tests.app_helpers import assert_clean, keeps_working, secret_of, shown_text, start, step_of
-from ui.text import strings
 from ui.follow import room_link, rooms
-from ui.runs import turns
 from ui.lesson.chapters import number_of
+from ui.runs import turns
 from ui.state.link import AppState, parse_query
+from ui.text import strings
 
 
 def follow_link(at) -> str:

@@ -20,12 +20,12 @@ import contextlib
 import pytest
 
 import engine
-from tests.server import settled_text
-from ui.text import strings
-from ui.state.link import VIEWS, default_prompt, parse_query
 from tests.helpers import WAIT_MS, box, until_link
-from tests.test_speculative_view import reference_passes
+from tests.server import settled_text
 from tests.test_serving_view import reference_steps, setup_of
+from tests.test_speculative_view import reference_passes
+from ui.state.link import VIEWS, default_prompt, parse_query
+from ui.text import strings
 
 pytestmark = pytest.mark.browser
 

@@ -18,20 +18,21 @@ import engine
 from engine.prompt import has_chat_template
 from engine.tokens import token_cells
 from tests.app_helpers import VIEW_TITLES, assert_clean, open_whole_view, start
+from tests.helpers import WAIT_MS, Received, hf_keys_before_rotation, press
+from tests.runs import decode
+from tests.server import browser_page, settled_text
+from tests.test_app import english_left
 from tests.test_eviction_view import eviction_numbers, strong_sink
+from tests.test_gemma_views import charts, matrix
 from tests.test_serving_view import serving_numbers
 from tests.test_speculative_view import free_guesses_worse, plain_answer_equal, speculative_numbers
-from tests.test_app import english_left
-from tests.test_gemma_views import charts, matrix
-from tests.runs import decode
-from tests.helpers import WAIT_MS, Received, hf_keys_before_rotation, press
-from tests.server import browser_page, settled_text
-from ui.text import strings
-from ui.views.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
 from ui.lesson.chapters import CHAPTERS, WINDOW_PROMPTS, fill, number_of
 from ui.state.link import default_prompt, language_defaults, parse_query
+from ui.text import strings
+from ui.views.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
 from viz.style import fmt_size
 from viz.tokens import position_label
+
 
 def lesson_text(at) -> str:
     """The lesson's header (the chapter's title) and its panel, where the chapter's text and numbers are."""

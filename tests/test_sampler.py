@@ -11,8 +11,8 @@ from transformers.generation.logits_process import (
 )
 
 import engine
-from tests.runs import decode
 from engine.sampler import MAX_SEED, TEMPERATURE_FLOOR, apply_top_k, apply_top_p, filter_logits, sample
+from tests.runs import decode
 
 # Few distinct values over a small vocabulary, so ties at the filter boundaries are common.
 tied_logits = st.lists(st.integers(-4, 4), min_size=2, max_size=40).map(lambda xs: torch.tensor(xs, dtype=torch.float32) / 2)

@@ -21,8 +21,8 @@ from urllib.parse import quote
 import pytest
 from playwright.sync_api import expect
 
-from tests.server import ROOT, Output, free_port, settled_text, wait_until_listening
 from tests.helpers import WAIT_MS, expected, link, press, until_link
+from tests.server import ROOT, Output, free_port, settled_text, wait_until_listening
 from tests.test_follow_browser import leader_moves, shows
 from tests.test_follow_faults import DOWN, LEAD_DOWN, open_class, pages, timed_next  # noqa: F401 (pages: a fixture)
 from ui.text import strings

@@ -13,8 +13,8 @@ from tests.app_helpers import assert_clean, start
 from tests.conftest import GEMMA_WINDOW
 from tests.runs import decode
 from tests.test_gemma_views import charts, matrix
-from ui.lesson.chapters import CHAPTERS, WINDOW_PROMPTS, number_of
 from ui.host.limits import load_limits
+from ui.lesson.chapters import CHAPTERS, WINDOW_PROMPTS, number_of
 
 W = GEMMA_WINDOW
 

@@ -9,8 +9,19 @@ import pytest
 import torch
 
 import engine
-from engine.speculative import (EarlyExit, Guesses, NoDraft, PromptLookup, SpeculativeSession, acceptance,
-                                judge_greedy, judge_sampled, make_draft, prompt_lookup, residual)
+from engine.speculative import (
+    EarlyExit,
+    Guesses,
+    NoDraft,
+    PromptLookup,
+    SpeculativeSession,
+    acceptance,
+    judge_greedy,
+    judge_sampled,
+    make_draft,
+    prompt_lookup,
+    residual,
+)
 from tests.conftest import FAMILIES
 
 # Repeats itself, so prompt lookup has something to find even on a random model's answer.

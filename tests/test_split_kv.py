@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import engine
-from tests.runs import decode
 from engine.split_kv import EXAMPLE_KEYS, EXAMPLE_QUERY, EXAMPLE_VALUES, merge, partials, split_ranges, worked_example
+from tests.runs import decode
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-12), (torch.float32, 1e-5)])

@@ -7,8 +7,8 @@ import string
 
 import pytest
 
-from ui.text import strings
 from ui.lesson.chapters import CHAPTERS, TEXT_PARTS
+from ui.text import strings
 from viz.words import LANGUAGES, TRANSLATIONS, read_words
 
 SINGULAR = strings.SINGULAR  # an English-only variant of a string, for a count of 1

@@ -7,11 +7,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from engine.model import ModelInfo
 from engine.trace import StepTrace
-from plotly.subplots import make_subplots
-
 from viz.style import DIVERGING, OKABE_ITO, TOP_LEGEND, finish
 from viz.words import ENGLISH, Words
 

@@ -9,8 +9,21 @@ from plotly.colors import sample_colorscale
 
 from engine.kv_cache import kv_bytes_per_token
 from engine.model import ModelInfo
-from viz.style import (MOST_LABELLED, OKABE_ITO, SEQUENTIAL, TOP_LEGEND, finish, first_screen_height, fmt_bytes,
-                        plotly_text, position_ticks, readable, text_color_on, tick_step, window)
+from viz.style import (
+    MOST_LABELLED,
+    OKABE_ITO,
+    SEQUENTIAL,
+    TOP_LEGEND,
+    finish,
+    first_screen_height,
+    fmt_bytes,
+    plotly_text,
+    position_ticks,
+    readable,
+    text_color_on,
+    tick_step,
+    window,
+)
 from viz.words import ENGLISH, Words
 
 SLOT_TEXT_SIZE = 12  # px; 15 on a projector

@@ -22,8 +22,16 @@ from ui.host import streamlit_internals
 from ui.host.limits import Limits, StepLimits, fit_state
 from ui.lesson.chapters import CHAPTERS, WINDOW_PROMPTS
 from ui.runs.run import RunConfig
-from ui.state.link import (CHOICES, AppState, Problem, default_prompt, language_defaults, link_holds, parse_query,
-                           to_query)
+from ui.state.link import (
+    CHOICES,
+    AppState,
+    Problem,
+    default_prompt,
+    language_defaults,
+    link_holds,
+    parse_query,
+    to_query,
+)
 from ui.state.session import lesson_session, page_session, settings
 from ui.text import strings
 from ui.views import cases

@@ -473,8 +473,8 @@ def run_class(root: Path, label: str, args, prompts: dict, late_step: int) -> Cl
         memory.phase = "idle"
         time.sleep(3)
         result.idle = memory.read()
-        students = join(url, roster(args.students, args.langs), follow_query, prompts, late_step, step_of(counter(page)),
-                        result, memory)
+        students = join(url, roster(args.students, args.langs), follow_query, prompts, late_step,
+                        step_of(counter(page)), result, memory)
         memory.phase = "class"
         rng, start = random.Random(7), time.perf_counter()
         threads = [threading.Thread(target=explore, args=(s, args.presses, start + rng.uniform(0, args.pace),
@@ -670,9 +670,9 @@ def main() -> None:
     seats = explorers_roster(args.students, args.langs) if args.explore else roster(args.students, args.langs)
     prompts = {seat: exact_prompt(seat.lang, tokens[seat.lang], seat.number)
                for seat in seats if seat.role == "heavy"}
-    print(f"{args.students} students: " + ", ".join(f"{sum(s.role == r and s.lang == l for s in seats)} {r} {l}"
+    print(f"{args.students} students: " + ", ".join(f"{sum(s.role == r and s.lang == lang for s in seats)} {r} {lang}"
                                                      for r in ("follower", "light", "heavy", "evict")
-                                                     for l in ("en", "zh"))
+                                                     for lang in ("en", "zh"))
           + f"; {args.presses} presses every {args.pace:.0f} s; heavy links ask for a prompt of "
           + ", ".join(f"{count} tokens ({lang})" for lang, count in tokens.items()) + ", "
           f"block_size 1, kv_splits {APP_MAX_KV_SPLITS}, step {late_step}; the servers' environment: "

@@ -115,7 +115,8 @@ def measure(pages: int, splits: int | None, block_size: int | None, steps: int, 
         thread.join()
     if errors:
         raise errors[0]
-    return {"model": model.info.name, "dtype": model.info.dtype, "pages": pages, "one_link": one_link, "kv_splits": splits, "block_size": block_size, "steps": steps,
+    return {"model": model.info.name, "dtype": model.info.dtype, "pages": pages, "one_link": one_link,
+            "kv_splits": splits, "block_size": block_size, "steps": steps,
             "step_memory_mb": limits.step_memory_mb, "loaded_mb": round(loaded), "peak_mb": round(peak_mb()),
             "extra_mb": round(peak_mb() - loaded), "seconds": round(time.perf_counter() - start, 1)}
 

@@ -166,7 +166,8 @@ class Model:
         ids = torch.tensor([token_id], device=self.device)
         return self.embed(ids, torch.tensor([position], device=self.device))[0].cpu()
 
-    def full_attention(self, ids: list[int], layer: int, block_size: int = DEFAULT_BLOCK_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
+    def full_attention(self, ids: list[int], layer: int, block_size: int = DEFAULT_BLOCK_SIZE
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer's causal attention over the whole sequence `ids`, by one fresh prefill pass.
 
         Returns probabilities and scores, each (q_heads, n, n). The rows equal what step-by-step decoding

@@ -268,7 +268,8 @@ def test_a_follower_keeps_following_through_its_own_language_and_the_teachers_ca
         follower.run()
         assert_clean(follower)
         assert state_of(follower) == state_of(leader)
-        assert [i.value for i in follower.info if i.value == strings.t("follow_following", "zh")], ([i.value for i in follower.info], [w.value for w in follower.warning])
+        assert [i.value for i in follower.info if i.value == strings.t("follow_following", "zh")], (
+            [i.value for i in follower.info], [w.value for w in follower.warning])
 
 
 def lang_of(at) -> str:

@@ -257,7 +257,7 @@ def test_a_killed_redis_is_started_again_on_its_port_and_every_app_goes_on_servi
     assert_every_app_serves(deployment)
 
 
-def test_followers_on_both_servers_are_back_in_step_after_a_killed_redis_returns(deployment, pages):
+def test_followers_on_both_servers_are_back_in_step_after_a_killed_redis_returns(deployment, pages):  # noqa: F811
     """The teacher (on app1) moves while Redis is down: the script is held (SIGSTOP) so that it starts no Redis
     until the move is made, as a Redis that takes a while to come back. The new Redis is empty; the teacher's page
     publishes its room again and both followers, one beside the teacher (app1) and one that reads the room through

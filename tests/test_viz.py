@@ -100,7 +100,8 @@ def test_candidates_split_costs_and_prefix_tables(run):
     assert list(costs["K/V bytes read"]) == [t.context_length * model.info.kv_bytes_per_token for t in traces]
     growth = context_growth_frame(model.info, [10, 20])
     assert growth["KV cache MiB"][1] == 2 * growth["KV cache MiB"][0]
-    assert growth["attention scores (millions)"][1] / growth["attention scores (millions)"][0] == pytest.approx(210 / 55)
+    assert (growth["attention scores (millions)"][1] / growth["attention scores (millions)"][0]
+            == pytest.approx(210 / 55))
     align = alignment_frame([1, 2, 3], [1, 2, 4, 5], list("abc"), list("abde"), reused=2)
     assert list(align["same id"]) == [True, True, False, False] and list(align["reused"]) == [True, True, False, False]
     assert list(policy_frame({"block": 0, "radix": 9}, 17)["computed tokens"]) == [17, 8]

@@ -40,7 +40,8 @@ def block_table_frame(block_table: list[int], length: int, block_size: int, labe
     for logical, physical in enumerate(block_table):
         start = logical * block_size
         end = min(start + block_size, length)
-        rows.append({"logical": logical, "physical": physical, "positions": f"{start}–{end - 1}" if end > start else "–",
+        rows.append({"logical": logical, "physical": physical,
+                     "positions": f"{start}–{end - 1}" if end > start else "–",
                      "filled": f"{max(0, end - start)}/{block_size}", "tokens": " ".join(labels[start:end])})
     frame = pd.DataFrame(rows, columns=["logical", "physical", "positions", "filled", "tokens"])
     return frame.rename(columns={c: words["bt_" + c] for c in frame.columns})

@@ -81,7 +81,8 @@ LAYOUT_CSS = """<style>
 [data-testid="stMain"] h1 { font-size: 1.3rem; padding: 0; line-height: 1.3; }
 /* A title's text pulls what follows 1rem up (Streamlit's margin under Markdown), which the step's header allows
    for; a banner under the title would cover its lower half. */
-.st-key-notices [data-testid="stElementContainer"]:has([data-testid="stHeading"]):not(:last-child) { margin-bottom: 1.25rem; }
+.st-key-notices [data-testid="stElementContainer"]:has([data-testid="stHeading"]):not(:last-child) \
+{ margin-bottom: 1.25rem; }
 /* A first visitor's notices keep the emptied place of the model's loading stages for the session: shown as nothing,
    its container still took a gap above the lesson's title (chapter 6's figure then ended at 721 px, off screen). */
 [data-testid="stLayoutWrapper"]:has(> .st-key-notices > :only-child > [data-testid="stEmpty"]) { display: none; }

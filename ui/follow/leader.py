@@ -42,8 +42,8 @@ STRIP_CSS = """<style>
 # The QR code's box: as tall as most of a projected 720-pixel screen allows, on a white quiet zone so that a
 # dark theme does not hide it; on a phone, the width of the screen.
 QR_CSS = """<style>
-.kv-follow-qr img { width: min(62vh, 100%); height: auto; display: block; background: #fff; \
-image-rendering: pixelated; }
+.kv-follow-qr img { width: min(62vh, 100%); height: auto; display: block; background: #fff;
+  image-rendering: pixelated; }
 .kv-follow-link { font-size: 1.1rem; word-break: break-all; }
 </style>"""
 

@@ -151,8 +151,9 @@ def views(browser, url: str, presses: int, warm: int) -> None:
         page.locator("h1").first.click()
         runs = [press_step(page, wire) for _ in range(warm + presses)][warm:]
         kib = statistics.median(r["bytes"] for r in runs) / 1024
-        print(f"  {view:9s} token {spread([r['token'] for r in runs])}  text {spread([r['text'] for r in runs])}  drawn {spread([r['drawn'] for r in runs])}  "
-              f"server {spread([r['server'] for r in runs])}  {kib:7.0f} KiB/press", flush=True)
+        print(f"  {view:9s} token {spread([r['token'] for r in runs])}  text {spread([r['text'] for r in runs])}  "
+              f"drawn {spread([r['drawn'] for r in runs])}  server {spread([r['server'] for r in runs])}  "
+              f"{kib:7.0f} KiB/press", flush=True)
         back = [press_step(page, wire, "ArrowLeft") for _ in range(presses)]
         print(f"  {'':9s} ← to a computed step: token {spread([r['token'] for r in back])}  drawn "
               f"{spread([r['drawn'] for r in back])}", flush=True)

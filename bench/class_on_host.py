@@ -84,10 +84,10 @@ from streamlit.proto.Alert_pb2 import Alert  # noqa: E402
 from streamlit.proto.BackMsg_pb2 import BackMsg  # noqa: E402
 from streamlit.proto.ForwardMsg_pb2 import ForwardMsg  # noqa: E402
 
+import engine  # noqa: E402
 from bench.browser_latency import SocketFollower, Wire, counter, press_step  # noqa: E402
 from bench.class_open import CpuSplit  # noqa: E402
 from tests.server import ROOT, chromium, running_server, settled_text  # noqa: E402
-import engine  # noqa: E402
 from ui.host.limits import APP_MAX_KV_SPLITS, load_limits  # noqa: E402
 from ui.state.link import LANGUAGE_DEFAULTS, default_prompt, parse_query  # noqa: E402
 
@@ -161,7 +161,6 @@ def heaviest_prompt(limits, lang: str) -> int:
     """The longest prompt the host allows on `lang`'s model (ui/host/limits.py `model_limits`: a model whose K/V take
     fewer bytes a token gets longer prompts), less 2 as bench/step_memory.py's worst case (382 of 384 on SmolLM2)."""
     from engine.loader import AUTO
-
     from ui.host.limits import model_limits
 
     info = engine.load_model(LANGUAGE_DEFAULTS[lang]["model"], dtype=AUTO).info  # its limits need its shapes
@@ -474,8 +473,8 @@ def run_class(root: Path, label: str, args, prompts: dict, late_step: int) -> Cl
         memory.phase = "idle"
         time.sleep(3)
         result.idle = memory.read()
-        students = join(url, roster(args.students, args.langs), follow_query, prompts, late_step, step_of(counter(page)),
-                        result, memory)
+        students = join(url, roster(args.students, args.langs), follow_query, prompts, late_step,
+                        step_of(counter(page)), result, memory)
         memory.phase = "class"
         rng, start = random.Random(7), time.perf_counter()
         threads = [threading.Thread(target=explore, args=(s, args.presses, start + rng.uniform(0, args.pace),
@@ -671,9 +670,9 @@ def main() -> None:
     seats = explorers_roster(args.students, args.langs) if args.explore else roster(args.students, args.langs)
     prompts = {seat: exact_prompt(seat.lang, tokens[seat.lang], seat.number)
                for seat in seats if seat.role == "heavy"}
-    print(f"{args.students} students: " + ", ".join(f"{sum(s.role == r and s.lang == l for s in seats)} {r} {l}"
+    print(f"{args.students} students: " + ", ".join(f"{sum(s.role == r and s.lang == lang for s in seats)} {r} {lang}"
                                                      for r in ("follower", "light", "heavy", "evict")
-                                                     for l in ("en", "zh"))
+                                                     for lang in ("en", "zh"))
           + f"; {args.presses} presses every {args.pace:.0f} s; heavy links ask for a prompt of "
           + ", ".join(f"{count} tokens ({lang})" for lang, count in tokens.items()) + ", "
           f"block_size 1, kv_splits {APP_MAX_KV_SPLITS}, step {late_step}; the servers' environment: "

@@ -108,7 +108,8 @@ def main() -> None:
     alone, together = result["alone"], result["together"]
     print(f"one page alone, step={args.step}: ready in {alone:.1f} s "
           f"(CPU: server {result['alone_cpu'][0]:.1f} s, the rest {result['alone_cpu'][1]:.1f} s)")
-    print(f"{args.pages} pages at once: first ready in {together[0]:.1f} s, median {together[len(together) // 2]:.1f} s, "
+    print(f"{args.pages} pages at once: first ready in {together[0]:.1f} s, "
+          f"median {together[len(together) // 2]:.1f} s, "
           f"last {together[-1]:.1f} s (CPU: server {result['together_cpu'][0]:.1f} s, "
           f"the rest {result['together_cpu'][1]:.1f} s)")
     print(f"server CPU, {args.pages} pages ÷ one: {result['together_cpu'][0] / result['alone_cpu'][0]:.1f}×; "

@@ -127,8 +127,8 @@ def run(spec: str, steps: int, context: int, device: str, dtype: torch.dtype = t
     medians = {name: 1000 * statistics.median(values) for name, values in times.items()}
     bound_ms = 1000 * decode_step_bytes(model.info, context + steps // 2) / (bandwidth_gb_s(model.device) * 1e9)
     return {
-        "model": model.info.name, "dtype": model.info.dtype, "threads": torch.get_num_threads(), "parameters": model.info.parameters,
-        "device": str(model.device),
+        "model": model.info.name, "dtype": model.info.dtype, "threads": torch.get_num_threads(),
+        "parameters": model.info.parameters, "device": str(model.device),
         "context": context, "steps": steps, "load_s": round(load_s, 1),
         "median_ms": {k: round(v, 2) for k, v in medians.items()},
         "ratio_full_vs_transformers": round(medians["engine, full traces"] / medians["transformers"], 3),

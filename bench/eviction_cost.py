@@ -4,7 +4,8 @@
         [--plot docs/eviction-nll.png] [--json PATH]
 
 The text is ui/text/texts/one-token-at-a-time.en.txt (ours, written from docs/teaching.md's points; the eviction view
-streams its start), tokenized as the tokenizer encodes it (Gemma's BOS first). Each model in the dtype the app holds it in.
+streams its start), tokenized as the tokenizer encodes it (Gemma's BOS first). Each model in the dtype the app
+holds it in.
 1. After the prefill (kvpress's press): PROMPTS prompts of PROMPT_TOKENS tokens cut from the text; every policy at
    each of RATIOS. The next token's KL(full ‖ evicted) on the softmax of the logits (nats), whether its top-1 is the
    full cache's, and how many of GREEDY greedy tokens equal the full cache's before the first difference.
@@ -194,7 +195,8 @@ def nll_by_position(model, ids: list[int], plan: Plan) -> dict:
     n = (len(ids) - 1) // plan.bucket * plan.bucket if plan.nll_tokens is None else plan.nll_tokens
     ids = ids[:n + 1]
     windows = {"full cache": None, f"window of {plan.nll_window}": StreamingWindow(0, plan.nll_window),
-               f"{N_SINK} sinks + window of {plan.nll_window - N_SINK}": StreamingWindow(N_SINK, plan.nll_window - N_SINK)}
+               f"{N_SINK} sinks + window of {plan.nll_window - N_SINK}":
+                   StreamingWindow(N_SINK, plan.nll_window - N_SINK)}
     out = {"positions": n, "bucket": plan.bucket, "window": plan.nll_window, "curves": {}}
     for label, window in windows.items():
         clock = time.perf_counter()

@@ -65,9 +65,20 @@ def prompt_ids(tokenizer) -> list[int]:
 
 def run_peer(model_dir: str, out: str, only: list[str]) -> None:
     import torch
-    from kvpress import (AdaKVPress, DecodingPress, ExpectedAttentionPress, KeyDiffPress, KeyRerotationPress,
-                         KnormPress, LagKVPress, ObservedAttentionPress, PyramidKVPress, SnapKVPress,
-                         StreamingLLMPress, TOVAPress)
+    from kvpress import (
+        AdaKVPress,
+        DecodingPress,
+        ExpectedAttentionPress,
+        KeyDiffPress,
+        KeyRerotationPress,
+        KnormPress,
+        LagKVPress,
+        ObservedAttentionPress,
+        PyramidKVPress,
+        SnapKVPress,
+        StreamingLLMPress,
+        TOVAPress,
+    )
     from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
     def ada_snapkv(compression_ratio=0.0, alpha_safeguard=0.2, **params):  # AdaKV around SnapKV (Ada-SnapKV)

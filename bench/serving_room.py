@@ -38,8 +38,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from streamlit.proto.BackMsg_pb2 import BackMsg  # noqa: E402
 from streamlit.proto.ForwardMsg_pb2 import ForwardMsg  # noqa: E402
 
-from bench.class_on_host import (OPEN_S, WAIT_S, ServerMemory, Seat, Student, memory_text, ms, page_clock,  # noqa: E402
-                                 peak_text, wait_for)
+from bench.class_on_host import (  # noqa: E402
+    OPEN_S,
+    WAIT_S,
+    Seat,
+    ServerMemory,
+    Student,
+    memory_text,
+    ms,
+    page_clock,
+    peak_text,
+    wait_for,
+)
 from tests.server import chromium, running_server  # noqa: E402
 from ui.text import strings  # noqa: E402
 

@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 import engine  # noqa: E402
-from engine.errors import KvscopeError  # noqa: E402
 from bench.speculative_peer import MODELS, folder  # noqa: E402
+from engine.errors import KvscopeError  # noqa: E402
 from engine.prompt import tokenize_prompt  # noqa: E402
 from engine.speculative import Draft, EarlyExit, NoDraft, PromptLookup, SpeculativeSession  # noqa: E402
 

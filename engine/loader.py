@@ -135,7 +135,8 @@ def _read(spec: str, source: str, dtype: torch.dtype | str):
     try:
         config = AutoConfig.from_pretrained(source, trust_remote_code=False)
     except ValueError as error:  # a model_type transformers does not know
-        raise UnsupportedModelError(f"{spec!r}: {_first_line(error)}; supported: {', '.join(SUPPORTED_FAMILIES)}") from error
+        raise UnsupportedModelError(f"{spec!r}: {_first_line(error)}; "
+                                    f"supported: {', '.join(SUPPORTED_FAMILIES)}") from error
     except OSError as error:
         raise ModelNotFoundError(f"cannot read model {spec!r}: {_first_line(error)}") from error
     _check_supported(spec, config)

@@ -26,7 +26,6 @@ from engine.rope import Rope, apply_rope
 from engine.trace import Capture
 from engine.weights import LayerWeights, Weights
 
-
 ATTENTION_COPIES = 6  # (q_heads, T, L) float32 tensors one layer's attention holds at its peak
 Observer = Callable[[int, AttentionResult, torch.Tensor], None]  # (layer, its attention, its queries before RoPE)
 # Called after each layer of every pass this thread runs inside `between_layers`: a server whose pages share one
@@ -167,7 +166,8 @@ class Model:
         ids = torch.tensor([token_id], device=self.device)
         return self.embed(ids, torch.tensor([position], device=self.device))[0].cpu()
 
-    def full_attention(self, ids: list[int], layer: int, block_size: int = DEFAULT_BLOCK_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
+    def full_attention(self, ids: list[int], layer: int, block_size: int = DEFAULT_BLOCK_SIZE
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer's causal attention over the whole sequence `ids`, by one fresh prefill pass.
 
         Returns probabilities and scores, each (q_heads, n, n). The rows equal what step-by-step decoding

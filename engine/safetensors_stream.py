@@ -25,7 +25,8 @@ def write_streamed(target: Path, shapes: dict[str, list[int]], dtype: torch.dtyp
     offset = 0
     for name, shape in shapes.items():
         nbytes = _count(shape) * size
-        header[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        header[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(shape),
+                        "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned

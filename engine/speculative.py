@@ -2,10 +2,10 @@
 
 A decode pass reads every weight and the whole cache to make one token, and a pass over k + 1 rows reads the same
 bytes: where reading is what takes the time (decode on a GPU) it costs about as much. (On this project's 2-core CPU
-a small matrix product computes more than it reads: 3 rows cost about twice one, bench/speculative.py.) A *draft* guesses k tokens; one *verify* pass of the full model
-reads the last token and the guesses; the model keeps the longest prefix of guesses it agrees with, plus its own
-next token. A pass therefore adds 1 to k + 1 tokens. A draft the model rarely agrees with costs its own work for a
-token a pass, and is slower than no draft.
+a small matrix product computes more than it reads: 3 rows cost about twice one, bench/speculative.py.) A *draft*
+guesses k tokens; one *verify* pass of the full model reads the last token and the guesses; the model keeps the
+longest prefix of guesses it agrees with, plus its own next token. A pass therefore adds 1 to k + 1 tokens. A draft
+the model rarely agrees with costs its own work for a token a pass, and is slower than no draft.
 
 Agreeing, as transformers' assisted generation decides it (`generate(prompt_lookup_num_tokens=…)`,
 `generate(assistant_early_exit=…)`, the references of bench/speculative_peer.py):

@@ -98,18 +98,18 @@ def merge_online(scores: torch.Tensor, v: torch.Tensor, splits: int) -> tuple[to
     running_max = weight_sum = output_sum = None
     last = []
     for first in range(0, splits, group):
-        m, l, raw = _group_sums(scores, v, first * width, width, min(group, splits - first))  # (..., T, G[, D])
+        m, exp_sum, raw = _group_sums(scores, v, first * width, width, min(group, splits - first))  # (..., T, G[, D])
         # Copies, not views: a view of the last row would keep the group's whole (..., T, G, D) alive.
-        last.append(_normalised(m[..., -1, :].clone(), l[..., -1, :].clone(), raw[..., -1, :, :].clone()))
+        last.append(_normalised(m[..., -1, :].clone(), exp_sum[..., -1, :].clone(), raw[..., -1, :, :].clone()))
         new_max = m.amax(dim=-1) if running_max is None else torch.maximum(running_max, m.amax(dim=-1))
         safe = _finite_or_zero(new_max)  # all −inf: nothing visible yet, every weight is 0
         scale = torch.exp(m - safe[..., None])  # (..., T, G): e^{m_i − M'}
         weighted = torch.matmul(scale.unsqueeze(-2), raw).squeeze(-2)  # (..., T, D): Σ_i e^{m_i − M'} l_i O_i
         if running_max is None:
-            weight_sum, output_sum = (l * scale).sum(dim=-1), weighted
+            weight_sum, output_sum = (exp_sum * scale).sum(dim=-1), weighted
         else:
             rescale = torch.exp(running_max - safe)  # e^{M − M'}
-            weight_sum = weight_sum * rescale + (l * scale).sum(dim=-1)
+            weight_sum = weight_sum * rescale + (exp_sum * scale).sum(dim=-1)
             output_sum = output_sum * rescale[..., None] + weighted
         running_max = new_max
     merged = output_sum / weight_sum.clamp_min(torch.finfo(weight_sum.dtype).tiny)[..., None]
@@ -136,11 +136,11 @@ def _group_sums(scores: torch.Tensor, v: torch.Tensor, start: int, width: int, c
     return m, e.sum(dim=-1), raw
 
 
-def _normalised(m: torch.Tensor, l: torch.Tensor, raw: torch.Tensor) -> Partials:
+def _normalised(m: torch.Tensor, exp_sum: torch.Tensor, raw: torch.Tensor) -> Partials:
     """O_i = raw_i / l_i (0 for an empty or fully masked split, whose l_i is 0)."""
-    output = torch.where(l[..., None] > 0, raw / l.clamp_min(torch.finfo(l.dtype).tiny)[..., None],
+    output = torch.where(exp_sum[..., None] > 0, raw / exp_sum.clamp_min(torch.finfo(exp_sum.dtype).tiny)[..., None],
                          torch.zeros_like(raw))
-    return Partials(m, l, output)
+    return Partials(m, exp_sum, output)
 
 
 def _finite_or_zero(m: torch.Tensor) -> torch.Tensor:

@@ -2,8 +2,8 @@
 
 import contextlib
 import os
-import signal
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 

@@ -4,14 +4,14 @@ import re
 
 import pytest
 
+from engine.prompt import tokenize_prompt
 from tests.app_helpers import VIEW_TITLES, assert_clean, shown_text, start
 from tests.helpers import expected
 from ui.page import step as step_fragment
-from ui.text import strings
-from engine.prompt import tokenize_prompt
-from ui.state.link import CACHE_POLICIES, LANGS, VIEWS, AppState, parse_query
 from ui.runs.serving import ARRIVALS
 from ui.runs.speculative import PROMPTS
+from ui.state.link import CACHE_POLICIES, LANGS, VIEWS, AppState, parse_query
+from ui.text import strings
 
 
 def test_default_page_shows_the_prompt_ready_to_prefill(embedded_model):

@@ -50,7 +50,8 @@ LINK_CASES = [
 ]
 
 
-@pytest.mark.parametrize("params, param, reason", LINK_CASES, ids=[f"{c[1]}={list(c[0].values())[0]!r}" for c in LINK_CASES])
+@pytest.mark.parametrize("params, param, reason", LINK_CASES,
+                         ids=[f"{c[1]}={list(c[0].values())[0]!r}" for c in LINK_CASES])
 def test_malformed_link_value(params, param, reason, embedded_model):
     at = start(**params)
     assert not at.exception, at.exception

@@ -85,7 +85,8 @@ def test_bf16_model_card_describes_the_cache_the_pool_stores(family, bf16_model,
     assert model.info.dtype == "bfloat16"
     assert model.info.element_bytes == pool.k.element_size() == 2
     assert model.info.kv_bytes_per_token == pool.bytes_per_token
-    assert model.info.kv_bytes_per_token * 2 == engine.load_model(tiny_model_dir(family), device="cpu").info.kv_bytes_per_token
+    assert (model.info.kv_bytes_per_token * 2
+            == engine.load_model(tiny_model_dir(family), device="cpu").info.kv_bytes_per_token)
 
 
 def test_bf16_weights_are_one_copy_the_stacked_projections_views_of_it(bf16_model):

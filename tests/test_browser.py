@@ -14,8 +14,8 @@ from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 import engine
 from tests.helpers import COUNT_SENDS, WAIT_MS, expected, until_link
 from tests.server import restarted_server, running_server, settled_text
-from ui.text import strings
 from ui.state.link import VIEWS
+from ui.text import strings
 
 pytestmark = pytest.mark.browser
 

@@ -8,8 +8,8 @@ from engine.busy_pool import BusyPoolReplay
 from tests.app_helpers import assert_clean, open_whole_view, start
 from tests.runs import decode
 from ui.lesson.chapters import CHAPTERS
-from ui.text.strings import figure_words
 from ui.state.link import parse_query
+from ui.text.strings import figure_words
 from viz.kv_cache import busy_pool_figure
 
 PAGING = next(c for c in CHAPTERS if c.key == "paging")

@@ -9,12 +9,12 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.app_helpers import assert_clean, open_whole_view, start
-from tests.server import browser_page, settled_text
 from tests.helpers import metric_value, open_whole_view_in, press, until_link, widget
+from tests.server import browser_page, settled_text
 from tests.test_runner import case_expectation
+from ui.lesson.chapters import number_of
 from ui.text import strings
 from ui.views.cases import CASE_BLOCK_SIZE, CASES
-from ui.lesson.chapters import number_of
 
 POLICIES = ("whole", "block", "radix")
 CASE_OF_CHAPTER = {number_of("prefix_case1"): "case1", number_of("prefix_case2"): "case2"}

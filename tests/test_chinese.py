@@ -17,8 +17,10 @@ PROMPT = "解释什么是Transformer"
 
 
 def test_a_chinese_prompt_shows_characters_not_bytes(server, page, tokenizer):
-    # SmolLM2's byte-level tokenizer (a page in Chinese opens on embedded-zh otherwise: tests/test_lesson_walk.py's Chinese walk)
-    page.goto(f"{server}/?" + urlencode({"prompt": PROMPT, "chat": "0", "step": "3", "lang": "zh", "model": "embedded"}))
+    # SmolLM2's byte-level tokenizer (a page in Chinese opens on embedded-zh otherwise: tests/test_lesson_walk.py's
+    # Chinese walk)
+    page.goto(f"{server}/?" + urlencode({"prompt": PROMPT, "chat": "0", "step": "3", "lang": "zh",
+                                         "model": "embedded"}))
     settled_text(page)
     chips = [t.strip() for t in page.locator(STREAM_CHIPS).all_inner_texts()]
     ids = tokenizer.encode(PROMPT, add_special_tokens=False)

@@ -10,12 +10,11 @@ from playwright.sync_api import expect
 from tests.app_helpers import assert_clean, secret_of, start
 from tests.helpers import idle, press, until_link, widget
 from tests.test_follow import code_in, follow_link, settle
-from ui.follow import serving_room
-from ui.text import strings
-from ui.follow import class_prompts
+from ui.follow import class_prompts, serving_room
 from ui.follow.class_prompts import MAX_CHARS, ClassPrompts, PromptRefused, check_text
 from ui.follow.rooms import code_for
 from ui.follow.store import MemoryStore
+from ui.text import strings
 from viz.serving import request_label
 
 SPECIAL = ["<|im_start|>", "<|im_end|>", "<bos>"]

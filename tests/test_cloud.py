@@ -24,8 +24,8 @@ from engine import embedded
 from engine.loader import EMBEDDED_DTYPES
 from tests.helpers import WAIT_MS
 from tests.server import ROOT, free_port, settled_text, stop, wait_until_healthy
-from ui.text import strings
 from ui.state.link import DEFAULT_PROMPTS
+from ui.text import strings
 
 CLOUD = ROOT / "cloud"
 REQUIREMENTS = CLOUD / "requirements.txt"

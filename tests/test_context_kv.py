@@ -86,8 +86,8 @@ def test_the_kv_views_two_contexts_open_on_a_click_in_a_browser(server, page):
 
 def test_every_page_on_a_model_reads_one_computation_of_the_two_contexts(tiny_model):
     """The pair's K/V are the model's, not a page's: pages sharing the server's run store compute them once."""
-    from ui.runs.store import RunStore
     from ui.runs.runner import Runner
+    from ui.runs.store import RunStore
 
     model, store = tiny_model("llama"), RunStore(10**9)
     first, second = (Runner(model, cache_tokens=64, store=store) for _ in range(2))

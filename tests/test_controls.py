@@ -13,13 +13,24 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.app_helpers import VIEW_TITLES
-from tests.helpers import (COUNT_SENDS, WAIT_MS, Received, choose, idle, link, metric_value, press, until_link,
-                           wait_until, widget)
+from tests.helpers import (
+    COUNT_SENDS,
+    WAIT_MS,
+    Received,
+    choose,
+    idle,
+    link,
+    metric_value,
+    press,
+    until_link,
+    wait_until,
+    widget,
+)
 from tests.server import running_server, settled_text
+from ui.state.link import VIEWS
 from ui.text import strings
 from ui.views import OWN_STEPS
 from ui.views.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
-from ui.state.link import VIEWS
 
 pytestmark = pytest.mark.browser
 

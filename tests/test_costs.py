@@ -4,8 +4,15 @@ weights, and a floor that is below every step it is shown beside."""
 import pytest
 
 from engine.reference_models import reference_info
-from engine.timing import (DecodeTiming, crossover_batch, crossover_context, decode_step_bytes, measure_decode,
-                           peak_read_bandwidth, percentile)
+from engine.timing import (
+    DecodeTiming,
+    crossover_batch,
+    crossover_context,
+    decode_step_bytes,
+    measure_decode,
+    peak_read_bandwidth,
+    percentile,
+)
 from tests.conftest import FAMILIES
 from ui.text.strings import figure_words
 from viz.costs import context_growth_figure, context_growth_frame, per_token_figure, step_bytes_figure

@@ -29,7 +29,8 @@ def test_embedded_model_loads_offline_in_a_fresh_process(embedded_folder):
 
 def test_embedded_model_card_has_smollm2_shapes(embedded_model):
     info = embedded_model.info
-    assert (info.family, info.layers, info.hidden, info.q_heads, info.kv_heads, info.head_dim) == ("llama", 30, 576, 9, 3, 64)
+    assert (info.family, info.layers, info.hidden, info.q_heads, info.kv_heads, info.head_dim) == (
+        "llama", 30, 576, 9, 3, 64)
     assert (info.vocab, info.tied_embeddings, info.context_limit) == (49152, True, 8192)
     assert info.kv_bytes_per_token == 2 * 30 * 3 * 64 * 4
     assert embedded_model.weights.embed_tokens.shape == (49152, 576)

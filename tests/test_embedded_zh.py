@@ -59,7 +59,8 @@ def test_logits_equal_transformers_reading_the_gguf(zh_model, tmp_path):
 
 # The issue quoted transformers' greedy answers as rendered Markdown; these are the exact texts (<strong> and all).
 @pytest.mark.parametrize("prompt, answer", [
-    ("解释什么是Transformer，举个例子：", "\n\n1. <strong>Transformer</strong>：一个由输入数据和输出数据组成的网络，它通过"),
+    ("解释什么是Transformer，举个例子：",
+     "\n\n1. <strong>Transformer</strong>：一个由输入数据和输出数据组成的网络，它通过"),
     ("什么是KV缓存？KV缓存是", "用来存放数据的一种缓存机制，"),
     ("The capital of France is", " the capital of the country of France."),
 ])
@@ -89,8 +90,9 @@ def test_the_tokenizer_works_as_loaded_without_its_build_tables(zh_model):
 
     ours, fresh = zh_model.tokenizer, AutoTokenizer.from_pretrained(resolve_source(embedded.ZH, torch.float32))
     assert len(fresh._merges) > 500_000 and not ours._merges and not ours._vocab  # what was dropped was there
-    texts = ["解释什么是 Transformer。", "The KV cache keeps every position's keys and values.", "naïve café 🤖 \t\n  x",
-             "<start_of_turn>user\n你好<end_of_turn>\n<start_of_turn>model\n", "<bos><eos><pad> ⟨ef bc⟩"]
+    texts = ["解释什么是 Transformer。", "The KV cache keeps every position's keys and values.",
+             "naïve café 🤖 \t\n  x", "<start_of_turn>user\n你好<end_of_turn>\n<start_of_turn>model\n",
+             "<bos><eos><pad> ⟨ef bc⟩"]
     for text in texts:
         assert ours.encode(text) == fresh.encode(text), text
         ids = fresh.encode(text)

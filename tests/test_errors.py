@@ -49,7 +49,8 @@ def test_folder_without_a_config(tmp_path):
 def test_unsupported_architecture(tmp_path):
     from transformers import GPTNeoXConfig
 
-    GPTNeoXConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64).save_pretrained(tmp_path)
+    GPTNeoXConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                  intermediate_size=64).save_pretrained(tmp_path)
     with pytest.raises(engine.UnsupportedModelError, match="llama, qwen2, qwen3, gpt2"):
         engine.load_model(str(tmp_path))
 

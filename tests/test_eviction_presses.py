@@ -84,7 +84,7 @@ def expected_scores(hf, queries: torch.Tensor, keys: torch.Tensor, values: torch
     (mean, covariance), each moved by the rotation averaged over positions t … t + future − 1 (built here by
     rotating the basis vectors), exp(k·μ/√d + kᵀΣk/2d) normalised over the positions, averaged over the group,
     times ‖v‖; the sinks above every other."""
-    q_heads, n, d = queries.shape[0], keys.shape[1], keys.shape[-1]
+    q_heads, d = queries.shape[0], keys.shape[-1]
     group = q_heads // keys.shape[0]
     positions = torch.arange(queries.shape[1], queries.shape[1] + future)[None]  # kvpress counts from its queries
     cos, sin = (t[0].double() for t in hf.model.rotary_emb(torch.zeros(1, dtype=torch.float64), positions))
@@ -170,7 +170,8 @@ def test_kept_positions_after_the_prefill_equal_the_definition_and_decode_equals
                 count, held) for h in range(kv_heads)]
         for h in range(kv_heads):
             kept = set(run.kept_positions(layer, h)) - {n}  # n: the last prompt token, read after the eviction
-            assert kept == expected[h], f"layer {layer}, KV head {h}: kept {sorted(kept)}, expected {sorted(expected[h])}"
+            assert kept == expected[h], (f"layer {layer}, KV head {h}: kept {sorted(kept)}, "
+                                         f"expected {sorted(expected[h])}")
     if name == "adakv":  # the layer's budget, shared unevenly
         counts = [len(run.kept_positions(layer, h)) - 1 for layer in range(layers) for h in range(kv_heads)]
         assert sum(counts) == layers * kv_heads * (n // 2)

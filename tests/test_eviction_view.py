@@ -24,13 +24,13 @@ from tests.conftest import GEMMA_WINDOW
 from tests.helpers import choose, idle, widget
 from tests.server import browser_page, settled_text
 from tests.test_gemma_views import charts, matrix
-from ui.runs import sink_experiment
-from ui.text import strings
+from ui.host.limits import load_limits
 from ui.lesson.chapters import number_of
+from ui.runs import sink_experiment
 from ui.runs.eviction import EvictionLab, EvictionLabFull, pair_for
 from ui.runs.eviction_settings import EvictionSettings, lab_bytes
 from ui.runs.store import RunStore
-from ui.host.limits import load_limits
+from ui.text import strings
 
 PROMPT = ("Serving systems keep a cache of keys and values; when it no longer fits, they evict some positions and "
           "keep the ones a score ranks highest, then decode")

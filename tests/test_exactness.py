@@ -29,7 +29,8 @@ def aligned_attention(ours: torch.Tensor, theirs: torch.Tensor, what: str) -> to
     """Ours covers every position; transformers' record of a sliding-window layer's decode step covers only the
     positions it kept: ours must be 0 before them, and its last columns are compared."""
     width = theirs.shape[-1]
-    assert ours.shape[:-1] == theirs.shape[:-1] and ours.shape[-1] >= width, f"{what}: shapes {ours.shape}, {theirs.shape}"
+    assert ours.shape[:-1] == theirs.shape[:-1] and ours.shape[-1] >= width, (
+        f"{what}: shapes {ours.shape}, {theirs.shape}")
     assert (ours[..., :-width] == 0).all(), f"{what}: attention on a position outside the window"
     return ours[..., -width:]
 
@@ -130,7 +131,8 @@ def test_residual_stream_and_dual_path_match_transformers(tiny_model, tiny_model
     step = session.step()
     assert step.input_ids == [trace.token_id]
     assert step.positions == [len(session.prompt_ids)]
-    assert torch.equal(step.residual[0, 0], embedding.detach()), "decode input is the embedding row, not the last hidden"
+    assert torch.equal(step.residual[0, 0], embedding.detach()), (
+        "decode input is the embedding row, not the last hidden")
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -14,11 +14,11 @@ import pytest
 import redis
 
 from tests.app_helpers import assert_clean, keeps_working, secret_of, shown_text, start, step_of
-from ui.text import strings
 from ui.follow import room_link, rooms
-from ui.runs import turns
 from ui.lesson.chapters import number_of
+from ui.runs import turns
 from ui.state.link import AppState, parse_query
+from ui.text import strings
 
 
 def follow_link(at) -> str:
@@ -268,7 +268,8 @@ def test_a_follower_keeps_following_through_its_own_language_and_the_teachers_ca
         follower.run()
         assert_clean(follower)
         assert state_of(follower) == state_of(leader)
-        assert [i.value for i in follower.info if i.value == strings.t("follow_following", "zh")], ([i.value for i in follower.info], [w.value for w in follower.warning])
+        assert [i.value for i in follower.info if i.value == strings.t("follow_following", "zh")], (
+            [i.value for i in follower.info], [w.value for w in follower.warning])
 
 
 def lang_of(at) -> str:

@@ -13,8 +13,8 @@ from playwright.sync_api import expect
 
 from tests.helpers import IDLE, WAIT_MS, Received, leader_secret, link, press
 from tests.server import running_server, settled_text
-from ui.text import strings
 from ui.follow import rooms, teacher_browser
+from ui.text import strings
 
 pytestmark = pytest.mark.browser
 

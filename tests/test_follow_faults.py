@@ -13,10 +13,9 @@ import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import expect
 
+from tests.helpers import leader_secret
 from tests.redis_server import redis_process
 from tests.server import restarted_server, running_server, settled_text
-from tests.test_controls import link
-from tests.helpers import leader_secret
 from tests.test_follow_browser import IDLE, WAIT_MS, press, shown, shows
 from ui.text import strings
 

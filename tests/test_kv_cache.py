@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import engine
-from tests.runs import decode
 from engine.kv_cache import BlockPool, BlockTable
+from tests.runs import decode
 
 PROMPT = "Paged attention stores the cache in blocks"  # not a multiple of 4 or 16 tokens
 

@@ -20,12 +20,12 @@ import contextlib
 import pytest
 
 import engine
-from tests.server import settled_text
-from ui.text import strings
-from ui.state.link import VIEWS, default_prompt, parse_query
 from tests.helpers import WAIT_MS, box, until_link
-from tests.test_speculative_view import reference_passes
+from tests.server import settled_text
 from tests.test_serving_view import reference_steps, setup_of
+from tests.test_speculative_view import reference_passes
+from ui.state.link import VIEWS, default_prompt, parse_query
+from ui.text import strings
 
 pytestmark = pytest.mark.browser
 
@@ -140,7 +140,8 @@ def assert_next_and_the_step_buttons_fit_the_phone(page) -> None:
 def assert_figures_laid_out(page) -> None:
     # Every view draws at least one titled figure (in CI a page's first view once had none yet when measured).
     page.wait_for_selector(".kv-figure-title", timeout=WAIT_MS)
-    page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')].every(p => p.querySelector('.main-svg'))")
+    page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')]"
+                           ".every(p => p.querySelector('.main-svg'))")
     found = page.evaluate(MEASURE)
     assert found["titles"] >= 1, found  # every view draws at least one titled figure
     assert not found["cut"] and not found["plotly_titles"], found

@@ -18,20 +18,21 @@ import engine
 from engine.prompt import has_chat_template
 from engine.tokens import token_cells
 from tests.app_helpers import VIEW_TITLES, assert_clean, open_whole_view, start
+from tests.helpers import WAIT_MS, Received, hf_keys_before_rotation, press
+from tests.runs import decode
+from tests.server import browser_page, settled_text
+from tests.test_app import english_left
 from tests.test_eviction_view import eviction_numbers, strong_sink
+from tests.test_gemma_views import charts, matrix
 from tests.test_serving_view import serving_numbers
 from tests.test_speculative_view import free_guesses_worse, plain_answer_equal, speculative_numbers
-from tests.test_app import english_left
-from tests.test_gemma_views import charts, matrix
-from tests.runs import decode
-from tests.helpers import WAIT_MS, Received, hf_keys_before_rotation, press
-from tests.server import browser_page, settled_text
-from ui.text import strings
-from ui.views.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
 from ui.lesson.chapters import CHAPTERS, WINDOW_PROMPTS, fill, number_of
 from ui.state.link import default_prompt, language_defaults, parse_query
+from ui.text import strings
+from ui.views.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
 from viz.style import fmt_size
 from viz.tokens import position_label
+
 
 def lesson_text(at) -> str:
     """The lesson's header (the chapter's title) and its panel, where the chapter's text and numbers are."""
@@ -169,7 +170,8 @@ def expected_numbers(chapter, run: Run, at) -> list[str]:
         "paging": lambda: [len(trace.block_table), context, "0 → ", math.ceil(n / chapter.settings["block_size"])],
         "long_context": lambda: [f"{kv_at(context) / 2**20:,.2f}", context, info.layers, *past,
                                  *crossovers(info, context, kv_at)]
-                                + ([] if kv_at(2 * context) == 2 * kv_at(context) else [f"{kv_at(2 * context) / 2**20:,.2f}"]),
+                                + ([] if kv_at(2 * context) == 2 * kv_at(context)
+                                   else [f"{kv_at(2 * context) / 2**20:,.2f}"]),
         "split_kv": lambda: [len(trace.split.ranges), f"{trace.split.max_abs_diff.max().item():.1e}"],
         "context_window": lambda: growth_numbers(run),
         "sliding_window": lambda: window_numbers(run, chapter.settings["block_size"], at.session_state["w_lang"]),
@@ -205,7 +207,8 @@ def contexts_numbers(model: engine.Model, spec: str, lang: str) -> tuple[list[st
     for ids, index in ends:
         cache, unrotated = hf_keys_before_rotation(hf, ids)
         before = [token_row(keys, len(ids), index) for keys in unrotated]
-        per_context.append(dict(unrotated=before, keys=[layer.keys[0, :, -1].float().flatten() for layer in cache.layers],
+        per_context.append(dict(unrotated=before,
+                                keys=[layer.keys[0, :, -1].float().flatten() for layer in cache.layers],
                                 values=[layer.values[0, :, -1].float().flatten() for layer in cache.layers]))
     a, b = per_context
     cos = {name: [torch.nn.functional.cosine_similarity(x.double(), y.double(), dim=0).item()
@@ -245,8 +248,9 @@ def growth_numbers(run: Run) -> list[str]:
     return out
 
 
+# How the window chapter writes them.
 WINDOW_WORDS = {"en": ("{} to {}", "{} blocks of {}", "**{} blocks**", "in {} blocks."),
-                "zh": ("{} 至 {}", "{} 个块，每块 {} 个", "**{} 个块**", "共 {} 个块。")}  # how the window chapter writes them
+                "zh": ("{} 至 {}", "{} 个块，每块 {} 个", "**{} 个块**", "共 {} 个块。")}
 
 
 def window_numbers(run: Run, size: int, lang: str) -> list[str]:
@@ -481,7 +485,8 @@ def test_on_a_model_with_learned_positions_the_fixed_weights_chapter_says_layer_
 LONG_PROMPT = "什么是 KV 缓存？KV 缓存是一种用来存放注意力键和值的结构。" * 36  # over 600 of Gemma 3's tokens
 
 
-@pytest.mark.parametrize("key", ["prefill", "attention", "kv_cache", "long_context", "context_window", "sliding_window"])
+@pytest.mark.parametrize("key", ["prefill", "attention", "kv_cache", "long_context", "context_window",
+                                 "sliding_window"])
 def test_past_the_window_the_chapters_say_so(key, embedded_zh_model, monkeypatch):
     """With the host's limits raised (as a host may) and a prompt longer than Gemma 3's window of 512, the chapters
     that speak of what every layer keeps say which layers keep only their window, and their variants for a run
@@ -522,7 +527,8 @@ def test_counts_are_grouped_by_thousands_and_ids_are_not():
     assert fill("{hidden} × {vocab:,}; position {position}, id {id}; {missing}",
                 {"hidden": 1024, "vocab": 151936, "position": 12345, "id": 15234}) == (
         "1,024 × 151,936; position 12,345, id 15234; –")
-    assert fill("{adds} adds, {ratio:.1f}, {layers:>3}", {"adds": 56, "ratio": 0.25, "layers": 1}) == "56 adds, 0.2,   1"
+    assert fill("{adds} adds, {ratio:.1f}, {layers:>3}", {"adds": 56, "ratio": 0.25, "layers": 1}) == (
+        "56 adds, 0.2,   1")
 
 
 def test_every_variant_is_checked_against_its_run():
@@ -580,8 +586,8 @@ def test_an_engine_error_is_in_the_pages_language_and_the_lesson_stays(embedded_
     page's language with its numbers, and one press puts the lesson's own prompt back."""
     from ui.host.limits import load_limits, model_limits
 
-    for lang, prompt, model in (("zh", "什么是 KV 缓存？" * 300, embedded_zh_model), ("en", "What is a KV cache? " * 300,
-                                                                                  embedded_model)):
+    for lang, prompt, model in (("zh", "什么是 KV 缓存？" * 300, embedded_zh_model),
+                                ("en", "What is a KV cache? " * 300, embedded_model)):
         allowed = model_limits(load_limits(), model.info).max_prompt_tokens  # each model its own
         window = CHAPTERS[number_of("sliding_window") - 1]
         at = start(chapter=window.number, lang=lang, prompt=prompt)
@@ -829,4 +835,5 @@ def test_the_split_chapter_quotes_the_head_its_figure_shows(link, embedded_model
     scores = [sum(k * q for k, q in zip(key, EXAMPLE_QUERY)) / math.sqrt(2) for key in EXAMPLE_KEYS]
     weights = [math.exp(s) / sum(math.exp(x) for x in scores) for s in scores]
     out = [sum(w * v[d] for w, v in zip(weights, EXAMPLE_VALUES)) for d in range(2)]
-    assert f"unsplit [{out[0]:.3f}, {out[1]:.3f}]" in text and "example in the whole view below is our own" in text, text
+    assert (f"unsplit [{out[0]:.3f}, {out[1]:.3f}]" in text
+            and "example in the whole view below is our own" in text), text

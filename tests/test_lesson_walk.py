@@ -30,12 +30,23 @@ import pytest
 from playwright.sync_api import expect
 
 from engine.characters import REPLACEMENT
-from tests.helpers import (CHIPS_OUTSIDE, NOT_CUT, STREAM_CHIPS, WAIT_MS, box, link, open_whole_view_in, overlap,
-                           settled_box, until_link, widget)
+from tests.helpers import (
+    CHIPS_OUTSIDE,
+    NOT_CUT,
+    STREAM_CHIPS,
+    WAIT_MS,
+    box,
+    link,
+    open_whole_view_in,
+    overlap,
+    settled_box,
+    until_link,
+    widget,
+)
 from tests.server import settled_text
 from tests.test_controls import batch_slider, click_then_key, layer_picker, nothing, scores_on, text_on_page
-from ui.text import strings
 from ui.lesson.chapters import CHAPTERS, number_of
+from ui.text import strings
 from ui.views import OWN_STEPS
 
 pytestmark = pytest.mark.browser

@@ -94,9 +94,9 @@ def test_budget_sets_the_app_limits(tiny_model):
 
 
 def test_heatmap_over_the_budget_is_refused_naming_the_limit(tiny_model, monkeypatch):
-    from ui.runs.runner import Runner
-    from ui.runs.run import RunConfig
     from ui.host.limits import load_limits, step_limits
+    from ui.runs.run import RunConfig
+    from ui.runs.runner import Runner
 
     model = tiny_model("llama-long")  # room for a prompt longer than the limit
     monkeypatch.setenv("KVSCOPE_STEP_MEMORY_MB", "16")

@@ -12,10 +12,10 @@ import engine
 from engine.prompt import prompt_segments, tokenize_prompt
 from tests.app_helpers import assert_clean, start
 from tests.conftest import QWEN3_SHAPED_DTYPE
-from ui.text import strings
 from ui.lesson.chapters import CHAPTERS
 from ui.page.model_card import ROWS
 from ui.state.link import VIEWS
+from ui.text import strings
 
 PROMPT = "解释什么是Transformer"
 # Qwen3-0.6B as the articles give it (seeds/000): 16 Q / 8 KV heads of 128, 1024 wide, 28 layers, vocab 151,936.

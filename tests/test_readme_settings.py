@@ -45,7 +45,8 @@ def test_the_tables_defaults_are_the_limits_defaults():
 
 
 def test_the_defaults_read_outside_limits(monkeypatch):
-    """The variables read outside `Limits`: the follower's poll, the leader's heartbeat, where converted models live, the room store."""
+    """The variables read outside `Limits`: the follower's poll, the leader's heartbeat, where converted models
+    live, the room store."""
     table = table_defaults()
     source = (ROOT / "ui" / "follow" / "follower.py").read_text(encoding="utf-8")
     poll = re.search(r'POLL_SECONDS = env_seconds\(os\.environ, "KVSCOPE_FOLLOW_POLL_S", ([0-9.]+),', source)

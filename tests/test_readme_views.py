@@ -3,9 +3,9 @@ source, and this checks the table against it, so the two cannot drift apart."""
 
 from pathlib import Path
 
-from ui.text import strings
 from ui.lesson.chapters import CHAPTERS
 from ui.state.link import VIEWS
+from ui.text import strings
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 HEADER = "| view | what it shows | lesson chapters |"

@@ -12,9 +12,9 @@ from tests.helpers import WAIT_MS
 from tests.redis_server import redis_process
 from tests.server import free_port
 from ui.follow import rooms
-from ui.follow.sync import RETRY_FIRST, RETRY_MAX, RoomSync, Seen
 from ui.follow.rooms import Rooms
 from ui.follow.store import MemoryStore, RedisStore, StoreError
+from ui.follow.sync import RETRY_FIRST, RETRY_MAX, RoomSync, Seen
 
 STATE = {"step": "3", "prompt": "Why is the sky blue?"}
 WAIT_S = WAIT_MS / 1000  # a harness timeout: only keeps a hung test from hanging

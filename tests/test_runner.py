@@ -9,12 +9,12 @@ import torch
 
 import engine
 from tests.helpers import Clock
-from ui.views.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
 from ui.runs import turns
 from ui.runs.classroom import ClassroomCache
+from ui.runs.run import RunConfig
 from ui.runs.runner import Runner
 from ui.runs.store import RunStore
-from ui.runs.run import RunConfig
+from ui.views.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
 
 
 def config(prompt="Rows grow one step at a time", **changes):

@@ -21,8 +21,8 @@ from urllib.parse import quote
 import pytest
 from playwright.sync_api import expect
 
-from tests.server import ROOT, Output, free_port, settled_text, wait_until_listening
 from tests.helpers import WAIT_MS, expected, link, press, until_link
+from tests.server import ROOT, Output, free_port, settled_text, wait_until_listening
 from tests.test_follow_browser import leader_moves, shows
 from tests.test_follow_faults import DOWN, LEAD_DOWN, open_class, pages, timed_next  # noqa: F401 (pages: a fixture)
 from ui.text import strings
@@ -257,7 +257,7 @@ def test_a_killed_redis_is_started_again_on_its_port_and_every_app_goes_on_servi
     assert_every_app_serves(deployment)
 
 
-def test_followers_on_both_servers_are_back_in_step_after_a_killed_redis_returns(deployment, pages):
+def test_followers_on_both_servers_are_back_in_step_after_a_killed_redis_returns(deployment, pages):  # noqa: F811
     """The teacher (on app1) moves while Redis is down: the script is held (SIGSTOP) so that it starts no Redis
     until the move is made, as a Redis that takes a while to come back. The new Redis is empty; the teacher's page
     publishes its room again and both followers, one beside the teacher (app1) and one that reads the room through

@@ -14,10 +14,10 @@ import engine
 from engine.server import Server
 from tests.app_helpers import assert_clean, start
 from tests.helpers import idle, until_link, widget
-from ui.text import strings
 from ui.lesson.chapters import CHAPTERS
 from ui.runs.serving import BLOCK_SIZE, ServedClass, serving_setup
 from ui.state.link import AppState
+from ui.text import strings
 from viz.serving import pool_figure, request_label
 
 # (model, language, chat) as a page opens them: English on SmolLM2 with its template, Chinese on Gemma without

@@ -6,8 +6,8 @@ import streamlit as st
 
 from ui.page import page_state
 from ui.state import session
-from ui.state.session import LessonSession, PageSession, page_controls, settings, view_controls
 from ui.state.link import AppState, Problem, to_query
+from ui.state.session import LessonSession, PageSession, page_controls, settings, view_controls
 
 
 def test_the_controls_keep_each_kind_under_its_prefix_and_refuse_a_name_not_theirs(monkeypatch):

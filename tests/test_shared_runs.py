@@ -7,9 +7,9 @@ import torch
 
 import engine
 from tests.app_helpers import shown_text, start
+from tests.test_runner import config
 from ui.runs.runner import Runner
 from ui.runs.store import RunStore
-from tests.test_runner import config
 
 
 class EngineCalls:

@@ -13,8 +13,8 @@ from tests.app_helpers import assert_clean, start
 from tests.conftest import GEMMA_WINDOW
 from tests.runs import decode
 from tests.test_gemma_views import charts, matrix
-from ui.lesson.chapters import CHAPTERS, WINDOW_PROMPTS, number_of
 from ui.host.limits import load_limits
+from ui.lesson.chapters import CHAPTERS, WINDOW_PROMPTS, number_of
 
 W = GEMMA_WINDOW
 
@@ -211,12 +211,13 @@ def test_each_models_limits_let_gemma_pass_its_window_in_the_bytes_smollm2_had(e
     assert model_limits(raised, embedded_model.info).max_prompt_tokens == 2000
     assert model_limits(raised, embedded_zh_model.info).max_prompt_tokens == 2000
     # the full heatmap of the run's last step (the longest prompt and every new token) fits too, not the prompt's only
-    assert step_limits(gemma, embedded_zh_model.info).max_attention_tokens >= gemma.max_prompt_tokens + host.max_new_tokens
+    assert (step_limits(gemma, embedded_zh_model.info).max_attention_tokens
+            >= gemma.max_prompt_tokens + host.max_new_tokens)
 
 
 def test_the_window_chapter_keeps_its_own_prompt_in_the_pages_language_and_model(embedded_model, embedded_zh_model):
-    """The window chapter runs its own prompt only on a model with a window, in the page's language; leaving it for another
-    chapter, or a language (and so a model) without a window, puts the class's prompt back."""
+    """The window chapter runs its own prompt only on a model with a window, in the page's language; leaving it for
+    another chapter, or a language (and so a model) without a window, puts the class's prompt back."""
     from ui.state.link import default_prompt
 
     window = number_of("sliding_window")

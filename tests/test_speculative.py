@@ -9,8 +9,19 @@ import pytest
 import torch
 
 import engine
-from engine.speculative import (EarlyExit, Guesses, NoDraft, PromptLookup, SpeculativeSession, acceptance,
-                                judge_greedy, judge_sampled, make_draft, prompt_lookup, residual)
+from engine.speculative import (
+    EarlyExit,
+    Guesses,
+    NoDraft,
+    PromptLookup,
+    SpeculativeSession,
+    acceptance,
+    judge_greedy,
+    judge_sampled,
+    make_draft,
+    prompt_lookup,
+    residual,
+)
 from tests.conftest import FAMILIES
 
 # Repeats itself, so prompt lookup has something to find even on a random model's answer.
@@ -57,7 +68,8 @@ def test_prompt_lookup_continues_the_first_earlier_occurrence_of_the_longest_tai
 
 def seed_with_uniform(low: float, high: float) -> int:
     """A seed whose generator's first uniform draw lies in [low, high)."""
-    return next(s for s in range(10_000) if low <= float(torch.rand(1, generator=torch.Generator().manual_seed(s))) < high)
+    return next(s for s in range(10_000)
+                if low <= float(torch.rand(1, generator=torch.Generator().manual_seed(s))) < high)
 
 
 def test_the_acceptance_and_the_residual_on_hand_cases():

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import engine
-from tests.runs import decode
 from engine.split_kv import EXAMPLE_KEYS, EXAMPLE_QUERY, EXAMPLE_VALUES, merge, partials, split_ranges, worked_example
+from tests.runs import decode
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
@@ -53,11 +53,11 @@ def test_worked_example_reproduces_exactly():
     for a, b in ex.ranges:
         m = max(scores[a:b])
         e = [math.exp(s - m) for s in scores[a:b]]
-        l = sum(e)
-        o = [sum(w * v[i] for w, v in zip(e, EXAMPLE_VALUES[a:b])) / l for i in range(d)]
-        parts.append((m, l, o))
+        exp_sum = sum(e)
+        o = [sum(w * v[i] for w, v in zip(e, EXAMPLE_VALUES[a:b])) / exp_sum for i in range(d)]
+        parts.append((m, exp_sum, o))
     m = max(p[0] for p in parts)
-    w = [l * math.exp(mi - m) for mi, l, _ in parts]
+    w = [exp_sum * math.exp(mi - m) for mi, exp_sum, _ in parts]
     merged = [sum(wi * p[2][i] for wi, p in zip(w, parts)) / sum(w) for i in range(d)]
     e = [math.exp(s - max(scores)) for s in scores]
     unsplit = [sum(ei * v[i] for ei, v in zip(e, EXAMPLE_VALUES)) / sum(e) for i in range(d)]

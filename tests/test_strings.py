@@ -7,14 +7,15 @@ import string
 
 import pytest
 
-from ui.text import strings
 from ui.lesson.chapters import CHAPTERS, TEXT_PARTS
+from ui.text import strings
 from viz.words import LANGUAGES, TRANSLATIONS, read_words
 
 SINGULAR = strings.SINGULAR  # an English-only variant of a string, for a count of 1
 ENGLISH, OTHERS = strings.STRINGS[LANGUAGES[0]], [strings.STRINGS[lang] for lang in LANGUAGES[1:]]
 # "1 tokens", "1 positions": a count of one before a plural noun
-ONE_PLURAL = re.compile(r"(?<![\d.,])1 (tokens|positions|ids|steps|blocks|splits|layers|heads|prompt tokens|prompt ids)\b")
+ONE_PLURAL = re.compile(r"(?<![\d.,])1 (tokens|positions|ids|steps|blocks|splits|layers|heads"
+                        r"|prompt tokens|prompt ids)\b")
 
 
 def placeholders(text: str) -> set[str]:
@@ -82,7 +83,8 @@ def test_no_english_string_says_one_tokens():
 ALWAYS_SEVERAL = {"tip_group", "decode_per_token"}
 
 
-@pytest.mark.parametrize("key", [k for k, text in TRANSLATIONS["en"].items() if "{n}" in text and k not in ALWAYS_SEVERAL])
+@pytest.mark.parametrize("key", [k for k, text in TRANSLATIONS["en"].items()
+                                 if "{n}" in text and k not in ALWAYS_SEVERAL])
 def test_no_figure_word_says_one_tokens(key):
     """A viz function picks a `_one` word where there is one; the others must read right with 1."""
     words = TRANSLATIONS["en"]
@@ -98,7 +100,8 @@ COUNTS_THAT_CAN_BE_ONE = ("n", "inputs", "computed", "reused", "n_but_one")
 def test_chapters_never_put_a_count_that_can_be_one_before_a_plural_noun(chapter):
     for part in TEXT_PARTS:
         text = chapter.part(part, "en")
-        found = re.findall(r"{(" + "|".join(COUNTS_THAT_CAN_BE_ONE) + r")(?:[:!][^}]*)?} (tokens|positions|ids)\b", text)
+        found = re.findall(r"{(" + "|".join(COUNTS_THAT_CAN_BE_ONE) + r")(?:[:!][^}]*)?} (tokens|positions|ids)\b",
+                           text)
         assert not found, (part, found)  # such a count goes through {n_tokens} and the like ("1 token")
 
 

@@ -8,8 +8,9 @@ import pytest
 from plotly.colors import sample_colorscale
 
 import engine
-from tests.runs import decode
 from engine.model import ModelInfo
+from engine.tokens import token_cells
+from tests.runs import decode
 from ui.text.strings import figure_words
 from viz.attention import focused_head, gqa_figure, head_grid_figure, heatmap_figure
 from viz.candidates import candidates_frame, candidates_table
@@ -19,9 +20,8 @@ from viz.kv_cache import block_table_frame, kv_bytes_frame, kv_bytes_table, pool
 from viz.prefix import alignment_frame, policies_figure, policy_frame, policy_table
 from viz.split_kv import split_frame, split_table
 from viz.style import OKABE_ITO, contrast_ratio, window
-from viz.words import ENGLISH
-from engine.tokens import token_cells
 from viz.tokens import token_stream_html
+from viz.words import ENGLISH
 
 QWEN3_06B = ModelInfo(name="Qwen/Qwen3-0.6B", family="qwen3", layers=28, hidden=1024, q_heads=16, kv_heads=8,
                       head_dim=128, intermediate=3072, vocab=151936, tied_embeddings=True, context_limit=40960,
@@ -100,7 +100,8 @@ def test_candidates_split_costs_and_prefix_tables(run):
     assert list(costs["K/V bytes read"]) == [t.context_length * model.info.kv_bytes_per_token for t in traces]
     growth = context_growth_frame(model.info, [10, 20])
     assert growth["KV cache MiB"][1] == 2 * growth["KV cache MiB"][0]
-    assert growth["attention scores (millions)"][1] / growth["attention scores (millions)"][0] == pytest.approx(210 / 55)
+    assert (growth["attention scores (millions)"][1] / growth["attention scores (millions)"][0]
+            == pytest.approx(210 / 55))
     align = alignment_frame([1, 2, 3], [1, 2, 4, 5], list("abc"), list("abde"), reused=2)
     assert list(align["same id"]) == [True, True, False, False] and list(align["reused"]) == [True, True, False, False]
     assert list(policy_frame({"block": 0, "radix": 9}, 17)["computed tokens"]) == [17, 8]

@@ -31,7 +31,8 @@ def candidates_table(trace: StepTrace, words: Words = ENGLISH, labels: list[str]
     changed none of these numbers) would repeat the column before it; its column is left out, so the table
     fits the page's side column at large text (the candidates chart shows every stage)."""
     frame = candidates_frame(trace, labels)
-    stages = [STAGES[0]] + [stage for before, stage in zip(STAGES, STAGES[1:]) if not frame[stage].equals(frame[before])]
+    stages = [STAGES[0]] + [stage for before, stage in zip(STAGES, STAGES[1:])
+                            if not frame[stage].equals(frame[before])]
     frame = frame[["drawn", "token", "id", *stages]]
     formats = {"drawn": check_mark, **{stage: fmt_percent for stage in stages}}  # ids are names: no separators
     return readable(frame, {c: words["cand_" + c] for c in frame.columns}, formats)

@@ -11,8 +11,17 @@ from plotly.subplots import make_subplots
 from engine.model import ModelInfo
 from engine.timing import DecodeTiming, crossover_context, weight_bytes_read
 from engine.trace import StepTrace
-from viz.style import (GENERATED_COLOR, OKABE_ITO, PROMPT_COLOR, finish, first_screen_height, fmt_bytes, fmt_int,
-                        fmt_ms, readable)
+from viz.style import (
+    GENERATED_COLOR,
+    OKABE_ITO,
+    PROMPT_COLOR,
+    finish,
+    first_screen_height,
+    fmt_bytes,
+    fmt_int,
+    fmt_ms,
+    readable,
+)
 from viz.words import ENGLISH, Words
 
 STEP_HEADERS = {"step": "step", "phase": "phase", "tokens in": "tokens_in", "cached positions": "cached_positions",

@@ -7,11 +7,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from engine.model import ModelInfo
 from engine.trace import StepTrace
-from plotly.subplots import make_subplots
-
 from viz.style import DIVERGING, OKABE_ITO, TOP_LEGEND, finish
 from viz.words import ENGLISH, Words
 
@@ -81,7 +80,8 @@ def residual_figure(residual: np.ndarray, title: str = "", large: bool = False, 
     fig = go.Figure()
     colors = {"x0": OKABE_ITO["grey"], "x1": OKABE_ITO["sky"], "x2": OKABE_ITO["vermillion"]}
     for i, (key, color) in enumerate(colors.items()):
-        fig.add_scatter(x=layers, y=norms[:, i], mode="lines+markers", name=words["residual_" + key + ("_post" if post_norms and key != "x0" else "")],
+        fig.add_scatter(x=layers, y=norms[:, i], mode="lines+markers",
+                        name=words["residual_" + key + ("_post" if post_norms and key != "x0" else "")],
                         line=dict(color=color), hovertemplate=words["layer"] + " %{x}: |" + key + "| = %{y:,.1f}")
     fig.update_layout(xaxis=dict(title=words["layer"], dtick=layer_tick(len(layers))),
                       yaxis=dict(title=words["norm_axis"]), legend=TOP_LEGEND)

@@ -9,8 +9,21 @@ from plotly.colors import sample_colorscale
 
 from engine.kv_cache import kv_bytes_per_token
 from engine.model import ModelInfo
-from viz.style import (MOST_LABELLED, OKABE_ITO, SEQUENTIAL, TOP_LEGEND, finish, first_screen_height, fmt_bytes,
-                        plotly_text, position_ticks, readable, text_color_on, tick_step, window)
+from viz.style import (
+    MOST_LABELLED,
+    OKABE_ITO,
+    SEQUENTIAL,
+    TOP_LEGEND,
+    finish,
+    first_screen_height,
+    fmt_bytes,
+    plotly_text,
+    position_ticks,
+    readable,
+    text_color_on,
+    tick_step,
+    window,
+)
 from viz.words import ENGLISH, Words
 
 SLOT_TEXT_SIZE = 12  # px; 15 on a projector
@@ -27,7 +40,8 @@ def block_table_frame(block_table: list[int], length: int, block_size: int, labe
     for logical, physical in enumerate(block_table):
         start = logical * block_size
         end = min(start + block_size, length)
-        rows.append({"logical": logical, "physical": physical, "positions": f"{start}–{end - 1}" if end > start else "–",
+        rows.append({"logical": logical, "physical": physical,
+                     "positions": f"{start}–{end - 1}" if end > start else "–",
                      "filled": f"{max(0, end - start)}/{block_size}", "tokens": " ".join(labels[start:end])})
     frame = pd.DataFrame(rows, columns=["logical", "physical", "positions", "filled", "tokens"])
     return frame.rename(columns={c: words["bt_" + c] for c in frame.columns})

@@ -6,8 +6,17 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from engine.prefix_cache import PolicyReuse
-from viz.style import (HIT_COLOR, MISS_COLOR, MOST_LABELLED, check_mark, finish, fmt_int, readable, text_color_on,
-                        tick_step)
+from viz.style import (
+    HIT_COLOR,
+    MISS_COLOR,
+    MOST_LABELLED,
+    check_mark,
+    finish,
+    fmt_int,
+    readable,
+    text_color_on,
+    tick_step,
+)
 from viz.words import ENGLISH, Words
 
 

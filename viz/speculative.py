@@ -181,5 +181,6 @@ def measured_table(rows, words: Words = ENGLISH) -> pd.DataFrame:
         "spec_ms_per_token": [r.ms_per_token for r in rows],
         "spec_same_tokens": [r.same_tokens for r in rows],
     })
-    return readable(frame, words, {"spec_tokens_per_pass": lambda x: f"{x:.2f}", "spec_ms_per_token": lambda x: f"{x:.1f}",
+    return readable(frame, words, {"spec_tokens_per_pass": lambda x: f"{x:.2f}",
+                                   "spec_ms_per_token": lambda x: f"{x:.1f}",
                                    "spec_same_tokens": lambda x: "✓" if x else "✗"})

@@ -137,12 +137,13 @@ def token_stream_html(cells: list[TokenCell], large: bool = False, inputs: range
     """Chips in reading order; hovering one shows its position, what it reads as, its id and bytes (`token_tip`,
     in `words`' language). All text escaped.
     Tokens that together make one character share one chip (`group_chip_html`). The positions in `inputs`
-    (what went into this step) are outlined. The box shows `lines` (else `STREAM_LINES`) lines and scrolls; column-reverse
-    opens it scrolled to the end, where the newest tokens are. `legend` (HTML, from `token_legend_html`) goes
-    above the box."""
+    (what went into this step) are outlined. The box shows `lines` (else `STREAM_LINES`) lines and scrolls;
+    column-reverse opens it scrolled to the end, where the newest tokens are. `legend` (HTML, from
+    `token_legend_html`) goes above the box."""
     size = "1.05rem" if large else "0.95rem"  # the page's rem is already a quarter larger with large text
-    style = (f"<style>.kv-stream-box{{max-height:calc({lines or STREAM_LINES[large]} * 2.1 * {size} + 10px);overflow-y:auto;"
-             "display:flex;flex-direction:column-reverse;border:1px solid #ddd;border-radius:6px;padding:0 4px}"
+    style = (f"<style>.kv-stream-box{{max-height:calc({lines or STREAM_LINES[large]} * 2.1 * {size} + 10px);"
+             "overflow-y:auto;display:flex;flex-direction:column-reverse;"
+             "border:1px solid #ddd;border-radius:6px;padding:0 4px}"
              f".kv-stream{{line-height:2.1}}{token_chip_styles(size)}</style>")
     chips = []
     for _, grouped in groupby(cells, key=lambda c: c.group.start):

@@ -38,9 +38,8 @@ hides the evicted ones per head (`select_per_head`), as kvpress masks them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F

@@ -5,6 +5,6 @@
 - `sync`: the process's background thread that makes every store call off the pages' runs;
 - `push`: a leader's move asks this server's following pages to run at once;
 - `turns`: ... which then draw the teacher's step one at a time;
-- `room_link`, `leader`, `follower`: the Streamlit side of each (the leader's panel and heartbeat; the follower's banner,
-  poll and checks), wired into the page by `page`.
+- `room_link`, `leader`, `follower`: the Streamlit side of each (the leader's panel and heartbeat; the follower's
+  banner, poll and checks), wired into the page by `page`.
 """

@@ -35,13 +35,15 @@ STRIP_CSS = """<style>
 .st-key-follow-lead summary { min-height: 0; padding-top: 0.2rem; padding-bottom: 0.2rem; }
 [data-testid="stLayoutWrapper"]:has(> .st-key-follow-lead details[open]) { width: min(60rem, calc(100vw - 2rem));
   max-height: calc(100vh - 1.2rem); overflow-y: auto; box-shadow: 0 0.5rem 2rem rgba(0, 0, 0, 0.25); }
-[data-testid="stLayoutWrapper"]:has(> .st-key-notices > :last-child > .st-key-follow-lead):not(:has(> .st-key-notices h1)) {
+[data-testid="stLayoutWrapper"]:has(> .st-key-notices > :last-child > .st-key-follow-lead)\
+:not(:has(> .st-key-notices h1)) {
   position: absolute; }
 </style>"""
 # The QR code's box: as tall as most of a projected 720-pixel screen allows, on a white quiet zone so that a
 # dark theme does not hide it; on a phone, the width of the screen.
 QR_CSS = """<style>
-.kv-follow-qr img { width: min(62vh, 100%); height: auto; display: block; background: #fff; image-rendering: pixelated; }
+.kv-follow-qr img { width: min(62vh, 100%); height: auto; display: block; background: #fff;
+  image-rendering: pixelated; }
 .kv-follow-link { font-size: 1.1rem; word-break: break-all; }
 </style>"""
 

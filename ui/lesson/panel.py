@@ -62,7 +62,8 @@ def facts(ctx: ViewContext) -> dict:
             out.update(busy_facts(runner.busy_pool(ctx.step)))
         if trace.split is not None:
             out.update(split_facts(ctx))
-        out.update(eviction_facts.facts(ctx) if ctx.state.view == "eviction" else {})  # the eviction chapter's, its figures'
+        # The eviction chapter's, its figures'.
+        out.update(eviction_facts.facts(ctx) if ctx.state.view == "eviction" else {})
         out.update(contexts_facts(ctx) if (chapter := current(ctx)) and chapter.figure == "contexts" else {})
         if ctx.state.view == "attention" and trace.attention is not None:
             out.update(attention_facts(ctx, context))
@@ -116,7 +117,8 @@ def growth_facts(ctx: ViewContext, n: int) -> dict:
     frame = context_growth_frame(info, growth_lengths(info)).set_index("tokens")
     limit, window = info.context_limit, info.sliding_window
     keep = max(1, n // 2)
-    out = dict(kv_limit_mib=frame.loc[limit, "KV cache MiB"], scores_limit=frame.loc[limit, "attention scores (millions)"],
+    out = dict(kv_limit_mib=frame.loc[limit, "KV cache MiB"],
+               scores_limit=frame.loc[limit, "attention scores (millions)"],
                all_limit_mib=limit * info.kv_bytes_per_token / 2**20,
                all_scores_limit=info.layers * info.q_heads * limit * (limit + 1) / 2 / 1e6,
                keep=keep, keep_tokens=ctx.t("count_tokens", n=keep), kv_n_kib=info.kv_bytes(n) / 1024,
@@ -205,8 +207,8 @@ VARIANTS = {
 
 
 def cost_facts(info, context: int) -> dict:
-    """What one decode step reads at `context` positions, for this model and Qwen3-0.6B (the long-context chapter): the weights,
-    and the batch (or context) from which the K/V passes them."""
+    """What one decode step reads at `context` positions, for this model and Qwen3-0.6B (the long-context chapter):
+    the weights, and the batch (or context) from which the K/V passes them."""
     qwen = reference_info("Qwen3-0.6B")
     batch = crossover_batch(info, context)
     return dict(
@@ -260,7 +262,8 @@ def split_facts(ctx: ViewContext) -> dict:
             ctx.t("lesson_split_max_elsewhere", **sizes, diff=diffs.max().item(), layer=top_layer, head=top_head))
     example = worked_example()
     return dict(splits=len(split.ranges), layer=layer, head=head, diff=diffs[layer, head].item(), diff_all_note=note,
-                example_merged=Shown(vector_text(example.merged, 3)), example_unsplit=Shown(vector_text(example.unsplit, 3)))
+                example_merged=Shown(vector_text(example.merged, 3)),
+                example_unsplit=Shown(vector_text(example.unsplit, 3)))
 
 
 def current(ctx: ViewContext) -> Chapter | None:
@@ -314,8 +317,8 @@ def panel(ctx: ViewContext) -> None:
         def text(part: str) -> str:
             return fill(chapter.part(part, lang, chosen), numbers)
 
-        if not own and chapter.key != "tokens" and ctx.cells[-1].group.state == "unfinished":  # a lone byte chip beside the
-            st.caption(ctx.t("lesson_unfinished", chip=ctx.cells[-1].group.text))  # step's header: first, say why
+        if not own and chapter.key != "tokens" and ctx.cells[-1].group.state == "unfinished":  # a lone byte chip beside
+            st.caption(ctx.t("lesson_unfinished", chip=ctx.cells[-1].group.text))  # the step's header: first, say why
         st.markdown(text("body"))
         if chapter.key == "tokens" and any(cell.group.size > 1 for cell in ctx.cells):
             st.caption(ctx.t("bpe_explained"))  # a character over several tokens is on screen: say why

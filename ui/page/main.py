@@ -19,11 +19,8 @@ from ui.host.limits import DTYPES, Limits, load_limits, model_limits, step_limit
 from ui.lesson import chapter_top
 from ui.lesson import panel as lesson
 from ui.lesson.chapters import WINDOW_PROMPTS
-from ui.page import keys, model_card
-from ui.page.page_state import (chat_problem, current_state, engine_error, fit_to_budget, follow_leader, go_to_chapter,
-                                labels, page_lock, restore_lost_settings, run_config, show_problem, start_from_link,
-                                switch_language, t, undo_stale_echoes, use_default_model, use_lesson_prompt,
-                                write_link)
+from ui.page import keys, model_card, page_state
+from ui.page.page_state import current_state, go_to_chapter, labels, run_config, t
 from ui.page.step import stepper_and_view
 from ui.runs.classroom import ClassroomCache
 from ui.runs.runner import Runner
@@ -84,7 +81,8 @@ LAYOUT_CSS = """<style>
 [data-testid="stMain"] h1 { font-size: 1.3rem; padding: 0; line-height: 1.3; }
 /* A title's text pulls what follows 1rem up (Streamlit's margin under Markdown), which the step's header allows
    for; a banner under the title would cover its lower half. */
-.st-key-notices [data-testid="stElementContainer"]:has([data-testid="stHeading"]):not(:last-child) { margin-bottom: 1.25rem; }
+.st-key-notices [data-testid="stElementContainer"]:has([data-testid="stHeading"]):not(:last-child) \
+{ margin-bottom: 1.25rem; }
 /* A first visitor's notices keep the emptied place of the model's loading stages for the session: shown as nothing,
    its container still took a gap above the lesson's title (chapter 6's figure then ended at 721 px, off screen). */
 [data-testid="stLayoutWrapper"]:has(> .st-key-notices > :only-child > [data-testid="stEmpty"]) { display: none; }
@@ -106,7 +104,7 @@ LESSON_CSS = """<style>
 
 
 def main() -> None:
-    with page_lock():
+    with page_state.page_lock():
         draw_page()
 
 
@@ -143,11 +141,12 @@ def settle_state(limits: Limits) -> None:
     lost or a stale request took back, the leader's state for a follower."""
     page = page_session()
     if not page.from_link:
-        start_from_link(limits)
-    restore_lost_settings()
-    undo_stale_echoes()  # before the leader's state: a follower's push carries the browser's last values
+        page_state.start_from_link(limits)
+    page_state.restore_lost_settings()
+    page_state.undo_stale_echoes()  # before the leader's state: a follower's push carries the browser's last values
     page.echoes_undone = True
-    follow.take_over(lambda query, own: follow_leader(query, limits, own))  # before any widget, as the link is
+    # Before any widget, as the link is.
+    follow.take_over(lambda query, own: page_state.follow_leader(query, limits, own))
     if page.stop_playing:
         page_controls.playing, page.stop_playing = False, False
     page.whole_page_due = False  # this run is one
@@ -161,8 +160,8 @@ def prepare_run(model: engine.Model, limits: Limits) -> Runner:
         runner.forget_published()
     apply_pending_case(runner, limits)  # it sets the prompt and chat switch
     apply_window_prompt(model)
-    chat_problem(runner.can_chat)  # a base model: its prompt goes in as it is
-    fit_to_budget(step_limits(limits, model.info))
+    page_state.chat_problem(runner.can_chat)  # a base model: its prompt goes in as it is
+    page_state.fit_to_budget(step_limits(limits, model.info))
     return runner
 
 
@@ -177,7 +176,7 @@ def draw(limits: Limits, model: engine.Model | None, failure: str, runner: Runne
         follow.show(t)
         page = page_session()
         for problem in page.problems:
-            show_problem(problem)
+            page_state.show_problem(problem)
         page.take("problems")  # once all are shown: a run stopped midway leaves them to the next
         if limits.bad_dtype:
             st.warning(t("dtype_bad", value=limits.bad_dtype, allowed=" / ".join(DTYPES), used=limits.dtype))
@@ -186,7 +185,7 @@ def draw(limits: Limits, model: engine.Model | None, failure: str, runner: Runne
     if model is None:
         with notices:
             st.error(failure)
-            st.button(t("use_default"), key="use_default", on_click=use_default_model)
+            st.button(t("use_default"), key="use_default", on_click=page_state.use_default_model)
         return
     state = current_state()
     prompt, reasons = clean_prompt(state.prompt)
@@ -195,12 +194,12 @@ def draw(limits: Limits, model: engine.Model | None, failure: str, runner: Runne
     try:
         runner.configure(run_config(replace(state, prompt=prompt), limits))
     except engine.KvscopeError as error:
-        message = t("bad_input", error=engine_error(error))
+        message = t("bad_input", error=page_state.engine_error(error))
         if in_lesson:  # the chapter stays on screen, with the way on and back to a prompt that runs
-            lesson.stalled(settings.chapter, settings.lang, message, go_to_chapter, use_lesson_prompt)
+            lesson.stalled(settings.chapter, settings.lang, message, go_to_chapter, page_state.use_lesson_prompt)
         else:
             notices.error(message)
-        write_link(state)
+        page_state.write_link(state)
         return
     play_controls(limits)
     pace = page_controls.pace if page_controls.get("playing") else None
@@ -302,7 +301,7 @@ def sidebar(limits: Limits, can_think: bool = False, can_chat: bool = True) -> N
     with st.sidebar:
         lesson.sidebar(settings.get("chapter", 0), settings.lang, go_to_chapter)
         st.selectbox(t("language"), LANGS, key=settings.key("lang"), index=LANGS.index(settings.lang),
-                     format_func=lambda code: strings.LANGUAGE_NAMES[code], on_change=switch_language)
+                     format_func=lambda code: strings.LANGUAGE_NAMES[code], on_change=page_state.switch_language)
         st.toggle(t("large_text"), **held("large"))
         if limits.allow_any_model:
             st.text_input(t("model"), **held("model"), help=t("model_help_any"))

@@ -22,8 +22,16 @@ from ui.host import streamlit_internals
 from ui.host.limits import Limits, StepLimits, fit_state
 from ui.lesson.chapters import CHAPTERS, WINDOW_PROMPTS
 from ui.runs.run import RunConfig
-from ui.state.link import (CHOICES, AppState, Problem, default_prompt, language_defaults, link_holds, parse_query,
-                           to_query)
+from ui.state.link import (
+    CHOICES,
+    AppState,
+    Problem,
+    default_prompt,
+    language_defaults,
+    link_holds,
+    parse_query,
+    to_query,
+)
 from ui.state.session import lesson_session, page_session, settings
 from ui.text import strings
 from ui.views import cases
@@ -282,8 +290,8 @@ def chat_problem(can_chat: bool) -> None:
 # shows instead in its language (ui/text/strings.csv); the numbers and names in them are kept.
 ENGINE_ERRORS = (
     (r"the prompt is (?P<length>\d+) tokens; this app allows at most (?P<limit>\d+)$", "error_prompt_over_host"),
-    (r"the prompt is (?P<length>\d+) tokens; (?P<model>.+) reads at most (?P<limit>\d+) positions, so a prompt can have "
-     r"at most (?P<most>\d+) tokens to leave room for an answer$", "error_prompt_over_model"),
+    (r"the prompt is (?P<length>\d+) tokens; (?P<model>.+) reads at most (?P<limit>\d+) positions, "
+     r"so a prompt can have at most (?P<most>\d+) tokens to leave room for an answer$", "error_prompt_over_model"),
     (r"the prompt is empty; type some text$", "error_prompt_empty"),
     (r"the prompt has no token ids$", "error_prompt_no_ids"),
     (r"(?P<model>.+) has no chat template; switch the chat option off$", "error_no_chat_template"),

@@ -12,13 +12,24 @@ import streamlit as st
 
 import engine
 from ui import views
-from ui.follow import follower
+from ui.follow import follower, serving_room
 from ui.follow import page as follow
-from ui.follow import serving_room
 from ui.lesson import panel as lesson
 from ui.lesson.chapters import CHAPTERS
-from ui.page.page_state import (current_state, go_to_chapter, labels, load_case, measure_again, open_on_focused_head,
-                                page_lock, request_whole_page, show_problem, t, undo_stale_echoes, write_link)
+from ui.page.page_state import (
+    current_state,
+    go_to_chapter,
+    labels,
+    load_case,
+    measure_again,
+    open_on_focused_head,
+    page_lock,
+    request_whole_page,
+    show_problem,
+    t,
+    undo_stale_echoes,
+    write_link,
+)
 from ui.runs import turns
 from ui.runs.runner import Runner
 from ui.state.link import clamp

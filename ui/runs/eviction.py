@@ -117,7 +117,8 @@ class EvictionLab:
         self.batch = EvictionBatch(model, prompt_ids, [self.variants[None]], max_new_tokens=steps, keep_full_steps=1,
                                    spare=len(self.variants))  # every policy, and one twin at a time
         self.runs = {None: RecordedVariant(model, self.batch.runs[0])}
-        self.joining: dict[str, tuple[RecordedVariant, RecordedVariant]] = {}  # name → (the twin, the policy's), catching up
+        # name → (the twin, the policy's), catching up
+        self.joining: dict[str, tuple[RecordedVariant, RecordedVariant]] = {}
         self.lock = threading.Lock()  # one page steps the lab at a time; others read the passes it has
 
     def advance_to(self, count: int, name: str | None = None) -> None:

@@ -145,7 +145,8 @@ class Runner:
                 except engine.CacheFullError:
                     if not lease.make_room():
                         raise
-                    reached = run.advance_to(step, progress)  # pages that left gave blocks back; the failed call changed nothing
+                    # Pages that left gave blocks back; the failed call changed nothing.
+                    reached = run.advance_to(step, progress)
             self._saw_prefill = self._saw_prefill or reached >= 1
         lease.grown()  # outside the page's lock: the store sizes its runs
         if reached - before >= CATCH_UP_STEPS:

@@ -179,7 +179,8 @@ def _parse_one(name: str, raw: str, default):
     return raw.strip(), None  # model: checked against the allow-list when loading
 
 
-REPLACEMENT = "\ufffd"  # what a link's bytes that are not UTF-8 text arrive as (the query is decoded with errors="replace")
+# What a link's bytes that are not UTF-8 text arrive as (the query is decoded with errors="replace").
+REPLACEMENT = "\ufffd"
 
 
 def clean_prompt(text: str) -> tuple[str, tuple[str, ...]]:

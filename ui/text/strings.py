@@ -10,9 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ui.text import safe
-from viz.words import LANGUAGES
+from viz.words import LANGUAGES, read_words
 from viz.words import TRANSLATIONS as FIGURE_WORDS
-from viz.words import read_words
 
 STRINGS = read_words(Path(__file__).with_name("strings.csv"))
 for _lang in LANGUAGES:

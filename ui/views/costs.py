@@ -11,8 +11,18 @@ from ui.views.chapter_part import Part, shown
 from ui.views.context import ViewContext
 from ui.views.figures import figure, memo_key, shared_table, table
 from ui.views.widgets import words
-from viz.costs import (attention_scores, context_growth_figure, context_growth_frame, growth_lengths, kv_read_figure,
-                       per_token_figure, step_bytes_figure, step_times_figure, steps_frame, steps_table)
+from viz.costs import (
+    attention_scores,
+    context_growth_figure,
+    context_growth_frame,
+    growth_lengths,
+    kv_read_figure,
+    per_token_figure,
+    step_bytes_figure,
+    step_times_figure,
+    steps_frame,
+    steps_table,
+)
 from viz.style import fmt_ms, fmt_size
 
 REFERENCE = "Qwen3-0.6B"  # the articles' model, beside the loaded one

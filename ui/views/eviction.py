@@ -18,8 +18,18 @@ from ui.views.context import ViewContext
 from ui.views.eviction_shown import EvictionShown, check, error_message, kept_counts, policy_label, shown_eviction
 from ui.views.figures import figure, memo_key
 from ui.views.widgets import layer_head_pickers, opened, titled, words
-from viz.eviction import (KEPT, bytes_figure, cost_figure, evicted_share_figure, kept_figure, kept_over_steps_figure,
-                          nll_by_position_figure, sink_figure, sinks_figure, text_comparison_html)
+from viz.eviction import (
+    KEPT,
+    bytes_figure,
+    cost_figure,
+    evicted_share_figure,
+    kept_figure,
+    kept_over_steps_figure,
+    nll_by_position_figure,
+    sink_figure,
+    sinks_figure,
+    text_comparison_html,
+)
 from viz.style import fmt_size
 
 SMOOTH = 32  # positions each point of the NLL-by-position lines averages

@@ -19,9 +19,15 @@ from ui.views.chapter_part import Part, shown
 from ui.views.context import ViewContext
 from ui.views.figures import figure, memo_key, shared_table
 from ui.views.widgets import counter_line, words
-from viz.serving import (decode_rates, pool_figure, request_names, requests_table, throughput_figure, timeline_figure,
-                         waited)
-
+from viz.serving import (
+    decode_rates,
+    pool_figure,
+    request_names,
+    requests_table,
+    throughput_figure,
+    timeline_figure,
+    waited,
+)
 
 next_label = "next_step"  # → runs the server's next step
 

@@ -13,8 +13,15 @@ from ui.views.context import ViewContext
 from ui.views.figures import figure, memo_key, shared_table
 from ui.views.widgets import opened, words
 from viz.candidates import candidates_figure, candidates_table
-from viz.tokens import (position_label, reads_as, splits_characters, token_chip_styles, token_frame, token_legend_html,
-                        token_stream_html)
+from viz.tokens import (
+    position_label,
+    reads_as,
+    splits_characters,
+    token_chip_styles,
+    token_frame,
+    token_legend_html,
+    token_stream_html,
+)
 
 TEMPLATE_STYLE = "background:#8882;border:1px dashed #888;border-radius:4px;color:#666"
 

@@ -35,13 +35,14 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention import AttentionResult
+from engine.checks import require_integer
 from engine.errors import InvalidSettingError, SessionStateError
 from engine.eviction.policies import PREFILL_ONLY, LayerInputs, Policy, check_ratio, select, select_per_head
 from engine.eviction.rows import LayerRows
 from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockPool, BlockTable, kv_bytes_per_token
 from engine.model import Model, Observer, Pass
 from engine.recorder import ForwardRecord
-from engine.settings import check_prompt_fits, require_integer
+from engine.settings import check_prompt_fits
 from engine.trace import NO_RECORD, Capture
 
 ONE_ROW = Capture(residuals=False)  # a pass's attention row: what the evictions and the view read

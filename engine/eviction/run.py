@@ -58,9 +58,7 @@ class DecodeBudget:
 
     def __post_init__(self):
         for name in ("target_size", "interval"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidSettingError(f"the decode budget's {name} must be an integer ≥ 1, got {value!r}")
+            require_integer(f"the decode budget's {name}", getattr(self, name), 1)
 
 
 @dataclass(frozen=True)
@@ -72,10 +70,7 @@ class StreamingWindow:
 
     def __post_init__(self):
         for name, least in (("n_sink", 0), ("window", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise InvalidSettingError(f"the streaming window's {name} must be an integer ≥ {least}, "
-                                          f"got {value!r}")
+            require_integer(f"the streaming window's {name}", getattr(self, name), least)
 
     def keep(self, positions: torch.Tensor) -> torch.Tensor | None:
         """The rows each KV head keeps of rows holding `positions` (kv_heads, n): the `n_sink` with the first
@@ -155,10 +150,8 @@ class EvictionRun:
             raise InvalidSettingError("a compression ratio or a decode budget needs a policy to score positions")
         if budget is not None and not isinstance(budget, (DecodeBudget, StreamingWindow)):
             raise InvalidSettingError(f"budget must be a DecodeBudget or a StreamingWindow, got {budget!r}")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise InvalidSettingError(f"max_new_tokens must be an integer ≥ 1, got {max_new_tokens!r}")
-        if isinstance(keep_full_steps, bool) or not isinstance(keep_full_steps, int) or keep_full_steps < 1:
-            raise InvalidSettingError(f"keep_full_steps must be an integer ≥ 1, got {keep_full_steps!r}")
+        require_integer("max_new_tokens", max_new_tokens, 1)
+        require_integer("keep_full_steps", keep_full_steps, 1)
         if len(prompt_ids) < 2:
             raise InvalidSettingError("eviction needs a prompt of at least 2 tokens: the context it evicts from, "
                                       "then the last prompt token that reads what was kept")

@@ -35,9 +35,9 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention import AttentionResult
-from engine.checks import require_integer
+from engine.checks import require_integer, require_number
 from engine.errors import InvalidSettingError, SessionStateError
-from engine.eviction.policies import PREFILL_ONLY, LayerInputs, Policy, check_ratio, select, select_per_head
+from engine.eviction.policies import PREFILL_ONLY, LayerInputs, Policy, select, select_per_head
 from engine.eviction.rows import LayerRows
 from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockPool, BlockTable, kv_bytes_per_token
 from engine.model import Model, Observer, Pass
@@ -143,7 +143,8 @@ class EvictionRun:
         """`pool`: a pool shared with other runs of the prompt (`engine.eviction.batch`), which then give this run
         its table after their common prefill; by default a pool of its own. `rerotate`: kvpress's
         KeyRerotationPress around the policy (see the module docstring)."""
-        check_ratio(compression_ratio)
+        require_number("compression_ratio", compression_ratio, 0, 1, high_open=True,
+                       why=" (the share of positions evicted)")
         if rerotate:
             _check_rerotation(model, policy, compression_ratio, budget)
         if policy is None and (compression_ratio > 0 or isinstance(budget, DecodeBudget)):

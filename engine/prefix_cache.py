@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from engine.checks import require_integer
 from engine.errors import InvalidSettingError
 from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockPool, BlockTable
 from engine.trace import PrefixHit
@@ -59,8 +60,7 @@ class PrefixCache:
     def __init__(self, model, policy: str = "block", block_size: int = DEFAULT_BLOCK_SIZE, capacity_blocks: int = 512):
         if policy not in POLICIES:
             raise InvalidSettingError(f"unknown prefix-cache policy {policy!r}; choose one of {', '.join(POLICIES)}")
-        if isinstance(capacity_blocks, bool) or not isinstance(capacity_blocks, int) or capacity_blocks < 1:
-            raise InvalidSettingError(f"capacity_blocks must be an integer ≥ 1, got {capacity_blocks!r}")
+        require_integer("capacity_blocks", capacity_blocks, 1)
         self.model = model
         self.policy = policy
         self.pool: BlockPool = model.new_pool(capacity_blocks, block_size)

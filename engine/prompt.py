@@ -24,6 +24,7 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from engine.checks import is_integer
 from engine.errors import EmptyPromptError, InvalidSettingError
 from engine.model import Model
 
@@ -199,7 +200,7 @@ def _checked_ids(model: Model, prompt: Sequence[int]) -> list[int]:
     if not ids:
         raise EmptyPromptError("the prompt has no token ids")
     vocab = model.info.vocab
-    bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab]
+    bad = [i for i in ids if not is_integer(i) or not 0 <= i < vocab]
     if bad:
         raise InvalidSettingError(f"token ids must be integers in [0, {vocab}); got {bad[:5]}")
     return ids

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.checks import is_integer, require_integer
 from engine.errors import InvalidSettingError
 from engine.trace import Candidate
 
@@ -51,11 +52,10 @@ class Sampling:
         if 0 < self.temperature < TEMPERATURE_FLOOR:
             raise InvalidSettingError(f"temperature must be 0 (greedy) or at least {TEMPERATURE_FLOOR}: smaller ones "
                                       f"overflow float32 logits; got {self.temperature!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise InvalidSettingError(f"top_k must be an integer ≥ 0 (0 = off), got {self.top_k!r}")
+        require_integer("top_k", self.top_k, 0, why=" (0 = off)")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise InvalidSettingError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+        if not is_integer(self.seed) or not 0 <= self.seed <= MAX_SEED:  # tests/test_errors.py reads "in [0, …]"
             raise InvalidSettingError(f"seed must be an integer in [0, {MAX_SEED}], got {self.seed!r}")
 
     @property

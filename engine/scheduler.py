@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from engine.checks import require_integer
 from engine.errors import InvalidSettingError
 from engine.prefix_cache import block_hash
 
@@ -46,8 +47,7 @@ class Request:
     def __post_init__(self):
         if not self.token_ids:
             raise InvalidSettingError("a request needs at least one prompt token")
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise InvalidSettingError(f"max_tokens must be an integer ≥ 1, got {self.max_tokens!r}")
+        require_integer("max_tokens", self.max_tokens, 1)
         self.token_ids = list(self.token_ids)
         self.prompt_length = len(self.token_ids)
 
@@ -170,8 +170,7 @@ class Scheduler:
                  eos_ids: set[int]):
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size), ("max_num_seqs", max_num_seqs),
                             ("max_num_batched_tokens", max_num_batched_tokens)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidSettingError(f"{name} must be an integer ≥ 1, got {value!r}")
+            require_integer(name, value, 1)
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.eos_ids = set(eos_ids)
         self.blocks = BlockManager(num_blocks, block_size)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.checks import is_integer
 from engine.errors import InvalidSettingError
 from engine.kv_cache import BlockTable
 from engine.model import Model, Pass
@@ -79,7 +80,7 @@ class Server:
         """A request, waiting from the next step; `ignore_eos`: it makes `max_tokens` tokens whatever they are."""
         request = Request(len(self.requests), prompt_ids, max_tokens, ignore_eos)  # checks the prompt and max_tokens
         info = self.model.info
-        if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < info.vocab for i in request.token_ids):
+        if any(not is_integer(i) or not 0 <= i < info.vocab for i in request.token_ids):
             raise InvalidSettingError(f"prompt ids must be integers from 0 to {info.vocab - 1}")
         if len(request.token_ids) + max_tokens > info.context_limit:
             raise InvalidSettingError(f"{info.name} reads at most {info.context_limit} positions; this request needs "

@@ -23,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 
+from engine.checks import is_integer
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import SessionStateError
 from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockPool, BlockTable
@@ -117,7 +118,7 @@ class DecodeSession:
 
         A piece holds back the bytes of an unfinished character until a later token completes it (see
         `engine.detokenizer`), so this is never a broken character."""
-        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= len(self.generated):
+        if not is_integer(count) or not 0 <= count <= len(self.generated):
             raise SessionStateError(f"text_after takes a token count from 0 to {len(self.generated)} (the answer's "
                                     f"length so far), got {count!r}")
         return "".join(trace.text for trace in self.traces[:count])
@@ -186,7 +187,7 @@ class DecodeSession:
         """
         if self.closed:
             raise SessionStateError("the session is closed: its cached K/V are gone")
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(self.traces):
+        if not is_integer(index) or not 0 <= index < len(self.traces):
             raise SessionStateError(f"step {index!r} has not run; steps 0…{len(self.traces) - 1} have")
         original = self.traces[index]
         record = self.model.forward(original.input_ids, original.positions, self._table_after(original),

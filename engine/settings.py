@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from engine.checks import require_integer
 from engine.errors import InvalidSettingError, PromptTooLongError
 from engine.split_kv import MAX_KV_SPLITS
 
@@ -22,13 +23,6 @@ def check_settings(block_size: int, max_new_tokens: int, keep_full_traces: int, 
     require_integer("kv_splits", kv_splits, 1, MAX_KV_SPLITS, " (the engine's limit)")
     require_integer("max_new_tokens", max_new_tokens, 1)
     require_integer("keep_full_traces", keep_full_traces, 1)
-
-
-def require_integer(name: str, value, low: int, high: int | None = None, why_high: str = "") -> None:
-    """An int (not a bool) in [low, high]; else InvalidSettingError naming the setting and its range."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
-        allowed = f"an integer ≥ {low}" if high is None else f"an integer from {low} to {high}{why_high}"
-        raise InvalidSettingError(f"{name} must be {allowed}, got {value!r}")
 
 
 def check_prefix_cache(prefix_cache: PrefixCache, model: Model, block_size: int) -> None:

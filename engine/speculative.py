@@ -37,6 +37,7 @@ from typing import Protocol
 
 import torch
 
+from engine.checks import require_integer
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import InvalidSettingError, SessionStateError
 from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockTable
@@ -44,7 +45,7 @@ from engine.model import Model
 from engine.prompt import tokenize_prompt
 from engine.sampler import DRAFT, VERIFY, Sampling, filter_logits, step_generator
 from engine.session import stop_reason
-from engine.settings import check_prompt_fits, require_integer
+from engine.settings import check_prompt_fits
 from engine.stopwatch import Stopwatch
 from engine.trace import NO_RECORD
 

@@ -21,12 +21,12 @@ import math
 import torch
 import torch.nn.functional as F
 
+from engine.checks import require_integer
 from engine.errors import InvalidSettingError
 from engine.eviction.policies import Policy
 from engine.eviction.run import DecodeBudget, EvictionRun, StreamingWindow
 from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockTable
 from engine.model import Model, Pass
-from engine.settings import require_integer
 from engine.trace import NO_RECORD
 
 

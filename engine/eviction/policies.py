@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from engine.checks import require_integer, require_number
 from engine.errors import InvalidSettingError
 
 POLICIES = ("streaming_llm", "knorm", "keydiff", "snapkv", "tova", "observed_attention", "pyramidkv", "adakv",
@@ -55,18 +56,6 @@ PREFILL_ONLY = ("pyramidkv", "adakv")  # budgets per layer or per head of a pref
 def n_kept_for_ratio(n: int, compression_ratio: float) -> int:
     """Rows kept out of `n` at a compression ratio, rounded down as kvpress does: int(n × (1 − ratio))."""
     return int(n * (1 - compression_ratio))
-
-
-def check_ratio(compression_ratio: float) -> None:
-    if isinstance(compression_ratio, bool) or not isinstance(compression_ratio, (int, float)) \
-            or not 0 <= compression_ratio < 1:
-        raise InvalidSettingError(f"the compression ratio is the share of positions evicted, from 0 up to (not "
-                                  f"including) 1; got {compression_ratio!r}")
-
-
-def _positive_int(name: str, value, least: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise InvalidSettingError(f"{name} must be an integer ≥ {least}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -85,15 +74,11 @@ class Policy:
     def __post_init__(self):
         if self.name not in POLICIES:
             raise InvalidSettingError(f"unknown eviction policy {self.name!r}; the policies are {', '.join(POLICIES)}")
-        _positive_int("n_sink", self.n_sink, least=0)
-        _positive_int("window_size", self.window_size)
-        _positive_int("kernel_size", self.kernel_size)
-        _positive_int("beta", self.beta)
-        _positive_int("lag_size", self.lag_size)
-        _positive_int("n_future_positions", self.n_future_positions)
-        if isinstance(self.alpha_safeguard, bool) or not isinstance(self.alpha_safeguard, (int, float)) \
-                or not 0 <= self.alpha_safeguard <= 1:
-            raise InvalidSettingError(f"alpha_safeguard is a share, from 0 to 1, got {self.alpha_safeguard!r}")
+        require_integer("n_sink", self.n_sink, 0)
+        for name in ("window_size", "kernel_size", "beta", "lag_size", "n_future_positions"):
+            require_integer(name, getattr(self, name), 1)
+        require_number("alpha_safeguard", self.alpha_safeguard, 0, 1,
+                       why=" (the share of the ratio's count every head keeps at least)")
         if self.kernel_size % 2 == 0:
             raise InvalidSettingError(f"kernel_size must be odd (one pooled score per position), "
                                       f"got {self.kernel_size}")

@@ -35,13 +35,14 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention import AttentionResult
+from engine.checks import require_integer, require_number
 from engine.errors import InvalidSettingError, SessionStateError
-from engine.eviction.policies import PREFILL_ONLY, LayerInputs, Policy, check_ratio, select, select_per_head
+from engine.eviction.policies import PREFILL_ONLY, LayerInputs, Policy, select, select_per_head
 from engine.eviction.rows import LayerRows
 from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockPool, BlockTable, kv_bytes_per_token
 from engine.model import Model, Observer, Pass
 from engine.recorder import ForwardRecord
-from engine.settings import check_prompt_fits, require_integer
+from engine.settings import check_prompt_fits
 from engine.trace import NO_RECORD, Capture
 
 ONE_ROW = Capture(residuals=False)  # a pass's attention row: what the evictions and the view read
@@ -57,9 +58,7 @@ class DecodeBudget:
 
     def __post_init__(self):
         for name in ("target_size", "interval"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidSettingError(f"the decode budget's {name} must be an integer ≥ 1, got {value!r}")
+            require_integer(f"the decode budget's {name}", getattr(self, name), 1)
 
 
 @dataclass(frozen=True)
@@ -71,10 +70,7 @@ class StreamingWindow:
 
     def __post_init__(self):
         for name, least in (("n_sink", 0), ("window", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise InvalidSettingError(f"the streaming window's {name} must be an integer ≥ {least}, "
-                                          f"got {value!r}")
+            require_integer(f"the streaming window's {name}", getattr(self, name), least)
 
     def keep(self, positions: torch.Tensor) -> torch.Tensor | None:
         """The rows each KV head keeps of rows holding `positions` (kv_heads, n): the `n_sink` with the first
@@ -147,17 +143,16 @@ class EvictionRun:
         """`pool`: a pool shared with other runs of the prompt (`engine.eviction.batch`), which then give this run
         its table after their common prefill; by default a pool of its own. `rerotate`: kvpress's
         KeyRerotationPress around the policy (see the module docstring)."""
-        check_ratio(compression_ratio)
+        require_number("compression_ratio", compression_ratio, 0, 1, high_open=True,
+                       why=" (the share of positions evicted)")
         if rerotate:
             _check_rerotation(model, policy, compression_ratio, budget)
         if policy is None and (compression_ratio > 0 or isinstance(budget, DecodeBudget)):
             raise InvalidSettingError("a compression ratio or a decode budget needs a policy to score positions")
         if budget is not None and not isinstance(budget, (DecodeBudget, StreamingWindow)):
             raise InvalidSettingError(f"budget must be a DecodeBudget or a StreamingWindow, got {budget!r}")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise InvalidSettingError(f"max_new_tokens must be an integer ≥ 1, got {max_new_tokens!r}")
-        if isinstance(keep_full_steps, bool) or not isinstance(keep_full_steps, int) or keep_full_steps < 1:
-            raise InvalidSettingError(f"keep_full_steps must be an integer ≥ 1, got {keep_full_steps!r}")
+        require_integer("max_new_tokens", max_new_tokens, 1)
+        require_integer("keep_full_steps", keep_full_steps, 1)
         if len(prompt_ids) < 2:
             raise InvalidSettingError("eviction needs a prompt of at least 2 tokens: the context it evicts from, "
                                       "then the last prompt token that reads what was kept")

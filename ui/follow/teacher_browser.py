@@ -23,6 +23,8 @@ COOKIE = "kvscope_lead"
 KEEP_SECONDS = 12 * 3600  # a school day: a room resumes from the cookie within it
 PUBLIC_URL_ENV = "KVSCOPE_PUBLIC_URL"
 LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+HIDDEN = ('<style>[data-testid="stElementContainer"]:has(.kv-cookie) { display: none; }</style>'
+          '<span class="kv-cookie"></span>')
 
 
 def remembered() -> str | None:
@@ -41,7 +43,9 @@ def forget() -> None:
 
 
 def _set_cookie(value: str, seconds: int) -> None:
-    st.html(f"<script>document.cookie = '{COOKIE}={value}; path=/; max-age={seconds}; samesite=strict'"
+    """A script that sets the cookie, in an element that takes no place (drawn in the leader's strip, it pushed the
+    strip down over the page's title)."""
+    st.html(f"{HIDDEN}<script>document.cookie = '{COOKIE}={value}; path=/; max-age={seconds}; samesite=strict'"
             " + (location.protocol === 'https:' ? '; secure' : '');</script>", unsafe_allow_javascript=True)
 
 

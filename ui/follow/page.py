@@ -45,8 +45,7 @@ def begin(params: dict[str, str]) -> None:
     mine.role = ""
     if "lead" in params:
         mine.role = "lead"  # the room of the secret in the link (a teacher's own), else of the browser's, else new
-        given = params["lead"]
-        mine.secret, mine.code = rooms.lead_or_resume(given if rooms.is_secret(given) else teacher_browser.remembered())
+        mine.secret, mine.code = rooms.lead_or_resume(params["lead"], teacher_browser.remembered())
         mine.page, mine.claim = rooms.new_page_id(), True
     elif "follow" in params:
         mine.role = "follow"

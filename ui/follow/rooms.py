@@ -69,11 +69,11 @@ def new_page_id() -> str:
     return secrets.token_urlsafe(9)
 
 
-def lead_or_resume(given: str | None = None) -> tuple[str, str]:
-    """(secret, code) of the room a leader's link names: `given` if it is shaped like a secret (a reload resumes
-    its room, whether or not the store still holds it), else a new secret (`lead=1`). Nothing is stored until
-    the first `Rooms.publish`."""
-    secret = given if given is not None and is_secret(given) else new_secret()
+def lead_or_resume(*given: str | None) -> tuple[str, str]:
+    """(secret, code) of the room a leader names: the first of `given` shaped like a secret (a reload resumes its
+    room, whether or not the store still holds it), else a new secret (`lead=1`). Nothing is stored until the first
+    `Rooms.publish`."""
+    secret = next((g for g in given if isinstance(g, str) and is_secret(g)), None) or new_secret()
     return secret, code_for(secret)
 
 

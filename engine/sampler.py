@@ -117,12 +117,18 @@ def step_generator(seed: int, step: int, stream: int = PLAIN) -> torch.Generator
     return torch.Generator().manual_seed(stream * _STREAM_STRIDE + seed * _STEP_SEED_STRIDE + step)
 
 
+def distribution(stages: FilterStages) -> torch.Tensor:
+    """The probabilities a step draws from: softmax after every filter (greedy: of the raw logits, whose argmax it
+    takes; what a trace's candidates list as `p_top_p`)."""
+    return torch.softmax(stages.top_p, dim=-1)
+
+
 def sample(logits: torch.Tensor, sampling: Sampling, step: int) -> tuple[int, FilterStages]:
     """Draw the next id from float32 CPU logits (vocab,); return it and the filtered stages."""
     stages = filter_logits(logits, sampling)
     if sampling.greedy:
         return int(torch.argmax(logits)), stages
-    probs = torch.softmax(stages.top_p, dim=-1)
+    probs = distribution(stages)
     drawn = torch.multinomial(probs, 1, generator=step_generator(sampling.seed, step))
     return int(drawn), stages
 

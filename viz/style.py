@@ -156,6 +156,14 @@ def fmt_percent(p) -> str:
     return f"{value:.{2 if value < 10 else 1}f}%"
 
 
+def fmt_probability(p) -> str:
+    """As `fmt_percent`, but a probability too small for it is "< 0.01%", and only 0 itself is "0%": a guess the
+    model gives 3e-7 is not one it rules out."""
+    if float(p) == 0:
+        return "0%"
+    return "< 0.01%" if float(p) < 0.00005 else fmt_percent(p)
+
+
 def fmt_size(n) -> str:
     """Bytes with a binary prefix: 114688 → "112 KiB", 114688000 → "109.4 MiB"."""
     n = int(n)

@@ -51,14 +51,14 @@ class PromptRefused(Exception):
         super().__init__(reason)
 
 
-def check_text(text: str, special_texts: list[str]) -> str:
-    """The prompt to send, stripped, or PromptRefused: empty, longer than MAX_CHARS, with control characters, with a
-    model's control token (`special_texts`: "<|im_start|>", "<bos>", …), or with markup."""
+def check_text(text: str, special_texts: list[str], most: int = MAX_CHARS) -> str:
+    """The prompt to send, stripped, or PromptRefused: empty, longer than `most` characters, with control characters,
+    with a model's control token (`special_texts`: "<|im_start|>", "<bos>", …), or with markup."""
     text = text.strip()
     if not text:
         raise PromptRefused("empty")
-    if len(text) > MAX_CHARS:
-        raise PromptRefused("too_long", most=MAX_CHARS, length=len(text))
+    if len(text) > most:
+        raise PromptRefused("too_long", most=most, length=len(text))
     if any(unicodedata.category(ch) in ("Cc", "Cf", "Cs") for ch in text):
         raise PromptRefused("control_chars")
     found = next((special for special in special_texts if special and special in text), None)

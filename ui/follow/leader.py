@@ -14,6 +14,7 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 import segno
 import streamlit as st
 
+from ui.follow import ask_round
 from ui.follow.room_link import follow_state, room_query, sync
 from ui.follow.teacher_browser import remember, students_base
 from ui.host.limits import env_seconds
@@ -102,15 +103,19 @@ def panel(t: Callable[..., str]) -> None:
 
 
 def lead_status(t: Callable[..., str]) -> None:
-    """The leader's timed check: its room refreshed (the heartbeat: a page that lost the room sends nothing), and
-    a warning when students cannot follow: the store fails, or another page took the room (with a button to
-    take it back)."""
+    """The leader's timed check: its room refreshed (the heartbeat: a page that lost the room sends nothing), how many
+    answered the class's round while it is asked, and a warning when students cannot follow: the store fails, or
+    another page took the room (with a button to take it back)."""
     room_sync, mine = sync(), follow_state()
     if room_sync is None:
         st.warning(t("follow_lead_down", error=mine.error))
         return
     if mine.published is not None:
         send(mine.published)
+    count = ask_round.answered(room_sync, mine.code, mine.ask_counting)
+    if count is not None:
+        with st.container(key="ask-count"):
+            st.markdown(f"**{t(count[0], **count[1])}**")
     if not room_sync.leads(mine.page):
         st.warning(t("follow_superseded"), icon=":material/cast:")
         st.button(t("follow_take_back"), key="b_follow_take_back", on_click=take_back)

@@ -8,7 +8,7 @@ A page's part in following is one `FollowState`, under the session key `follow` 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import streamlit as st
 
@@ -47,6 +47,16 @@ class FollowState:
     prompt_sender: str = ""
     prompt_tried_at: float | None = None
     prompt_message: tuple[str, dict] | None = None
+    # The class's answers (`ui.follow.ask_round`): this browser's id (its cookie), its answer in the round (round,
+    # token id), its last try and what happened, shown once; the teacher's step the round was opened at, and each
+    # revealed round's rows for the export (round → rows, in the order asked)
+    browser: str = ""
+    answer: tuple[int, int] | None = None
+    ask_tried_at: float | None = None
+    ask_message: tuple[str, dict] | None = None
+    ask_step: int | None = None
+    ask_counting: tuple[int, str] | None = None  # the round whose answers the leader's strip counts, and its phase
+    asked: dict[int, list[dict]] = field(default_factory=dict)
 
     @property
     def tracking(self) -> bool:

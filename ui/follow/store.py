@@ -7,6 +7,7 @@ another). Keys and values are strings; a value set with a TTL is gone `ttl_secon
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -32,6 +33,12 @@ class Store(Protocol):
     def update(self, key: str, change: Callable[[str | None], str | None], ttl_seconds: float) -> None:
         """Set `key` to `change(its value now)` with no other write to it in between (`change` may be called
         again if one raced it); `change` returns None to leave the key as it is."""
+
+    def put_field(self, key: str, field: str, value: str, ttl_seconds: float) -> None:
+        """Set one field of the map at `key` (other fields stay); the map expires `ttl_seconds` from now."""
+
+    def fields(self, key: str) -> dict[str, str]:
+        """The map at `key`: {} if it was never set or has expired."""
 
 
 class MemoryStore:
@@ -70,6 +77,16 @@ class MemoryStore:
             new = change(self._get_locked(key))
             if new is not None:
                 self._items[key] = (new, self._clock() + ttl_seconds)
+
+    def put_field(self, key: str, field: str, value: str, ttl_seconds: float) -> None:
+        def change(raw: str | None) -> str:
+            return json.dumps((json.loads(raw) if raw is not None else {}) | {field: value})
+
+        self.update(key, change, ttl_seconds)  # a map is kept as its JSON: one dict for every kind of value
+
+    def fields(self, key: str) -> dict[str, str]:
+        raw = self.get(key)
+        return {} if raw is None else json.loads(raw)
 
     def _drop_expired(self, now: float) -> None:
         for key in [k for k, (_, expiry) in self._items.items() if expiry <= now]:
@@ -111,6 +128,16 @@ class RedisStore:
                 pipe.set(key, new, px=milliseconds(ttl_seconds))
 
         self._call(self._client.transaction, attempt, key)
+
+    def put_field(self, key: str, field: str, value: str, ttl_seconds: float) -> None:
+        def both(pipe) -> None:
+            pipe.hset(key, field, value)
+            pipe.pexpire(key, milliseconds(ttl_seconds))
+
+        self._call(self._client.transaction, both)  # MULTI … EXEC: the field is never left without its expiry
+
+    def fields(self, key: str) -> dict[str, str]:
+        return self._call(self._client.hgetall, key)
 
     def _call(self, operation, *args, **options):
         try:

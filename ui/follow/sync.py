@@ -7,7 +7,13 @@ poll reads the room as the thread last read it (`watch`): the thread reads every
 
 A store that fails (down, paused, unreachable) is noticed once: the thread keeps what it could not send, says
 what went wrong (`error`) and tries again after `RETRY_FIRST`, doubling up to `RETRY_MAX`, so a returning store
-gets the leaders' latest states and the followers' reads within a fraction of a second. The store's own calls
+gets the leaders' latest states and the followers' reads within a fraction of a second.
+
+A class's answers (`ui.follow.class_answers`) go the same way: a page hands its browser's answer to `answer`, which
+the thread sends as one field of the round's map (a second answer of the browser replaces its first). The thread keeps
+every answer it was given for `ANSWER_KEEP` and sends them all again when a failing store works again: a store that
+restarted empty gets them back, and none counts twice. A teacher's page reads its round's answers as the thread last
+read them (`tally`). The store's own calls
 have a short timeout (`ui.follow.store.RedisStore`); the thread alone waits for it.
 """
 
@@ -26,6 +32,7 @@ READ_SECONDS = 0.25  # a watched room is read this often (a follower polls the r
 RETRY_FIRST, RETRY_MAX = 0.1, 0.25  # seconds before trying a failing store again: doubles up to RETRY_MAX
 WATCH_KEEP = 60.0  # a room no page asked about for this long is no longer read
 PAGE_KEEP = 60.0  # a leading page not heard from for this long is forgotten
+ANSWER_KEEP = 4 * 3600.0  # a lesson: the answers kept to send again after a store's outage
 log = logging.getLogger("kvscope")
 
 
@@ -70,6 +77,10 @@ class RoomSync:
         self._watched: dict[str, float] = {}  # room code → when a page last asked for it
         self._seen: dict[str, Seen] = {}
         self._given_up: set[str] = set()  # rooms a page stopped waiting for before their first read
+        self._answers: dict[tuple[str, str], tuple[str, float]] = {}  # (map key, field) → (answer, when given)
+        self._unsent: set[tuple[str, str]] = set()
+        self._tallies: dict[str, float] = {}  # map key → when a page last asked for it
+        self._read_tallies: dict[str, dict[str, str]] = {}
         self._error: str | None = None
         self._retry_at, self._retry_wait = 0.0, RETRY_FIRST
         self._next_read = 0.0
@@ -106,6 +117,28 @@ class RoomSync:
         """False once another page has claimed the room this page published to."""
         with self._lock:
             return page not in self._superseded
+
+    def answer(self, key: str, field: str, value: str) -> None:
+        """Set `field` of the map at `key` to `value` (a browser's answer in a round's map), now and again after
+        any outage of the store."""
+        with self._lock:
+            self._answers[(key, field)] = (value, self._clock())
+            self._unsent.add((key, field))
+            self._lock.notify_all()
+
+    def sent(self, key: str, field: str) -> bool:
+        """Whether the store took the answer last given for (`key`, `field`)."""
+        with self._lock:
+            return (key, field) in self._answers and (key, field) not in self._unsent
+
+    def tally(self, key: str) -> dict[str, str] | None:
+        """The map at `key` as last read, and read from now on (None: not read yet)."""
+        with self._lock:
+            if key not in self._tallies:
+                self._hurry = True
+                self._lock.notify_all()
+            self._tallies[key] = self._clock()
+            return self._read_tallies.get(key)
 
     @property
     def error(self) -> str | None:
@@ -158,8 +191,8 @@ class RoomSync:
                     self._idle(self._lock, wait)
                 if self._closed:
                     return
-                jobs, codes = self._start_round()
-            error = self._round(jobs, codes)
+                jobs, codes, answers, tallies = self._start_round()
+            error = self._round(jobs, codes, answers, tallies)
             with self._lock:
                 self._end_round(jobs, codes, error)
 
@@ -168,11 +201,12 @@ class RoomSync:
         now = self._clock()
         if self._error is not None and now < self._retry_at:
             return self._retry_at - now
-        if self._jobs or self._hurry or (self._watched and now >= self._next_read):
+        reading = self._watched or self._tallies
+        if self._jobs or self._unsent or self._hurry or (reading and now >= self._next_read):
             return 0.0
-        return self._next_read - now if self._watched else None
+        return self._next_read - now if reading else None
 
-    def _start_round(self) -> tuple[dict[str, Job], list[str]]:
+    def _start_round(self) -> tuple[dict[str, Job], list[str], dict[tuple[str, str], str], list[str]]:
         now = self._clock()
         self._started += 1
         self._hurry = False
@@ -183,11 +217,20 @@ class RoomSync:
         for page in [p for p, heard in self._heard.items() if now - heard > PAGE_KEEP]:
             del self._heard[page]
             self._superseded.discard(page)
+        for key in [k for k, asked in self._tallies.items() if now - asked > WATCH_KEEP]:
+            del self._tallies[key]
+            self._read_tallies.pop(key, None)
+        for given in [g for g, (_, at) in self._answers.items() if now - at > ANSWER_KEEP]:
+            del self._answers[given]
+            self._unsent.discard(given)
         jobs, self._jobs = self._jobs, {}
-        return jobs, list(self._watched)
+        answers = {given: self._answers[given][0] for given in self._unsent}
+        return jobs, list(self._watched), answers, list(self._tallies)
 
-    def _round(self, jobs: dict[str, Job], codes: list[str]) -> StoreError | None:
-        """Send the jobs (each removed from `jobs` once done), then read the rooms; the store's error, if any."""
+    def _round(self, jobs: dict[str, Job], codes: list[str], answers: dict[tuple[str, str], str],
+               tallies: list[str]) -> StoreError | None:
+        """Send the jobs (each removed from `jobs` once done) and the answers, then read the rooms and the tallies;
+        the store's error, if any."""
         try:
             for page in list(jobs):
                 job = jobs[page]
@@ -197,7 +240,13 @@ class RoomSync:
                     with self._lock:
                         self._superseded.add(page)
                 del jobs[page]
+            for (key, field), value in answers.items():
+                self.rooms.store.put_field(key, field, value, ANSWER_KEEP)
+                with self._lock:
+                    if self._answers.get((key, field), ("",))[0] == value:  # not replaced while it was sent
+                        self._unsent.discard((key, field))
             seen = {code: Seen(self.rooms.read(code)) for code in codes}
+            read = {key: self.rooms.store.fields(key) for key in tallies}
         except StoreError as error:
             return error
         with self._lock:
@@ -205,6 +254,7 @@ class RoomSync:
                        if code in self._given_up or code in self._seen and shown(self._seen[code]) != shown(now)]
             self._given_up.difference_update(seen)
             self._seen.update(seen)
+            self._read_tallies.update(read)
         for code in changed if self.on_change else ():
             try:
                 self.on_change(code)
@@ -223,6 +273,7 @@ class RoomSync:
         if error is None:
             if self._error is not None:
                 log.warning("the room store works again")
+                self._unsent.update(self._answers)  # a store that restarted empty gets every answer back
             self._error, self._retry_wait = None, RETRY_FIRST
         else:
             if self._error is None:

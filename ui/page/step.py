@@ -12,7 +12,7 @@ import streamlit as st
 
 import engine
 from ui import views
-from ui.follow import follower, serving_room
+from ui.follow import ask_round, follower, serving_room
 from ui.follow import page as follow
 from ui.lesson import panel as lesson
 from ui.lesson.chapters import CHAPTERS
@@ -35,6 +35,7 @@ from ui.runs.runner import Runner
 from ui.state.link import clamp
 from ui.state.session import PlayClock, lesson_session, page_controls, page_session, settings
 from ui.views import VIEWS, stepper
+from ui.views import ask as ask_part
 from ui.views.chapter_part import CHAPTER_FIGURE, ChapterFigure
 from ui.views.context import ViewContext
 from ui.views.paint import TEXT_SENT
@@ -149,12 +150,13 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
     page.step = (own.advance_to(runner, state, requested, room.served if room else None) if own
                  else runner.advance_to(requested, catching_up))
     catching_up.clear()
-    state = replace(state, step=page.step)
+    state = ask_round.at_step(replace(state, step=page.step), page.step)
+    ask = None if own else ask_round.round_for(state, page.step, runner)
     trace = None if own else runner.trace(page.step)
     if state.view in HEAD_VIEWS or chapter is not None and trace is not None and trace.split is not None:
         state = open_on_focused_head(state, trace)  # its pickers, or the chapter's split text, show a layer and head
     ctx = ViewContext(runner=runner, state=state, step=page.step, trace=trace,
-                      stage=chapter.stage if chapter else None, measured_again=page.measured_again, room=room,
+                      stage=chapter.stage if chapter else None, measured_again=page.measured_again, room=room, ask=ask,
                       load_case=load_case, measure_again=measure_again)
     with places.controls:
         if page.step < requested and not own:  # its run's end: the view's own sentence says so
@@ -163,6 +165,7 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
             show_problem(problem)
         page.counter_html = own.counter_html(ctx) if own else stepper.counter_html(ctx)
         places.counter.html(page.counter_html)
+        ask_part.part(ctx)
     with places.beside:
         if not own:  # the view's run has its own tokens and texts
             stepper.render(ctx, lines=1 if chapter else None)

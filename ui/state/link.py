@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import tomllib
 import unicodedata
 from collections.abc import Mapping
@@ -73,6 +74,13 @@ class AppState:
     draft: str = "lookup"
     draft_k: int = 5
     draft_n: int = 6
+    # A round of the class's answers (ui/follow/class_answers.py), opened by the teacher at this step: its number (0:
+    # none), whether answers are taken, closed or shown, and once shown, the class's counts per token and the tokens the
+    # teacher hid
+    ask: int = 0
+    ask_phase: str = "open"
+    ask_tally: str = ""
+    ask_hide: str = ""
 
 
 @dataclass(frozen=True)
@@ -106,6 +114,7 @@ RANGES = {
     "serve_round": (int, 0, 1_000_000),
     "draft_k": (int, 1, MAX_GUESSES),
     "draft_n": (int, 1, 1000),  # below the model's layer count (`clamp`)
+    "ask": (int, 0, 1_000_000),
 }
 
 
@@ -123,6 +132,11 @@ SPEC_PROMPTS = ("edit", "free", "page")  # a code edit (it quotes itself), a fre
 CHOICES = {"view": VIEWS, "lang": LANGS, "policy": CACHE_POLICIES, "pool": POOLS, "evict": EVICTION_POLICIES,
            "evict_at": EVICT_AT, "spec_prompt": SPEC_PROMPTS, "draft": DRAFTS}
 FLAGS = ("chat", "think", "large")
+ASK_PHASES = ("open", "closed", "shown")
+CHOICES["ask_phase"] = ASK_PHASES
+# Lists of numbers, in the link's own shape: "token:count,…" (at most 200 tokens) and "token,…" (at most 50)
+PATTERNS = {"ask_tally": re.compile(r"\d{1,7}:\d{1,5}(,\d{1,7}:\d{1,5}){0,199}"),
+            "ask_hide": re.compile(r"\d{1,7}(,\d{1,7}){0,49}")}
 
 
 def parse_query(params: Mapping[str, str | list[str]]) -> tuple[AppState, list[Problem]]:
@@ -172,6 +186,8 @@ def _parse_one(name: str, raw: str, default):
         return number, None
     if name in CHOICES:
         return (raw, None) if raw in CHOICES[name] else (default, "unknown_choice")
+    if name in PATTERNS:
+        return (raw, None) if raw == "" or PATTERNS[name].fullmatch(raw) else (default, "bad_list")
     if name in FLAGS:
         if raw in ("0", "1"):
             return raw == "1", None

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from engine.prompt import PromptSegment
     from engine.timing import DecodeTiming
     from engine.trace import PrefixHit, SplitKVTrace
+    from ui.follow.ask_round import AskRound
     from ui.follow.serving_room import ServingRoom
     from ui.runs.eviction import EvictionPair
     from ui.runs.eviction_forced import ForcedReading
@@ -91,6 +92,7 @@ class ViewContext:
     stage: str | None = None  # the stage of one step a lesson chapter talks about (viz.step_picture.STAGES)
     measured_again: int = 0  # the page's presses of the costs view's "measure again"
     room: ServingRoom | None = None  # the Serving view's: the class's room of this page, if it leads or follows one
+    ask: AskRound | None = None  # the class's round of answers at this step, if the page leads or follows a room
     # The page's answers to a view's presses (a view passes them as its buttons' callbacks; the page's state moves)
     load_case: Callable[[str], None] | None = None  # the prefix view's article case ("case1", "case2")
     measure_again: Callable[[], None] | None = None  # the costs view's timings measured anew

@@ -1,0 +1,112 @@
+"""The class answers in headless Chromium: a teacher at 1280×720 and three students at phone width (390×844), each in
+a browser context of its own, on one server. English on SmolLM2 and Chinese on Gemma 3: the teacher asks what comes
+next, the students guess (one refused, one reloads and answers again), the teacher reveals, and every page says the
+round's sentence with the sampler's own probability, computed here by the engine."""
+
+import re
+
+import pytest
+from playwright.sync_api import expect
+
+import engine
+from engine.sampler import distribution, filter_logits
+from engine.tokens import candidate_cells
+from tests.helpers import WAIT_MS, press, until_link
+from tests.server import settled_text
+from ui.follow.class_answers import guess_token
+from ui.text import strings
+from viz.style import fmt_probability
+from viz.tokens import position_label
+
+pytestmark = pytest.mark.browser
+STEP = 1  # the round is asked after the prefill: the class predicts the answer's second token
+GUESSES = {"en": ("a", "a", "the", "cache"), "zh": ("一种", "一种", "存储", "数据")}  # A, B, C, then C after a reload
+
+
+@pytest.fixture
+def classroom(browser):
+    """The teacher's page at 1280×720 and three students' at 390×844, each in a context of its own."""
+    contexts = [browser.new_context(viewport={"width": 1280, "height": 720})] + [
+        browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True) for _ in range(3)]
+    yield [context.new_page() for context in contexts]
+    for context in contexts:
+        context.close()
+
+
+def plain(text: str) -> str:
+    """A string as the page shows it: its Markdown escapes gone."""
+    return re.sub(r"\\(.)", r"\1", str(text))
+
+
+def expected_round(model, lang: str, answers: list[str]) -> str:
+    """The reveal's sentence for `answers`, from the engine's own step: the default prompt of `lang`, greedy."""
+    from ui.state.link import language_defaults
+
+    state = language_defaults(lang)
+    session = engine.DecodeSession(model, state.prompt, chat=state.chat, sampling=engine.Sampling(),
+                                   max_new_tokens=16)
+    session.prefill()
+    trace = session.step()  # token STEP + 1
+    context = session.prompt_ids + session.generated[:STEP]
+    prompt_text = model.tokenizer.decode(session.prompt_ids)
+    before = session.text_after(STEP)
+    tokens = [guess_token(model.tokenizer, context[-1], prompt_text + before, a) for a in answers]
+    probabilities = distribution(filter_logits(trace.logits, engine.Sampling()))
+    favourite = max(set(tokens), key=tokens.count)
+    label = position_label(candidate_cells(model.tokenizer, context, [favourite])[0])
+    session.close()
+    return plain(strings.t("ask_favourite", lang, k=tokens.count(trace.token_id), n=len(tokens), token=f"“{label}”",
+                           p=fmt_probability(float(probabilities[favourite]))))
+
+
+def send(page, lang: str, guess: str) -> None:
+    box = page.locator(".st-key-ask input")
+    expect(box).to_be_visible(timeout=WAIT_MS)
+    box.fill(guess)
+    page.get_by_role("button", name=strings.t("ask_send", lang)).click()
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_the_class_predicts_and_every_page_reveals_the_samplers_probabilities(server, classroom, lang, request):
+    model = request.getfixturevalue("embedded_model" if lang == "en" else "embedded_zh_model")
+    teacher, *students = classroom
+    a, b, c, c_again = GUESSES[lang]
+    teacher.goto(f"{server}/?lead=1&lang={lang}")
+    settled_text(teacher)
+    press(teacher, "b_next")
+    until_link(teacher, step=str(STEP))
+    href = teacher.locator(".st-key-follow-link a").get_attribute("href")
+    for student in students:
+        student.goto(href)
+        settled_text(student)
+        expect(student.get_by_text(plain(strings.t("follow_following", lang)))).to_be_visible()
+    assert not students[0].locator(".st-key-ask input").count()  # no round yet: no box
+    press(teacher, "b_ask_open")
+    teacher.wait_for_function("() => new URL(location.href).searchParams.get('ask') !== null", timeout=WAIT_MS)
+
+    send(students[0], lang, a)
+    expect(students[0].get_by_text(plain(strings.t("ask_sent", lang)))).to_be_visible()
+    send(students[1], lang, "<kv>x</kv>")  # markup: refused, nothing sent (Gemma reads <b> as a token of its own)
+    expect(students[1].get_by_text(plain(strings.t("ask_refused_markup", lang)))).to_be_visible()
+    students[1].wait_for_timeout(1100)  # one send a second (the gap is tested with a clock of its own)
+    send(students[1], lang, b)
+    expect(students[1].get_by_text(plain(strings.t("ask_sent", lang)))).to_be_visible()
+    send(students[2], lang, c)
+    expect(students[2].get_by_text(plain(strings.t("ask_sent", lang)))).to_be_visible()
+    students[2].reload()  # the same browser: its answer is replaced, not added
+    settled_text(students[2])
+    send(students[2], lang, c_again)
+    expect(students[2].get_by_text(plain(strings.t("ask_sent", lang)))).to_be_visible()
+    expect(teacher.get_by_text(plain(strings.t("ask_count_open", lang, n=3)))).to_be_visible()
+
+    press(teacher, "b_ask_reveal")
+    sentence = expected_round(model, lang, [a, b, c_again])
+    for page in [teacher, *students]:
+        expect(page.locator(".st-key-ask")).to_contain_text(sentence, timeout=WAIT_MS)
+        expect(page.locator(".st-key-ask .js-plotly-plot")).to_be_visible()
+    assert teacher.locator(".st-key-ask .js-plotly-plot").bounding_box()["y"] < 720  # on the first screen
+
+    press(teacher, "b_next")  # → goes on as usual: the round ends with its step
+    until_link(teacher, step=str(STEP + 1))
+    for page in [teacher, *students]:
+        expect(page.locator(".st-key-ask .js-plotly-plot")).to_have_count(0, timeout=WAIT_MS)

@@ -1,0 +1,110 @@
+"""The class answers, under the step buttons of a page in a room (`ctx.ask`, `ui.follow.ask_round`): on the teacher's
+page the round's controls and how many answered; on a student's, the box for a guess and the token it became; on
+every page, once revealed, the round in one sentence and the class's guesses beside the model's probabilities.
+Guesses reach the class only as tokens with counts: a token is drawn as the model's text, never as Markdown."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from ui.follow.ask_round import GUESS_KEY
+from ui.follow.class_answers import MAX_GUESS_CHARS
+from ui.views.context import ViewContext
+from ui.views.figures import figure, memo_key
+from ui.views.widgets import opened, words
+from viz.reveal import reveal_figure
+from viz.style import fmt_probability
+from viz.tokens import position_label
+
+
+def part(ctx: ViewContext) -> None:
+    ask = ctx.ask
+    if ask is None:
+        return
+    with st.container(key="ask"):
+        if ask.error and ask.number and ask.phase != "shown":
+            st.warning(ctx.t("ask_store_down", error=ask.error))
+        if ask.message is not None:
+            key, values = ask.message
+            (st.success if key == "ask_sent" else st.warning)(ctx.t(key, **values))
+        if ask.role == "lead":
+            teachers_controls(ctx)
+        elif ask.number and ask.phase != "shown":
+            students_box(ctx)
+        if ask.number and ask.phase == "shown":
+            revealed(ctx)
+
+
+def labels(ctx: ViewContext, bars) -> list[str]:
+    """What each token reads as at the step the class predicted ("" for a token the teacher hid)."""
+    cells = ctx.runner.candidate_cells(ctx.step + 1, [bar.token_id for bar in bars])
+    return ["" if bar.hidden else position_label(cell) for bar, cell in zip(bars, cells, strict=True)]
+
+
+def teachers_controls(ctx: ViewContext) -> None:
+    ask = ctx.ask
+    row = st.container(horizontal=True, vertical_alignment="center")
+    if not ask.number:
+        row.button(ctx.t("ask_open"), key="b_ask_open", on_click=ask.open, disabled=not ask.can_ask,
+                   icon=":material/quiz:", shortcut="Q", help=ctx.t("ask_open_help" if ask.can_ask else "ask_at_end"))
+        return
+    if ask.phase == "shown":
+        row.button(ctx.t("ask_again"), key="b_ask_again", on_click=ask.open, icon=":material/replay:",
+                   help=ctx.t("ask_again_help"))
+        row.download_button(ctx.t("ask_export"), ask.export, file_name="kvscope-class-answers.csv", mime="text/csv",
+                            key="dl_ask", icon=":material/download:")
+        return
+    row.markdown(ctx.t("ask_phase_" + ask.phase))  # how many answered: live in the leader's strip (`leader.py`)
+    if ask.phase == "open":
+        row.button(ctx.t("ask_close"), key="b_ask_close", on_click=ask.close, icon=":material/lock:")
+    row.button(ctx.t("ask_reveal"), key="b_ask_reveal", on_click=ask.show, type="primary",
+               icon=":material/visibility:", shortcut="V")
+
+
+def students_box(ctx: ViewContext) -> None:
+    ask = ctx.ask
+    if ask.mine is not None:
+        token, received = ask.mine
+        label = position_label(ctx.runner.candidate_cells(ctx.step + 1, [token])[0])
+        st.info(ctx.t("ask_yours_received" if received else "ask_yours_kept", token=label))
+    if ask.phase != "open":
+        st.caption(ctx.t("ask_closed_wait"))
+        return
+    with st.form("ask-form", clear_on_submit=False, border=False):
+        st.markdown(f"**{ctx.t('ask_box_title')}**")
+        st.text_input(ctx.t("ask_box_label"), key=GUESS_KEY, max_chars=MAX_GUESS_CHARS,
+                      help=ctx.t("ask_box_help", most=MAX_GUESS_CHARS))
+        st.form_submit_button(ctx.t("ask_send"), on_click=ask.send, icon=":material/send:")
+
+
+def revealed(ctx: ViewContext) -> None:
+    """The round in one sentence, then the figure; on the teacher's page a ✕ hides a token the class should not see."""
+    ask, shown = ctx.ask, ctx.ask.reveal
+    if shown is None:
+        st.info(ctx.t("ask_run_ends"))
+        return
+    key, values = shown.sentence
+    if "favourites" in values:
+        favourites = values.pop("favourites")
+        names = labels(ctx, favourites)
+        values["token"] = ", ".join(ctx.t("reveal_hidden_token") if not name else f"“{name}”" for name in names)
+        values["p"] = ", ".join(fmt_probability(bar.probability) for bar in favourites)
+    st.markdown(f"**{ctx.t(key, **values)}**")
+    bar_labels = labels(ctx, shown.bars)
+    figure(lambda: reveal_figure(shown.bars, bar_labels, shown.answered, ctx.t("ask_reveal_title"), ctx.large,
+                                 words(ctx)), "reveal", memo_key(ctx, "reveal"))
+    st.caption(ctx.t("ask_reveal_caption"))
+    with opened(ctx.t("ask_all_guesses", n=len(shown.guesses)), "x_ask_guesses") as box:
+        if box.open:
+            guessed = labels(ctx, shown.guesses)
+            table = {ctx.t("ask_col_token"): [g or ctx.t("reveal_hidden_token") for g in guessed],
+                     ctx.t("ask_col_count"): [bar.count for bar in shown.guesses],
+                     ctx.t("ask_col_p"): [fmt_probability(bar.probability) for bar in shown.guesses]}
+            st.dataframe(pd.DataFrame(table), hide_index=True)
+            if ask.role == "lead":
+                hide_row = st.container(horizontal=True)
+                for bar, name in zip(shown.guesses, guessed, strict=True):
+                    if not bar.hidden:
+                        hide_row.button(f"✕ {name}", key=f"b_ask_hide_{bar.token_id}", on_click=ask.hide,
+                                        args=(bar.token_id,), help=ctx.t("ask_hide_help"))

@@ -18,8 +18,8 @@ def reveal_figure(bars, labels: list[str], answered: int, title: str = "", large
     share = [bar.count / answered if answered else 0.0 for bar in bars]
     fig = go.Figure()
     fig.add_bar(y=names, x=share, name=words["reveal_class"], orientation="h", marker_color=OKABE_ITO["orange"],
-                text=[str(bar.count) for bar in bars], textposition="outside",
-                hovertemplate="%{y}: %{text} (%{x:.0%})<extra>" + words["reveal_class"] + "</extra>")
+                text=[str(bar.count) if bar.count else "" for bar in bars], textposition="outside",
+                hovertemplate="%{y}: %{x:.0%}<extra>" + words["reveal_class"] + "</extra>")
     fig.add_bar(y=names, x=[bar.probability for bar in bars], name=words["reveal_model"], orientation="h",
                 marker_color=OKABE_ITO["blue"], hovertemplate="%{y}: %{x:.2%}<extra>" + words["reveal_model"]
                 + "</extra>")

@@ -91,6 +91,10 @@ def revealed(ctx: ViewContext) -> None:
         values["token"] = ", ".join(ctx.t("reveal_hidden_token") if not name else f"“{name}”" for name in names)
         values["p"] = ", ".join(fmt_probability(bar.probability) for bar in favourites)
     st.markdown(f"**{ctx.t(key, **values)}**")
+    mine = next((bar for bar in shown.guesses if ask.mine and bar.token_id == ask.mine[0]), None)
+    if mine is not None:  # a student's own guess, among the class's
+        st.caption(ctx.t("ask_yours_revealed", token=labels(ctx, [mine])[0] or ctx.t("reveal_hidden_token"),
+                         n=mine.count, p=fmt_probability(mine.probability)))
     bar_labels = labels(ctx, shown.bars)
     figure(lambda: reveal_figure(shown.bars, bar_labels, shown.answered, ctx.t("ask_reveal_title"), ctx.large,
                                  words(ctx)), "reveal", memo_key(ctx, "reveal"))

@@ -108,5 +108,8 @@ def test_the_class_predicts_and_every_page_reveals_the_samplers_probabilities(se
 
     press(teacher, "b_next")  # → goes on as usual: the round ends with its step
     until_link(teacher, step=str(STEP + 1))
-    for page in [teacher, *students]:
-        expect(page.locator(".st-key-ask .js-plotly-plot")).to_have_count(0, timeout=WAIT_MS)
+    for name, page in zip(("the teacher", "student A", "student B", "student C"), [teacher, *students]):
+        expect(page.locator(".kv-counter"), name).to_contain_text(re.compile(rf"step {STEP + 1} |第 {STEP + 1} 步"),
+                                                                  timeout=WAIT_MS)
+        settled_text(page)
+        assert page.locator(".st-key-ask .js-plotly-plot").count() == 0, f"{name} still shows the reveal"

@@ -17,12 +17,19 @@ from viz.reveal import reveal_figure
 from viz.style import fmt_probability
 from viz.tokens import position_label
 
+PHASES = ("", "open", "closed", "shown")
+
 
 def part(ctx: ViewContext) -> None:
+    """The round in a place of its phase's own: a place drawn where another phase's was would keep that one's
+    elements past its own last until the run ends, and a timed fragment starting then (the leader's status, a
+    follower's banner) left them on screen (a reveal under the next step's Ask button). The places of the other
+    phases are empty elements, emptied at once."""
     ask = ctx.ask
     if ask is None:
         return
-    with st.container(key="ask"):
+    slots = [st.empty() for _ in PHASES]
+    with slots[PHASES.index(ask.phase if ask.number else "")].container(key="ask"):
         if ask.error and ask.number and ask.phase != "shown":
             st.warning(ctx.t("ask_store_down", error=ask.error))
         if ask.message is not None:

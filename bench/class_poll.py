@@ -105,10 +105,10 @@ def servers(count: int):
         script = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "serve_class.py"), "--port", "18090",
                                    "--servers", str(count)], stdout=subprocess.PIPE, stderr=out, text=True)
         try:
-            line = next(line for line in script.stdout if line.startswith("kvscope:"))
+            line = next(line for line in script.stdout if line.startswith("kvscope: http"))
             apps = [p for p in psutil.Process(script.pid).children(recursive=True)
                     if "streamlit" in " ".join(p.cmdline())]
-            yield line.split(None, 1)[1].strip(), apps
+            yield line.split()[1], apps
         finally:
             script.terminate()
             script.wait(timeout=60)

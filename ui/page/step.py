@@ -165,14 +165,15 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
             show_problem(problem)
         page.counter_html = own.counter_html(ctx) if own else stepper.counter_html(ctx)
         places.counter.html(page.counter_html)
-        if chapter is None or not follow.leading():  # a phone's box under its step buttons
-            ask_part.part(ctx)
+        revealed = ask is not None and ask.number and ask.phase == "shown"
+        ask_beside = chapter is not None and follow.leading() and not revealed
+        ask_part.part(ctx, here=not ask_beside)  # a phone's box under its step buttons; a reveal the screen's width
     with places.beside:
         if not own:  # the view's run has its own tokens and texts
             stepper.render(ctx, lines=1 if chapter else None)
         if chapter is not None:
             if follow.leading():  # beside the chapter's figure: the projector's first screen keeps the figure
-                ask_part.part(ctx)
+                ask_part.part(ctx, here=ask_beside)
             lesson.panel(ctx)
     st.radio(t("view"), VIEWS, key=settings.key("view"), horizontal=True, format_func=labels("view_"),
              label_visibility="collapsed")  # hidden in the lesson: the chapter sets the view

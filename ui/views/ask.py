@@ -20,15 +20,18 @@ from viz.tokens import position_label
 PHASES = ("", "open", "closed", "shown")
 
 
-def part(ctx: ViewContext) -> None:
+def part(ctx: ViewContext, here: bool = True) -> None:
     """The round in a place of its phase's own: a place drawn where another phase's was would keep that one's
     elements past its own last until the run ends, and a timed fragment starting then (the leader's status, a
     follower's banner) left them on screen (a reveal under the next step's Ask button). The places of the other
-    phases are empty elements, emptied at once."""
+    phases are empty elements, emptied at once; a page that draws the round in one of two places (`here`) leaves
+    the other's all empty."""
     ask = ctx.ask
     if ask is None:
         return
     slots = [st.empty() for _ in PHASES]
+    if not here:
+        return
     with slots[PHASES.index(ask.phase if ask.number else "")].container(key="ask"):
         if ask.error and ask.number and ask.phase != "shown":
             st.warning(ctx.t("ask_store_down", error=ask.error))

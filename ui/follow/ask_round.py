@@ -22,6 +22,7 @@ from ui.follow import class_answers
 from ui.follow.class_answers import Reveal, answers_key, counts_of, ids_of, tally_of, tally_text
 from ui.follow.class_prompts import PromptRefused
 from ui.follow.room_link import follow_state, sync
+from ui.follow.teacher_browser import set_cookie
 from ui.state.link import AppState
 from ui.state.session import page_session, settings, view_controls
 
@@ -44,7 +45,6 @@ class AskRound:
     message: tuple[str, dict] | None  # the outcome of this page's last send, shown once
     error: str | None  # why the store cannot be used now
     reveal: Reveal | None  # once shown
-    hidden: frozenset[int] = frozenset()
     open: Callable[[], None] = field(default=lambda: None)
     close: Callable[[], None] = field(default=lambda: None)
     show: Callable[[], None] = field(default=lambda: None)
@@ -63,10 +63,8 @@ def browser_id() -> str:
 
 
 def keep_browser_id() -> None:
-    """The script that keeps the id in the browser's cookie, in an element that takes no place."""
-    st.html(f"<style>[data-testid='stElementContainer']:has(.kv-browser) {{ display: none; }}</style>"
-            f"<span class='kv-browser'></span><script>document.cookie = '{BROWSER_COOKIE}={browser_id()}; path=/; "
-            f"max-age={BROWSER_KEEP_SECONDS}; samesite=strict';</script>", unsafe_allow_javascript=True)
+    """Keep the id in the browser's cookie (the script `teacher_browser.set_cookie` draws)."""
+    set_cookie(BROWSER_COOKIE, browser_id(), BROWSER_KEEP_SECONDS)
 
 
 def at_step(state: AppState, step: int) -> AppState:
@@ -101,9 +99,8 @@ def round_for(state: AppState, step: int, runner) -> AskRound | None:
     shown = reveal_of(state, step, runner) if state.ask and state.ask_phase == "shown" else None
     if shown is not None and mine.role == "lead":
         mine.asked[state.ask] = export_rows(shown, state, step, runner)
-    hidden = ids_of(state.ask_hide) or frozenset()
     can_ask = not runner.finished or step < runner.generated
-    return AskRound(mine.role, state.ask, state.ask_phase, can_ask, mine_sent, message, error, shown, hidden,
+    return AskRound(mine.role, state.ask, state.ask_phase, can_ask, mine_sent, message, error, shown,
                     open_round, close_round, show_round, hide_token, send_guess, export)
 
 

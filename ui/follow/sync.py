@@ -7,14 +7,14 @@ poll reads the room as the thread last read it (`watch`): the thread reads every
 
 A store that fails (down, paused, unreachable) is noticed once: the thread keeps what it could not send, says
 what went wrong (`error`) and tries again after `RETRY_FIRST`, doubling up to `RETRY_MAX`, so a returning store
-gets the leaders' latest states and the followers' reads within a fraction of a second.
+gets the leaders' latest states and the followers' reads within a fraction of a second. The store's own calls
+have a short timeout (`ui.follow.store.RedisStore`); the thread alone waits for it.
 
 A class's answers (`ui.follow.class_answers`) go the same way: a page hands its browser's answer to `answer`, which
 the thread sends as one field of the round's map (a second answer of the browser replaces its first). The thread keeps
 every answer it was given for `ANSWER_KEEP` and sends them all again when a failing store works again: a store that
 restarted empty gets them back, and none counts twice. A teacher's page reads its round's answers as the thread last
-read them (`tally`). The store's own calls
-have a short timeout (`ui.follow.store.RedisStore`); the thread alone waits for it.
+read them (`tally`).
 """
 
 from __future__ import annotations

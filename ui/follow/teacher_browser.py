@@ -33,17 +33,17 @@ def remembered() -> str | None:
 
 def remember(secret: str) -> None:
     """Keep `secret` in this browser (drawn by the leading page; a secret's characters are URL-safe)."""
-    _set_cookie(secret, KEEP_SECONDS)
+    set_cookie(COOKIE, secret, KEEP_SECONDS)
 
 
 def forget() -> None:
-    _set_cookie("", 0)
+    set_cookie(COOKIE, "", 0)
 
 
-def _set_cookie(value: str, seconds: int) -> None:
-    """A script that sets the cookie, in an element that takes no place (drawn in the leader's strip, it pushed the
-    strip down over the page's title)."""
-    st.html(f"{HIDDEN}<script>document.cookie = '{COOKIE}={value}; path=/; max-age={seconds}; samesite=strict'"
+def set_cookie(name: str, value: str, seconds: int) -> None:
+    """A script that sets cookie `name` (its value URL-safe), in an element that takes no place (drawn in the leader's
+    strip, it pushed the strip down over the page's title)."""
+    st.html(f"{HIDDEN}<script>document.cookie = '{name}={value}; path=/; max-age={seconds}; samesite=strict'"
             " + (location.protocol === 'https:' ? '; secure' : '');</script>", unsafe_allow_javascript=True)
 
 

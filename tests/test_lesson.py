@@ -26,6 +26,7 @@ from tests.test_eviction_view import eviction_numbers, strong_sink
 from tests.test_gemma_views import charts, matrix
 from tests.test_serving_view import serving_numbers
 from tests.test_speculative_view import free_guesses_worse, plain_answer_equal, speculative_numbers
+from ui.follow.class_votes import LETTERS
 from ui.lesson.chapters import CHAPTERS, WINDOW_PROMPTS, fill, number_of
 from ui.state.link import default_prompt, language_defaults, parse_query
 from ui.text import strings
@@ -309,31 +310,34 @@ def premises(chapter, run: Run, at) -> dict[tuple[str, str | None], bool]:
     info, n, context, window, kv_at = run.info, run.n, run.context, run.window, run.kv_at
     if chapter.key == "evicting":  # its question asks why a layer looks so much at position 0
         strong = strong_sink(run.model, run.shown[:run.n], chapter.step)
-        return {(part, None): strong for part in ("question", "answer")} | {
-            (part, "weak_sink"): not strong for part in ("question", "answer")}
+        return {(part, None): strong for part in ("question", "answer", "choices")} | {
+            (part, "weak_sink"): not strong for part in ("question", "answer", "choices")}
     if chapter.key == "contexts":  # layer 0 reads the embedding alone only where the position enters by RoPE
         rope = info.positions.startswith("RoPE")
         return {(part, None): rope for part in ("body", "look", "claim")} | {
             (part, "learned"): not rope for part in ("body", "look", "claim")}
     if chapter.key == "prefill":
-        return {(part, None): n >= 2 for part in ("question", "answer")} | {
-            (part, "one_token"): n == 1 for part in ("question", "answer")}
+        return {(part, None): n >= 2 for part in ("question", "answer", "choices")} | {
+            (part, "one_token"): n == 1 for part in ("question", "answer", "choices")}
     if chapter.key == "residual":
         return {("body", None): not post_norms(run), ("body", "post_norms"): post_norms(run)}
     if chapter.key == "attention":
         return {("question", None): causal(run, at), ("answer", None): causal(run, at)}
     if chapter.key == "gqa":
-        return {(part, None): info.q_heads > info.kv_heads for part in ("question", "answer")} | {
-            (part, "mha"): info.q_heads == info.kv_heads for part in ("question", "answer")}
+        return {(part, None): info.q_heads > info.kv_heads for part in ("question", "answer", "choices")} | {
+            (part, "mha"): info.q_heads == info.kv_heads for part in ("question", "answer", "choices")}
     if chapter.key == "long_context":
         doubles = kv_at(2 * context) == 2 * kv_at(context)
-        return {("answer", None): doubles, ("answer", "window_doubling"): not doubles}
+        grows_less = kv_at(context) < kv_at(2 * context) < 2 * kv_at(context)
+        return {("answer", None): doubles, ("answer", "window_doubling"): not doubles,
+                ("choices", None): doubles, ("choices", "window_doubling"): grows_less}
     if chapter.key == "prefix_case1":
         reuse, cached = run.reuse, len(run.cached)
         fewer = reuse["block"] < reuse["radix"]
         agree = reuse["whole"] == reuse["radix"] == reuse["block"] == cached
-        return {(part, None): fewer for part in ("question", "answer")} | {
-            (part, "all_agree"): agree for part in ("question", "answer")}
+        return {(part, None): fewer for part in ("question", "answer", "choices")} | {
+            (part, "all_agree"): agree for part in ("question", "answer", "choices")} | {
+            ("choices", "compare"): reuse["block"] == reuse["radix"] > reuse["whole"]}
     if chapter.key == "speculative":  # greedy: the answer is plain decoding's; the free answer guesses worse
         lang, chat = at.session_state["w_lang"], at.session_state["w_chat"]
         equal = plain_answer_equal(run.model, lang, chat, chapter.step)
@@ -347,27 +351,47 @@ def premises(chapter, run: Run, at) -> dict[tuple[str, str | None], bool]:
                 ("body", "windowed"): window is not None, ("look", "windowed"): window is not None,
                 ("question", None): n >= 2, ("question", "one_token"): n < 2, ("answer", "one_token"): n < 2,
                 ("answer", None): n >= 2 and not past and halves, ("answer", "past_window"): n >= 2 and past,
-                ("answer", "rough"): n >= 2 and not past}
+                ("answer", "rough"): n >= 2 and not past, ("choices", None): n >= 2 and not past,
+                ("choices", "one_token"): n < 2, ("choices", "past_window"): n >= 2 and past and (
+                    2 * kv_at(run.keep) > kv_at(n) and 2 * run.scores(run.keep) < run.scores(n))}
     if chapter.key == "sliding_window":  # its own text once a local block went back to the pool
         has = window is not None
         handed_back = has and context - window + 1 >= chapter.settings["block_size"]
         return {(part, None): handed_back for part in ("body", "look", "claim")} | {
             (part, "inside_window"): has and not handed_back for part in ("body", "look", "claim")} | {
-            (part, None): has for part in ("question", "answer")} | {
-            (part, "no_window"): not has for part in ("body", "look", "claim", "question", "answer")}
+            (part, None): has for part in ("question", "answer", "choices")} | {
+            (part, "no_window"): not has for part in ("body", "look", "claim", "question", "answer", "choices")}
     return {}
 
 
 def shown_parts(at, lang: str) -> dict[str, str]:
-    """The chapter's parts as the panel shows them (Markdown), each without its label."""
-    body, look, claim, question, answer = [m.value for m in at.container("chapter").markdown]
+    """The chapter's parts as the panel shows them (Markdown), each without its label; the choices one per line, each
+    after its letter ("**A** · "), and the answer after the right choice's letter."""
+    body, look, claim, question, choices, answer = [m.value for m in at.container("chapter").markdown]
     labels = {"look": "lesson_look", "claim": "lesson_claim", "question": "lesson_question"}
-    shown = dict(body=body, look=look, claim=claim, question=question, answer=answer)
+    shown = dict(body=body, look=look, claim=claim, question=question, choices=choices, answer=answer)
     for part, key in labels.items():
         prefix = f"**{strings.t(key, lang)}** "
         assert shown[part].startswith(prefix), (part, shown[part])
         shown[part] = shown[part][len(prefix):]
     return shown
+
+
+def shown_choices(chapter, lang: str, choices: str, answer: str) -> list[str | None]:
+    """Which of the chapter's lists of choices (its own: None, or a variant's) the panel shows, in the chapter's order
+    and each after its letter; and the answer must follow the letter of that list's right choice, its first."""
+    lines = choices.split("  \n")
+    own = chapter.text[lang]
+    found = []
+    for variant in [None] + [v for v in chapter.variants if "choices" in own[v]]:
+        templates = own[variant]["choices"] if variant else own["choices"]
+        order = chapter.choice_order(len(templates))
+        if len(lines) == len(templates) and all(
+                template_pattern(f"**{LETTERS[k]}** · {templates[i]}").fullmatch(line)
+                for k, (i, line) in enumerate(zip(order, lines))):
+            assert answer.startswith(f"**{LETTERS[order.index(0)]}** · "), (answer, variant)
+            found.append(variant)
+    return found
 
 
 def template_pattern(template: str) -> re.Pattern:
@@ -427,6 +451,9 @@ def tells_the_truth(at, chapter, model: engine.Model, lang: str, prompt: str | N
     assert not missing, (missing, text)
     shown = shown_parts(at, lang)
     holds = premises(chapter, run, at)
+    which = shown_choices(chapter, lang, shown.pop("choices"), shown["answer"])
+    assert len(which) == 1 and holds.get(("choices", which[0]), True), (which, chapter.key)
+    shown["answer"] = shown["answer"].split(" · ", 1)[1]
     for part, shown_text in shown.items():
         which = shown_variant(chapter, part, lang, shown_text)
         assert len(which) == 1, (part, which, shown_text)
@@ -534,14 +561,26 @@ def test_counts_are_grouped_by_thousands_and_ids_are_not():
 def test_every_variant_is_checked_against_its_run():
     """A chapter's variant replaces its own text only where the run calls for it: each one that says something
     about the run (its question's premise) has that premise in `premises`, so a new variant comes with its check."""
-    unchecked = {"prefix_case1": {"compare"}, "context_window": set()}  # "compare" asks about whatever the counts are
+    unchecked = {"prefix_case1": set()}
     checked = {"prefill": {"one_token"}, "residual": {"post_norms"}, "gqa": {"mha"},
-               "long_context": {"window_doubling"}, "prefix_case1": {"all_agree"},
+               "long_context": {"window_doubling"}, "prefix_case1": {"all_agree", "compare"},
                "context_window": {"windowed", "rough", "past_window", "one_token"},
                "sliding_window": {"inside_window", "no_window"}, "evicting": {"weak_sink"}, "contexts": {"learned"},
                "speculative": {"prefill_only", "sampled"}}
     for c in CHAPTERS:
         assert set(c.variants) == checked.get(c.key, set()) | unchecked.get(c.key, set()), c.key
+
+
+def test_every_question_has_two_to_four_choices_in_both_languages():
+    """The class votes on every chapter's question: 2 to 4 choices, distinct, as many in Chinese as in English, for
+    the chapter's own question and for each variant that has its own (one that changes which choice is right)."""
+    for c in CHAPTERS:
+        for variant in (None, *[v for v in c.variants if "choices" in c.text["en"][v]]):
+            lists = [c.choices(lang, [variant] if variant else []) for lang in ("en", "zh")]
+            assert 2 <= len(lists[0]) == len(lists[1]) <= len(LETTERS), (c.key, variant)
+            assert all(len(set(choices)) == len(choices) for choices in lists), (c.key, variant)
+            assert not english_left(lists[1]), (c.key, variant)
+            assert variant is None or "choices" in c.text["zh"][variant], (c.key, variant)
 
 
 def test_the_growth_chart_is_the_chapters_numbers(embedded_model, embedded_zh_model):

@@ -26,3 +26,23 @@ def reveal_figure(bars, labels: list[str], answered: int, title: str = "", large
     fig.update_layout(barmode="group", yaxis=dict(autorange="reversed"),
                       xaxis=dict(range=[0, 1.08], title=words["reveal_axis"], tickformat=".0%"), legend=TOP_LEGEND)
     return finish(fig, title, large, height=110 + 40 * len(bars))
+
+
+def vote_figure(counts: tuple[int, ...], before: tuple[int, ...] | None, right: int, labels: list[str],
+                title: str = "", large: bool = False, words: Words = ENGLISH) -> go.Figure:
+    """A vote's counts per choice (`labels`, A first), the right one marked ✓; a vote again beside the round before."""
+    names = [f"{'✓ ' if i == right else ''}{plotly_text(label)}" for i, label in enumerate(labels)]
+    fig = go.Figure()
+    if before is not None:
+        fig.add_bar(y=names, x=list(before), name=words["vote_first"], orientation="h",
+                    marker_color=OKABE_ITO["grey"], text=[str(n) for n in before], textposition="outside",
+                    hovertemplate="%{y}: %{x}<extra>" + words["vote_first"] + "</extra>")
+    name = words["vote_again"] if before is not None else words["vote_axis"]
+    fig.add_bar(y=names, x=list(counts), name=name, orientation="h", marker_color=OKABE_ITO["orange"],
+                text=[str(n) for n in counts], textposition="outside",
+                hovertemplate="%{y}: %{x}<extra>" + name + "</extra>")
+    most = max([*counts, *(before or ()), 1])
+    fig.update_layout(barmode="group", yaxis=dict(autorange="reversed"), showlegend=before is not None,
+                      xaxis=dict(range=[0, most * 1.15], title=words["vote_axis"], dtick=max(1, most // 5)),
+                      legend=TOP_LEGEND)
+    return finish(fig, title, large, height=110 + (60 if before is not None else 40) * len(labels))

@@ -1,6 +1,7 @@
-"""A round of the class's answers as a page sees it (`AskRound`, in the view's context; `ui.follow.class_answers` holds
-the rules): on the teacher's page, how many answered and the round's controls (ask, close, reveal, hide a token, ask
-again, export); on a student's, the box that sends their guess and the token it became; on every page of the room,
+"""A round of the class's answers as a page sees it (`AskRound`, in the view's context; `ui.follow.class_answers` and
+`ui.follow.class_votes` hold the rules): a prediction of the next token, or a vote on the chapter's question. On the
+teacher's page, how many answered and the round's controls (ask, vote, close, reveal, hide a token, ask or vote
+again, export); on a student's, the box that sends their guess or vote and what it became; on every page of the room,
 the reveal once shown. The intents are the buttons' callbacks.
 
 Only the leading page changes the round, and only through its own link, which its room publishes: a student's page
@@ -14,6 +15,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import streamlit as st
 
@@ -21,6 +23,16 @@ from engine.prompt import control_texts
 from ui.follow import class_answers
 from ui.follow.class_answers import Reveal, answers_key, counts_of, ids_of, tally_of, tally_text
 from ui.follow.class_prompts import PromptRefused
+from ui.follow.class_votes import (
+    LETTERS,
+    Question,
+    VoteReveal,
+    checked_vote,
+    moves_from,
+    moves_of,
+    moves_text,
+    vote_reveal,
+)
 from ui.follow.room_link import follow_state, sync
 from ui.follow.teacher_browser import set_cookie
 from ui.state.link import AppState
@@ -32,6 +44,8 @@ SEND_GAP_SECONDS = 1.0  # a page's guesses: one every so often; a flood is refus
 SEND_WAIT_SECONDS = 1.0  # a send waits this long for the store to take it before saying it could not yet
 GUESS = "ask_guess"  # the student's box (a view control)
 GUESS_KEY = view_controls.key(GUESS)
+VOTE = "ask_vote"  # the student's choice (a view control)
+VOTE_KEY = view_controls.key(VOTE)
 clock = time.monotonic  # tests move it by hand
 
 
@@ -39,13 +53,19 @@ clock = time.monotonic  # tests move it by hand
 class AskRound:
     role: str  # "lead" or "follow"
     number: int  # the round (0: none open at this step)
+    kind: str  # "predict" or "vote"
     phase: str  # "open", "closed" or "shown"
-    can_ask: bool  # the teacher may open a round here (the run goes on past this step)
-    mine: tuple[int, bool] | None  # the token this browser sent in this round, and whether the store has it
+    predicts: bool  # the page's step is its run's, whose next token the class may predict
+    can_ask: bool  # the teacher may ask for a prediction here (the run goes on past this step)
+    question: Question | None  # the chapter's, which the class may vote on (None: no chapter)
+    mine: tuple[int, bool] | None  # the token or choice this browser sent in this round, and whether the store has it
     message: tuple[str, dict] | None  # the outcome of this page's last send, shown once
     error: str | None  # why the store cannot be used now
-    reveal: Reveal | None  # once shown
+    reveal: Reveal | None  # a prediction's, once shown
+    vote: VoteReveal | None = None  # a vote's, once shown
     open: Callable[[], None] = field(default=lambda: None)
+    open_vote: Callable[[], None] = field(default=lambda: None)
+    vote_again: Callable[[], None] = field(default=lambda: None)
     close: Callable[[], None] = field(default=lambda: None)
     show: Callable[[], None] = field(default=lambda: None)
     hide: Callable[[int], None] = field(default=lambda token: None)
@@ -68,23 +88,30 @@ def keep_browser_id() -> None:
 
 
 def at_step(state: AppState, step: int) -> AppState:
-    """The leader's state at `step`: a round opened at another step has ended (→ goes on as usual)."""
+    """The leader's state at `step`: a round opened at another step or chapter has ended (→ goes on as usual)."""
     mine = follow_state()
     if mine.role != "lead" or not state.ask:
         return state
-    if mine.ask_step is None:
-        mine.ask_step = step  # a reload: the round is the link's, at the link's step
-    if mine.ask_step == step:
+    if mine.ask_at is None:
+        mine.ask_at = (step, state.chapter)  # a reload: the round is the link's, at the link's step
+    if mine.ask_at == (step, state.chapter):
         return state
     end_round()
-    return replace(state, ask=0, ask_phase="open", ask_tally="", ask_hide="")
+    return replace(state, **ENDED)
 
 
-def round_for(state: AppState, step: int, runner) -> AskRound | None:
-    """The round this page shows at `step` (None: it neither leads nor follows a room, or follows on its own)."""
+def round_for(state: AppState, step: int, runner, question: Question | None, predicts: bool) -> AskRound | None:
+    """The round this page shows at `step` (None: it neither leads nor follows a room, or follows on its own).
+    `question`: the chapter's, if the page shows one; `predicts`: whether the page's step is the run's, whose next
+    token the class may predict."""
     mine = follow_state()
     if mine.role == "follow" and mine.mode != "following" or mine.role not in ("lead", "follow"):
         return None
+    if not predicts and question is None:
+        return None  # a view with a step of its own, outside the lesson: nothing to ask
+    vote = state.ask_kind == "vote"
+    if state.ask and (vote and question is None or not vote and not predicts):
+        state = replace(state, **ENDED)  # a round this page cannot show: a vote without a chapter
     room_sync = sync()
     error = mine.error if room_sync is None else room_sync.error
     key = answers_key(mine.code, state.ask)
@@ -96,12 +123,25 @@ def round_for(state: AppState, step: int, runner) -> AskRound | None:
         if mine.answer is not None and mine.answer[0] == state.ask:
             mine_sent = (mine.answer[1], room_sync.sent(key, browser_id()))
     message, mine.ask_message = mine.ask_message, None
-    shown = reveal_of(state, step, runner) if state.ask and state.ask_phase == "shown" else None
-    if shown is not None and mine.role == "lead":
-        mine.asked[state.ask] = export_rows(shown, state, step, runner)
-    can_ask = not runner.finished or step < runner.generated
-    return AskRound(mine.role, state.ask, state.ask_phase, can_ask, mine_sent, message, error, shown,
-                    open_round, close_round, show_round, hide_token, send_guess, export)
+    revealed = bool(state.ask) and state.ask_phase == "shown"
+    shown = reveal_of(state, step, runner) if revealed and not vote else None
+    voted = vote_of(state, question) if revealed and vote else None
+    if mine.role == "lead" and (shown is not None or voted is not None):
+        mine.asked[state.ask] = (export_rows(shown, state, step, runner) if shown is not None
+                                 else vote_rows(voted, question, state, step))
+    can_ask = predicts and (not runner.finished or step < runner.generated)
+    sends = partial(send_vote, len(question.choices)) if vote else send_guess
+    return AskRound(mine.role, state.ask, state.ask_kind, state.ask_phase, predicts, can_ask, question, mine_sent,
+                    message, error, shown, voted, open_round, open_vote, vote_again, close_round, show_round,
+                    hide_token, sends, export)
+
+
+def vote_of(state: AppState, question: Question) -> VoteReveal | None:
+    """A vote's reveal from the link (None: its counts are malformed)."""
+    counts, before, moves = tally_of(state.ask_tally), tally_of(state.ask_before), moves_from(state.ask_moves)
+    if counts is None or before is None or moves is None:
+        return None
+    return vote_reveal(question.right, len(question.choices), counts, before if state.ask_first else None, moves)
 
 
 def reveal_of(state: AppState, step: int, runner) -> Reveal | None:
@@ -124,15 +164,31 @@ def answered(room_sync, code: str, counting: tuple[int, str] | None) -> tuple[st
 
 
 def export_rows(shown: Reveal, state: AppState, step: int, runner) -> list[dict]:
-    asked = list(follow_state().asked)
-    number = asked.index(state.ask) + 1 if state.ask in asked else len(asked) + 1  # rounds in the order asked
+    number = round_number(state.ask)
     drawn = {bar.token_id for bar in shown.bars}
     bars = list(shown.bars) + [bar for bar in shown.guesses if bar.token_id not in drawn]  # every guess, too
     cells = runner.candidate_cells(step + 1, [bar.token_id for bar in bars])
     return [{"chapter": state.chapter or "", "round": number, "kind": "predict", "step": step,
-             "token": "" if bar.hidden else cell.text, "token_id": bar.token_id, "count": bar.count,
-             "probability": f"{bar.probability:.6g}", "picked": int(bar.picked)}
+             "answer": "" if bar.hidden else cell.text, "token_id": bar.token_id, "count": bar.count,
+             "probability": f"{bar.probability:.6g}", "right": int(bar.picked)}
             for bar, cell in zip(bars, cells, strict=True)]
+
+
+def vote_rows(voted: VoteReveal, question: Question, state: AppState, step: int) -> list[dict]:
+    """A vote's rows for the export: one per choice, then, for a vote again, one per change of vote."""
+    number = round_number(state.ask)
+    kind = "vote again" if voted.before is not None else "vote"
+    rows = [{"chapter": state.chapter, "round": number, "kind": kind, "step": step,
+             "answer": f"{LETTERS[i]}. {choice}", "count": voted.counts[i], "right": int(i == question.right)}
+            for i, choice in enumerate(question.choices)]
+    return rows + [{"chapter": state.chapter, "round": number, "kind": "changed", "step": step,
+                    "answer": f"{LETTERS[a]} → {LETTERS[b]}", "count": n} for (a, b), n in voted.changed.items()]
+
+
+def round_number(ask: int) -> int:
+    """The round's place among the lesson's rounds, in the order asked."""
+    asked = list(follow_state().asked)
+    return asked.index(ask) + 1 if ask in asked else len(asked) + 1
 
 
 def export() -> str:
@@ -147,13 +203,32 @@ def leads() -> bool:
     return follow_state().role == "lead"
 
 
-def open_round() -> None:
+ENDED = {"ask": 0, "ask_kind": "predict", "ask_phase": "open", "ask_tally": "", "ask_hide": "", "ask_first": 0,
+         "ask_before": "", "ask_moves": ""}  # the link's fields of no round
+
+
+def open_round(kind: str = "predict") -> None:
     """Ask: a new round at this step, open for answers (a round asked again is a new round: its answers start empty)."""
     if not leads():
         return
-    follow_state().ask_step = page_session().step
-    settings.ask, settings.ask_phase = secrets.randbelow(999_999) + 1, "open"  # unguessable ahead of its asking
-    settings.ask_tally = settings.ask_hide = ""
+    follow_state().ask_at = (page_session().step, settings.get("chapter", 0))
+    for name, value in ENDED.items():
+        settings[name] = value
+    settings.ask, settings.ask_kind = secrets.randbelow(999_999) + 1, kind  # unguessable ahead of its asking
+
+
+def open_vote() -> None:
+    open_round("vote")
+
+
+def vote_again() -> None:
+    """Vote again, after a vote's reveal and the class's discussion: a new round that keeps the one before's number and
+    counts, to count at its reveal who changed their vote."""
+    if not leads() or settings.get("ask_kind") != "vote" or settings.get("ask_phase") != "shown":
+        return
+    first, before = settings.ask, settings.ask_tally
+    open_round("vote")
+    settings.ask_first, settings.ask_before = first, before
 
 
 def close_round() -> None:
@@ -166,14 +241,17 @@ def show_round() -> None:
     mine, room_sync = follow_state(), sync()
     if not leads() or not settings.get("ask") or room_sync is None:
         return
-    key = answers_key(mine.code, settings.ask)
-    room_sync.tally(key)
+    keys = [answers_key(mine.code, number) for number in (settings.ask, settings.get("ask_first", 0)) if number]
+    for key in keys:
+        room_sync.tally(key)
     room_sync.settle(timeout=SEND_WAIT_SECONDS)  # a read that started after the click
-    tally = room_sync.tally(key)
-    if tally is None:
+    tallies = [room_sync.tally(key) for key in keys]
+    if None in tallies:
         mine.ask_message = ("ask_store_down", {"error": room_sync.error or ""})
         return
-    settings.ask_tally, settings.ask_phase = tally_text(counts_of(tally)), "shown"
+    if len(tallies) == 2:  # a vote again: who moved from which choice, of those who voted both times
+        settings.ask_moves = moves_text(moves_of(tallies[1], tallies[0], len(LETTERS)))
+    settings.ask_tally, settings.ask_phase = tally_text(counts_of(tallies[0])), "shown"
 
 
 def hide_token(token: int) -> None:
@@ -183,8 +261,9 @@ def hide_token(token: int) -> None:
 
 
 def end_round() -> None:
-    settings.ask, settings.ask_phase, settings.ask_tally, settings.ask_hide = 0, "open", "", ""
-    follow_state().ask_step = None
+    for name, value in ENDED.items():
+        settings[name] = value
+    follow_state().ask_at = None
 
 
 # -- a student's send -------------------------------------------------------------------------------------------
@@ -192,6 +271,33 @@ def end_round() -> None:
 def send_guess() -> None:
     """A student's Send: the guess, checked, as the token it becomes, into the round's answers (this browser's one
     answer: a second send replaces it)."""
+    def token() -> int:
+        runner, step = page_session().runner, page_session().step
+        text = class_answers.checked_guess(str(view_controls.get(GUESS, "")), control_texts(runner.model.tokenizer))
+        ids = runner.prompt_ids + runner.session.generated[:step]
+        prompt, answer = runner.texts(step)
+        return class_answers.guess_token(runner.model.tokenizer, ids[-1], prompt + answer, text)
+
+    if send(token):
+        view_controls[GUESS] = ""
+
+
+def send_vote(count: int) -> None:
+    """A student's vote: the choice's place among the `count` this page shows (this browser's one vote: a second
+    send replaces it)."""
+    def choice() -> int:
+        chosen = checked_vote(view_controls.get(VOTE), count)
+        if chosen is None:
+            raise PromptRefused("no_choice")
+        return chosen
+
+    send(choice)
+
+
+def send(answer: Callable[[], int]) -> bool:
+    """This browser's answer to the open round (`answer()`: the page's token or choice, checked, or PromptRefused),
+    into the round's answers map through the process's RoomSync; the outcome is the page's message. One send a
+    `SEND_GAP_SECONDS`: a flood is refused, not stored."""
     mine, room_sync = follow_state(), sync()
     now, last = clock(), mine.ask_tried_at
     mine.ask_tried_at = now
@@ -199,21 +305,18 @@ def send_guess() -> None:
         if last is not None and now - last < SEND_GAP_SECONDS:
             raise PromptRefused("too_fast", seconds=SEND_GAP_SECONDS)
         number = open_round_number()
-        runner, step = page_session().runner, page_session().step
-        text = class_answers.checked_guess(str(view_controls.get(GUESS, "")), control_texts(runner.model.tokenizer))
-        ids = runner.prompt_ids + runner.session.generated[:step]
-        prompt, answer = runner.texts(step)
-        token = class_answers.guess_token(runner.model.tokenizer, ids[-1], prompt + answer, text)
+        value = answer()
         if room_sync is None:
             raise PromptRefused("store_down", error=mine.error or "")
         key = answers_key(mine.code, number)
-        room_sync.answer(key, browser_id(), str(token))
-        mine.answer = (number, token)
-        view_controls[GUESS] = ""
+        room_sync.answer(key, browser_id(), str(value))
+        mine.answer = (number, value)
         sent = room_sync.settle(timeout=SEND_WAIT_SECONDS) and room_sync.sent(key, browser_id())
         mine.ask_message = ("ask_sent" if sent else "ask_kept", {})
+        return True
     except PromptRefused as refused:
         mine.ask_message = ("ask_refused_" + refused.reason, refused.values)
+        return False
 
 
 def open_round_number() -> int:

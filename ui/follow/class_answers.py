@@ -167,11 +167,14 @@ def reveal(logits: torch.Tensor, sampling: Sampling, picked: int, counts: dict[i
                   tuple(bar(t) for t in counts))
 
 
-EXPORT_COLUMNS = ("chapter", "round", "kind", "step", "token", "token_id", "count", "probability", "picked")
+# answer: a token's text, a choice ("B. …") or a change of vote ("A → B"); token_id and probability: a prediction's;
+# right: the model's token, or the question's right choice
+EXPORT_COLUMNS = ("chapter", "round", "kind", "step", "answer", "token_id", "count", "probability", "right")
 
 
 def export_csv(rows: list[dict]) -> str:
-    """A lesson's revealed rounds as CSV, one row per token drawn (`EXPORT_COLUMNS`)."""
+    """A lesson's revealed rounds as CSV, one row per token drawn, per choice or per change of vote
+    (`EXPORT_COLUMNS`; a column a row has no value for stays empty)."""
     out = io.StringIO()
     writer = csv.DictWriter(out, EXPORT_COLUMNS, lineterminator="\n")
     writer.writeheader()

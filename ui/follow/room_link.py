@@ -48,13 +48,13 @@ class FollowState:
     prompt_tried_at: float | None = None
     prompt_message: tuple[str, dict] | None = None
     # The class's answers (`ui.follow.ask_round`): this browser's id (its cookie), its answer in the round (round,
-    # token id), its last try and what happened, shown once; the teacher's step the round was opened at, and each
-    # revealed round's rows for the export (round → rows, in the order asked)
+    # token id or choice), its last try and what happened, shown once; the teacher's step and chapter the round was
+    # opened at, and each revealed round's rows for the export (round → rows, in the order asked)
     browser: str = ""
     answer: tuple[int, int] | None = None
     ask_tried_at: float | None = None
     ask_message: tuple[str, dict] | None = None
-    ask_step: int | None = None
+    ask_at: tuple[int, int] | None = None
     ask_counting: tuple[int, str] | None = None  # the round whose answers the leader's strip counts, and its phase
     asked: dict[int, list[dict]] = field(default_factory=dict)
 

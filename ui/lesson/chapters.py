@@ -11,7 +11,10 @@ run calls for; a part comes from the first of them that has it, else from the ch
 
 from __future__ import annotations
 
+import itertools
+import math
 import tomllib
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +52,16 @@ class Chapter:
             if name in text.get(variant, {}):
                 return text[variant][name]
         return text[name]
+
+    def choices(self, lang: str, variants: tuple[str, ...] | list[str] = ()) -> list[str]:
+        """The question's choices in `lang` as the lesson file gives them (templates), the right one first."""
+        return list(self.part("choices", lang, variants))
+
+    def choice_order(self, count: int) -> tuple[int, ...]:
+        """The order `count` choices are shown in (file indices), the same on every page, language and server: one
+        permutation per chapter, so the right one (first in the file) is not always A."""
+        permutations = list(itertools.permutations(range(count)))
+        return permutations[zlib.crc32(self.key.encode()) % math.factorial(count)]
 
     @property
     def variants(self) -> tuple[str, ...]:

@@ -9,6 +9,7 @@ from engine.kv_cache import kv_bytes_per_token
 from engine.reference_models import reference_info
 from engine.split_kv import worked_example
 from engine.timing import crossover_batch, crossover_context, decode_step_bytes, weight_bytes_read
+from ui.follow.class_votes import LETTERS, Question
 from ui.lesson import eviction_facts, serving_facts, speculative_facts
 from ui.lesson.chapters import CHAPTERS, Chapter, fill
 from ui.text import strings
@@ -301,18 +302,44 @@ def stalled(number: int, lang: str, message: str, go_to, use_lesson_prompt) -> N
               help=strings.t("lesson_use_prompt_help", lang))
 
 
+def chapter_text(ctx: ViewContext) -> tuple[Chapter, dict, list[str]] | None:
+    """The chapter shown, its facts on this run and the variants that hold (None: the run has no step to quote yet),
+    computed once a draw: the panel and the class's vote both read them."""
+    chapter = current(ctx)
+    if chapter is None or ctx.trace is None and chapter.view not in OWN_STEPS:
+        return None
+    if "lesson" not in ctx.memo:
+        numbers = facts(ctx)
+        ctx.memo["lesson"] = (chapter, numbers, variants(chapter, numbers))
+    return ctx.memo["lesson"]
+
+
+def question(ctx: ViewContext) -> Question | None:
+    """The chapter's question and its choices on this run, in the chapter's own order, the right one the lesson file
+    lists first of the variant that holds (None: no chapter text yet)."""
+    shown = chapter_text(ctx)
+    if shown is None:
+        return None
+    chapter, numbers, chosen = shown
+    lang = ctx.state.lang
+    templates = chapter.choices(lang, chosen)
+    order = chapter.choice_order(len(templates))
+    return Question(fill(chapter.part("question", lang, chosen), numbers),
+                    tuple(fill(templates[i], numbers) for i in order), order.index(0))
+
+
 def panel(ctx: ViewContext) -> None:
     """The chapter's explanation with this model's and this step's numbers, the article's claim beside them, and
-    a question for the class, in a box of its own height that scrolls. Where a sentence or a question holds only
-    on some runs, the chapter's variant that holds on this one (`variants`)."""
+    a question for the class with its choices, in a box of its own height that scrolls. Where a sentence or a
+    question holds only on some runs, the chapter's variant that holds on this one (`variants`)."""
     chapter, lang = current(ctx), ctx.state.lang
     with st.container(key="chapter", height=PANEL_HEIGHT[ctx.large], border=True):
         own = chapter.view in OWN_STEPS  # its step is its view's run's: the page's trace and tokens are not shown
-        if ctx.trace is None and not own:
+        shown = chapter_text(ctx)
+        if shown is None:
             st.info(ctx.t("need_prefill"))
             return
-        numbers = facts(ctx)
-        chosen = variants(chapter, numbers)
+        _, numbers, chosen = shown
 
         def text(part: str) -> str:
             return fill(chapter.part(part, lang, chosen), numbers)
@@ -324,9 +351,11 @@ def panel(ctx: ViewContext) -> None:
             st.caption(ctx.t("bpe_explained"))  # a character over several tokens is on screen: say why
         st.markdown(f"**{ctx.t('lesson_look')}** {text('look')}")
         st.markdown(f"**{ctx.t('lesson_claim')}** {text('claim')}")
-        st.markdown(f"**{ctx.t('lesson_question')}** {text('question')}")
+        asked = question(ctx)
+        st.markdown(f"**{ctx.t('lesson_question')}** {asked.text}")
+        st.markdown("  \n".join(f"**{LETTERS[i]}** · {choice}" for i, choice in enumerate(asked.choices)))
         with st.expander(ctx.t("lesson_answer")):
-            st.markdown(text("answer"))
+            st.markdown(f"**{LETTERS[asked.right]}** · {text('answer')}")
 
 
 def sidebar(number: int, lang: str, go_to) -> None:

@@ -151,13 +151,17 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
                  else runner.advance_to(requested, catching_up))
     catching_up.clear()
     state = ask_round.at_step(replace(state, step=page.step), page.step)
-    ask = None if own else ask_round.round_for(state, page.step, runner)
     trace = None if own else runner.trace(page.step)
     if state.view in HEAD_VIEWS or chapter is not None and trace is not None and trace.split is not None:
         state = open_on_focused_head(state, trace)  # its pickers, or the chapter's split text, show a layer and head
     ctx = ViewContext(runner=runner, state=state, step=page.step, trace=trace,
-                      stage=chapter.stage if chapter else None, measured_again=page.measured_again, room=room, ask=ask,
+                      stage=chapter.stage if chapter else None, measured_again=page.measured_again, room=room,
                       load_case=load_case, measure_again=measure_again)
+    if follow.leading() or follow.following():  # the class's round: a prediction of the next token, or a vote
+        question = lesson.question(ctx) if chapter is not None else None
+        ctx.ask = ask = ask_round.round_for(state, page.step, runner, question, predicts=not own)
+    else:
+        ask = None
     with places.controls:
         if page.step < requested and not own:  # its run's end: the view's own sentence says so
             st.warning(t("step_unreachable", step=requested, reached=page.step, reason=runner.stop_reason))

@@ -74,13 +74,18 @@ class AppState:
     draft: str = "lookup"
     draft_k: int = 5
     draft_n: int = 6
-    # A round of the class's answers (ui/follow/class_answers.py), opened by the teacher at this step: its number (0:
-    # none), whether answers are taken, closed or shown, and once shown, the class's counts per token and the tokens the
-    # teacher hid
+    # A round of the class's answers, opened by the teacher at this step: its number (0: none), its kind (a prediction
+    # of the next token, ui/follow/class_answers.py, or a vote on the chapter's question, ui/follow/class_votes.py),
+    # whether answers are taken, closed or shown, and once shown, the class's counts per token or choice and the tokens
+    # the teacher hid; a vote again names the round before, its counts and, once shown, who moved from which choice
     ask: int = 0
+    ask_kind: str = "predict"
     ask_phase: str = "open"
     ask_tally: str = ""
     ask_hide: str = ""
+    ask_first: int = 0
+    ask_before: str = ""
+    ask_moves: str = ""
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,7 @@ RANGES = {
     "draft_k": (int, 1, MAX_GUESSES),
     "draft_n": (int, 1, 1000),  # below the model's layer count (`clamp`)
     "ask": (int, 0, 1_000_000),
+    "ask_first": (int, 0, 1_000_000),
 }
 
 
@@ -133,10 +139,13 @@ CHOICES = {"view": VIEWS, "lang": LANGS, "policy": CACHE_POLICIES, "pool": POOLS
            "evict_at": EVICT_AT, "spec_prompt": SPEC_PROMPTS, "draft": DRAFTS}
 FLAGS = ("chat", "think", "large")
 ASK_PHASES = ("open", "closed", "shown")
-CHOICES["ask_phase"] = ASK_PHASES
-# Lists of numbers, in the link's own shape: "token:count,…" (at most 200 tokens) and "token,…" (at most 50)
-PATTERNS = {"ask_tally": re.compile(r"\d{1,7}:\d{1,5}(,\d{1,7}:\d{1,5}){0,199}"),
-            "ask_hide": re.compile(r"\d{1,7}(,\d{1,7}){0,49}")}
+ASK_KINDS = ("predict", "vote")
+CHOICES["ask_phase"], CHOICES["ask_kind"] = ASK_PHASES, ASK_KINDS
+# Lists of numbers, in the link's own shape: "token:count,…" (at most 200 tokens), "token,…" (at most 50) and a vote's
+# moves "choice:choice:count,…" (at most 4 × 4)
+TALLY = re.compile(r"\d{1,7}:\d{1,5}(,\d{1,7}:\d{1,5}){0,199}")
+PATTERNS = {"ask_tally": TALLY, "ask_before": TALLY, "ask_hide": re.compile(r"\d{1,7}(,\d{1,7}){0,49}"),
+            "ask_moves": re.compile(r"\d:\d:\d{1,5}(,\d:\d:\d{1,5}){0,15}")}
 
 
 def parse_query(params: Mapping[str, str | list[str]]) -> tuple[AppState, list[Problem]]:

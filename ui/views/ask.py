@@ -1,6 +1,7 @@
 """The class answers, under the step buttons of a page in a room (`ctx.ask`, `ui.follow.ask_round`): on the teacher's
-page the round's controls and how many answered; on a student's, the box for a guess and the token it became; on
-every page, once revealed, the round in one sentence and the class's guesses beside the model's probabilities.
+page the round's controls and how many answered; on a student's, the box for a guess and the token it became, or the
+chapter's question and its choices; on every page, once revealed, the round in one sentence and its figure: the
+class's guesses beside the model's probabilities, or the votes per choice (after a vote again, beside the first).
 Guesses reach the class only as tokens with counts: a token is drawn as the model's text, never as Markdown."""
 
 from __future__ import annotations
@@ -8,12 +9,13 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from ui.follow.ask_round import GUESS_KEY
+from ui.follow.ask_round import GUESS_KEY, VOTE_KEY
 from ui.follow.class_answers import MAX_GUESS_CHARS
+from ui.follow.class_votes import LETTERS
 from ui.views.context import ViewContext
 from ui.views.figures import figure, memo_key
 from ui.views.widgets import opened, words
-from viz.reveal import reveal_figure
+from viz.reveal import reveal_figure, vote_figure
 from viz.style import fmt_probability
 from viz.tokens import position_label
 
@@ -41,9 +43,9 @@ def part(ctx: ViewContext, here: bool = True) -> None:
         if ask.role == "lead":
             teachers_controls(ctx)
         elif ask.number and ask.phase != "shown":
-            students_box(ctx)
+            (students_ballot if ask.kind == "vote" else students_box)(ctx)
         if ask.number and ask.phase == "shown":
-            revealed(ctx)
+            (revealed_vote if ask.kind == "vote" else revealed)(ctx)
 
 
 def labels(ctx: ViewContext, bars) -> list[str]:
@@ -56,12 +58,21 @@ def teachers_controls(ctx: ViewContext) -> None:
     ask = ctx.ask
     row = st.container(horizontal=True, vertical_alignment="center")
     if not ask.number:
-        row.button(ctx.t("ask_open"), key="b_ask_open", on_click=ask.open, disabled=not ask.can_ask,
-                   icon=":material/quiz:", shortcut="Q", help=ctx.t("ask_open_help" if ask.can_ask else "ask_at_end"))
+        if ask.predicts:
+            row.button(ctx.t("ask_open"), key="b_ask_open", on_click=ask.open, disabled=not ask.can_ask,
+                       icon=":material/quiz:", shortcut="Q",
+                       help=ctx.t("ask_open_help" if ask.can_ask else "ask_at_end"))
+        if ask.question is not None:
+            row.button(ctx.t("vote_open"), key="b_vote_open", on_click=ask.open_vote, icon=":material/ballot:",
+                       shortcut="B", help=ctx.t("vote_open_help"))
         return
     if ask.phase == "shown":
-        row.button(ctx.t("ask_again"), key="b_ask_again", on_click=ask.open, icon=":material/replay:",
-                   help=ctx.t("ask_again_help"))
+        if ask.kind == "vote":
+            row.button(ctx.t("vote_again"), key="b_vote_again", on_click=ask.vote_again, icon=":material/replay:",
+                       help=ctx.t("vote_again_help"))
+        else:
+            row.button(ctx.t("ask_again"), key="b_ask_again", on_click=ask.open, icon=":material/replay:",
+                       help=ctx.t("ask_again_help"))
         row.download_button(ctx.t("ask_export"), ask.export, file_name="kvscope-class-answers.csv", mime="text/csv",
                             key="dl_ask", icon=":material/download:")
         return
@@ -86,6 +97,47 @@ def students_box(ctx: ViewContext) -> None:
         st.text_input(ctx.t("ask_box_label"), key=GUESS_KEY, max_chars=MAX_GUESS_CHARS,
                       help=ctx.t("ask_box_help", most=MAX_GUESS_CHARS))
         st.form_submit_button(ctx.t("ask_send"), on_click=ask.send, icon=":material/send:")
+
+
+def choice_label(ask, choice: int) -> str:
+    return f"{LETTERS[choice]} · {ask.question.choices[choice]}"
+
+
+def students_ballot(ctx: ViewContext) -> None:
+    """The chapter's question and its choices, on a student's page while the vote is open."""
+    ask = ctx.ask
+    if ask.mine is not None:
+        choice, received = ask.mine
+        st.info(ctx.t("vote_yours_received" if received else "vote_yours_kept", choice=LETTERS[choice]))
+    if ask.phase != "open":
+        st.caption(ctx.t("ask_closed_wait"))
+        return
+    with st.form("vote-form", clear_on_submit=False, border=False):
+        st.markdown(f"**{ctx.t('vote_box_title')}** {ask.question.text}")
+        st.radio(ctx.t("vote_box_label"), range(len(ask.question.choices)), index=None, key=VOTE_KEY,
+                 format_func=lambda choice: choice_label(ask, choice))
+        st.form_submit_button(ctx.t("ask_send"), on_click=ask.send, icon=":material/send:")
+
+
+def revealed_vote(ctx: ViewContext) -> None:
+    """A vote in one sentence, then its figure; after a vote again, beside the first, and who changed their answer."""
+    ask, shown = ctx.ask, ctx.ask.vote
+    if shown is None:
+        return
+    key, values = shown.sentence
+    st.markdown(f"**{ctx.t(key, choice=LETTERS[shown.right], **values)}**")
+    if ask.mine is not None and ask.role != "lead":
+        st.caption(ctx.t("vote_yours_revealed", choice=LETTERS[ask.mine[0]]))
+    labels = [choice_label(ask, i) for i in range(len(shown.counts))]
+    title = ctx.t("vote_reveal_title_again" if shown.before is not None else "vote_reveal_title")
+    figure(lambda: vote_figure(shown.counts, shown.before, shown.right, labels, title, ctx.large, words(ctx)),
+           "vote", memo_key(ctx, "vote"))
+    st.caption(ctx.t("vote_caption"))
+    if shown.changed:
+        table = {ctx.t("vote_col_from"): [LETTERS[a] for a, _ in shown.changed],
+                 ctx.t("vote_col_to"): [LETTERS[b] for _, b in shown.changed],
+                 ctx.t("vote_col_count"): list(shown.changed.values())}
+        st.dataframe(pd.DataFrame(table), hide_index=True)
 
 
 def revealed(ctx: ViewContext) -> None:

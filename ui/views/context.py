@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Protocol
 
@@ -96,6 +96,7 @@ class ViewContext:
     # The page's answers to a view's presses (a view passes them as its buttons' callbacks; the page's state moves)
     load_case: Callable[[str], None] | None = None  # the prefix view's article case ("case1", "case2")
     measure_again: Callable[[], None] | None = None  # the costs view's timings measured anew
+    memo: dict = field(default_factory=dict, repr=False)  # what parts of one draw compute once (the lesson's facts)
 
     @staticmethod
     def setting_key(name: str) -> str:

@@ -3,6 +3,9 @@ students send guesses, the teacher's count, close and reveal; only the leading p
 student's page cannot open, reveal or reset one; every bad input is a message in the page's language that changes
 nothing else; the reveal is the engine's."""
 
+import csv
+import io
+
 import pytest
 
 import engine
@@ -11,8 +14,10 @@ from engine.tokens import candidate_cells
 from tests.app_helpers import assert_clean, start
 from tests.test_follow import code_in, follow_link, settle
 from ui.follow import ask_round, class_answers
-from ui.follow.ask_round import GUESS_KEY
+from ui.follow.ask_round import GUESS_KEY, VOTE_KEY
 from ui.follow.class_answers import tally_of
+from ui.follow.class_votes import LETTERS
+from ui.lesson.chapters import CHAPTERS, number_of
 from ui.text import strings
 from viz.style import fmt_probability
 from viz.tokens import position_label
@@ -126,3 +131,72 @@ def test_a_student_page_cannot_open_reveal_or_reset_a_round(asked):
     settle()
     lead.run()
     assert dict(lead.query_params) == before
+
+
+def vote(page, choice: int | None, lang: str = "en") -> tuple[list[str], list[str]]:
+    page.run()
+    if choice is not None:
+        page.radio(key=VOTE_KEY).set_value(choice)
+    next(b for b in page.button if b.label == strings.t("ask_send", lang)).click().run()
+    assert_clean(page)
+    return [s.value for s in page.success], [w.value for w in page.warning]
+
+
+def test_the_class_votes_on_the_chapters_question_then_again_and_every_page_counts_who_changed(embedded_model,
+                                                                                                monkeypatch):
+    """Chapter 7 (GQA) on SmolLM2: its right choice is the lesson file's first, shown where the chapter's order puts
+    it; three students vote (right, wrong, right), the teacher reveals, then after discussion a vote again (one
+    moves to the right one, one away from it, one stays), and every page says so."""
+    now = [100.0]
+    monkeypatch.setattr(ask_round, "clock", lambda: now[0])
+    chapter = CHAPTERS[number_of("gqa") - 1]
+    right = chapter.choice_order(len(chapter.choices("en"))).index(0)
+    wrong, other = [c for c in range(3) if c != right]
+    lead = start(lead=1, chapter=chapter.number)
+    lead.button(key="b_vote_open").click().run()
+    assert_clean(lead)
+    assert lead.query_params["ask_kind"] == "vote"
+    settle()
+    students = [start(follow=code_in(follow_link(lead))) for _ in range(3)]
+    for page in students:
+        assert not [b for b in page.button if b.key and b.key.startswith(("b_ask_", "b_vote_"))]  # the teacher's
+    sent, refused = vote(students[0], None)
+    assert refused == [strings.t("ask_refused_no_choice", "en")] and not sent
+    for page, choice in zip(students, [right, wrong, right]):
+        now[0] += 5
+        sent, refused = vote(page, choice)
+        assert sent == [strings.t("ask_sent", "en")] and not refused
+    assert answered(lead) == 3
+    lead.button(key="b_ask_reveal").click().run()
+    first = strings.t("vote_right", "en", k=2, n=3, choice=LETTERS[right])
+    settle()
+    for page in [lead, *students]:
+        page.run()
+        assert f"**{first}**" in [m.value for m in page.markdown]
+
+    lead.button(key="b_vote_again").click().run()
+    settle()
+    for page, choice in zip(students, [wrong, right, right]):
+        now[0] += 5
+        assert vote(page, choice)[0] == [strings.t("ask_sent", "en")]
+    lead.button(key="b_ask_reveal").click().run()
+    assert_clean(lead)
+    again = strings.t("vote_moved", "en", k0=2, n0=3, k=2, n=3, changed=2, both=3, choice=LETTERS[right])
+    settle()
+    for page in [lead, *students]:
+        page.run()
+        assert f"**{again}**" in [m.value for m in page.markdown]
+        moved = page.dataframe[0].value
+        assert sorted(zip(*[moved[c] for c in moved.columns])) == sorted(
+            [(LETTERS[right], LETTERS[wrong], 1), (LETTERS[wrong], LETTERS[right], 1)])
+    assert [c.value for c in students[0].caption if c.value == strings.t("vote_yours_revealed", "en",
+                                                                         choice=LETTERS[wrong])]
+    asked = lead.session_state["follow"].asked  # what the teacher's Export downloads
+    rows = list(csv.DictReader(io.StringIO(class_answers.export_csv([r for rs in asked.values() for r in rs]))))
+    for kind, votes in (("vote", [right, wrong, right]), ("vote again", [wrong, right, right])):
+        assert [(r["answer"][0], r["count"], r["right"]) for r in rows if r["kind"] == kind] == [
+            (LETTERS[c], str(votes.count(c)), str(int(c == right))) for c in range(3)], kind
+    assert sorted((r["answer"], r["count"]) for r in rows if r["kind"] == "changed") == sorted(
+        [(f"{LETTERS[right]} → {LETTERS[wrong]}", "1"), (f"{LETTERS[wrong]} → {LETTERS[right]}", "1")])
+    lead.button(key="b_chapter_next").click().run()  # the next chapter: the round ends with its chapter
+    assert "ask" not in lead.query_params

@@ -1,7 +1,8 @@
 """The class answers in headless Chromium: a teacher at 1280×720 and three students at phone width (390×844), each in
 a browser context of its own, on one server. English on SmolLM2 and Chinese on Gemma 3: the teacher asks what comes
 next, the students guess (one refused, one reloads and answers again), the teacher reveals, and every page says the
-round's sentence with the sampler's own probability, computed here by the engine."""
+round's sentence with the sampler's own probability, computed here by the engine. Then a chapter's question: the
+class votes, the teacher reveals, the class votes again, and every page shows both rounds and who changed."""
 
 import re
 
@@ -14,6 +15,8 @@ from engine.tokens import candidate_cells
 from tests.helpers import WAIT_MS, press, until_link
 from tests.server import settled_text
 from ui.follow.class_answers import guess_token
+from ui.follow.class_votes import LETTERS
+from ui.lesson.chapters import CHAPTERS, number_of
 from ui.text import strings
 from viz.style import fmt_probability
 from viz.tokens import position_label
@@ -113,3 +116,73 @@ def test_the_class_predicts_and_every_page_reveals_the_samplers_probabilities(se
                                                                   timeout=WAIT_MS)
         settled_text(page)
         assert page.locator(".st-key-ask .js-plotly-plot").count() == 0, f"{name} still shows the reveal"
+
+
+VOTED = {"en": "decode", "zh": "kv_cache"}  # the chapter each language's class votes on
+
+
+def vote(page, lang: str, choice: int) -> None:
+    ballot = page.locator(".st-key-ask")
+    option = ballot.locator("label").filter(has_text=f"{LETTERS[choice]} · ")
+    expect(option).to_be_visible(timeout=WAIT_MS)
+    option.click()
+    ballot.get_by_role("button", name=strings.t("ask_send", lang)).click()
+    expect(page.get_by_text(plain(strings.t("ask_sent", lang)))).to_be_visible(timeout=WAIT_MS)
+
+
+def revealed(page, sentence: str):
+    """The round's place once it shows `sentence` (a place the run before drew stays on screen until the run ends)."""
+    shown = page.locator(".st-key-ask").filter(has_text=sentence)
+    expect(shown).to_have_count(1, timeout=WAIT_MS)
+    return shown
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_the_class_votes_then_votes_again_and_every_page_shows_both_rounds_and_who_changed(server, classroom, lang):
+    """Peer instruction on the chapter's question: the class votes (a reload replaces one vote), the teacher reveals,
+    the class discusses and votes again; every page shows the counts of both rounds and who changed, and the right
+    choice is the one the lesson file lists first, where the chapter's order shows it."""
+    teacher, *students = classroom
+    chapter = CHAPTERS[number_of(VOTED[lang]) - 1]
+    right = chapter.choice_order(len(chapter.choices(lang))).index(0)
+    wrong, other = [c for c in range(3) if c != right]
+    teacher.goto(f"{server}/?lead=1&lang={lang}&large=1&chapter={chapter.number}")
+    settled_text(teacher)
+    href = teacher.locator(".st-key-follow-link a").get_attribute("href")
+    for student in students:
+        student.goto(href)
+        settled_text(student)
+    press(teacher, "b_vote_open")
+    until_link(teacher, ask_kind="vote")
+    for student, choice in zip(students, [right, wrong, right]):
+        vote(student, lang, choice)
+    students[2].reload()  # the same browser: its vote is replaced, not added
+    settled_text(students[2])
+    students[2].wait_for_timeout(1100)
+    vote(students[2], lang, other)
+    expect(teacher.get_by_text(plain(strings.t("ask_count_open", lang, n=3)))).to_be_visible(timeout=WAIT_MS)
+    press(teacher, "b_ask_reveal")
+    first = plain(strings.t("vote_right", lang, k=1, n=3, choice=LETTERS[right]))
+    for page in [teacher, *students]:
+        expect(revealed(page, first).locator(".js-plotly-plot")).to_be_visible()
+    assert revealed(teacher, first).locator(".js-plotly-plot").bounding_box()["y"] < 720  # on the first screen
+
+    press(teacher, "b_vote_again")
+    teacher.wait_for_function("() => new URL(location.href).searchParams.get('ask_first') !== null", timeout=WAIT_MS)
+    for student, choice in zip(students, [wrong, right, other]):  # two change their vote, one keeps it
+        student.wait_for_timeout(1100)
+        vote(student, lang, choice)
+    expect(teacher.get_by_text(plain(strings.t("ask_count_open", lang, n=3)))).to_be_visible(timeout=WAIT_MS)
+    press(teacher, "b_ask_reveal")
+    again = plain(strings.t("vote_moved", lang, k0=1, n0=3, k=1, n=3, changed=2, both=3, choice=LETTERS[right]))
+    for page in [teacher, *students]:
+        expect(revealed(page, again).locator("[data-testid=stDataFrame]")).to_be_visible()  # who changed
+    figure = revealed(teacher, again).locator(".js-plotly-plot")
+    assert figure.bounding_box()["y"] < 720
+    assert sorted(teacher.evaluate("el => el.data.map(t => t.x.join(','))", figure.element_handle())) == sorted(
+        [",".join(str([right, wrong, other].count(c)) for c in range(3)),
+         ",".join(str([wrong, right, other].count(c)) for c in range(3))])
+    press(teacher, "b_chapter_next")  # the next chapter: the round ends with its chapter
+    until_link(teacher, chapter=str(chapter.number + 1))
+    for page in students:
+        expect(page.locator(".st-key-ask .js-plotly-plot")).to_have_count(0, timeout=WAIT_MS)

@@ -199,7 +199,8 @@ def test_nothing_the_projector_shows_lets_a_student_lead(server, pages):
     """The teacher's projected page, opened as 127.0.0.1 on a server that listens on loopback only:
     - its address bar reads `lead=1`; no text, link or image on it holds the room's secret (a cookie of the teacher's
       browser); its QR code encodes the students' link, and the strip says phones cannot reach this server;
-    - a student's browser that opens the projected address leads a room of its own: the class keeps following the
+    - a student's browser that opens the projected address (a round open in it) leads a room of its own: what it
+      presses there (reveal, ask again, ask) changes nothing in the class's round, the class keeps following the
       teacher, and the teacher's page still leads;
     - the teacher's reload resumes its room (the same students' code); "Stop sharing" forgets the secret."""
     teacher, student, classmate = pages
@@ -222,11 +223,22 @@ def test_nothing_the_projector_shows_lets_a_student_lead(server, pages):
 
     classmate.goto(href)
     settled_text(classmate)
-    student.goto(teacher.url)  # typed from the projector
+    press(teacher, "b_ask_open")  # the class's round, open
+    teacher.wait_for_function("() => new URL(location.href).searchParams.get('ask') !== null", timeout=WAIT_MS)
+    asked = link(teacher)["ask"]
+    expect(classmate.locator(".st-key-ask input")).to_be_visible(timeout=WAIT_MS)
+    student.goto(teacher.url)  # typed from the projector, round and all
     settled_text(student)
     assert leader_secret(student) != secret
     own = student.locator(".st-key-follow-link a").get_attribute("href")
     assert parse_qs(urlparse(own).query)["follow"][0] != code  # a room of its own
+    for control in ("b_ask_reveal", "b_ask_again", "b_ask_open"):  # its own room's round: reveal, again, reset
+        if student.locator(f".st-key-{control} button").count():
+            press(student, control)
+            settled_text(student)
+    assert (link(teacher)["ask"], link(teacher).get("ask_phase", "open")) == (asked, "open")
+    expect(classmate.locator(".st-key-ask input")).to_be_visible()  # the class's round is still open, unrevealed
+    assert classmate.locator(".st-key-ask .js-plotly-plot").count() == 0
     now = leader_moves(teacher, "b_next", step="2")
     shows(classmate, now)  # the class still follows the teacher
     expect(teacher.get_by_text(strings.t("follow_superseded"))).to_have_count(0)

@@ -11,8 +11,9 @@ to the last by PageDown, back to the two-contexts chapter by PageUp and forward 
   anything);
 - its text is the same on every visit (the numbers come from the chapter's own run, not from where the class came
   from);
-- on the teacher's page, the leader's strip in the header is on screen and covers neither the title, the chapter's
-  buttons, Next nor the figure;
+- the chapter's question lists its choices (A, B, …); on the teacher's page, the button that opens the class's vote
+  on it is on the first screen, and the leader's strip in the header is on screen and covers neither the title, the
+  chapter's buttons, Next nor the figure;
 - in Chinese on Gemma, the chapters on tokens, attention, paging and the article's Case 2 show characters and whole
   words in the token stream (never a byte chip or U+FFFD) beside their figure.
 
@@ -45,6 +46,7 @@ from tests.helpers import (
 )
 from tests.server import settled_text
 from tests.test_controls import batch_slider, click_then_key, layer_picker, nothing, scores_on, text_on_page
+from ui.follow.class_votes import LETTERS
 from ui.lesson.chapters import CHAPTERS, number_of
 from ui.text import strings
 from ui.views import OWN_STEPS
@@ -95,8 +97,12 @@ class Walk:
         text = page.locator(".st-key-chapter").inner_text()
         assert text.strip(), number
         assert not same_text or text == self.first_text.setdefault(number, text), number
+        choices = len(CHAPTERS[number - 1].choices(self.lang))
+        assert all(f"{letter} · " in text for letter in LETTERS[:choices]), number  # the question's choices, A, B…
         if self.lead:
             strip_leaves_room(page, number)
+            vote = box(page, ".st-key-b_vote_open button")  # the class votes on the question: one press, on screen
+            assert vote["y"] + vote["height"] <= SCREEN, number
         key = CHAPTERS[number - 1].key
         if self.lang == "zh" and key in WHOLE_WORDS:
             whole_characters(page, key)

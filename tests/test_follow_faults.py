@@ -102,7 +102,10 @@ def back_in_step(followers, now: dict) -> None:
 
 def test_a_paused_redis_never_slows_the_teacher_and_followers_come_back_by_themselves(tmp_path, pages):
     """Redis hung (SIGSTOP: connections open, nothing answers), then answering again. A Redis that is down
-    (connections refused) and comes back empty is tests/test_servers.py's killed-Redis test."""
+    (connections refused) and comes back empty is tests/test_servers.py's killed-Redis test. Then a round of the
+    class's answers with Redis hung during it: a student's send says it is kept, and once Redis answers, the teacher
+    counts it and reveals both answers, each once (answers through a Redis killed and started empty:
+    tests/test_class_answers.py)."""
     leader, *followers = pages
     with redis_process(tmp_path) as (store_url, store), \
             running_server(tmp_path / "log.txt", env={"KVSCOPE_STORE": store_url}) as (server, _):
@@ -118,6 +121,22 @@ def test_a_paused_redis_never_slows_the_teacher_and_followers_come_back_by_thems
         back_in_step(followers, now)
         expect(leader.get_by_text(LEAD_DOWN)).to_have_count(0, timeout=WAIT_MS)
         followed(leader, followers, 5)
+
+        press(leader, "b_ask_open")  # a round of the class's answers, and the store hangs during it
+        expect(followers[0].locator(".st-key-ask input")).to_be_visible(timeout=WAIT_MS)
+        expect(followers[1].locator(".st-key-ask input")).to_be_visible(timeout=WAIT_MS)
+        followers[1].locator(".st-key-ask input").fill("the")
+        followers[1].get_by_role("button", name=strings.t("ask_send")).click()
+        expect(followers[1].get_by_text(strings.t("ask_sent"))).to_be_visible(timeout=WAIT_MS)
+        os.kill(store.pid, signal.SIGSTOP)
+        expect(leader.get_by_text(LEAD_DOWN)).to_be_visible(timeout=WAIT_MS)
+        followers[0].locator(".st-key-ask input").fill("a")
+        followers[0].get_by_role("button", name=strings.t("ask_send")).click()  # kept, and said so
+        expect(followers[0].get_by_text(strings.t("ask_kept"))).to_be_visible(timeout=WAIT_MS)
+        os.kill(store.pid, signal.SIGCONT)
+        expect(leader.get_by_text(strings.t("ask_count_open", n=2))).to_be_visible(timeout=WAIT_MS)
+        press(leader, "b_ask_reveal")  # both answers, each once
+        expect(leader.locator(".st-key-ask").filter(has_text=" of 2 guessed")).to_have_count(1, timeout=WAIT_MS)
 
 
 def first(entries, condition, after: int) -> int | None:

@@ -101,7 +101,7 @@ class Walk:
         assert all(f"{letter} · " in text for letter in LETTERS[:choices]), number  # the question's choices, A, B…
         if self.lead:
             strip_leaves_room(page, number)
-            vote = box(page, ".st-key-b_vote_open button")  # the class votes on the question: one press, on screen
+            vote = box(page, ".st-key-b_vote_open")  # the class votes on the question: one press, on screen
             assert vote["y"] + vote["height"] <= SCREEN, number
         key = CHAPTERS[number - 1].key
         if self.lang == "zh" and key in WHOLE_WORDS:

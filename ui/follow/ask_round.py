@@ -101,11 +101,12 @@ def at_step(state: AppState, step: int) -> AppState:
 
 
 def round_for(state: AppState, step: int, runner, question: Question | None, predicts: bool) -> AskRound | None:
-    """The round this page shows at `step` (None: it neither leads nor follows a room, or follows on its own).
+    """The round this page shows at `step` (None: it neither leads nor follows a room, or explores on its own; a
+    follower waiting for a failing store keeps the teacher's round: a send is kept until the store answers).
     `question`: the chapter's, if the page shows one; `predicts`: whether the page's step is the run's, whose next
     token the class may predict."""
     mine = follow_state()
-    if mine.role == "follow" and mine.mode != "following" or mine.role not in ("lead", "follow"):
+    if mine.role == "follow" and not mine.tracking or mine.role not in ("lead", "follow"):
         return None
     if not predicts and question is None:
         return None  # a view with a step of its own, outside the lesson: nothing to ask
@@ -320,10 +321,15 @@ def send(answer: Callable[[], int]) -> bool:
 
 
 def open_round_number() -> int:
-    """The round the room has open, as this server last read it, and this page shows; else PromptRefused("closed")."""
+    """The round the room has open, as this server last read it (while the store fails, as this page last followed
+    it: its send is kept until the store answers), and this page shows; else PromptRefused("closed")."""
     mine, room_sync = follow_state(), sync()
     seen = room_sync.watch(mine.code) if room_sync is not None and mine.tracking else None
-    query = seen.room.query if seen is not None and seen.room is not None else {}
+    query = {}
+    if seen is not None and seen.room is not None:
+        query = seen.room.query
+    elif seen is not None and seen.error and mine.seen is not None:
+        query = mine.seen[1]
     number = int(query.get("ask", "0")) if query.get("ask", "0").isdigit() else 0
     if not number or query.get("ask_phase", "open") != "open" or number != settings.get("ask"):
         raise PromptRefused("closed")

@@ -157,7 +157,7 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
     ctx = ViewContext(runner=runner, state=state, step=page.step, trace=trace,
                       stage=chapter.stage if chapter else None, measured_again=page.measured_again, room=room,
                       load_case=load_case, measure_again=measure_again)
-    if follow.leading() or follow.following():  # the class's round: a prediction of the next token, or a vote
+    if follow.leading() or follow.follows_a_room():  # the class's round: a prediction of the next token, or a vote
         question = lesson.question(ctx) if chapter is not None else None
         ctx.ask = ask = ask_round.round_for(state, page.step, runner, question, predicts=not own)
     else:

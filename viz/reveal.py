@@ -30,15 +30,17 @@ def reveal_figure(bars, labels: list[str], answered: int, title: str = "", large
 
 def vote_figure(counts: tuple[int, ...], before: tuple[int, ...] | None, right: int, labels: list[str],
                 title: str = "", large: bool = False, words: Words = ENGLISH) -> go.Figure:
-    """A vote's counts per choice (`labels`, A first), the right one marked ✓; a vote again beside the round before."""
+    """A vote's counts per choice (`labels`: each choice's letter, A first), the right one marked ✓ and green; a vote
+    again beside the round before (grey)."""
     names = [f"{'✓ ' if i == right else ''}{plotly_text(label)}" for i, label in enumerate(labels)]
+    colors = [OKABE_ITO["green"] if i == right else OKABE_ITO["orange"] for i in range(len(labels))]
     fig = go.Figure()
     if before is not None:
         fig.add_bar(y=names, x=list(before), name=words["vote_first"], orientation="h",
                     marker_color=OKABE_ITO["grey"], text=[str(n) for n in before], textposition="outside",
                     hovertemplate="%{y}: %{x}<extra>" + words["vote_first"] + "</extra>")
     name = words["vote_again"] if before is not None else words["vote_axis"]
-    fig.add_bar(y=names, x=list(counts), name=name, orientation="h", marker_color=OKABE_ITO["orange"],
+    fig.add_bar(y=names, x=list(counts), name=name, orientation="h", marker_color=colors,
                 text=[str(n) for n in counts], textposition="outside",
                 hovertemplate="%{y}: %{x}<extra>" + name + "</extra>")
     most = max([*counts, *(before or ()), 1])

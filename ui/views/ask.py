@@ -128,9 +128,10 @@ def revealed_vote(ctx: ViewContext) -> None:
     st.markdown(f"**{ctx.t(key, choice=LETTERS[shown.right], **values)}**")
     if ask.mine is not None and ask.role != "lead":
         st.caption(ctx.t("vote_yours_revealed", choice=LETTERS[ask.mine[0]]))
-    labels = [choice_label(ask, i) for i in range(len(shown.counts))]
+    st.markdown("  \n".join(choice_label(ask, i) for i in range(len(shown.counts))))  # the figure names letters
     title = ctx.t("vote_reveal_title_again" if shown.before is not None else "vote_reveal_title")
-    figure(lambda: vote_figure(shown.counts, shown.before, shown.right, labels, title, ctx.large, words(ctx)),
+    letters = list(LETTERS[:len(shown.counts)])
+    figure(lambda: vote_figure(shown.counts, shown.before, shown.right, letters, title, ctx.large, words(ctx)),
            "vote", memo_key(ctx, "vote"))
     st.caption(ctx.t("vote_caption"))
     if shown.changed:

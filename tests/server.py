@@ -62,11 +62,12 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_server(log_path: Path, env: dict | None = None, root: Path = ROOT):
-    """Start `streamlit run app.py` (of the checkout at `root`) on a free loopback port; yield (url, process);
-    stop it after."""
+def running_server(log_path: Path, env: dict | None = None, root: Path = ROOT, address: str = "127.0.0.1"):
+    """Start `streamlit run app.py` (of the checkout at `root`) on a free port, listening on `address` (loopback;
+    "0.0.0.0": every interface, as a class's server does, though tests connect to loopback only); yield (url,
+    process); stop it after."""
     port = free_port()
-    process = launch(port, log_path, env, root)
+    process = launch(port, log_path, env, root, address)
     try:
         yield wait_until_healthy(port, process, log_path), process
     finally:
@@ -87,12 +88,14 @@ def restarted_server(url: str, process: subprocess.Popen, log_path: Path, env: d
         stop(new)
 
 
-def launch(port: int, log_path: Path, env: dict | None = None, root: Path = ROOT) -> subprocess.Popen:
+def launch(port: int, log_path: Path, env: dict | None = None, root: Path = ROOT,
+           address: str = "127.0.0.1") -> subprocess.Popen:
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
     entry = root / "serve.py" if (root / "serve.py").exists() else root / "app.py"  # an older checkout: app.py
     process = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", str(entry), "--server.port", str(port),
-         "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"],
+         "--server.address", address, "--browser.serverAddress", "127.0.0.1",  # its URL: no lookup of an external IP
+         "--server.headless", "true", "--browser.gatherUsageStats", "false"],
         cwd=root, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     _outputs[process] = Output(process, log_path)
     return process

@@ -4,8 +4,11 @@ bench/browser_latency.py, its `follow` part). Needs Debian's chromium and the `p
 tests/test_browser.py."""
 
 import html
+import ipaddress
+import socket
 from urllib.parse import parse_qs, urlparse
 
+import psutil
 import pytest
 import segno
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
@@ -193,6 +196,37 @@ def test_the_leader_stops_sharing_and_its_followers_are_told(server, pages):
     expect(leader.locator(".st-key-follow-link")).to_have_count(0)
     expect(follower.get_by_text(strings.t("follow_gone"))).to_be_visible(timeout=WAIT_MS)
     assert follower.locator('[data-testid="stException"]').count() == 0
+
+
+def test_a_page_opened_as_localhost_links_phones_to_the_machines_network_address(tmp_path, page):
+    """A server listening on every interface, its teacher's page opened as `localhost`: the students' link and its QR
+    code name one of this machine's own network addresses (as the OS lists them), on the server's port, and the strip
+    says why; without any network address, it says that instead. Nothing connects to that address."""
+    with running_server(tmp_path / "log.txt", address="0.0.0.0") as (url, _):
+        port = urlparse(url).port
+        page.goto(f"http://localhost:{port}/?lead=1&step=1")
+        settled_text(page)
+        page.locator(".st-key-follow-share summary").click()
+        href = page.locator(".st-key-follow-link a").get_attribute("href")
+        qr = page.locator(".st-key-follow-share .kv-follow-qr img").get_attribute("src")
+        assert qr == segno.make(href, error="m").svg_data_uri(scale=1, border=3, omitsize=True, light="#fff")
+        own = {a.address for addresses in psutil.net_if_addrs().values() for a in addresses
+               if a.family == socket.AF_INET and not ipaddress.ip_address(a.address).is_loopback}
+        alert = page.locator('[data-testid="stAlert"]')
+        name = teacher_browser.PUBLIC_URL_ENV
+        if not own:
+            expect(alert.filter(has_text=plain_start(strings.t("follow_local_no_network", host="localhost",
+                                                               name=name)))).to_be_visible()
+            return
+        link_to = urlparse(href)
+        assert link_to.hostname in own and link_to.port == port and "follow" in parse_qs(link_to.query)
+        said = strings.t("follow_local_moved", host="localhost", name=name, address=link_to.hostname)
+        expect(alert.filter(has_text=plain_start(said))).to_be_visible()
+
+
+def plain_start(markdown: str) -> str:
+    """The start of a message as the page shows it: up to its first code span, Markdown escapes gone."""
+    return str(markdown).replace("\\", "").split("`")[0]
 
 
 def test_nothing_the_projector_shows_lets_a_student_lead(server, pages):

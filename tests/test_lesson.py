@@ -527,9 +527,12 @@ def test_past_the_window_the_chapters_say_so(key, embedded_zh_model, monkeypatch
     assert not at.warning, [w.value for w in at.warning]
     tells_the_truth(at, chapter, embedded_zh_model, "zh", LONG_PROMPT)
     chosen = [v for v in chapter.variants if v in ("window_doubling", "past_window")]
-    if chosen:  # the run past the window is the one these variants are for
-        assert any(template_pattern(chapter.text["zh"][chosen[0]][part]).fullmatch(text)
-                   for part, text in shown_parts(at, "zh").items() if part in chapter.text["zh"][chosen[0]]), key
+    if chosen:  # the run past the window is the one these variants are for, its question's right choice too
+        shown = shown_parts(at, "zh")
+        unlettered = shown | {"answer": shown["answer"].split(" · ", 1)[1]}  # the answer after its choice's letter
+        assert any(template_pattern(chapter.text["zh"][chosen[0]][part]).fullmatch(text) for part, text in
+                   unlettered.items() if part != "choices" and part in chapter.text["zh"][chosen[0]]), key
+        assert shown_choices(chapter, "zh", shown["choices"], shown["answer"]) == [chosen[0]], key
 
 
 def test_chapters_tell_different_things_and_cover_every_teaching_point():

@@ -5,7 +5,7 @@ loaded model's own numbers through placeholders that `ui.lesson.panel.facts` fil
 
 A chapter's text may hold variants: a table under its language (`[chapter.en.all_agree]`) whose parts replace
 the chapter's own where the run makes them the true ones (e.g. on a model whose three prefix-cache policies agree,
-a question about why they do, not about why one reuses less). `ui.lesson.panel.variants` names the variants a
+a question about why they do, not about why one reuses less). `ui.lesson.variants.variants` names the variants a
 run calls for; a part comes from the first of them that has it, else from the chapter's own text.
 """
 

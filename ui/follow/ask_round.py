@@ -112,7 +112,8 @@ def round_for(state: AppState, step: int, runner, question: Question | None, pre
         return None  # a view with a step of its own, outside the lesson: nothing to ask
     vote = state.ask_kind == "vote"
     if state.ask and (vote and question is None or not vote and not predicts):
-        state = replace(state, **ENDED)  # a round this page cannot show: a vote without a chapter
+        state = replace(state, **ENDED)  # a round this page cannot show: a vote outside a chapter, a prediction on a
+        # view whose step is not its run's
     room_sync = sync()
     error = mine.error if room_sync is None else room_sync.error
     key = answers_key(mine.code, state.ask)
@@ -212,9 +213,8 @@ def open_round(kind: str = "predict") -> None:
     """Ask: a new round at this step, open for answers (a round asked again is a new round: its answers start empty)."""
     if not leads():
         return
+    end_round()  # the round before, if any, with what it kept
     follow_state().ask_at = (page_session().step, settings.get("chapter", 0))
-    for name, value in ENDED.items():
-        settings[name] = value
     settings.ask, settings.ask_kind = secrets.randbelow(999_999) + 1, kind  # unguessable ahead of its asking
 
 

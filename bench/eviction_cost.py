@@ -42,7 +42,7 @@ from plotly.subplots import make_subplots  # noqa: E402
 
 import engine  # noqa: E402
 from engine.errors import InvalidSettingError  # noqa: E402
-from engine.eviction import POLICIES, DecodeBudget, EvictionRun, Policy, StreamingWindow, stream_nll  # noqa: E402
+from engine.eviction import EVICTION_POLICIES, DecodeBudget, EvictionRun, Policy, StreamingWindow, stream_nll  # noqa: E402
 from engine.eviction.policies import SNAPKV_SCORES  # noqa: E402
 from engine.eviction.run import check_budget  # noqa: E402
 from engine.loader import AUTO  # noqa: E402
@@ -100,7 +100,7 @@ def decoding(interval: int, target: int) -> list[str]:
     """The policies that can keep a decode budget at this interval (the engine's own check): not PyramidKV's or
     AdaKV's budgets, nor expected attention with no query past its sinks."""
     names = []
-    for name in POLICIES:
+    for name in EVICTION_POLICIES:
         try:
             check_budget(policy(name, True, interval), DecodeBudget(target, interval))
         except InvalidSettingError:
@@ -146,7 +146,7 @@ def after_prefill(model, prompts: list[list[int]], plan: Plan) -> dict:
     rows: dict[str, dict[str, list]] = {}
     for prompt in prompts:
         full_logits, full_tokens = greedy(model, prompt, None, 0.0, plan.greedy)
-        for name in POLICIES:
+        for name in EVICTION_POLICIES:
             for ratio in plan.ratios:
                 logits, tokens = greedy(model, prompt, policy(name, False, plan.interval), ratio, plan.greedy)
                 row = rows.setdefault(f"{name}@{ratio}", {"kl": [], "top1": [], "greedy": []})
@@ -238,7 +238,7 @@ def step_times(model, ids: list[int], plan: Plan) -> dict:
     for run in runs.values():
         run.close()
     load.append(os.getloadavg()[0])
-    prefill: dict[str, list[float]] = {key: [] for key in ["none", *POLICIES]}
+    prefill: dict[str, list[float]] = {key: [] for key in ["none", *EVICTION_POLICIES]}
     for _ in range(plan.time_prefills):
         for key in prefill:
             chosen = None if key == "none" else policy(key, False, plan.interval)
@@ -290,7 +290,7 @@ def quality_table(result: dict) -> str:
             + [f"budget {t}: KL / top-1" for t in targets])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     pre, dec = result["after_prefill"], result["during_decode"]
-    for name in [*POLICIES, "stream"]:
+    for name in [*EVICTION_POLICIES, "stream"]:
         cells = [name if name != "stream" else f"streaming window ({N_SINK} sinks)"]
         for r in ratios:
             row = pre.get(f"{name}@{r}")
@@ -313,7 +313,7 @@ def time_table(result: dict) -> str:
     lines = ["| policy | pass that evicts | pass that only reads the mask | added by an eviction | prefill at r=0.5 "
              "(added) |", "|---|---|---|---|---|",
              f"| full cache | — | {ms(full)} | — | {t['prefill']['none']:.0f} ms |"]
-    for key in [key for key in [*POLICIES, "streaming window"] if key in t["step"]]:
+    for key in [key for key in [*EVICTION_POLICIES, "streaming window"] if key in t["step"]]:
         s = t["step"][key]
         added = None if s["evicts"] is None else s["evicts"] - full
         pre = t["prefill"].get(key)

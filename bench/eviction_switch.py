@@ -30,7 +30,8 @@ import json, sys, time, torch
 torch.set_num_threads(int(sys.argv[3]))
 import inspect
 import engine
-from engine.eviction import POLICIES
+import engine.eviction
+CHECKOUT_POLICIES = getattr(engine.eviction, "EVICTION_POLICIES", None) or getattr(engine.eviction, "POLICIES")  # older
 from ui.runs.eviction import pair_for
 try:  # the settings' own module since the labs take the policies pages ask for
     from ui.runs.eviction_settings import EvictionSettings
@@ -46,7 +47,7 @@ if "store" in inspect.signature(pair_for).parameters:  # the labs in the run sto
 else:
     get = lambda settings: pair_for(model, ids, settings, step, 10**6)
 times = []
-for policy in ["snapkv"] + [p for p in POLICIES if p != "snapkv"]:  # the checkout's policies; the first builds the lab
+for policy in ["snapkv"] + [p for p in CHECKOUT_POLICIES if p != "snapkv"]:  # the first builds the lab
     wall, cpu = time.perf_counter(), time.process_time()
     pair = get(EvictionSettings(policy, "prefill", 0.5, 32, 8, 28))
     assert pair.advance_to(step) == step

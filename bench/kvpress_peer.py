@@ -36,12 +36,13 @@ REROTATE = "rerotate:"  # a case's name prefix: kvpress's KeyRerotationPress aro
 # (name, policy, its parameters, prefill compression ratio, decode budget (target_size, interval) or None)
 # pyramidkv's window of 4 lets its pyramid hold at 0.25 and 0.5 (at 0.75 it falls back to one count); lagkv's lag
 # of 8 cuts the context into partitions (its default of 128 is a ramp on this prompt: the case after the list)
-POLICIES = [("streaming_llm", {"n_sink": 4}), ("knorm", {}), ("keydiff", {}),
+PRESS_CASES = [("streaming_llm", {"n_sink": 4}), ("knorm", {}), ("keydiff", {}),
             ("snapkv", {"window_size": 8, "kernel_size": 5}), ("tova", {}), ("observed_attention", {}),
             ("pyramidkv", {"window_size": 4, "kernel_size": 5}), ("adakv", {"window_size": 8, "kernel_size": 5}),
             ("lagkv", {"lag_size": 8}), ("expected_attention", {})]
-ONE_COUNT = [(name, params) for name, params in POLICIES if name not in ("pyramidkv", "adakv")]  # re-rotatable
-CASES = [(f"{name}@{ratio}", name, params, ratio, None) for ratio in (0.25, 0.5, 0.75) for name, params in POLICIES] + [
+ONE_COUNT = [(name, params) for name, params in PRESS_CASES if name not in ("pyramidkv", "adakv")]  # re-rotatable
+CASES = [(f"{name}@{ratio}", name, params, ratio, None) for ratio in (0.25, 0.5, 0.75)
+         for name, params in PRESS_CASES] + [
     ("snapkv@0.5 w16 k7", "snapkv", {"window_size": 16, "kernel_size": 7}, 0.5, None),
     ("pyramidkv@0.5 w8 beta4", "pyramidkv", {"window_size": 8, "kernel_size": 5, "beta": 4}, 0.5, None),
     ("adakv@0.5 alpha0.5", "adakv", {"window_size": 8, "kernel_size": 5, "alpha_safeguard": 0.5}, 0.5, None),

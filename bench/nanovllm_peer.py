@@ -1,10 +1,18 @@
-"""Our continuous-batching scheduler (engine/scheduler.py) against nano-vllm's own scheduler and block manager, on
-the same traces of arrivals: every step's kind (prefill or decode), which requests it runs with how many tokens
-each and how many each had cached, and which it preempts, must be the same. Both are plain Python over token ids;
-no model runs: each request's next token is a function of its id and length, the same on both sides.
+"""Our block policy against nano-vllm's own block manager and scheduler, from its checkout, in two benches.
+
+- Scheduler (the default): our continuous-batching scheduler (engine/scheduler.py) and nano-vllm's on the same
+  traces of arrivals: every step's kind (prefill or decode), which requests it runs with how many tokens each and
+  how many each had cached, and which it preempts, must be the same. Both are plain Python over token ids; no model
+  runs: each request's next token is a function of its id and length, the same on both sides.
+- Prefix (`--prefix`): a decode session's prefix cache (engine.prefix_cache, block policy) over a pool of N blocks,
+  prompts one after another, each a real `DecodeSession` on a tiny random-weight Llama (prefill, one token, close),
+  against nano-vllm's BlockManager allocating, hashing and freeing the same prompts: per prompt, the tokens reused
+  and the physical block table must be the same. Random traces (shared system prompts, repeats, edits; pools from
+  the longest prompt's blocks to four times that), then 160 prompts through one 24-block pool.
 
     pip install xxhash   # nano-vllm's block hashes; its checkout needs nothing else here (torch, transformers)
     python3 bench/nanovllm_peer.py --nanovllm /path/to/nano-vllm [--traces 200] [--seed 0]
+    HF_HUB_OFFLINE=1 python3 bench/nanovllm_peer.py --nanovllm /path/to/nano-vllm --prefix [--traces 200]
 
 nano-vllm is read from its checkout: its modules load by path, without running its package's __init__ (which
 imports the GPU model runner). Its Config asserts a block size that is a multiple of 256 and a model folder, so the
@@ -23,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from engine.blocks import BlockManager  # noqa: E402
 from engine.scheduler import Request, Scheduler  # noqa: E402
 
 EOS = 2
@@ -115,7 +124,8 @@ def run_theirs(modules, trace: Trace) -> list[tuple]:
 
 def run_ours(trace: Trace) -> tuple[list[tuple], bool]:
     """The log, and whether a prefill step took only part of a prompt (a chunk)."""
-    scheduler = Scheduler(trace.num_blocks, trace.block_size, trace.max_num_seqs, trace.max_num_batched_tokens, {EOS})
+    blocks = BlockManager(trace.num_blocks, trace.block_size)
+    scheduler = Scheduler(blocks, trace.max_num_seqs, trace.max_num_batched_tokens, {EOS})
     log, step, chunked = [], 0, False
     pending = list(enumerate(trace.arrivals))
     while pending or not scheduler.finished:
@@ -134,13 +144,117 @@ def run_ours(trace: Trace) -> tuple[list[tuple], bool]:
     return log, chunked
 
 
+def random_prompts(rng: random.Random, count: int, block_size: int) -> list[list[int]]:
+    """Prompts as a class types them: a shared system prompt or not, an earlier prompt repeated or edited."""
+    system = [rng.randrange(3, 60) for _ in range(rng.randrange(0, 4 * block_size))]
+    prompts: list[list[int]] = []
+    for _ in range(count):
+        own = [rng.randrange(3, 60) for _ in range(rng.randrange(1, 5 * block_size))]
+        prompt = (system if rng.random() < 0.7 else []) + own
+        if prompts and rng.random() < 0.3:
+            prompt = list(rng.choice(prompts))
+            if rng.random() < 0.5:  # edited at one position, or cut to whole blocks
+                prompt[rng.randrange(len(prompt))] = rng.randrange(3, 60)
+            elif len(prompt) >= block_size:
+                prompt = prompt[:len(prompt) // block_size * block_size]
+        prompts.append(prompt)
+    return prompts
+
+
+def tiny_llama(folder: Path):
+    """A tiny random-weight Llama with the embedded tokenizer, loaded by the engine (its outputs do not matter here:
+    only which blocks its sessions take)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+    import engine
+    from engine import embedded
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded.embedded_source())
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return engine.load_model(str(folder), device="cpu")
+
+
+def prefix_ours(model, prompts: list[list[int]], num_blocks: int, block_size: int) -> list[tuple[int, list[int]]]:
+    import engine
+    from engine.prefix_cache import PrefixCache
+
+    cache = PrefixCache(model, policy="block", block_size=block_size, capacity_blocks=num_blocks)
+    log = []
+    for prompt in prompts:
+        session = engine.DecodeSession(model, prompt, prefix_cache=cache, max_new_tokens=1)
+        trace = session.prefill()
+        log.append((trace.prefix.reused_tokens, list(session.table.blocks)))
+        session.close()
+    return log
+
+
+def prefix_theirs(modules, prompts: list[list[int]], num_blocks: int, block_size: int) -> list[tuple[int, list[int]]]:
+    Sequence = modules["engine.sequence"].Sequence
+    SamplingParams = modules["sampling_params"].SamplingParams
+    Sequence.block_size = block_size
+    manager = modules["engine.block_manager"].BlockManager(num_blocks, block_size)
+    log = []
+    for prompt in prompts:
+        seq = Sequence(prompt, SamplingParams(temperature=1.0, max_tokens=1))
+        cached = manager.can_allocate(seq)
+        manager.allocate(seq, cached)
+        log.append((seq.num_cached_tokens, list(seq.block_table)))
+        seq.num_scheduled_tokens = len(prompt) - seq.num_cached_tokens  # the prefill computes the rest, then hashes
+        manager.hash_blocks(seq)
+        manager.deallocate(seq)
+    return log
+
+
+def compare_prefix(modules, traces: int, seed: int) -> None:
+    import tempfile
+
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(traces):
+        block_size = rng.choice([2, 4, 8, 16])
+        prompts = random_prompts(rng, rng.randrange(2, 20), block_size)
+        longest = max(-(-len(p) // block_size) for p in prompts)
+        cases.append((f"random, {block_size}-token blocks", prompts, rng.randrange(longest, longest * 4 + 1),
+                      block_size))
+    small = random_prompts(rng, 160, 4)
+    cases.append(("160 prompts, 24 blocks of 4", small, max(24, max(-(-len(p) // 4) for p in small)), 4))
+    with tempfile.TemporaryDirectory() as folder:
+        model = tiny_llama(Path(folder))
+        rows: dict[str, list[int]] = {}
+        for name, prompts, num_blocks, block_size in cases:
+            ours = prefix_ours(model, prompts, num_blocks, block_size)
+            theirs = prefix_theirs(modules, prompts, num_blocks, block_size)
+            row = rows.setdefault(name if name.startswith("160") else "random traces", [0, 0, 0, 0, 0])
+            row[0] += 1
+            row[1] += ours == theirs
+            row[2] += sum(a[0] == b[0] for a, b in zip(ours, theirs))
+            row[3] += sum(a == b for a, b in zip(ours, theirs))
+            row[4] += len(prompts)
+            if ours != theirs:
+                first = next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
+                print(f"{name}, {num_blocks} blocks: prompt {first} differs: ours {ours[first]} theirs {theirs[first]}")
+    print("| case | traces equal | prompts: tokens reused equal | prompts: block tables equal too |")
+    print("|---|---|---|---|")
+    for name, (count, equal, reused_equal, prompts_equal, prompts) in rows.items():
+        print(f"| {name} | {equal} of {count} | {reused_equal} of {prompts} | {prompts_equal} of {prompts} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nanovllm", type=Path, required=True, help="a checkout of nano-vllm")
     parser.add_argument("--traces", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--prefix", action="store_true", help="the prefix-cache bench (default: the scheduler's)")
     args = parser.parse_args()
     modules = load_nanovllm(args.nanovllm)
+    if args.prefix:
+        compare_prefix(modules, args.traces, args.seed)
+        return
     rng = random.Random(args.seed)
     equal = steps = preempting = reusing = chunked = 0
     for n in range(args.traces):

@@ -14,13 +14,13 @@ from engine.errors import (
 from engine.kv_cache import BlockPool, BlockTable
 from engine.loader import EMBEDDED, SUPPORTED_FAMILIES, load_model
 from engine.model import Model, ModelInfo, between_layers
-from engine.prefix_cache import POLICIES, PrefixCache
+from engine.prefix_cache import REUSE_POLICIES, PrefixCache
 from engine.sampler import Sampling
 from engine.session import DecodeSession
 from engine.trace import NO_RECORD, Candidate, Capture, PrefixHit, SplitKVTrace, StepTrace
 
 __all__ = [
-    "EMBEDDED", "POLICIES", "SUPPORTED_FAMILIES", "BlockPool", "BlockTable", "CacheFullError", "Candidate",
+    "EMBEDDED", "REUSE_POLICIES", "SUPPORTED_FAMILIES", "BlockPool", "BlockTable", "CacheFullError", "Candidate",
     "NO_RECORD", "Capture", "DecodeSession", "PrefixCache", "PrefixHit", "SplitKVTrace", "split_kv",
     "EmptyPromptError", "InvalidSettingError", "KvscopeError", "Model", "ModelInfo", "ModelNotFoundError",
     "PromptTooLongError", "Sampling", "SessionStateError", "StepTrace", "UnsupportedModelError", "between_layers",

@@ -2,11 +2,11 @@
 
 A server keeps one KV pool for all its requests, and a block goes back to the free list when its request ends.
 `BusyPoolReplay` recomputes a request's passes (its prefill over the whole prompt, then its decode steps, as
-its run made them) in a fresh pool after this history: 2 × P short requests (P: the blocks the prompt needs)
-arrived one after another and took one block each; every second one then finished and freed its block. The
-pool hands out freed blocks first, the most recently freed first (`BlockPool.release`), so the request's
-prompt lands on the freed blocks between the others', and its decode steps on the next free ones. Its block
-table maps logical to scattered physical blocks, and attention reads the K/V through that table. Only the
+its run made them) in a fresh pool after this history: 2 × B short requests (B: the blocks the request needs)
+arrived one after another and took one block each, the whole pool; every second one then finished and freed its
+block. The block manager hands out free blocks in the order they were freed (engine.blocks, nano-vllm's order), so
+the request's prompt lands on the first freed blocks between the others', and its decode steps on the next ones.
+Its block table maps logical to scattered physical blocks, and attention reads the K/V through that table. Only the
 other requests' blocks matter here (nothing reads their K/V), so they are taken without a forward pass; the
 request's own passes are computed, one `add` a step.
 """
@@ -50,8 +50,8 @@ class BusyPoolReplay:
                  capacity: int | None = None):
         self.model = model
         length = sum(len(ids) for ids, _ in passes) if capacity is None else capacity
-        others = 2 * math.ceil(len(passes[0][0]) / block_size)
-        self.pool: BlockPool = model.new_pool(others + math.ceil(length / block_size) + 1, block_size)
+        others = 2 * math.ceil(length / block_size)
+        self.pool: BlockPool = model.new_pool(others, block_size)
         self.others: dict[int, int] = {}  # physical block → the other request (1-based) that still holds it
         self.freed: list[int] = []  # blocks of the requests that finished, in the order they were freed
         tables = [BlockTable(self.pool) for _ in range(others)]

@@ -21,7 +21,10 @@ whose positions no later query can see (all before length − sliding_window + 1
 most ⌈(sliding_window − 1) / block_size⌉ + 1 blocks, a global one all. A pass over T new positions writes
 all T first (its own queries need them), then the step drops what fell out of the window.
 
-Threads: a pool's `lock` guards its bookkeeping only (ref counts, the free list and, for a prefix
+Blocks: which are held, by how many, which are free and in what order, is the pool's `block_manager`'s
+(engine.blocks), the one owner of blocks; a table takes and gives back its blocks there.
+
+Threads: the block manager's `lock` guards the bookkeeping only (ref counts, the free list and, for a prefix
 cache's pool, the cache's index). Reading and writing K/V take no lock, so sessions sharing a pool run their
 forward passes at once. That is safe because a session writes only positions past its table's
 length, which lie in blocks it allocated itself (ref count 1, dropped from any index on allocation);
@@ -32,15 +35,13 @@ only when its last holder releases it.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
 
-from engine.errors import CacheFullError, InvalidSettingError
+from engine.blocks import BlockManager
+from engine.errors import InvalidSettingError
 
 DEFAULT_BLOCK_SIZE = 16  # positions per KV block when neither the caller nor a prefix cache says
 
@@ -50,25 +51,9 @@ def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, element_bytes:
     return 2 * layers * kv_heads * head_dim * element_bytes
 
 
-class BlockAllocator(Protocol):
-    """Where a block table gets its blocks: a `BlockPool`, or a `PrefixCache` over one (which evicts
-    what it cached when the pool hands out a block it still held)."""
-
-    def require_free(self, count: int) -> None: ...
-
-    def allocate(self) -> int: ...
-
-    def release(self, block: int) -> None: ...
-
-
 class BlockPool:
-    """K and V storage for all layers: two tensors of shape (layers, blocks, block_size, kv_heads, head_dim).
-
-    Free blocks wait in `free`, least recently used first, and allocation takes the front one. A block
-    released with `cached=True` (a prefix cache still finds it) goes to the back, so it stays hittable
-    as long as possible; an empty one goes to the front, to be reused first. The pool knows nothing of
-    what a cache holds: the cache says so when it releases, and evicts when it allocates.
-    """
+    """K and V storage for all layers: two tensors of shape (layers, blocks, block_size, kv_heads, head_dim), and
+    the `block_manager` that owns those blocks."""
 
     def __init__(
         self,
@@ -80,13 +65,11 @@ class BlockPool:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         windows: Sequence[int | None] | None = None,
+        freed_first: bool = False,
     ):
         """`layers` K/V layers; with `windows` (one per layer, None for a global layer, else its sliding
         window) the local layers go to `self.window`, a pool of their own (see the module's docstring)."""
-        if not isinstance(block_size, int) or block_size < 1:
-            raise InvalidSettingError(f"block_size must be an integer ≥ 1, got {block_size!r}")
-        if num_blocks < 1:
-            raise InvalidSettingError(f"num_blocks must be ≥ 1, got {num_blocks!r}")
+        self.block_manager = BlockManager(num_blocks, block_size, freed_first=freed_first)  # checks both
         self.block_size = block_size
         self.num_blocks = num_blocks
         windows = list(windows) if windows is not None else [None] * layers
@@ -101,16 +84,13 @@ class BlockPool:
             self.rows.append((w is not None, counts[w is not None]))
             counts[w is not None] += 1
         self.window: BlockPool | None = BlockPool(counts[True], kv_heads, head_dim, num_blocks, block_size, dtype,
-                                                  device) if local else None
+                                                  device, freed_first=True) if local else None
         layers = counts[False]
         shape = (layers, num_blocks, block_size, kv_heads, head_dim)
         # Uninitialised: only written slots are ever read, and untouched pages cost no resident memory,
         # so a large pool of which a session uses a little stays cheap.
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)
-        self.ref_count = [0] * num_blocks
-        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
-        self.lock = threading.RLock()  # held by callers around allocate/retain/release and index updates
 
     @property
     def bytes_per_token(self) -> int:
@@ -118,49 +98,6 @@ class BlockPool:
         layers, _, _, kv_heads, head_dim = self.k.shape
         own = kv_bytes_per_token(layers, kv_heads, head_dim, self.k.element_size())
         return own + (self.window.bytes_per_token if self.window is not None else 0)
-
-    @property
-    def used_blocks(self) -> int:
-        return self.num_blocks - len(self.free)
-
-    def require_free(self, count: int, keeping: Iterable[int] = ()) -> None:
-        """Raise CacheFullError unless `count` blocks can be allocated now: a caller checks before it
-        changes anything, so a full pool leaves everything as it was (nothing is evicted).
-
-        keeping: blocks the caller is about to retain (a cache hit); free ones among them cannot be allocated.
-        """
-        available = len(self.free) - sum(1 for block in set(keeping) if block in self.free)
-        if count > available:
-            raise CacheFullError(f"the KV pool is full: {count} more blocks are needed and {available} of "
-                                 f"{self.num_blocks} are free; the others are in use by running sessions "
-                                 "(or hold the cached prefix being reused)")
-
-    def allocate(self) -> int:
-        """The least recently used free block, now held once."""
-        self.require_free(1)
-        block, _ = self.free.popitem(last=False)
-        self.ref_count[block] = 1
-        return block
-
-    def emptied(self, blocks: Iterable[int]) -> None:
-        """Free `blocks` no cache holds any more go to the front of the free list, to be reused first."""
-        for block in blocks:
-            if block in self.free:
-                self.free.move_to_end(block, last=False)
-
-    def retain(self, block: int) -> None:
-        """One more user of `block`; a cached free block leaves the free list (a cache hit)."""
-        if self.ref_count[block] == 0:
-            del self.free[block]
-        self.ref_count[block] += 1
-
-    def release(self, block: int, cached: bool = False) -> None:
-        """One user fewer; at none the block is free: last in line when `cached`, else first."""
-        self.ref_count[block] -= 1
-        if self.ref_count[block] == 0:
-            self.free[block] = None
-            if not cached:
-                self.free.move_to_end(block, last=False)
 
     def copy_slots(self, source: list[int], target: list[int]) -> None:
         """Copy K/V of flat slots `source` into flat slots `target`, in every layer (no recomputation)."""
@@ -196,7 +133,7 @@ class BlockPool:
 class BlockTable:
     """One sequence's logical → physical block map, plus how many positions are filled.
 
-    Blocks come from `allocator` and go back to it: the pool itself, or a prefix cache over the pool.
+    Blocks are taken from the pool's block manager and given back to it.
     Over a pool with sliding-window layers, `window` is the table of those layers (in `pool.window`):
     appended in step with this one; its first `dropped` logical blocks were handed back (`slide`).
     """
@@ -204,14 +141,15 @@ class BlockTable:
     pool: BlockPool
     blocks: list[int] = field(default_factory=list)
     length: int = 0
-    allocator: BlockAllocator | None = None  # None: the pool
     window: BlockTable | None = None
     dropped: int = 0  # leading logical blocks handed back: `blocks[i]` is logical block dropped + i
     _device_blocks: torch.Tensor | None = None
 
+    @property
+    def manager(self) -> BlockManager:
+        return self.pool.block_manager
+
     def __post_init__(self) -> None:
-        if self.allocator is None:
-            self.allocator = self.pool
         if self.window is None and self.pool.window is not None:
             self.window = BlockTable(self.pool.window, length=self.length)
 
@@ -227,13 +165,13 @@ class BlockTable:
         CacheFullError with the table unchanged. (If an allocation fails anyway, `roll_back` undoes what was added.)
         """
         size = self.pool.block_size
-        self.allocator.require_free(self.blocks_needed(count))
+        self.manager.require_free(self.blocks_needed(count))
         if self.window is not None:
-            self.window.allocator.require_free(self.window.blocks_needed(count))
+            self.window.manager.require_free(self.window.blocks_needed(count))
         placed = []
         for position in range(self.length, self.length + count):
             if position // size == self.dropped + len(self.blocks):
-                self.add(self.allocator.allocate())
+                self.add(self.manager.allocate())
             placed.append((self.blocks[position // size - self.dropped], position % size))
         self.length += count
         if self.window is not None:
@@ -247,14 +185,14 @@ class BlockTable:
         size = self.pool.block_size
         tail = self.length % size  # positions filled in a partly filled last block
         shared = self.blocks[:-1] if tail else list(self.blocks)
-        self.allocator.require_free(1 if tail else 0)
-        twin = BlockTable(self.pool, [], self.length, self.allocator, dropped=self.dropped,
+        self.manager.require_free(1 if tail else 0)
+        twin = BlockTable(self.pool, [], self.length, dropped=self.dropped,
                           window=self.window.fork() if self.window is not None else None)
         for block in shared:
-            self.pool.retain(block)
+            self.manager.retain(block)
             twin.add(block)
         if tail:
-            block, last = self.allocator.allocate(), self.blocks[-1]
+            block, last = self.manager.allocate(), self.blocks[-1]
             self.pool.copy_slots([last * size + i for i in range(tail)], [block * size + i for i in range(tail)])
             twin.add(block)
         return twin
@@ -278,7 +216,7 @@ class BlockTable:
         keep = max(0, -(-mark // self.pool.block_size) - self.dropped)
         released = self.blocks[keep:]
         for block in reversed(released):
-            self.allocator.release(block)
+            self.manager.release(block)
         del self.blocks[keep:]
         self.length = mark
         self._device_blocks = None
@@ -297,7 +235,7 @@ class BlockTable:
         gone = []
         while table.blocks and (table.dropped + 1) * size <= reach:
             gone.append(table.blocks.pop(0))
-            table.allocator.release(gone[-1])
+            table.manager.release(gone[-1])
             table.dropped += 1
         table._device_blocks = None
         return gone
@@ -338,9 +276,9 @@ class BlockTable:
         return k, v, start
 
     def free(self) -> None:
-        # Last blocks first, so a sequence's tail is evicted before the prefix others may share.
+        # Last blocks first, so a sequence's tail is taken again before the prefix others may share.
         for block in reversed(self.blocks):
-            self.allocator.release(block)
+            self.manager.release(block)
         self.blocks = []
         self.length = 0
         self.dropped = 0

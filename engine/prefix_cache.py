@@ -10,8 +10,10 @@ Only an exact token-id match from position 0 can be reused, and only prompt toke
   entry that is a prefix of it, otherwise nothing.
 
 At most n−1 tokens of an n-token prompt are reused: the last one must be computed to get logits.
-Cached blocks live in the cache's `BlockPool`; when no session uses them they wait in the pool's
-LRU free list, still hittable, until an allocation evicts the least recently used one.
+Cached blocks live in the cache's `BlockPool`; when no session uses them they wait in its block manager's free
+list (engine.blocks), still hittable, until the manager hands one out again: then the cache *reclaims* it (drops it
+from its index). The block policy's keys are the manager's own chained hashes, so a session's prompt reuses blocks
+as nano-vllm's block manager would (bench/nanovllm_peer.py --prefix).
 
 Sliding-window layers (Gemma 3) keep their K/V in the pool's window pool, and hand blocks back as the
 window passes them. The rule, the simplest that stays exact: a published prompt block keeps its twin,
@@ -30,12 +32,13 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from engine.blocks import BlockManager
 from engine.checks import require_integer
 from engine.errors import InvalidSettingError
 from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockPool, BlockTable
 from engine.trace import PrefixHit
 
-POLICIES = ("block", "radix", "whole")
+REUSE_POLICIES = ("block", "radix", "whole")
 
 
 @dataclass(frozen=True)
@@ -47,50 +50,47 @@ class PoolState:
 
 
 @dataclass(frozen=True)
-class BlockEviction:
+class BlockReclaim:
+    """A cached block handed out again for new K/V: the cache found it no more."""
+
     block: int
     policy: str
 
 
 class PrefixCache:
     """The one owner of prefix caching: a bounded pool of K/V blocks shared by the sessions that use
-    this cache, the prefix index over it, and the allocation rule that ties them (a block the pool
-    hands out is first evicted from the index; a released block the index holds stays hittable)."""
+    this cache, and the prefix index over its blocks (a block its manager hands out again is first reclaimed:
+    dropped from the index)."""
 
     def __init__(self, model, policy: str = "block", block_size: int = DEFAULT_BLOCK_SIZE, capacity_blocks: int = 512):
-        if policy not in POLICIES:
-            raise InvalidSettingError(f"unknown prefix-cache policy {policy!r}; choose one of {', '.join(POLICIES)}")
+        if policy not in REUSE_POLICIES:
+            raise InvalidSettingError(f"unknown prefix-cache policy {policy!r}; choose one of "
+                                      f"{', '.join(REUSE_POLICIES)}")
         require_integer("capacity_blocks", capacity_blocks, 1)
         self.model = model
         self.policy = policy
         self.pool: BlockPool = model.new_pool(capacity_blocks, block_size)
         self.block_size = block_size
-        self.index = INDEXES[policy](block_size)
-        self.block_evictions: deque[BlockEviction] = deque(maxlen=1000)
+        self.block_manager: BlockManager = self.pool.block_manager
+        self.index = new_index(policy, self.block_manager)
+        self.block_manager.on_reclaim = self._reclaim
+        self.reclaims: deque[BlockReclaim] = deque(maxlen=1000)
         self._unreported: list[int] = []
         self.twins: dict[int, int] = {}  # cached block → the window pool's block of the same positions
 
-    # -- the block allocator of the tables that use this cache (called with the pool's lock held) --------
+    def _reclaim(self, block: int) -> None:
+        """The manager hands out `block` (with its lock held): if the index holds it, it holds it no more."""
+        if not self.index.holds(block):
+            return
+        # Forgetting one block can drop others from the index (the radix subtree below it, whole prompts stored in
+        # it); their window twins go back with them.
+        self._release_twins(self.index.forget(block))
+        self.reclaims.append(BlockReclaim(block, self.policy))
+        self._unreported.append(block)
 
-    def require_free(self, count: int, keeping: Iterable[int] = ()) -> None:
-        self.pool.require_free(count, keeping)
-
-    def allocate(self) -> int:
-        """A free block for new K/V; if the index still held it, it is evicted first."""
-        block = self.pool.allocate()
-        if self.index.holds(block):
-            # Evicting one block can drop others from the index (the radix subtree below it, whole
-            # prompts stored in it): free ones among them are now empty, to be reused first.
-            forgotten = self.index.forget(block)
-            self.pool.emptied(forgotten - {block})
-            for gone in forgotten & self.twins.keys():
-                self.pool.window.release(self.twins.pop(gone))
-            self.block_evictions.append(BlockEviction(block, self.policy))
-            self._unreported.append(block)
-        return block
-
-    def release(self, block: int) -> None:
-        self.pool.release(block, cached=self.index.holds(block))
+    def _release_twins(self, blocks: Iterable[int]) -> None:
+        for gone in set(blocks) & self.twins.keys():
+            self.pool.window.block_manager.release(self.twins.pop(gone))
 
     # -- used by sessions (with the pool's lock held) -----------------------------------------------------
 
@@ -101,36 +101,36 @@ class PrefixCache:
         When the whole prompt cannot fit (copies plus the blocks of its computed positions),
         CacheFullError is raised before anything changes.
         """
-        pool, size, n = self.pool, self.block_size, len(ids)
+        manager, size, n = self.block_manager, self.block_size, len(ids)
         per_token = self.lookup(ids)
         reused = len(per_token)
         segments = [per_token[start:start + size] for start in range(0, reused, size)]
         whole = [len(segment) == size and len(set(segment)) == 1 for segment in segments]
         sources = sorted(set(per_token))
         needed = whole.count(False) + math.ceil(n / size) - len(segments)
-        pool.require_free(needed, keeping=sources)
-        if pool.window is not None:
-            pool.window.require_free(needed)
-        for block in sources:  # pin them: allocating a copy must not evict a block we read from
-            pool.retain(block)
+        manager.require_free(needed, keeping=sources)
+        if self.pool.window is not None:
+            self.pool.window.block_manager.require_free(needed)
+        for block in sources:  # pin them: allocating a copy must not reclaim a block we read from
+            manager.retain(block)
         shared, copied = [], []
         try:
             for segment, is_whole in zip(segments, whole):
                 if is_whole:
-                    pool.retain(segment[0])
+                    manager.retain(segment[0])
                     table.add(segment[0])
                     shared.append(segment[0])
                 else:
-                    block = self.allocate()
+                    block = manager.allocate()
                     table.add(block)
                     copied.append(block)
-                    pool.copy_slots([b * size + i for i, b in enumerate(segment)],
-                                    [block * size + i for i in range(len(segment))])
+                    self.pool.copy_slots([b * size + i for i, b in enumerate(segment)],
+                                         [block * size + i for i in range(len(segment))])
                 if table.window is not None:
                     self._attach_twins(segment, is_whole, table.window)
         finally:
             for block in sources:
-                self.release(block)
+                manager.release(block)
         table.length = reused
         if table.window is not None:
             table.window.length = reused
@@ -142,10 +142,10 @@ class PrefixCache:
         """The window layers' K/V of one reused segment: its twin shared, or copied into a new window block."""
         size, pool = self.block_size, self.pool.window
         if is_whole:
-            pool.retain(self.twins[segment[0]])
+            pool.block_manager.retain(self.twins[segment[0]])
             window.add(self.twins[segment[0]])
             return
-        block = pool.allocate()
+        block = pool.block_manager.allocate()
         window.add(block)
         pool.copy_slots([self.twins[b] * size + i for i, b in enumerate(segment)],
                         [block * size + i for i in range(len(segment))])
@@ -161,17 +161,17 @@ class PrefixCache:
     def publish(self, ids: list[int], table: BlockTable) -> None:
         """Make a finished session's prompt K/V findable (its blocks stay put; nothing is copied); a block
         the index now holds keeps its twin in the window layers, where the session still held it."""
-        self.index.publish(ids, table.blocks)
+        self._release_twins(self.index.publish(ids, table.blocks))
         window = table.window
         if window is None:
             return
         for logical, block in enumerate(table.blocks[:math.ceil(len(ids) / self.block_size)]):
             if self.index.holds(block) and block not in self.twins and logical >= window.dropped:
                 self.twins[block] = window.blocks[logical - window.dropped]
-                self.pool.window.retain(self.twins[block])
+                self.pool.window.block_manager.retain(self.twins[block])
 
-    def take_evictions(self) -> list[int]:
-        """Blocks evicted since the last call."""
+    def take_reclaimed(self) -> list[int]:
+        """Blocks reclaimed since the last call."""
         out, self._unreported = self._unreported, []
         return out
 
@@ -186,8 +186,8 @@ class PrefixCache:
 
     def cached_free_blocks(self) -> int:
         """Free blocks a lookup can still hit (read under the pool's lock: the pool may be shared)."""
-        with self.pool.lock:
-            return sum(1 for block in self.pool.free if self.holds(block))
+        with self.block_manager.lock:
+            return sum(1 for block in self.block_manager.free if self.holds(block))
 
 
 def reusable_tokens(policy: str, matched: int, prompt_length: int, block_size: int) -> int:
@@ -245,8 +245,9 @@ class PromptHistory:
         The same indexes as `PrefixCache`, run over token ids alone, to compare the policies side by side.
         """
         out = {}
-        for policy in POLICIES:
-            index = INDEXES[policy](block_size)
+        for policy in REUSE_POLICIES:
+            blocks = sum(math.ceil(len(p) / block_size) for p in self.prompts)
+            index = new_index(policy, BlockManager(max(blocks, 1), block_size))
             next_block = 0
             for earlier in self.prompts:
                 blocks = list(range(next_block, next_block + math.ceil(len(earlier) / block_size)))
@@ -273,12 +274,11 @@ def block_hash(parent: bytes, tokens: list[int]) -> bytes:
 
 
 class BlockHashIndex:
-    """vLLM: full blocks only, keyed by chained hashes."""
+    """vLLM: full blocks only, found by their chained hashes, which the block manager keeps."""
 
-    def __init__(self, block_size: int):
-        self.block_size = block_size
-        self.by_hash: dict[bytes, int] = {}
-        self.by_block: dict[int, bytes] = {}
+    def __init__(self, block_manager: BlockManager):
+        self.block_size = block_manager.block_size
+        self.block_manager = block_manager
 
     def hashes(self, ids: list[int]) -> list[bytes]:
         """The chained key of each full block of `ids`."""
@@ -291,24 +291,24 @@ class BlockHashIndex:
     def match(self, ids: list[int]) -> list[int]:
         blocks: list[int] = []
         for key in self.hashes(ids):
-            block = self.by_hash.get(key)
+            block = self.block_manager.find(key)
             if block is None:
                 break  # the chain is broken: later blocks cannot be reused even if equal
             blocks.extend([block] * self.block_size)
         return blocks
 
-    def publish(self, ids: list[int], table_blocks: list[int]) -> None:
-        for key, block in zip(self.hashes(ids), table_blocks):
-            if key not in self.by_hash and block not in self.by_block:
-                self.by_hash[key] = block
-                self.by_block[block] = key
+    def publish(self, ids: list[int], table_blocks: list[int]) -> set[int]:
+        """Key each full block of `ids`; returns the blocks whose keys now name a later block (they are no longer
+        found)."""
+        return {before for key, block in zip(self.hashes(ids), table_blocks)
+                if (before := self.block_manager.set_hash(block, key)) is not None}
 
     def holds(self, block: int) -> bool:
-        return block in self.by_block
+        return self.block_manager.hashed(block)
 
     def forget(self, block: int) -> set[int]:
-        del self.by_hash[self.by_block.pop(block)]
-        return {block}  # later blocks of the chain stay: a lookup stops at the gap, and they wait to be evicted
+        self.block_manager.unhash(block)
+        return {block}  # later blocks of the chain stay: a lookup stops at the gap, and they wait to be reclaimed
 
 
 class WholePromptIndex:
@@ -326,14 +326,14 @@ class WholePromptIndex:
                 return [blocks[p // self.block_size] for p in range(length)]
         return []
 
-    def publish(self, ids: list[int], table_blocks: list[int]) -> None:
+    def publish(self, ids: list[int], table_blocks: list[int]) -> set[int]:
         key = tuple(ids)
-        if key in self.entries:
-            return
-        blocks = table_blocks[: math.ceil(len(ids) / self.block_size)]
-        self.entries[key] = blocks
-        for block in blocks:
-            self.by_block.setdefault(block, set()).add(key)
+        if key not in self.entries:
+            blocks = table_blocks[: math.ceil(len(ids) / self.block_size)]
+            self.entries[key] = blocks
+            for block in blocks:
+                self.by_block.setdefault(block, set()).add(key)
+        return set()  # an earlier entry stays
 
     def holds(self, block: int) -> bool:
         return block in self.by_block
@@ -382,19 +382,20 @@ class RadixIndex:
             node = child
         return blocks
 
-    def publish(self, ids: list[int], table_blocks: list[int]) -> None:
+    def publish(self, ids: list[int], table_blocks: list[int]) -> set[int]:
         per_token = [table_blocks[p // self.block_size] for p in range(len(ids))]
         node, i = self.root, 0
         while i < len(ids):
             child = node.children.get(ids[i])
             if child is None:
                 self._attach(_Node(ids[i:], per_token[i:], node))
-                return
+                break
             shared = common_prefix_length(child.tokens, ids[i:])
             if shared < len(child.tokens):
                 child = self._split(child, shared)
             i += shared
             node = child
+        return set()  # a path already in the tree keeps its blocks
 
     def holds(self, block: int) -> bool:
         return block in self.by_block
@@ -459,4 +460,8 @@ class RadixIndex:
                     del self.by_block[block]
 
 
-INDEXES = {"block": BlockHashIndex, "radix": RadixIndex, "whole": WholePromptIndex}
+def new_index(policy: str, block_manager: BlockManager) -> BlockHashIndex | RadixIndex | WholePromptIndex:
+    """The index of a reuse policy over a manager's blocks (the block policy's keys are the manager's hashes)."""
+    if policy == "block":
+        return BlockHashIndex(block_manager)
+    return {"radix": RadixIndex, "whole": WholePromptIndex}[policy](block_manager.block_size)

@@ -15,6 +15,9 @@ bench/nanovllm_peer.py compares every decision with them). Plain Python: no tens
 - After the step's forward pass (`finish_step`), the blocks it filled are hashed so later requests can reuse
   them; a request that has now read its whole prompt, or decoded, gets its token; one that made EOS (unless it
   ignores EOS) or `max_tokens` tokens finishes and returns its blocks, which stay reusable until handed out again.
+
+The blocks themselves (reference counts, the free list, the hashes) are the `BlockManager`'s (engine.blocks), the
+one the served pool has; the scheduler decides which of its requests take, share and give back which.
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from engine.blocks import BlockManager
 from engine.checks import require_integer
 from engine.errors import InvalidSettingError
 from engine.prefix_cache import block_hash
+from engine.stopping import stop_reason
 
 WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
 NO_PARENT = b""  # the chained hash before a request's first block
@@ -63,97 +68,6 @@ class Request:
 
 
 @dataclass
-class Block:
-    ref_count: int = 0
-    key: bytes | None = None  # its chained hash once full and computed
-    tokens: tuple[int, ...] = ()
-
-
-class BlockManager:
-    """The pool's blocks: reference counts, the free list (oldest freed handed out first), and the full blocks by
-    chained hash."""
-
-    def __init__(self, num_blocks: int, block_size: int):
-        self.block_size = block_size
-        self.blocks = [Block() for _ in range(num_blocks)]
-        self.by_key: dict[bytes, int] = {}
-        self.free: deque[int] = deque(range(num_blocks))
-        self.used: set[int] = set()
-
-    def reusable(self, request: Request) -> int | None:
-        """How many of the request's leading blocks the pool holds (never its last one), or None when the pool cannot
-        give it the blocks it needs besides those."""
-        key, reused, needed = NO_PARENT, 0, request.blocks(self.block_size)
-        for i in range(request.blocks(self.block_size) - 1):
-            tokens = request.block(i, self.block_size)
-            key = block_hash(key, tokens)
-            block = self.by_key.get(key)
-            if block is None or self.blocks[block].tokens != tuple(tokens):
-                break
-            reused += 1
-            if block in self.used:
-                needed -= 1
-        return reused if len(self.free) >= needed else None
-
-    def allocate(self, request: Request, reused: int) -> None:
-        """The request's blocks: its `reused` leading ones shared, new ones for the rest."""
-        key = NO_PARENT
-        for i in range(reused):
-            key = block_hash(key, request.block(i, self.block_size))
-            block = self.by_key[key]
-            if block in self.used:
-                self.blocks[block].ref_count += 1
-            else:
-                self.blocks[block].ref_count = 1
-                self.free.remove(block)
-                self.used.add(block)
-            request.block_table.append(block)
-        for _ in range(reused, request.blocks(self.block_size)):
-            request.block_table.append(self._take())
-        request.cached = reused * self.block_size
-
-    def release(self, request: Request) -> None:
-        for block in reversed(request.block_table):
-            self.blocks[block].ref_count -= 1
-            if self.blocks[block].ref_count == 0:
-                self.used.remove(block)
-                self.free.append(block)
-        request.cached = 0
-        request.block_table.clear()
-
-    def can_append(self, request: Request) -> bool:
-        """Whether the pool has a block for the request's newest token where it starts a block."""
-        return len(self.free) >= (len(request.token_ids) % self.block_size == 1)
-
-    def append(self, request: Request) -> None:
-        if len(request.token_ids) % self.block_size == 1:
-            request.block_table.append(self._take())
-
-    def hash_filled(self, request: Request) -> None:
-        """Key the blocks the step filled (those it completed), chained from the block before them."""
-        start = request.cached // self.block_size
-        end = (request.cached + request.scheduled) // self.block_size
-        if start == end:
-            return
-        key = self.blocks[request.block_table[start - 1]].key if start > 0 else NO_PARENT
-        for i in range(start, end):
-            tokens = request.block(i, self.block_size)
-            key = block_hash(key, tokens)
-            block = request.block_table[i]
-            self.blocks[block].key, self.blocks[block].tokens = key, tuple(tokens)
-            self.by_key[key] = block
-
-    def _take(self) -> int:
-        block = self.free.popleft()
-        held = self.blocks[block]
-        if held.key is not None and self.by_key.get(held.key) == block:
-            del self.by_key[held.key]
-        self.blocks[block] = Block(ref_count=1)
-        self.used.add(block)
-        return block
-
-
-@dataclass
 class Step:
     """One scheduled step: a prefill (of some waiting requests' tokens) or a decode (one token each), the requests
     with how many tokens each computes and how many it had cached, and the requests preempted to make room."""
@@ -166,14 +80,14 @@ class Step:
 
 
 class Scheduler:
-    def __init__(self, num_blocks: int, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
                  eos_ids: set[int]):
-        for name, value in (("num_blocks", num_blocks), ("block_size", block_size), ("max_num_seqs", max_num_seqs),
-                            ("max_num_batched_tokens", max_num_batched_tokens)):
-            require_integer(name, value, 1)
+        require_integer("max_num_seqs", max_num_seqs, 1)
+        require_integer("max_num_batched_tokens", max_num_batched_tokens, 1)
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.eos_ids = set(eos_ids)
-        self.blocks = BlockManager(num_blocks, block_size)
+        self.block_manager = block_manager
+        self.block_size = block_manager.block_size
         self.waiting: deque[Request] = deque()
         self.running: deque[Request] = deque()
 
@@ -182,9 +96,9 @@ class Scheduler:
         return not self.waiting and not self.running
 
     def add(self, request: Request) -> None:
-        if request.blocks(self.blocks.block_size) > len(self.blocks.blocks):
-            raise InvalidSettingError(f"request {request.id} needs {request.blocks(self.blocks.block_size)} blocks; "
-                                      f"the pool has {len(self.blocks.blocks)}")
+        if request.blocks(self.block_size) > self.block_manager.num_blocks:
+            raise InvalidSettingError(f"request {request.id} needs {request.blocks(self.block_size)} blocks; "
+                                      f"the pool has {self.block_manager.num_blocks}")
         self.waiting.append(request)
 
     def schedule(self) -> Step:
@@ -196,7 +110,7 @@ class Scheduler:
         scheduled, preempted = [], []
         while self.running and len(scheduled) < self.max_num_seqs:
             request = self.running.popleft()
-            while not self.blocks.can_append(request):
+            while not self._can_append(request):
                 if self.running:
                     preempted.append(self._preempt(self.running.pop()))
                 else:
@@ -204,7 +118,8 @@ class Scheduler:
                     break
             else:
                 request.scheduled = 1
-                self.blocks.append(request)
+                if len(request.token_ids) % self.block_size == 1:  # its newest token starts a block
+                    request.block_table.append(self.block_manager.allocate())
                 scheduled.append(request)
         if not scheduled:
             raise InvalidSettingError("the KV pool cannot hold the next step of any request")
@@ -221,16 +136,16 @@ class Scheduler:
             if room == 0:
                 break
             if not request.block_table:
-                reused = self.blocks.reusable(request)
+                reused = self._reusable(request)
                 if reused is None:
                     break
-                count = len(request.token_ids) - reused * self.blocks.block_size
+                count = len(request.token_ids) - reused * self.block_size
             else:  # the rest of a prompt chunked on an earlier step
                 count = len(request.token_ids) - request.cached
             if room < count and scheduled:  # only the first request is chunked
                 break
             if not request.block_table:
-                self.blocks.allocate(request, reused)
+                self._allocate(request, reused)
             request.scheduled = min(count, room)
             batched += request.scheduled
             if request.cached + request.scheduled == len(request.token_ids):
@@ -243,7 +158,7 @@ class Scheduler:
 
     def _preempt(self, request: Request) -> Request:
         request.status = WAITING
-        self.blocks.release(request)
+        self._release(request)
         self.waiting.appendleft(request)
         return request
 
@@ -252,15 +167,65 @@ class Scheduler:
         prompt ignores its own). Returns the requests that finished."""
         done = []
         for request, token in zip(step.requests, token_ids, strict=True):
-            self.blocks.hash_filled(request)
+            self._hash_filled(request)
             request.cached += request.scheduled
             request.scheduled = 0
             if step.prefill and request.cached < len(request.token_ids):
                 continue
             request.token_ids.append(token)
-            if (not request.ignore_eos and token in self.eos_ids) or len(request.generated) == request.max_tokens:
+            if stop_reason(token, self.eos_ids, len(request.generated), request.max_tokens,
+                           ignore_eos=request.ignore_eos) is not None:
                 request.status = FINISHED
-                self.blocks.release(request)
+                self._release(request)
                 self.running.remove(request)
                 done.append(request)
         return done
+
+    # -- a request's blocks ----------------------------------------------------------------------------
+
+    def _reusable(self, request: Request) -> int | None:
+        """How many of the request's leading blocks the pool holds (never its last one), or None when the pool cannot
+        give it the blocks it needs besides those."""
+        key, reused, needed = NO_PARENT, 0, request.blocks(self.block_size)
+        for i in range(request.blocks(self.block_size) - 1):
+            key = block_hash(key, request.block(i, self.block_size))
+            block = self.block_manager.find(key)
+            if block is None:
+                break
+            reused += 1
+            if self.block_manager.ref_count[block]:
+                needed -= 1
+        return reused if len(self.block_manager.free) >= needed else None
+
+    def _allocate(self, request: Request, reused: int) -> None:
+        """The request's blocks: its `reused` leading ones shared, new ones for the rest."""
+        key = NO_PARENT
+        for i in range(reused):
+            key = block_hash(key, request.block(i, self.block_size))
+            block = self.block_manager.find(key)
+            self.block_manager.retain(block)
+            request.block_table.append(block)
+        for _ in range(reused, request.blocks(self.block_size)):
+            request.block_table.append(self.block_manager.allocate())
+        request.cached = reused * self.block_size
+
+    def _release(self, request: Request) -> None:
+        for block in reversed(request.block_table):
+            self.block_manager.release(block)
+        request.cached = 0
+        request.block_table.clear()
+
+    def _can_append(self, request: Request) -> bool:
+        """Whether the pool has a block for the request's newest token where it starts a block."""
+        return len(self.block_manager.free) >= (len(request.token_ids) % self.block_size == 1)
+
+    def _hash_filled(self, request: Request) -> None:
+        """Key the blocks the step filled (those it completed), chained from the block before them."""
+        start = request.cached // self.block_size
+        end = (request.cached + request.scheduled) // self.block_size
+        if start == end:
+            return
+        key = self.block_manager.hash_of[request.block_table[start - 1]] if start > 0 else NO_PARENT
+        for i in range(start, end):
+            key = block_hash(key, request.block(i, self.block_size))
+            self.block_manager.set_hash(request.block_table[i], key)

@@ -9,9 +9,9 @@ counts). Greedy decoding: each request's tokens are those of the request run alo
     while not server.finished:
         report = server.step()                   # plain data: the step's batch, every request's state and blocks
 
-The block manager owns the pool's blocks; the pool only stores their K/V. Sliding-window layers (Gemma 3's local
-ones) keep every position in their own pool under the same block ids and read only their window, so no block is
-handed back while a request runs.
+The pool's block manager (engine.blocks) owns its blocks and the scheduler decides who takes which; the pool stores
+their K/V. Sliding-window layers (Gemma 3's local ones) keep every position in their own pool under the same block ids
+and read only their window, so no block is handed back while a request runs.
 """
 
 from __future__ import annotations
@@ -54,20 +54,12 @@ class StepReport:
     owners: dict[int, tuple[int, ...]]  # block → the requests whose tables hold it
 
 
-class _Owned:
-    """The allocator of tables the block manager fills: it never hands a block out itself."""
-
-    def require_free(self, count: int, keeping=()) -> None:
-        if count:
-            raise InvalidSettingError("a served request's blocks come from the scheduler")
-
-
 class Server:
     def __init__(self, model: Model, num_blocks: int, block_size: int = 16, max_num_seqs: int = 8,
                  max_num_batched_tokens: int = 512):
         self.model = model
-        self.scheduler = Scheduler(num_blocks, block_size, max_num_seqs, max_num_batched_tokens, model.eos_ids)
         self.pool = model.new_pool(num_blocks, block_size)
+        self.scheduler = Scheduler(self.pool.block_manager, max_num_seqs, max_num_batched_tokens, model.eos_ids)
         self.requests: list[Request] = []
         self.steps = 0
         self.logits: dict[int, torch.Tensor] = {}  # the latest step's: request id → the logits of its token
@@ -106,9 +98,9 @@ class Server:
 
     def _pass(self, request: Request) -> Pass:
         start, end = request.cached, request.cached + request.scheduled
-        table = BlockTable(self.pool, list(request.block_table), end, _Owned())
+        table = BlockTable(self.pool, list(request.block_table), end)  # the scheduler took every block it needs
         if table.window is not None:
-            table.window = BlockTable(self.pool.window, list(request.block_table), end, _Owned())
+            table.window = BlockTable(self.pool.window, list(request.block_table), end)
         return Pass(request.token_ids[start:end], list(range(start, end)), table, NO_RECORD)
 
     def _report(self, step: Step, ran, produced: dict[int, int]) -> StepReport:

@@ -34,6 +34,7 @@ from engine.recorder import ForwardRecord
 from engine.replay import Replay, reused_window_kv
 from engine.sampler import Sampling, candidates, sample
 from engine.settings import check_prefix_cache, check_prompt_fits, check_settings
+from engine.stopping import stop_reason
 from engine.stopwatch import Stopwatch
 from engine.trace import Capture, StepTrace
 
@@ -88,7 +89,7 @@ class DecodeSession:
         else:
             capacity = min(len(self.prompt_ids) + max_new_tokens, model.info.context_limit)
             self.pool = model.new_pool(math.ceil(capacity / block_size), block_size)
-        self.table = BlockTable(self.pool, allocator=prefix_cache)
+        self.table = BlockTable(self.pool)
         self.generated: list[int] = []
         self.traces: list[StepTrace] = []
         self.detokenizer = IncrementalDetokenizer(model.tokenizer, self.prompt_ids)
@@ -132,7 +133,7 @@ class DecodeSession:
         if self.traces:
             raise SessionStateError("prefill() runs once, at the start; call step() to decode")
         with self._undone_on_error():
-            with self.pool.lock:
+            with self.pool.block_manager.lock:
                 cache = self.prefix_cache
                 prefix = cache.attach(self.prompt_ids, self.table) if cache is not None else None
             start = self.table.length
@@ -157,7 +158,7 @@ class DecodeSession:
         """Publish the prompt's K/V to the prefix cache (if any), then return this session's blocks."""
         if self.closed:
             return
-        with self.pool.lock:
+        with self.pool.block_manager.lock:
             if self.prefix_cache is not None and self.traces:
                 self.prefix_cache.publish(self.prompt_ids, self.table)
             self.table.free()
@@ -245,7 +246,7 @@ class DecodeSession:
         try:
             yield
         except BaseException:
-            with self.pool.lock:
+            with self.pool.block_manager.lock:
                 self.table.roll_back(mark)
             del self.generated[generated:], self.traces[traces:]
             self.stop_reason, self.detokenizer = stop_reason, detokenizer
@@ -254,16 +255,17 @@ class DecodeSession:
     def _run(self, phase: str, ids: list[int], positions: list[int]) -> StepTrace:
         model = self.model
         clock = Stopwatch()
-        with self.pool.lock:  # bookkeeping only: forward passes of sessions sharing the pool run at once
+        with self.pool.block_manager.lock:  # bookkeeping only: forward passes of sessions sharing the pool run at once
             placed = self.table.append(len(ids))
-            evicted = self.prefix_cache.take_evictions() if self.prefix_cache is not None else []
+            reclaimed = self.prefix_cache.take_reclaimed() if self.prefix_cache is not None else []
         record = model.forward(ids, positions, self.table, self.capture, self.kv_splits, prefill=phase == "prefill")
         clock.lap("forward")
         step = len(self.traces)
         token_id, stages = sample(record.logits, self.sampling, step)
         clock.lap("sample")
         self.generated.append(token_id)
-        self.stop_reason = stop_reason(model, token_id, len(self.prompt_ids), len(self.generated), self.max_new_tokens)
+        self.stop_reason = stop_reason(token_id, model.eos_ids, len(self.generated), self.max_new_tokens,
+                                       len(self.ids), model.info.context_limit)
         tokenizer = model.tokenizer
         trace = StepTrace(
             step=step,
@@ -279,13 +281,13 @@ class DecodeSession:
             candidates=candidates(stages, tokenizer, drawn=token_id),
             timings_ms={},
             stop_reason=self.stop_reason,
-            evicted_blocks=evicted,
+            reclaimed_blocks=reclaimed,
             **self._heavy_fields(record, token_id, positions[-1] + 1),
         )
         trace.timings_ms = clock.timings_ms()
         self.traces.append(trace)
         self._slim_old_traces()
-        with self.pool.lock:  # last, once nothing can fail: a sliding window's old blocks go back to the pool
+        with self.pool.block_manager.lock:  # last, once nothing can fail: a sliding window's old blocks go back
             self.table.slide()
         if self.table.window is not None:  # what the step leaves in the sliding-window layers' table
             trace.window_block_table = list(self.table.window.blocks)
@@ -313,16 +315,3 @@ class DecodeSession:
                     attention_rows=record.attention_rows, residual=record.residual,
                     final_hidden=record.final_hidden, split=record.split,
                     next_input_embedding=self.model.next_input(token_id, position))
-
-
-def stop_reason(model: Model, token_id: int, prompt_length: int, answer_length: int, max_new_tokens: int) -> str | None:
-    """Why a run ends with `token_id`, the answer's `answer_length`-th token (None: it goes on): the end-of-sequence
-    token, the answer's length limit, or the model's context (the newest token would sit beyond the positions it
-    was trained on). Every run that decodes token by token stops by this rule."""
-    if token_id in model.eos_ids:
-        return "eos"
-    if answer_length >= max_new_tokens:
-        return "max_new_tokens"
-    if prompt_length + answer_length >= model.info.context_limit:
-        return "context_limit"
-    return None

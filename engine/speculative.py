@@ -44,8 +44,8 @@ from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockTable
 from engine.model import Model
 from engine.prompt import tokenize_prompt
 from engine.sampler import DRAFT, VERIFY, Sampling, filter_logits, step_generator
-from engine.session import stop_reason
 from engine.settings import check_prompt_fits
+from engine.stopping import stop_reason
 from engine.stopwatch import Stopwatch
 from engine.trace import NO_RECORD
 
@@ -331,8 +331,8 @@ class SpeculativeSession:
         for token in guessed[:verdict.accepted] + [verdict.token_id]:
             self.generated.append(token)
             added.append(token)
-            self.stop_reason = stop_reason(model, token, len(self.prompt_ids), len(self.generated),
-                                           self.max_new_tokens)
+            self.stop_reason = stop_reason(token, model.eos_ids, len(self.generated), self.max_new_tokens,
+                                           len(self.prompt_ids) + len(self.generated), model.info.context_limit)
             text.append(self.detokenizer.add(token, final=self.finished))
             if self.finished:
                 break

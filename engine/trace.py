@@ -89,7 +89,7 @@ class StepTrace:
     timings_ms: dict[str, float]  # forward, sample, total
     stop_reason: str | None = None  # "eos", "max_new_tokens" or "context_limit" when this step ends the run
     prefix: PrefixHit | None = None  # prefill with a prefix cache
-    evicted_blocks: list[int] = field(default_factory=list)  # cached blocks this step's allocations reclaimed
+    reclaimed_blocks: list[int] = field(default_factory=list)  # cached blocks this step's allocations reclaimed
     # Sliding-window layers (ModelInfo.layer_windows): their own block table after this step (in the pool's
     # `window` pool) and the first position it still holds; empty and 0 for a model without such layers.
     window_block_table: list[int] = field(default_factory=list)

@@ -10,7 +10,7 @@ from tests.helpers import expected
 from ui.page import step as step_fragment
 from ui.runs.serving import ARRIVALS
 from ui.runs.speculative import PROMPTS
-from ui.state.link import CACHE_POLICIES, LANGS, VIEWS, AppState, parse_query
+from ui.state.link import LANGS, REUSE_POLICIES, VIEWS, AppState, parse_query
 from ui.text import strings
 
 
@@ -139,7 +139,7 @@ def test_a_settings_widget_drawn_anew_sends_back_the_setting_it_shows():
         at.number_input(key=key).set_value(at.number_input(key=key).proto.default)
     at.text_area(key="w_prompt").input(at.text_area(key="w_prompt").proto.default)
     models = at.selectbox(key="w_model").options
-    for key, choices in (("w_lang", LANGS), ("w_policy", CACHE_POLICIES), ("w_model", models)):
+    for key, choices in (("w_lang", LANGS), ("w_policy", REUSE_POLICIES), ("w_model", models)):
         at.selectbox(key=key).set_value(choices[at.selectbox(key=key).proto.default])  # the option, not its label
     at.run()
     assert_clean(at)

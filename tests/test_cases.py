@@ -16,7 +16,7 @@ from ui.lesson.chapters import number_of
 from ui.text import strings
 from ui.views.cases import CASE_BLOCK_SIZE, CASES
 
-POLICIES = ("whole", "block", "radix")
+REUSE_ORDER = ("whole", "block", "radix")
 CASE_OF_CHAPTER = {number_of("prefix_case1"): "case1", number_of("prefix_case2"): "case2"}
 ROUNDS = 3
 # A browser's routes (the buttons, PageDown / PageUp) go round twice: the second opening of a case is the first that
@@ -29,7 +29,7 @@ def expected_texts(tokenizer, case: str, lang: str = "en") -> dict[str, str]:
     want = case_expectation(tokenizer, case)
     n = len(tokenizer.encode(CASES[case]))
     shown = {"first": str(want["first"])}
-    for policy in POLICIES:
+    for policy in REUSE_ORDER:
         reused = want[policy]
         shown[policy] = strings.t("verdict_hit" if reused else "verdict_miss", lang)
         shown[policy + "_counts"] = strings.t("policy_counts", lang, reused=reused, computed=n - reused, first=reused)
@@ -43,11 +43,11 @@ def assert_shows_case(at, tokenizer, case: str, step: int = 1) -> None:
         CASES[case], "0", str(CASE_BLOCK_SIZE), str(step), "prefix")
     expected = expected_texts(tokenizer, case)
     metrics = {m.label: m.value for m in at.metric}
-    shown = {policy: metrics[strings.t("policy_" + policy)] for policy in POLICIES}
-    assert shown == {policy: expected[policy] for policy in POLICIES}, case
+    shown = {policy: metrics[strings.t("policy_" + policy)] for policy in REUSE_ORDER}
+    assert shown == {policy: expected[policy] for policy in REUSE_ORDER}, case
     assert metrics[strings.t("first_difference")] == expected["first"], case
     captions = [c.value for c in at.caption]
-    assert all(expected[policy + "_counts"] in captions for policy in POLICIES), (case, captions)
+    assert all(expected[policy + "_counts"] in captions for policy in REUSE_ORDER), (case, captions)
 
 
 # -- every route, headless (AppTest) ------------------------------------------------------------------
@@ -108,7 +108,7 @@ def page_shows_case(page, tokenizer, case: str) -> None:
     """Once the link says the case at step 1 and the run has finished: the verdicts, counts and first difference."""
     until_link(page, prompt=CASES[case], chat="0", block_size=str(CASE_BLOCK_SIZE), step="1", view="prefix")
     expected = expected_texts(tokenizer, case)
-    for policy in POLICIES:
+    for policy in REUSE_ORDER:
         assert metric_value(page, f"verdict_{policy}") == expected[policy], (case, policy)
         expect(widget(page, f"verdict_{policy}")).to_contain_text(expected[policy + "_counts"])
     first = page.locator('[data-testid="stMetric"]', has_text=strings.t("first_difference"))

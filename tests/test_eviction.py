@@ -18,11 +18,11 @@ from engine.trace import Capture
 PROMPT = ("Serving systems keep a cache of keys and values; when it no longer fits, they evict some positions and "
           "keep the ones a score ranks highest, then decode")
 FAMILIES = ["llama", "qwen3", "llama3-rope"]  # GQA 4:2, q/k norms, one KV head for all four Q heads
-POLICIES = [("streaming_llm", {"n_sink": 4}), ("knorm", {}), ("keydiff", {}),
+PRESS_CASES = [("streaming_llm", {"n_sink": 4}), ("knorm", {}), ("keydiff", {}),
             ("snapkv", {"window_size": 8, "kernel_size": 5}), ("tova", {}), ("observed_attention", {})]
 # The tiny Qwen3's k_norm weights are all 1, so every key has norm √head_dim up to rounding (RoPE keeps norms):
 # key-norm's order there is rounding noise, not a policy. Qwen3 runs the other policies.
-CASES = [(family, name, params) for family in FAMILIES for name, params in POLICIES
+CASES = [(family, name, params) for family in FAMILIES for name, params in PRESS_CASES
          if (family, name) != ("qwen3", "knorm")]
 LOGIT_ATOL = 1e-4
 STEPS = 4
@@ -151,7 +151,7 @@ ORDER_FREE = ("knorm", "keydiff", "tova")  # scores that do not depend on the or
 
 
 @pytest.mark.parametrize("name,params", [(name, {"window_size": 2, "kernel_size": 3} if name == "snapkv" else params)
-                                         for name, params in POLICIES])
+                                         for name, params in PRESS_CASES])
 def test_a_decode_budget_holds_after_twice_its_size_in_steps_and_keeps_what_the_definition_keeps(
         name, params, tiny_model, tiny_model_dir, monkeypatch):
     """DecodingPress: every `interval` passes, each (layer, KV head) holding more than target_size rows keeps

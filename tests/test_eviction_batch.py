@@ -72,7 +72,7 @@ def test_batched_runs_equal_each_run_alone(family, tiny_model):
         batch.step()
     assert_each_equals_its_run_alone(model, ids, variants, batch.runs)
     batch.close()
-    assert batch.pool.used_blocks == 0  # every run's blocks, the shared ones included, went back
+    assert batch.pool.block_manager.used == 0  # every run's blocks, the shared ones included, went back
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
@@ -96,7 +96,7 @@ def test_runs_that_join_after_the_prefill_equal_each_run_alone(family, tiny_mode
     with pytest.raises(SessionStateError):
         EvictionBatch(model, ids, VARIANTS[:1]).join(VARIANTS[1])
     batch.close()
-    assert batch.pool.used_blocks == 0
+    assert batch.pool.block_manager.used == 0
 
 
 def test_a_batch_of_one_is_the_run_alone(tiny_model):

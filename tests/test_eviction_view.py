@@ -17,7 +17,15 @@ import torch
 from playwright.sync_api import expect
 
 import engine
-from engine.eviction import POLICIES, DecodeBudget, EvictionRun, Policy, StreamingWindow, n_kept_for_ratio, stream_nll
+from engine.eviction import (
+    EVICTION_POLICIES,
+    DecodeBudget,
+    EvictionRun,
+    Policy,
+    StreamingWindow,
+    n_kept_for_ratio,
+    stream_nll,
+)
 from engine.eviction.batch import EvictionBatch
 from tests.app_helpers import assert_clean, open_whole_view, start
 from tests.conftest import GEMMA_WINDOW
@@ -36,7 +44,7 @@ PROMPT = ("Serving systems keep a cache of keys and values; when it no longer fi
           "keep the ones a score ranks highest, then decode")
 STEP = 3
 KEPT, EVICTED, OUTSIDE = 1, 0, 2
-SETTINGS = [dict(evict=name, evict_at="prefill", ratio=0.5) for name in POLICIES] + [
+SETTINGS = [dict(evict=name, evict_at="prefill", ratio=0.5) for name in EVICTION_POLICIES] + [
     dict(evict="tova", evict_at="decode", budget=12, interval=2),
     dict(evict="snapkv", evict_at="decode", budget=12, interval=2),
     dict(evict="knorm", evict_at="stream", stream_window=6)]
@@ -166,14 +174,14 @@ def test_a_change_of_policy_reads_runs_the_lab_has_computed(embedded_model):
     assert set(pair.lab.runs) == {None, "snapkv"}, "the lab computed a policy nobody asked for"
     full_passes = list(pair.full.passes)
     computed = {}
-    for policy in POLICIES:
+    for policy in EVICTION_POLICIES:
         again = pair_for(store, embedded_model, ids, EvictionSettings(policy, "prefill", 0.5, 32, 8, 28), STEP, 2000)
         assert again.lab is pair.lab and again.full is pair.full
         assert again.advance_to(STEP) == STEP
         computed[policy] = list(again.evicting.passes)
-    assert set(pair.lab.runs) == {None, *POLICIES} and not pair.lab.joining
+    assert set(pair.lab.runs) == {None, *EVICTION_POLICIES} and not pair.lab.joining
     assert all(a is b for a, b in zip(pair.full.passes, full_passes, strict=True)), "the full cache computed again"
-    for policy in POLICIES:
+    for policy in EVICTION_POLICIES:
         again = pair_for(store, embedded_model, ids, EvictionSettings(policy, "prefill", 0.5, 32, 8, 28), STEP, 2000)
         assert again.advance_to(STEP) == STEP
         assert all(a is b for a, b in zip(again.evicting.passes, computed[policy], strict=True)), "computed again"
@@ -253,7 +261,7 @@ def test_labs_are_counted_and_swept_by_the_run_store(embedded_model):
     grown = pair.lab.nbytes
     assert before == 0 < grown  # nothing computed until a page steps it
     pool = pair.lab.batch.pool
-    assert grown >= pool.used_blocks * pool.block_size * embedded_model.info.kv_bytes_per_token
+    assert grown >= pool.block_manager.used * pool.block_size * embedded_model.info.kv_bytes_per_token
     streaming = EvictionSettings("knorm", "stream", 0.5, 32, 8, 6)
     stream = pair_for(store, embedded_model, ids, streaming, STEP, 2000)
     stream.advance_to(STEP)
@@ -282,7 +290,7 @@ def test_the_lab_records_each_policys_next_token_kl_from_the_full_cache(embedded
     store = RunStore(10**9)
     pair = pair_for(store, embedded_model, ids, EvictionSettings("snapkv", "prefill", 0.5, 32, 8, 28), steps, 2000)
     assert pair.advance_to(steps) == steps
-    for policy in POLICIES:  # each joins the lab at its last step: its KL is its twin's, then the full cache's
+    for policy in EVICTION_POLICIES:  # each joins the lab at its last step: its KL is its twin's, then the full cache's
         pair_for(store, embedded_model, ids, EvictionSettings(policy, "prefill", 0.5, 32, 8, 28), steps,
                  2000).advance_to(steps - 2)
     assert pair.advance_to(steps) == steps
@@ -292,7 +300,7 @@ def test_the_lab_records_each_policys_next_token_kl_from_the_full_cache(embedded
     while len(full.steps) < steps:
         full.step()
     parted = []
-    for policy in POLICIES:
+    for policy in EVICTION_POLICIES:
         alone = engine_run(embedded_model, ids, dict(evict=policy, evict_at="prefill", ratio=0.5), steps)
         expected, agree = [], True
         for f, a in zip(full.steps, alone.steps, strict=True):
@@ -325,7 +333,7 @@ def test_the_cost_sentence_quotes_the_cost_figure(model_name, lang, request):
     assert len(lines) == 1 and {trace["name"] for trace in lines[0]} == {
         strings.t("evict_short_knorm", lang), strings.t("evict_short_tova", lang)}
     text = "\n".join(c.value for c in at.caption).replace("\\", "")
-    assert str(strings.t("evict_cost_lab", lang, count=2, total=len(POLICIES))).replace("\\", "") in text
+    assert str(strings.t("evict_cost_lab", lang, count=2, total=len(EVICTION_POLICIES))).replace("\\", "") in text
     chosen = max(lines[0], key=lambda trace: trace["line"]["width"])
     assert chosen["name"] == strings.t("evict_short_tova", lang)
     values = [None if v is None else float(v) for v in chosen["y"]]

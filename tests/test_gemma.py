@@ -46,8 +46,8 @@ def test_a_local_layer_keeps_at_most_its_window_and_hands_blocks_back(gemma, blo
     assert held <= (W if block_size == 1 else W - 1 + block_size - 1), f"the local layers hold {held} positions"
     assert window.first_position > 0, "blocks past the window were handed back"
     assert len(window.blocks) <= -(-(W - 1) // block_size) + 1
-    assert pool.used_blocks == len(window.blocks), "every block handed back is free in the window pool"
-    assert len(pool.free) == pool.num_blocks - len(window.blocks)
+    assert pool.block_manager.used == len(window.blocks), "every block handed back is free in the window pool"
+    assert len(pool.block_manager.free) == pool.num_blocks - len(window.blocks)
     used = {b for t in traces for b in t.window_block_table}
     assert len(used) < -(-table.length // block_size), "freed blocks were reused for later positions"
     assert traces[-1].window_start == window.first_position and traces[-1].window_block_table == window.blocks
@@ -56,7 +56,7 @@ def test_a_local_layer_keeps_at_most_its_window_and_hands_blocks_back(gemma, blo
         assert start + k.shape[0] == table.length
         assert start == (window.first_position if gemma.info.window(layer) else 0)
     session.close()
-    assert pool.used_blocks == 0 and session.pool.used_blocks == 0
+    assert pool.block_manager.used == 0 and session.pool.block_manager.used == 0
 
 
 def test_a_prompt_longer_than_the_window_is_dropped_to_it_after_the_prefill(gemma):
@@ -64,7 +64,7 @@ def test_a_prompt_longer_than_the_window_is_dropped_to_it_after_the_prefill(gemm
     session.prefill()
     window = session.table.window
     assert window.length - window.first_position <= W + 3
-    assert session.pool.window.used_blocks == len(window.blocks) <= -(-(W - 1) // 4) + 1
+    assert session.pool.window.block_manager.used == len(window.blocks) <= -(-(W - 1) // 4) + 1
 
 
 def test_rebuilt_steps_equal_the_run_while_their_window_is_held_and_after(gemma):
@@ -103,7 +103,7 @@ def test_prefix_cache_is_exact_and_reuses_only_what_the_window_layers_still_hold
     again = engine.DecodeSession(gemma, longer + [7], prefix_cache=cache, max_new_tokens=1)
     assert again.prefill().prefix.reused_tokens == 0, "no twin for the long prompt's first blocks: nothing reused"
     again.close()
-    assert cache.pool.window.used_blocks == len(cache.twins), "the cache alone holds the window blocks left"
+    assert cache.pool.window.block_manager.used == len(cache.twins), "the cache alone holds the window blocks left"
 
 
 def test_a_decode_steps_bytes_count_a_local_layer_up_to_its_window(gemma):

@@ -63,10 +63,10 @@ def test_incremental_decode_equals_a_fresh_prefill(tiny_model):
 
 def test_close_returns_every_block_to_the_pool(tiny_model):
     session, _ = run(tiny_model("llama"), PROMPT, block_size=4, steps=5)
-    assert session.pool.used_blocks == len(session.table.blocks) > 0
+    assert session.pool.block_manager.used == len(session.table.blocks) > 0
     session.close()
-    assert session.pool.used_blocks == 0
-    assert len(session.pool.free) == session.pool.num_blocks
+    assert session.pool.block_manager.used == 0
+    assert len(session.pool.block_manager.free) == session.pool.num_blocks
 
 
 def test_pool_refuses_to_overflow_and_counts_bytes():
@@ -82,14 +82,15 @@ def test_a_table_that_cannot_grow_enough_takes_no_block():
     pool = BlockPool(layers=1, kv_heads=1, head_dim=2, num_blocks=3, block_size=4)
     holder, table = BlockTable(pool), BlockTable(pool)
     holder.append(1)
-    free = list(pool.free)
+    free = list(pool.block_manager.free)
     with pytest.raises(engine.CacheFullError, match="3 more blocks are needed and 2 of 3 are free"):
         table.append(9)  # 3 blocks; only 2 are free: none is taken, rather than 2 then a failure
-    assert (table.blocks, table.length, list(pool.free)) == ([], 0, free)
+    assert (table.blocks, table.length, list(pool.block_manager.free)) == ([], 0, free)
     mark = table.mark()
     table.append(5)
-    table.roll_back(mark)  # what a failed step does: its blocks go back
-    assert (table.blocks, table.length, list(pool.free), pool.ref_count) == ([], 0, free, [1, 0, 0])
+    table.roll_back(mark)  # what a failed step does: its blocks go back, last first, to the end of the free list
+    manager = pool.block_manager
+    assert (table.blocks, table.length, list(manager.free), manager.ref_count) == ([], 0, free[::-1], [1, 0, 0])
 
 
 def test_long_runs_keep_only_recent_full_traces(tiny_model):
@@ -134,7 +135,8 @@ def test_scattered_blocks_equal_consecutive_ones(tiny_model):
     ordered, reference = run(model, PROMPT, block_size=2, steps=6)
     assert ordered.table.first_of_run() == 0
     scattered = engine.DecodeSession(model, PROMPT, block_size=2, max_new_tokens=7)
-    scattered.pool.free = OrderedDict.fromkeys(reversed(scattered.pool.free))  # hand out the last block first
+    manager = scattered.pool.block_manager
+    manager.free = OrderedDict.fromkeys(reversed(manager.free))  # hand out the last block first
     traces = [scattered.prefill()] + [scattered.step() for _ in range(6)]
     assert scattered.table.first_of_run() is None and scattered.table.blocks[0] > scattered.table.blocks[1]
     for ours, theirs in zip(traces, reference):
@@ -170,8 +172,8 @@ def pool_state(session) -> tuple:
     """Everything a rebuild must leave as it was: K/V bytes (unwritten slots too), ref counts, free
     order, the block table, the tokens and which traces are slim."""
     pool = session.pool
-    return (pool.k.view(torch.uint8).clone(), pool.v.view(torch.uint8).clone(), list(pool.ref_count),
-            list(pool.free), list(session.table.blocks), session.table.length, list(session.generated),
+    return (pool.k.view(torch.uint8).clone(), pool.v.view(torch.uint8).clone(), list(pool.block_manager.ref_count),
+            list(pool.block_manager.free), list(session.table.blocks), session.table.length, list(session.generated),
             [trace.is_slim for trace in session.traces], session.text)
 
 
@@ -243,14 +245,14 @@ def test_rebuilding_a_prefill_after_a_prefix_hit_reads_the_reused_kv(tiny_model,
     assert prefill.prefix.reused_tokens > 0 and prefill.positions[0] == prefill.prefix.reused_tokens
     for _ in range(3):
         session.step()
-    before, evictions, held = pool_state(session), list(cache.block_evictions), cache.cached_blocks
+    before, evictions, held = pool_state(session), list(cache.reclaims), cache.cached_blocks
     calls = counting_forwards(monkeypatch)
     rebuilt = session.rebuild(0)
     assert [len(positions) for positions in calls] == [prefill.prefix.computed_tokens]  # not the reused ones
     assert_same_trace(rebuilt, prefill)
     assert rebuilt.prefix == prefill.prefix
     assert_same_state(before, pool_state(session))
-    assert list(cache.block_evictions) == evictions and cache.cached_blocks == held
+    assert list(cache.reclaims) == evictions and cache.cached_blocks == held
     session.close()
 
 

@@ -51,7 +51,7 @@ def own_trace(model: engine.Model, prompt: str, step: int, block_size: int, kv_s
 def case_reuse(model: engine.Model, case: str) -> dict:
     """What real prefix caches reuse of the article's case after its cached prompt ran, per policy."""
     out = {}
-    for policy in engine.POLICIES:
+    for policy in engine.REUSE_POLICIES:
         cache_ = engine.PrefixCache(model, policy=policy, block_size=CASE_BLOCK_SIZE)
         for prompt in (CASE_CACHED, CASES[case]):
             session = engine.DecodeSession(model, prompt, prefix_cache=cache_, max_new_tokens=1)

@@ -125,34 +125,33 @@ def test_only_prompt_tokens_are_published_and_only_on_close(tiny_model):
     assert trace.prefix.reused_tokens == len(a)  # the answer's K/V is not shared
 
 
-def test_lru_eviction_keeps_in_use_blocks_and_forgets_evicted_ones(tiny_model):
+def test_reclaiming_keeps_in_use_blocks_and_forgets_reclaimed_ones(tiny_model):
     model = tiny_model("llama")
     cache = PrefixCache(model, policy="block", block_size=2, capacity_blocks=8)
     a, b = [11, 12, 13, 14, 15], [21, 22, 23, 24, 25]
     first = engine.DecodeSession(model, a, prefix_cache=cache, max_new_tokens=1)
     first.prefill()
     a_blocks = list(first.table.blocks)
-    first.close()  # publishes a's 2 full blocks; its partial third block is simply free
-    prefill_then_close(model, cache, b)  # then b's: a's are now the least recently used
+    first.close()  # publishes a's 2 full blocks; all 3 go to the back of the free list, last first
+    prefill_then_close(model, cache, b)  # then b's, behind a's
     assert cache.cached_blocks == 4
     holder = engine.DecodeSession(model, b + [1], prefix_cache=cache, max_new_tokens=8)
     holder.prefill()  # b's 2 cached blocks are in use again, plus one new block
     held = set(holder.table.blocks)
     hog = engine.DecodeSession(model, [31, 32, 33, 34, 35, 36, 37], prefix_cache=cache, max_new_tokens=2)
-    trace = hog.prefill()  # 4 blocks: the 3 empty ones first, then the least recently used cached one
-    # a's tail block goes before its head (blocks are freed last-first), and nothing in use goes.
-    assert trace.evicted_blocks == [a_blocks[1]]
-    assert not held & set(trace.evicted_blocks)
-    assert [e.block for e in cache.block_evictions] == trace.evicted_blocks
+    trace = hog.prefill()  # 4 blocks from the front: the never-used one, then a's, given back last first
+    assert trace.reclaimed_blocks == [a_blocks[1], a_blocks[0]], "a's tail goes before its head"
+    assert not held & set(trace.reclaimed_blocks), "nothing in use is reclaimed"
+    assert [e.block for e in cache.reclaims] == trace.reclaimed_blocks
     hog.close()
-    assert prefill_then_close(model, cache, a).prefix.reused_tokens == 2  # only a's first block still hits
+    assert prefill_then_close(model, cache, a).prefix.reused_tokens == 0  # a's blocks hold other K/V now
     holder.close()
     assert prefill_then_close(model, cache, b + [9]).prefix.reused_tokens == 4  # b survived while in use
     too_big = engine.DecodeSession(model, list(range(100, 120)), prefix_cache=cache, max_new_tokens=2)
     with pytest.raises(engine.CacheFullError):
         too_big.prefill()  # 10 blocks > 8
     too_big.close()
-    assert cache.pool.used_blocks == 0
+    assert cache.pool.block_manager.used == 0
 
 
 def test_recently_hit_blocks_are_evicted_last(tiny_model):
@@ -164,7 +163,7 @@ def test_recently_hit_blocks_are_evicted_last(tiny_model):
     assert prefill_then_close(model, cache, a + [5]).prefix.reused_tokens == 4  # a is now more recent than b
     # Cached now: a's 2 blocks, b's 2, and the block holding a+[5]'s last token; 1 block is empty.
     trace = prefill_then_close(model, cache, [31, 32, 33, 34, 35])  # needs 3 blocks: the empty one, then b's
-    assert len(trace.evicted_blocks) == 2
+    assert len(trace.reclaimed_blocks) == 2
     assert prefill_then_close(model, cache, a + [6]).prefix.reused_tokens == 4
     assert prefill_then_close(model, cache, b + [6]).prefix.reused_tokens == 0
 
@@ -207,15 +206,14 @@ def test_pool_stays_consistent_over_random_sessions(policy, ops, tiny_model):
         for session in open_sessions:
             for block in session.table.blocks:
                 users[block] += 1
-        assert users == pool.ref_count
-        assert set(pool.free) == {b for b in range(pool.num_blocks) if users[b] == 0}
-        assert pool.used_blocks + len(pool.free) == pool.num_blocks
-        # Empty free blocks wait in front of cached ones, so a cached block is evicted only when needed.
-        held = [cache.holds(b) for b in pool.free]
-        assert held == sorted(held)
+        assert users == pool.block_manager.ref_count
+        assert set(pool.block_manager.free) == {b for b in range(pool.num_blocks) if users[b] == 0}
+        assert pool.block_manager.used + len(pool.block_manager.free) == pool.num_blocks
+        assert all(pool.block_manager.ref_count[b] for b in range(pool.num_blocks) if cache.holds(b)
+                   and b not in pool.block_manager.free), "a block the index finds is free or held"
     for session in open_sessions:
         session.close()
-    assert pool.used_blocks == 0
+    assert pool.block_manager.used == 0
 
 
 def test_predicted_reuse_matches_what_real_caches_reuse(tiny_model, tokenizer):
@@ -242,7 +240,7 @@ def pool_state(cache, *prompts):
     """What a failed call must leave as it was: references, the free list in LRU order, and what each
     prompt would reuse."""
     pool = cache.pool
-    return list(pool.ref_count), list(pool.free), [cache.lookup(p) for p in prompts]
+    return list(pool.block_manager.ref_count), list(pool.block_manager.free), [cache.lookup(p) for p in prompts]
 
 
 def cold_logits(model, prompt):
@@ -332,17 +330,15 @@ def advanced(session, cold) -> bool:
 
 
 def check_pool(cache, sessions):
-    """References match the open tables, in-use blocks are never free, and empty free blocks come first."""
+    """References match the open tables and in-use blocks are never free."""
     pool = cache.pool
     users = [0] * pool.num_blocks
     for session in sessions:
         assert len(session.table.blocks) == -(-session.table.length // pool.block_size)
         for block in session.table.blocks:
             users[block] += 1
-    assert users == pool.ref_count
-    assert set(pool.free) == {b for b in range(pool.num_blocks) if users[b] == 0}
-    held = [cache.holds(b) for b in pool.free]
-    assert held == sorted(held)
+    assert users == pool.block_manager.ref_count
+    assert set(pool.block_manager.free) == {b for b in range(pool.num_blocks) if users[b] == 0}
     # Forward passes run unlocked and write at positions ≥ their table's length, so a block that others
     # can read (another table's, or one the index finds) must lie wholly below that length.
     for session in sessions:
@@ -361,9 +357,9 @@ def test_forced_failures_never_yield_a_hit_that_differs_from_a_cold_run(policy, 
     cache = PrefixCache(model, policy=policy, block_size=block_size, capacity_blocks=capacity)
     sessions = []
     with monkeypatch.context() as patch:
-        allocation = Fault(cache.pool.allocate, engine.CacheFullError("forced: no block"))
+        allocation = Fault(cache.block_manager.allocate, engine.CacheFullError("forced: no block"))
         forward = Fault(engine.Model.forward, RuntimeError("forced: the forward pass failed"), after=True)
-        patch.setattr(cache.pool, "allocate", allocation)
+        patch.setattr(cache.block_manager, "allocate", allocation)
         patch.setattr(engine.Model, "forward", lambda self, *args, **kwargs: forward(self, *args, **kwargs))
         for op in ops:
             if op[0] in ("open", "advance") and (sessions if op[0] == "advance" else len(sessions) < 3):
@@ -383,15 +379,15 @@ def test_forced_failures_never_yield_a_hit_that_differs_from_a_cold_run(policy, 
             check_pool(cache, sessions)
         for session in sessions:
             session.close()
-    assert cache.pool.used_blocks == 0
+    assert cache.pool.block_manager.used == 0
 
 
-def test_blocks_an_eviction_drops_from_the_index_are_reused_before_cached_ones(tiny_model):
-    """Evicting a radix node's block cuts the subtree below it: those blocks hold nothing findable any
-    more, so they must go to the front of the free list, not stay behind blocks that are still cached."""
+def test_a_reclaim_that_cuts_a_radix_subtree_forgets_its_blocks_where_they_wait(tiny_model):
+    """Reclaiming a radix node's block cuts the subtree below it: those blocks hold nothing findable any more, and
+    they keep their places in the free list (nano-vllm's order: a block waits where it was given back)."""
     model = tiny_model("llama")
     cache = PrefixCache(model, policy="radix", block_size=2, capacity_blocks=6)
-    pool = cache.pool
+    free = cache.block_manager.free
 
     def run(prompt, hold=False):
         session = engine.DecodeSession(model, prompt, prefix_cache=cache, max_new_tokens=1)
@@ -404,11 +400,14 @@ def test_blocks_an_eviction_drops_from_the_index_are_reused_before_cached_ones(t
     extended = run([3, 4, 5, 6, 7], hold=True)  # shares [3 4], copies [5] from its block (released at once)
     run([9, 9, 9])  # two more cached blocks, released after that source block
     extended.close()  # publishes [6 7] below [3 4 5] in the tree
-    assert all(cache.holds(b) for b in pool.free)  # every free block cached; the copied-from one first
-    run([8])  # takes the least recently used block: evicting it cuts [3 4 5]'s subtree
-    held = [cache.holds(b) for b in pool.free]
-    assert held == sorted(held), list(zip(pool.free, held))
-    assert held.count(False) == 2  # the two blocks of [6 7] (the copy of [5] and [7]) are empty now
+    assert all(cache.holds(b) for b in free)  # every free block cached; the copied-from one first
+    before = list(free)
+    taken = run([8]).traces[0]  # takes the first free block, [5]'s: reclaiming it cuts the tree below [3 4]
+    assert taken.reclaimed_blocks == [before[0]]
+    assert list(free) == before[1:] + [before[0]], "no block moved but the one taken and given back"
+    held = [cache.holds(b) for b in free]
+    assert held.count(False) == 2  # [6 7]'s two blocks (the copy of [5] and [7]) are empty now
+    assert len(cache.lookup([3, 4, 5, 6, 7, 8])) == 2, "only [3 4], above the cut, is found"
 
 
 def test_predicted_reuse_gives_each_policy_its_hits_per_block_or_token():

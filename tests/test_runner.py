@@ -104,7 +104,8 @@ def test_the_busy_pool_goes_forward_one_pass_a_step_and_back_with_none(tiny_mode
         passes = [(session.prompt_ids, list(range(len(session.prompt_ids))))]
         passes += [(t.input_ids, t.positions) for t in session.traces[1:max(1, step)]]
         length = sum(len(ids) for ids, _ in passes)
-        fresh = BusyPoolReplay(model, passes, 2).picture(lambda layer: runner.cached_kv(layer, length))
+        capacity = len(session.prompt_ids) + runner.config.max_new_tokens  # the pool the runner's replay sized
+        fresh = BusyPoolReplay(model, passes, 2, capacity).picture(lambda layer: runner.cached_kv(layer, length))
         assert (picture.block_table, picture.length, picture.others, picture.freed) == \
             (fresh.block_table, fresh.length, fresh.others, fresh.freed)
         assert picture.kv_max_diff == fresh.kv_max_diff == 0
@@ -120,12 +121,12 @@ def test_a_dropped_runner_gives_its_classroom_blocks_back(tiny_model):
     gone.configure(config())
     gone.advance_to(4)
     pool = gone.session.pool
-    assert pool.used_blocks > 0
+    assert pool.block_manager.used > 0
     del gone  # what Streamlit does when the browser session ends: its state is dropped
     gc.collect()
     other = Runner(model, cache_tokens=256, runs=classroom)
     other.configure(config("another student"))  # the next use of the class's cache
-    assert pool.used_blocks == 0
+    assert pool.block_manager.used == 0
 
 
 def test_a_full_pool_first_takes_back_the_blocks_of_runners_held_in_reference_cycles(tiny_model):
@@ -159,17 +160,17 @@ def test_an_expired_lease_gives_blocks_back_and_the_run_is_rebuilt_on_return(tin
     present.configure(config("another student"))
     present.advance_to(1)
     held_by_present = len(present.session.table.blocks)
-    assert pool.used_blocks > held_by_present
+    assert pool.block_manager.used > held_by_present
     clock.now = 400
     present.advance_to(2)  # within the lease: nothing is closed
     assert not away.session.closed
     clock.now = 1001  # `away` last seen at 0, `present` at 400
     present.advance_to(3)
     assert away.session.closed and not present.session.closed
-    assert pool.used_blocks == len(present.session.table.blocks)  # only the present student's blocks
+    assert pool.block_manager.used == len(present.session.table.blocks)  # only the present student's blocks
     assert away.advance_to(5) == 5  # back: rebuilt from its settings, the same tokens
     assert away.session.generated == tokens and not away.session.closed
-    assert pool.used_blocks > len(present.session.table.blocks)
+    assert pool.block_manager.used > len(present.session.table.blocks)
 
 
 def test_the_class_keeps_a_few_pools_and_drops_the_least_recently_used(tiny_model):
@@ -270,7 +271,7 @@ def open_case(runner: Runner, case: str, policy: str) -> None:
     assert runner.advance_to(1) == 1
 
 
-@pytest.mark.parametrize("policy", engine.POLICIES)
+@pytest.mark.parametrize("policy", engine.REUSE_POLICIES)
 def test_each_case_gives_the_articles_reuse_however_often_it_is_opened(tiny_model, policy):
     model = tiny_model("llama")
     runner = Runner(model, cache_tokens=256, runs=RunStore(10**9))

@@ -5,6 +5,7 @@ nano-vllm's own scheduler."""
 
 import pytest
 
+from engine.blocks import BlockManager
 from engine.errors import InvalidSettingError
 from engine.scheduler import FINISHED, RUNNING, WAITING, Request, Scheduler
 
@@ -24,7 +25,7 @@ def run_step(scheduler: Scheduler):
 
 
 def test_a_shared_prefix_is_stored_once_and_freed_at_its_last_owner():
-    scheduler = Scheduler(num_blocks=10, block_size=4, max_num_seqs=8, max_num_batched_tokens=64, eos_ids={EOS})
+    scheduler = Scheduler(BlockManager(10, 4), max_num_seqs=8, max_num_batched_tokens=64, eos_ids={EOS})
     a, b = Request(0, SYSTEM + [1, 3, 4], max_tokens=5), Request(1, SYSTEM + [5, 6], max_tokens=1)
     scheduler.add(a)
     first = run_step(scheduler)
@@ -35,18 +36,19 @@ def test_a_shared_prefix_is_stored_once_and_freed_at_its_last_owner():
     assert second.cached == [8] and second.tokens == [2], "the system prompt's two blocks are reused, not computed"
     shared = a.block_table[:2]
     assert b.status == FINISHED and b.block_table == []
-    assert all(scheduler.blocks.blocks[i].ref_count == 1 and i in scheduler.blocks.used for i in shared), \
+    assert all(scheduler.block_manager.ref_count[i] == 1 for i in shared), \
         "a block b shared is freed while a still holds it"
     while not scheduler.finished:
         run_step(scheduler)
-    assert a.status == FINISHED and not scheduler.blocks.used and all(i in scheduler.blocks.free for i in shared)
+    manager = scheduler.block_manager
+    assert a.status == FINISHED and not manager.used and all(i in manager.free for i in shared)
     c = Request(2, SYSTEM + [7], max_tokens=1)
     scheduler.add(c)
     assert run_step(scheduler).cached == [8], "freed prefix blocks stay reusable until handed out again"
 
 
 def test_only_the_first_waiting_request_is_chunked():
-    scheduler = Scheduler(num_blocks=16, block_size=4, max_num_seqs=8, max_num_batched_tokens=10, eos_ids={EOS})
+    scheduler = Scheduler(BlockManager(16, 4), max_num_seqs=8, max_num_batched_tokens=10, eos_ids={EOS})
     a, b = Request(0, list(range(30, 45)), max_tokens=2), Request(1, [50, 51, 52, 53], max_tokens=2)
     scheduler.add(a)
     scheduler.add(b)
@@ -62,7 +64,7 @@ def test_only_the_first_waiting_request_is_chunked():
 
 def test_a_full_pool_preempts_the_latest_admitted_and_recomputes_it_to_the_same_tokens():
     def answers(num_blocks):
-        scheduler = Scheduler(num_blocks=num_blocks, block_size=2, max_num_seqs=8, max_num_batched_tokens=64,
+        scheduler = Scheduler(BlockManager(num_blocks, 2), max_num_seqs=8, max_num_batched_tokens=64,
                               eos_ids={EOS})
         requests = [Request(i, [40 + i, 41, 42], max_tokens=4, ignore_eos=True) for i in range(2)]
         for request in requests:
@@ -88,8 +90,8 @@ def test_a_full_pool_preempts_the_latest_admitted_and_recomputes_it_to_the_same_
 @pytest.mark.parametrize("make", [
     lambda: Request(0, [], max_tokens=1),
     lambda: Request(0, [5], max_tokens=0),
-    lambda: Scheduler(num_blocks=0, block_size=4, max_num_seqs=1, max_num_batched_tokens=8, eos_ids=set()),
-    lambda: Scheduler(num_blocks=2, block_size=4, max_num_seqs=1, max_num_batched_tokens=8, eos_ids=set()).add(
+    lambda: Scheduler(BlockManager(0, 4), max_num_seqs=1, max_num_batched_tokens=8, eos_ids=set()),
+    lambda: Scheduler(BlockManager(2, 4), max_num_seqs=1, max_num_batched_tokens=8, eos_ids=set()).add(
         Request(0, list(range(9)), max_tokens=1)),
 ])
 def test_bad_settings_raise_a_clear_error(make):

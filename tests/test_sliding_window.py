@@ -47,7 +47,8 @@ def test_a_step_past_the_window_is_rebuilt_equal_to_the_run(tiny_model, kv_split
     assert session.table.window.first_position == window.first_position, "rebuilding changed nothing of the run"
     assert session.replay_nbytes > 0
     session.close()
-    assert session.replay_nbytes == 0 and session.pool.used_blocks == 0 and session.pool.window.used_blocks == 0
+    pool = session.pool
+    assert session.replay_nbytes == 0 and pool.block_manager.used == 0 and pool.window.block_manager.used == 0
 
 
 def test_a_reused_prefix_past_the_window_is_rebuilt_from_what_was_reused(tiny_model):
@@ -78,10 +79,10 @@ def long_run(embedded_zh_model):
     session = engine.DecodeSession(embedded_zh_model, prompt, block_size=16, max_new_tokens=57,
                                    keep_full_traces=10**6)
     traces, in_use = [session.prefill()], []
-    in_use.append(session.pool.window.used_blocks)
+    in_use.append(session.pool.window.block_manager.used)
     while not session.finished:
         traces.append(session.step())
-        in_use.append(session.pool.window.used_blocks)
+        in_use.append(session.pool.window.block_manager.used)
     return session, traces, in_use
 
 
@@ -174,7 +175,7 @@ def test_the_window_chapter_on_gemma_shows_local_rows_lose_their_oldest_columns_
         # the page's run: its local layers' table starts there, its window pool holds only that table's blocks
         table, pool = session.table, session.pool.window
         assert table.window.first_position == held_from and len(table.blocks) == -(-table.length // size)
-        assert pool.used_blocks == len(table.window.blocks), "a chapter's run starts on an empty prefix cache"
+        assert pool.block_manager.used == len(table.window.blocks), "a chapter's run starts on an empty prefix cache"
         seen[step] = rows
     assert seen[chapter.step + further].shape[1] - np.isnan(seen[chapter.step + further][local[0]]).sum() == window
     returned_then = traces[chapter.step - 1].window_start // size

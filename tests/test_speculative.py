@@ -47,7 +47,7 @@ def held_blocks(table) -> int:
 
 def pool_used(table) -> int:
     pool = table.pool
-    return pool.used_blocks + (pool.window.used_blocks if pool.window is not None else 0)
+    return pool.block_manager.used + (pool.window.block_manager.used if pool.window is not None else 0)
 
 
 # -- prompt lookup --------------------------------------------------------------------------------------------------
@@ -215,7 +215,8 @@ def test_a_block_only_rejected_rows_used_goes_back_to_the_pool(tiny_model):
         while not session.finished:
             done = session.step()
             check_blocks(session)
-            assert all(pool.ref_count[b] == 0 and b in pool.free for b in done.blocks_returned)
+            manager = pool.block_manager
+            assert all(manager.ref_count[b] == 0 and b in manager.free for b in done.blocks_returned)
             assert {b for b, _ in done.slots[:done.kept_rows]} <= set(done.block_table), "a kept row's block left"
         assert any(p.blocks_returned for p in session.passes), "no pass handed a block back: nothing checked"
 

@@ -3,8 +3,8 @@ defines it (`policies`), applied after the prefill or during decode (`run`), rea
 text's teacher-forced NLL through an evicting cache (`nll`)."""
 
 from engine.eviction.nll import forced_nll, stream_nll
-from engine.eviction.policies import POLICIES, Policy, n_kept_for_ratio
+from engine.eviction.policies import EVICTION_POLICIES, Policy, n_kept_for_ratio
 from engine.eviction.run import DecodeBudget, Eviction, EvictionRun, EvictionStep, StreamingWindow
 
-__all__ = ["POLICIES", "DecodeBudget", "Eviction", "EvictionRun", "EvictionStep", "Policy", "StreamingWindow",
+__all__ = ["EVICTION_POLICIES", "DecodeBudget", "Eviction", "EvictionRun", "EvictionStep", "Policy", "StreamingWindow",
            "forced_nll", "n_kept_for_ratio", "stream_nll"]

@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from engine.checks import require_integer, require_number
 from engine.errors import InvalidSettingError
 
-POLICIES = ("streaming_llm", "knorm", "keydiff", "snapkv", "tova", "observed_attention", "pyramidkv", "adakv",
+EVICTION_POLICIES = ("streaming_llm", "knorm", "keydiff", "snapkv", "tova", "observed_attention", "pyramidkv", "adakv",
             "lagkv", "expected_attention")
 SNAPKV_SCORES = ("snapkv", "pyramidkv", "adakv")  # the policies that score as SnapKV does
 PREFILL_ONLY = ("pyramidkv", "adakv")  # budgets per layer or per head of a prefill's ratio
@@ -72,8 +72,9 @@ class Policy:
     n_future_positions: int = 512  # expected_attention
 
     def __post_init__(self):
-        if self.name not in POLICIES:
-            raise InvalidSettingError(f"unknown eviction policy {self.name!r}; the policies are {', '.join(POLICIES)}")
+        if self.name not in EVICTION_POLICIES:
+            raise InvalidSettingError(f"unknown eviction policy {self.name!r}; the policies are "
+                                      f"{', '.join(EVICTION_POLICIES)}")
         require_integer("n_sink", self.n_sink, 0)
         for name in ("window_size", "kernel_size", "beta", "lag_size", "n_future_positions"):
             require_integer(name, getattr(self, name), 1)

@@ -43,6 +43,7 @@ from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockPool, BlockTable, kv_bytes_
 from engine.model import Model, Observer, Pass
 from engine.recorder import ForwardRecord
 from engine.settings import check_prompt_fits
+from engine.stopping import stop_reason
 from engine.trace import NO_RECORD, Capture
 
 ONE_ROW = Capture(residuals=False)  # a pass's attention row: what the evictions and the view read
@@ -184,12 +185,18 @@ class EvictionRun:
 
     @property
     def finished(self) -> bool:
-        return bool(self.generated) and (self.generated[-1] in self.model.eos_ids or self._out_of_room)
+        return self._stops(ignore_eos=False)
 
     @property
     def _out_of_room(self) -> bool:
-        """max_new_tokens passes have run, or the next would pass the context limit."""
-        return len(self.generated) >= self.max_new_tokens or self.table.length + 1 >= self.model.info.context_limit
+        """max_new_tokens passes have run, or the next would pass the context limit (an EOS read by teacher forcing
+        goes on)."""
+        return self._stops(ignore_eos=True)
+
+    def _stops(self, ignore_eos: bool) -> bool:
+        return bool(self.generated) and stop_reason(
+            self.generated[-1], self.model.eos_ids, len(self.generated), self.max_new_tokens, self.table.length + 1,
+            self.model.info.context_limit, ignore_eos) is not None
 
     def kept_positions(self, layer: int, kv_head: int) -> list[int]:
         """The positions (layer, KV head) holds now, ascending; every cached one for a sliding-window layer's

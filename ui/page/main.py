@@ -25,7 +25,7 @@ from ui.page.step import stepper_and_view
 from ui.runs.classroom import ClassroomCache
 from ui.runs.runner import Runner
 from ui.runs.store import RunStore
-from ui.state.link import CACHE_POLICIES, LANGS, MAX_PROMPT_CHARS, bounds, clean_prompt
+from ui.state.link import LANGS, MAX_PROMPT_CHARS, REUSE_POLICIES, bounds, clean_prompt
 from ui.state.session import lesson_session, page_controls, page_session, settings
 from ui.text import strings
 from ui.views import cases
@@ -327,8 +327,8 @@ def sidebar(limits: Limits, can_think: bool = False, can_chat: bool = True) -> N
                         help=t("block_size_help"))
         st.number_input(t("kv_splits"), *bounds("kv_splits"), **held("kv_splits"), step=1,
                         help=t("kv_splits_help"))
-        st.selectbox(t("policy"), CACHE_POLICIES, key=settings.key("policy"),
-                     index=CACHE_POLICIES.index(settings.policy), format_func=labels("policy_"))
+        st.selectbox(t("policy"), REUSE_POLICIES, key=settings.key("policy"),
+                     index=REUSE_POLICIES.index(settings.policy), format_func=labels("policy_"))
 
 
 def held(name: str) -> dict:

@@ -184,7 +184,7 @@ class EvictionLab:
         page may add a run meanwhile."""
         pool = self.batch.pool
         runs = list(self.runs.values()) + [r for pair in list(self.joining.values()) for r in pair]
-        return pool.used_blocks * pool.block_size * pool.bytes_per_token + sum(r.nbytes for r in runs)
+        return pool.block_manager.used * pool.block_size * pool.bytes_per_token + sum(r.nbytes for r in runs)
 
 
 @dataclass

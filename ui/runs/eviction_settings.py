@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 import engine
 from engine.errors import InvalidSettingError
-from engine.eviction import POLICIES, DecodeBudget, Policy, StreamingWindow
+from engine.eviction import EVICTION_POLICIES, DecodeBudget, Policy, StreamingWindow
 from engine.eviction.batch import Variant
 from engine.eviction.policies import SNAPKV_SCORES
 from engine.eviction.run import check_budget
@@ -74,7 +74,7 @@ class EvictionSettings:
     def variants(self, context: int) -> dict[str | None, Variant]:
         """The lab's runs at this timing, by name: the full cache (None) first, then every policy (or the
         streaming window alone)."""
-        names = [STREAM] if self.at == "stream" else list(POLICIES)
+        names = [STREAM] if self.at == "stream" else list(EVICTION_POLICIES)
         ratio, budget = (self.ratio if self.at == "prefill" else 0.0), self.engine_budget()
         runs: dict[str | None, Variant] = {None: Variant(None)}
         for name in names:

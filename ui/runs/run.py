@@ -204,7 +204,7 @@ class Run:
         """What this run holds: its traces' tensors, the K/V of its cache's written blocks (and of a replay past a
         sliding window), its memos."""
         pool = self.cache.pool
-        kv = (pool.used_blocks + self.cache.cached_free_blocks()) * pool.block_size * pool.bytes_per_token
+        kv = (pool.block_manager.used + self.cache.cached_free_blocks()) * pool.block_size * pool.bytes_per_token
         memo = sum(t.nbytes for t in self._rebuilt.values())
         memo += sum(p.nbytes + s.nbytes for p, s in self._attention.values())  # a copy: other pages add to it
         memo += self._busy.nbytes if self._busy is not None else 0

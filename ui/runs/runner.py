@@ -336,9 +336,9 @@ class Runner:
         """How this run's prefill used the prefix cache (None before the prefill)."""
         return self.session.traces[0].prefix if self.session.traces else None
 
-    def blocks_evicted(self) -> int:
-        """Blocks the prefix cache has evicted so far (the last 1,000 are remembered)."""
-        return len(self.cache.block_evictions)
+    def blocks_reclaimed(self) -> int:
+        """Cached blocks the prefix cache has handed out again for new K/V so far (the last 1,000 are remembered)."""
+        return len(self.cache.reclaims)
 
     def policy_reuse(self) -> dict[str, PolicyReuse]:
         return self.history.predicted_reuse(self.session.prompt_ids, self.config.block_size)

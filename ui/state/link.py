@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from engine.eviction import POLICIES as EVICTION_POLICIES
+from engine.eviction import EVICTION_POLICIES
 from engine.kv_cache import DEFAULT_BLOCK_SIZE
-from engine.prefix_cache import POLICIES as CACHE_POLICIES
+from engine.prefix_cache import REUSE_POLICIES
 from engine.sampler import TEMPERATURE_FLOOR
 from engine.speculative import DRAFTS, MAX_GUESSES
 from viz.words import LANGUAGES as LANGS
@@ -135,7 +135,7 @@ FLOORS = {"temperature": TEMPERATURE_FLOOR}
 POOLS = ("own", "busy")
 EVICT_AT = ("prefill", "decode", "stream")
 SPEC_PROMPTS = ("edit", "free", "page")  # a code edit (it quotes itself), a free answer, the page's own prompt
-CHOICES = {"view": VIEWS, "lang": LANGS, "policy": CACHE_POLICIES, "pool": POOLS, "evict": EVICTION_POLICIES,
+CHOICES = {"view": VIEWS, "lang": LANGS, "policy": REUSE_POLICIES, "pool": POOLS, "evict": EVICTION_POLICIES,
            "evict_at": EVICT_AT, "spec_prompt": SPEC_PROMPTS, "draft": DRAFTS}
 FLAGS = ("chat", "think", "large")
 ASK_PHASES = ("open", "closed", "shown")

@@ -8,7 +8,7 @@ import math
 import streamlit as st
 
 from engine.errors import InvalidSettingError
-from engine.eviction import POLICIES as EVICTION_POLICIES
+from engine.eviction import EVICTION_POLICIES
 from ui.runs.eviction_forced import ForcedReading
 from ui.runs.eviction_settings import EvictionSettings
 from ui.runs.sink_experiment import CACHE, SINKS, SinkExperiment

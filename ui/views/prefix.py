@@ -38,7 +38,7 @@ def render(ctx: ViewContext) -> None:
     if shown("alignment"):
         this_run(ctx, n)
     if shown():
-        st.caption(ctx.t("evictions", count=ctx.runner.blocks_evicted(), kept=ctx.runner.history.limit))
+        st.caption(ctx.t("reclaimed", count=ctx.runner.blocks_reclaimed(), kept=ctx.runner.history.limit))
 
 
 def this_run(ctx: ViewContext, n: int) -> None:

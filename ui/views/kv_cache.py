@@ -98,7 +98,8 @@ def busy_pool(ctx: ViewContext) -> list[int]:
                                         picture.others, picture.num_blocks, ctx.t("busy_title"), ctx.large, words(ctx)),
                "kv-busy-pool", memo_key(ctx, "busy"))
     others = picture.requests_before
-    st.caption(ctx.t("busy_note", others=others, last=others - 1, freed=", ".join(map(str, picture.freed)),
+    freed = picture.freed if len(picture.freed) <= 6 else [*picture.freed[:4], "…", picture.freed[-1]]
+    st.caption(ctx.t("busy_note", others=others, last=others - 1, freed=", ".join(map(str, freed)),
                      layers=ctx.info.layers, diff=difference_text(picture.kv_max_diff)))
     return picture.block_table
 

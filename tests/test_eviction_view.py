@@ -268,7 +268,7 @@ def test_labs_are_counted_and_swept_by_the_run_store(embedded_model):
     assert len(store.keys) == 2
     store.max_bytes = stream.lab.nbytes  # room for the newest only
     store.trim()
-    assert store.keys == [("eviction", id(embedded_model), tuple(ids), STEP, streaming.timing)]
+    assert store.keys == [("eviction", id(embedded_model), tuple(ids), STEP, streaming.lab_settings)]
     now[0] = 61.0
     assert store.expire() == 1 and store.keys == []
 

@@ -1,7 +1,7 @@
 """The eviction view's runs: the page's prompt decoded greedily over the full cache and under each policy pages ask
-for at the link's timing (after the prefill at a ratio, during decode to a budget, or a streaming window), all in
-one `engine.eviction.EvictionBatch` (one prefill, one batched pass per step), stepped along with the pages and kept
-in the server's run store (`ui.runs.store`: counted in its bytes, dropped when idle, built once for pages asking at
+for at the link's time of eviction (after the prefill at a ratio, during decode to a budget, or a streaming window),
+all in one `engine.eviction.EvictionBatch` (one prefill, one batched pass per step), stepped along with the pages and
+kept in the server's run store (`ui.runs.store`: counted in its bytes, dropped when idle, built once for pages asking at
 once). A page compares the full cache with its policy (`EvictionPair`); a policy the lab already runs is read, not
 computed again, and one it lacks joins it (`EvictionLab`), so a class comparing policies computes each step of each
 policy once, and none that no page looks at.
@@ -102,18 +102,20 @@ class RecordedVariant:
 
 
 class EvictionLab:
-    """The full cache's run and the run of each policy a page asked for at one timing, on one prompt, stepped
-    together: one batched pass a step for all of them (`engine.eviction.batch`). A policy asked for first is in the
-    lab from its prefill; one asked for later joins it, catching up in batched passes of its own beside a twin of the
-    full cache's run (the lab keeps only the latest logits, and a joining run's KL needs the full cache's at every
-    pass), then steps with the others while the twin goes. So a lab computes what its pages look at, not every
-    policy: a batched pass costs about one run's time per row."""
+    """The full cache's run and the run of each policy a page asked for, with one set of lab settings (when to evict
+    and how much), on one prompt, stepped together: one batched pass a step for all of them
+    (`engine.eviction.batch`). A policy asked for first is in the lab from its prefill; one asked for later joins it,
+    catching up in batched passes of its own beside a twin of the full cache's run (the lab keeps only the latest
+    logits, and a joining run's KL needs the full cache's at every pass), then steps with the others while the twin
+    goes. So a lab computes what its pages look at, not every policy: a batched pass costs about one run's time per
+    row."""
 
-    def __init__(self, model: engine.Model, prompt_ids: list[int], timing: EvictionSettings, steps: int,
+    def __init__(self, model: engine.Model, prompt_ids: list[int], lab_settings: EvictionSettings, steps: int,
                  budget_bytes: int):
         self.model = model  # held: the store's key names it by id, which stays its own while the lab lives
-        self.timing, self.prompt, self.steps, self.budget_bytes = timing, len(prompt_ids), steps, budget_bytes
-        self.variants = timing.variants(len(prompt_ids) - 1)  # every run it may hold, by name (the full cache: None)
+        self.lab_settings, self.prompt, self.steps = lab_settings, len(prompt_ids), steps
+        self.budget_bytes = budget_bytes
+        self.variants = lab_settings.variants(len(prompt_ids) - 1)  # every run it may hold (the full cache: None)
         self.batch = EvictionBatch(model, prompt_ids, [self.variants[None]], max_new_tokens=steps, keep_full_steps=1,
                                    spare=len(self.variants))  # every policy, and one twin at a time
         self.runs = {None: RecordedVariant(model, self.batch.runs[0])}
@@ -155,7 +157,7 @@ class EvictionLab:
 
     def _start_joining(self, name: str) -> None:
         held = len(self.runs) + 2 * len(self.joining) + 2  # with this one and its twin
-        if lab_bytes(self.model.info, self.prompt, self.steps, self.timing, held) > self.budget_bytes:
+        if lab_bytes(self.model.info, self.prompt, self.steps, self.lab_settings, held) > self.budget_bytes:
             raise EvictionLabFull([n for n in self.runs if n is not None])
         twin = RecordedVariant(self.model, self.batch.join(self.variants[None]))
         self.joining[name] = (twin, RecordedVariant(self.model, self.batch.join(self.variants[name])))
@@ -211,7 +213,7 @@ class EvictionPair:
 
 def pair_for(store: RunStore, model: engine.Model, prompt_ids: list[int], settings: EvictionSettings, wanted: int,
              step_memory_mb: int) -> EvictionPair:
-    """The pair for these settings, from the lab of their timing in `store` (built once); raises
+    """The pair for these settings, from the lab of their lab settings in `store` (built once); raises
     `InvalidSettingError` (the engine's, or a plan with no step that fits the host's step memory) before anything
     is held."""
     budget = settings.engine_budget()
@@ -220,9 +222,9 @@ def pair_for(store: RunStore, model: engine.Model, prompt_ids: list[int], settin
     found = plan(model.info, len(prompt_ids), wanted, settings, step_memory_mb * 10**6)
     if found.steps == 0:
         raise EvictionTooLarge(found)
-    timing = settings.timing
-    key = ("eviction", id(model), tuple(prompt_ids), found.steps, timing)
-    lab = store.get(key, lambda: EvictionLab(model, prompt_ids, timing, found.steps, step_memory_mb * 10**6))
+    lab_settings = settings.lab_settings
+    key = ("eviction", id(model), tuple(prompt_ids), found.steps, lab_settings)
+    lab = store.get(key, lambda: EvictionLab(model, prompt_ids, lab_settings, found.steps, step_memory_mb * 10**6))
     return EvictionPair(settings.run_name, found, lab)
 
 

@@ -62,7 +62,7 @@ class EvictionSettings:
         return None
 
     @property
-    def timing(self) -> EvictionSettings:
+    def lab_settings(self) -> EvictionSettings:
         """These settings less the policy: what a lab's runs share (the policy picks one of them)."""
         return replace(self, policy="")
 
@@ -72,7 +72,7 @@ class EvictionSettings:
         return STREAM if self.at == "stream" else self.policy
 
     def variants(self, context: int) -> dict[str | None, Variant]:
-        """The lab's runs at this timing, by name: the full cache (None) first, then every policy (or the
+        """The lab's runs with these settings, by name: the full cache (None) first, then every policy (or the
         streaming window alone)."""
         names = [STREAM] if self.at == "stream" else list(EVICTION_POLICIES)
         ratio, budget = (self.ratio if self.at == "prefill" else 0.0), self.engine_budget()
@@ -112,7 +112,7 @@ def evictions(settings: EvictionSettings, steps: int) -> int:
 
 def planned_runs(settings: EvictionSettings) -> int:
     """What a lab is planned for: the full cache and the first page's policy, and a joining policy's twin (the
-    streaming window is its timing's one run: nothing joins)."""
+    streaming window is its lab's one run: nothing joins)."""
     return 2 if settings.at == "stream" else 3
 
 

@@ -14,7 +14,9 @@ blocks by hash, and reusing the same few keeps the memory its layers touch at th
 
 from __future__ import annotations
 
+import hashlib
 import threading
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
@@ -96,3 +98,8 @@ class BlockManager:
         key = self.hash_of.pop(block, None)
         if key is not None and self.by_hash.get(key) == block:
             del self.by_hash[key]
+
+
+def block_hash(parent: bytes, tokens: list[int]) -> bytes:
+    """The key of a full block: its token ids chained with the parent block's key."""
+    return hashlib.sha256(parent + array("q", tokens).tobytes()).digest()

@@ -25,10 +25,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.blocks import BlockManager
+from engine.blocks import BlockManager, block_hash
 from engine.checks import require_integer
 from engine.errors import InvalidSettingError
-from engine.prefix_cache import block_hash
 from engine.stopping import stop_reason
 
 WAITING, RUNNING, FINISHED = "waiting", "running", "finished"

@@ -13,7 +13,8 @@ from engine.errors import (
 )
 from engine.kv_cache import BlockPool, BlockTable
 from engine.loader import EMBEDDED, SUPPORTED_FAMILIES, load_model
-from engine.model import Model, ModelInfo, between_layers
+from engine.model import Model, between_layers
+from engine.model_info import ModelInfo
 from engine.prefix_cache import REUSE_POLICIES, PrefixCache
 from engine.sampler import Sampling
 from engine.session import DecodeSession

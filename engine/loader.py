@@ -14,7 +14,8 @@ import torch
 
 from engine import embedded
 from engine.errors import ModelNotFoundError, UnsupportedModelError
-from engine.model import Model, ModelInfo
+from engine.model import Model
+from engine.model_info import ModelInfo
 from engine.rope import Rope
 from engine.weights import weights_from_gemma3, weights_from_gpt2, weights_from_llama_like
 

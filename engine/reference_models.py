@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-from engine.model import ModelInfo
+from engine.model_info import ModelInfo
 
 QWEN3_0_6B = dict(model_type="qwen3", vocab_size=151_936, hidden_size=1024, intermediate_size=3072,
                   num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockTable
-from engine.model import Model, ModelInfo
+from engine.model import Model
+from engine.model_info import ModelInfo
 from engine.session import DecodeSession
 from engine.trace import NO_RECORD
 

@@ -8,7 +8,7 @@ import pytest
 from plotly.colors import sample_colorscale
 
 import engine
-from engine.model import ModelInfo
+from engine.model_info import ModelInfo
 from engine.tokens import token_cells
 from tests.runs import decode
 from ui.text.strings import figure_words

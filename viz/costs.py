@@ -8,7 +8,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engine.model import ModelInfo
+from engine.model_info import ModelInfo
 from engine.timing import DecodeTiming, crossover_context, weight_bytes_read
 from engine.trace import StepTrace
 from viz.style import (

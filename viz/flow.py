@@ -9,7 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engine.model import ModelInfo
+from engine.model_info import ModelInfo
 from engine.trace import StepTrace
 from viz.style import DIVERGING, OKABE_ITO, TOP_LEGEND, finish
 from viz.words import ENGLISH, Words

@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 
 from engine.kv_cache import kv_bytes_per_token
-from engine.model import ModelInfo
+from engine.model_info import ModelInfo
 from viz.style import (
     MOST_LABELLED,
     OKABE_ITO,

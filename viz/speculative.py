@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 import pandas as pd
 import plotly.graph_objects as go
 
-from engine.model import ModelInfo
+from engine.model_info import ModelInfo
 from engine.speculative import VerifyPass
 from engine.timing import decode_step_bytes
 from viz.style import HIT_COLOR, NEWEST_COLOR, OKABE_ITO, PROMPT_COLOR, finish, readable, text_color_on

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
-from engine.model import ModelInfo
+from engine.model_info import ModelInfo
 from engine.trace import StepTrace
 from viz.flow import FlowRow, flow_rows
 from viz.style import OKABE_ITO, finish, fmt_int, fmt_percent, plotly_text

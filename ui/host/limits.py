@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from ui.state.link import RANGES, AppState, Problem
 
 if TYPE_CHECKING:
-    from engine.model import ModelInfo
+    from engine.model_info import ModelInfo
 
 
 @dataclass(frozen=True)

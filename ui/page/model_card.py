@@ -13,7 +13,7 @@ import pandas as pd
 import streamlit as st
 
 from engine.kv_cache import kv_bytes_per_token
-from engine.model import ModelInfo
+from engine.model_info import ModelInfo
 
 MISSING = "—"  # the articles do not give this number for their toy model
 

@@ -40,9 +40,10 @@ import torch  # noqa: E402
 
 import engine  # noqa: E402
 from bench.speculative_peer import MODELS, folder  # noqa: E402
+from engine.drafts import Draft, EarlyExit, NoDraft, PromptLookup  # noqa: E402
 from engine.errors import KvscopeError  # noqa: E402
 from engine.prompt import tokenize_prompt  # noqa: E402
-from engine.speculative import Draft, EarlyExit, NoDraft, PromptLookup, SpeculativeSession  # noqa: E402
+from engine.speculative import SpeculativeSession  # noqa: E402
 
 NEW_TOKENS = 48
 REPEATS = 3

@@ -185,7 +185,8 @@ def run_peer(spec: str, model_dir: str, ids_file: str | None, out: str) -> None:
 # -- ours, and the comparison -------------------------------------------------------------------------------------
 
 def ours_case(model, ids: list[int], case: Case):
-    from engine.speculative import SpeculativeSession, make_draft
+    from engine.drafts import make_draft
+    from engine.speculative import SpeculativeSession
 
     draft = make_draft(case.draft, case.k, case.layers or 1, model, max_ngram=MAX_NGRAM)
     with SpeculativeSession(model, ids, draft, max_new_tokens=NEW_TOKENS) as session:

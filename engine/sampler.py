@@ -123,13 +123,14 @@ def distribution(stages: FilterStages) -> torch.Tensor:
     return torch.softmax(stages.top_p, dim=-1)
 
 
-def sample(logits: torch.Tensor, sampling: Sampling, step: int) -> tuple[int, FilterStages]:
-    """Draw the next id from float32 CPU logits (vocab,); return it and the filtered stages."""
+def sample(logits: torch.Tensor, sampling: Sampling, step: int, stream: int = PLAIN) -> tuple[int, FilterStages]:
+    """Draw the next id from float32 CPU logits (vocab,), on `stream` (argmax when greedy); return it and the
+    filtered stages."""
     stages = filter_logits(logits, sampling)
     if sampling.greedy:
         return int(torch.argmax(logits)), stages
     probs = distribution(stages)
-    drawn = torch.multinomial(probs, 1, generator=step_generator(sampling.seed, step))
+    drawn = torch.multinomial(probs, 1, generator=step_generator(sampling.seed, step, stream))
     return int(drawn), stages
 
 

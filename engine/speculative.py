@@ -17,7 +17,7 @@ Agreeing, as transformers' assisted generation decides it (`generate(prompt_look
   deterministic draft has q = one-hot(x). The tokens are distributed as plain sampling's. Draws come from the
   page's seed, each decided token's own generator (`engine.sampler.step_generator`, streams DRAFT and VERIFY).
 
-The drafts (`DRAFTS`): prompt lookup (the last n-gram found earlier in the text, and what followed it there), and
+The drafts (`engine.drafts`): prompt lookup (the last n-gram found earlier in the text, and what followed it there), and
 early exit (the model's own first n layers, then its final norm and lm_head). Each is one small class with
 `guess`; docs/architecture.md has the recipe for another.
 
@@ -33,152 +33,23 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
 from engine.checks import require_integer
 from engine.detokenizer import IncrementalDetokenizer
+from engine.drafts import Draft
 from engine.errors import InvalidSettingError, SessionStateError
 from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockTable
 from engine.model import Model
 from engine.prompt import tokenize_prompt
-from engine.sampler import DRAFT, VERIFY, Sampling, filter_logits, step_generator
+from engine.sampler import VERIFY, Sampling, distribution, filter_logits, step_generator
 from engine.settings import check_prompt_fits
 from engine.stopping import stop_reason
 from engine.stopwatch import Stopwatch
 from engine.trace import NO_RECORD
 
-DRAFTS = ("lookup", "early_exit")
-MAX_GUESSES = 16  # k: more guesses than this would be rejected almost surely, each a row of work
-MAX_NGRAM = 8  # prompt lookup's longest n-gram
-
-
-# -- drafts ---------------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Guesses:
-    """What a draft proposes: token ids, and the draft's distribution each was drawn from ((len(ids), vocab) after the
-    sampler's filters), None for a deterministic draft (q = one-hot)."""
-
-    ids: list[int]
-    q: torch.Tensor | None = None
-
-
-class Draft(Protocol):
-    """Proposes up to `k` next tokens for the sequence `ids`, whose first `table.length` positions are cached.
-    `room`: how many tokens the answer may still add (transformers' `max_length` less the length)."""
-
-    name: str
-    k: int
-
-    def guess(self, model: Model, table: BlockTable, ids: list[int], room: int, sampling: Sampling) -> Guesses: ...
-
-
-class NoDraft:
-    """No guesses: each pass is a plain decode step (the baseline the others are timed against)."""
-
-    name, k = "none", 0
-
-    def guess(self, model: Model, table: BlockTable, ids: list[int], room: int, sampling: Sampling) -> Guesses:
-        return Guesses([])
-
-
-class PromptLookup:
-    """The continuation of the last n-gram where it occurred before (transformers' `PromptLookupCandidateGenerator`):
-    n from `max_ngram` down to 1, the first occurrence from the left that has tokens after it, up to `k` of them,
-    cut before an end-of-sequence token. Costs no model work; guesses well where the answer quotes the text."""
-
-    name = "lookup"
-
-    def __init__(self, k: int, max_ngram: int = 2):
-        require_integer("k (guesses a pass)", k, 1, MAX_GUESSES)
-        require_integer("max_ngram", max_ngram, 1, MAX_NGRAM)
-        self.k, self.max_ngram = k, max_ngram
-
-    def guess(self, model: Model, table: BlockTable, ids: list[int], room: int, sampling: Sampling) -> Guesses:
-        if room <= 1:  # as transformers: no guesses when one token is left to make
-            return Guesses([])
-        return Guesses(prompt_lookup(ids, self.k, self.max_ngram, model.eos_ids))
-
-
-def prompt_lookup(ids: Sequence[int], k: int, max_ngram: int, eos_ids: set[int] = frozenset()) -> list[int]:
-    """Up to `k` tokens that followed the first earlier occurrence of the longest matching tail n-gram of `ids`."""
-    n = len(ids)
-    for size in range(min(max_ngram, n - 1), 0, -1):
-        tail = list(ids[n - size:])
-        for start in range(n - size + 1):
-            if list(ids[start:start + size]) != tail or start + size >= n:
-                continue
-            found = list(ids[start + size:min(start + size + k, n)])
-            cut = next((i for i, token in enumerate(found) if token in eos_ids), len(found))
-            return found[:cut]
-    return []
-
-
-class EarlyExit:
-    """The model's own first `layers` layers, then its final norm and lm_head (transformers' `assistant_early_exit`):
-    one pass of those layers a guess, greedy or drawn as the sampler draws, stopping after an end-of-sequence token.
-    Reads the K/V the full model cached for those layers, and writes its own for its guesses' positions (the verify
-    pass writes them again). Costs layers/L of a step a guess: it pays only where those layers already predict
-    what the whole model does."""
-
-    name = "early_exit"
-
-    def __init__(self, k: int, layers: int, model_layers: int):
-        require_integer("k (guesses a pass)", k, 1, MAX_GUESSES)
-        require_integer("early-exit layers", layers, 1, model_layers - 1, f" (the model has {model_layers} layers)")
-        self.k, self.layers = k, layers
-
-    def guess(self, model: Model, table: BlockTable, ids: list[int], room: int, sampling: Sampling) -> Guesses:
-        count = min(self.k, room - 1)  # as transformers: the verify pass makes one token more
-        mark, guesses, q_rows = table.length, [], []
-        try:
-            feed = ids[mark:]
-            while len(guesses) < count:
-                start = table.length
-                table.append(len(feed))
-                hidden = model.forward(feed, list(range(start, start + len(feed))), table, NO_RECORD, head=False,
-                                       prefill=start == 0, depth=self.layers)
-                logits = model.logits(hidden[-1])
-                token, q = draw(logits, sampling, len(ids) + len(guesses), DRAFT)  # indexed by position
-                guesses.append(token)
-                q_rows.append(q)
-                if token in model.eos_ids:
-                    break
-                feed = [token]
-        finally:
-            table.roll_back(mark)  # the verify pass reserves its own rows
-        q = None if sampling.greedy or not q_rows else torch.stack(q_rows)
-        return Guesses(guesses, q)
-
-
-def make_draft(name: str, k: int, layers: int, model: Model, max_ngram: int = 2) -> Draft:
-    """The draft `name` (one of DRAFTS, or "none") with its settings, checked."""
-    if name == "none":
-        return NoDraft()
-    if name == "lookup":
-        return PromptLookup(k, max_ngram)
-    if name == "early_exit":
-        return EarlyExit(k, layers, model.info.layers)
-    raise InvalidSettingError(f"draft must be one of none, {', '.join(DRAFTS)}; got {name!r}")
-
-
 # -- the verifier's rule --------------------------------------------------------------------------------------------
-
-def distribution(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
-    """The probabilities a draw reads, (…, vocab): softmax after the sampler's filters (none when greedy)."""
-    return torch.softmax(filter_logits(logits, sampling).top_p, dim=-1)
-
-
-def draw(logits: torch.Tensor, sampling: Sampling, index: int, stream: int) -> tuple[int, torch.Tensor]:
-    """A token for position `index` from `logits` (vocab,) as the sampler draws it (argmax when greedy), on `stream`;
-    and the distribution it was drawn from."""
-    p = distribution(logits, sampling)
-    if sampling.greedy:
-        return int(logits.argmax()), p
-    return int(torch.multinomial(p, 1, generator=step_generator(sampling.seed, index, stream))), p
-
 
 def acceptance(p_x: float, q_x: float) -> float:
     """The chance a guess x is kept: min(1, p(x)/q(x))."""
@@ -319,7 +190,7 @@ class SpeculativeSession:
             table.roll_back(start)
             raise
         logits = model.logits(hidden[-len(guessed) - 1:])  # (guesses + 1, vocab): the rows that decide tokens
-        top, p = logits.argmax(-1).tolist(), distribution(logits, sampling)
+        top, p = logits.argmax(-1).tolist(), distribution(filter_logits(logits, sampling))
         first = len(self.generated)  # the answer index the first decided token takes
         if sampling.greedy:
             verdict = judge_greedy(top, guessed)

@@ -9,19 +9,8 @@ import pytest
 import torch
 
 import engine
-from engine.speculative import (
-    EarlyExit,
-    Guesses,
-    NoDraft,
-    PromptLookup,
-    SpeculativeSession,
-    acceptance,
-    judge_greedy,
-    judge_sampled,
-    make_draft,
-    prompt_lookup,
-    residual,
-)
+from engine.drafts import EarlyExit, Guesses, NoDraft, PromptLookup, make_draft, prompt_lookup
+from engine.speculative import SpeculativeSession, acceptance, judge_greedy, judge_sampled, residual
 from tests.conftest import FAMILIES
 
 # Repeats itself, so prompt lookup has something to find even on a random model's answer.

@@ -8,7 +8,8 @@ import functools
 import pytest
 from playwright.sync_api import expect
 
-from engine.speculative import PromptLookup, SpeculativeSession
+from engine.drafts import PromptLookup
+from engine.speculative import SpeculativeSession
 from engine.timing import weight_bytes_read
 from tests.app_helpers import assert_clean, start
 from tests.helpers import choose, idle, until_link, widget

@@ -15,9 +15,10 @@ import time
 from dataclasses import dataclass
 
 import engine
+from engine.drafts import make_draft
 from engine.prompt import tokenize_prompt
 from engine.sampler import Sampling
-from engine.speculative import SpeculativeSession, VerifyPass, make_draft
+from engine.speculative import SpeculativeSession, VerifyPass
 from ui.runs import turns
 from ui.runs.store import RunStore
 

@@ -15,11 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+from engine.drafts import DRAFTS, MAX_GUESSES
 from engine.eviction import EVICTION_POLICIES
 from engine.kv_cache import DEFAULT_BLOCK_SIZE
 from engine.prefix_cache import REUSE_POLICIES
 from engine.sampler import TEMPERATURE_FLOOR
-from engine.speculative import DRAFTS, MAX_GUESSES
 from viz.words import LANGUAGES as LANGS
 
 DEFAULT_PROMPTS = {"en": "What is a KV cache?", "zh": "什么是 KV 缓存？KV 缓存是"}  # a page opens with its language's
@@ -69,7 +69,7 @@ class AppState:
     serve_seqs: int = 4
     serve_round: int = 0  # a round of the class's questions its teacher served (ui/follow/class_prompts.py); 0: none
     # The speculative view (ui/runs/speculative.py): its prompt (one that quotes itself, a free one, the page's), the
-    # draft that guesses (engine.speculative.DRAFTS), the guesses a pass (k) and early exit's layers (n)
+    # draft that guesses (engine.drafts.DRAFTS), the guesses a pass (k) and early exit's layers (n)
     spec_prompt: str = "edit"
     draft: str = "lookup"
     draft_k: int = 5

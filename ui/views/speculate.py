@@ -9,8 +9,8 @@ import weakref
 
 import streamlit as st
 
+from engine.drafts import DRAFTS
 from engine.errors import KvscopeError
-from engine.speculative import DRAFTS
 from ui.runs.speculative import SpeculativeRun
 from ui.state.link import SPEC_PROMPTS, bounds
 from ui.text.strings import Shown

@@ -146,7 +146,7 @@ class BlockTable:
     _device_blocks: torch.Tensor | None = None
 
     @property
-    def manager(self) -> BlockManager:
+    def block_manager(self) -> BlockManager:
         return self.pool.block_manager
 
     def __post_init__(self) -> None:
@@ -165,13 +165,13 @@ class BlockTable:
         CacheFullError with the table unchanged. (If an allocation fails anyway, `roll_back` undoes what was added.)
         """
         size = self.pool.block_size
-        self.manager.require_free(self.blocks_needed(count))
+        self.block_manager.require_free(self.blocks_needed(count))
         if self.window is not None:
-            self.window.manager.require_free(self.window.blocks_needed(count))
+            self.window.block_manager.require_free(self.window.blocks_needed(count))
         placed = []
         for position in range(self.length, self.length + count):
             if position // size == self.dropped + len(self.blocks):
-                self.add(self.manager.allocate())
+                self.add(self.block_manager.allocate())
             placed.append((self.blocks[position // size - self.dropped], position % size))
         self.length += count
         if self.window is not None:
@@ -185,14 +185,14 @@ class BlockTable:
         size = self.pool.block_size
         tail = self.length % size  # positions filled in a partly filled last block
         shared = self.blocks[:-1] if tail else list(self.blocks)
-        self.manager.require_free(1 if tail else 0)
+        self.block_manager.require_free(1 if tail else 0)
         twin = BlockTable(self.pool, [], self.length, dropped=self.dropped,
                           window=self.window.fork() if self.window is not None else None)
         for block in shared:
-            self.manager.retain(block)
+            self.block_manager.retain(block)
             twin.add(block)
         if tail:
-            block, last = self.manager.allocate(), self.blocks[-1]
+            block, last = self.block_manager.allocate(), self.blocks[-1]
             self.pool.copy_slots([last * size + i for i in range(tail)], [block * size + i for i in range(tail)])
             twin.add(block)
         return twin
@@ -216,7 +216,7 @@ class BlockTable:
         keep = max(0, -(-mark // self.pool.block_size) - self.dropped)
         released = self.blocks[keep:]
         for block in reversed(released):
-            self.manager.release(block)
+            self.block_manager.release(block)
         del self.blocks[keep:]
         self.length = mark
         self._device_blocks = None
@@ -235,7 +235,7 @@ class BlockTable:
         gone = []
         while table.blocks and (table.dropped + 1) * size <= reach:
             gone.append(table.blocks.pop(0))
-            table.manager.release(gone[-1])
+            table.block_manager.release(gone[-1])
             table.dropped += 1
         table._device_blocks = None
         return gone
@@ -278,7 +278,7 @@ class BlockTable:
     def free(self) -> None:
         # Last blocks first, so a sequence's tail is taken again before the prefix others may share.
         for block in reversed(self.blocks):
-            self.manager.release(block)
+            self.block_manager.release(block)
         self.blocks = []
         self.length = 0
         self.dropped = 0

@@ -265,7 +265,7 @@ class DecodeSession:
         clock.lap("sample")
         self.generated.append(token_id)
         self.stop_reason = stop_reason(token_id, model.eos_ids, len(self.generated), self.max_new_tokens,
-                                       len(self.ids), model.info.context_limit)
+                                       len(self.prompt_ids) + len(self.generated), model.info.context_limit)
         tokenizer = model.tokenizer
         trace = StepTrace(
             step=step,

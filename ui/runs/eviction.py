@@ -213,7 +213,7 @@ class EvictionPair:
 
 def pair_for(store: RunStore, model: engine.Model, prompt_ids: list[int], settings: EvictionSettings, wanted: int,
              step_memory_mb: int) -> EvictionPair:
-    """The pair for these settings, from the lab of their lab settings in `store` (built once); raises
+    """The pair for these settings, from the lab for their lab settings in `store` (built once); raises
     `InvalidSettingError` (the engine's, or a plan with no step that fits the host's step memory) before anything
     is held."""
     budget = settings.engine_budget()

@@ -59,11 +59,17 @@ def measure(folder: str, dtype_name: str, steps: int) -> dict:
         session.prefill()
         for _ in range(steps):
             session.step()
-    return {"dtype": model.info.dtype, "kv_bytes_per_token": model.info.kv_bytes_per_token,
-            "parameters": model.info.parameters, "weights_mb": round(weight_bytes(model) / 1e6),
-            "imports_mb": round(imports), "loaded_mb": round(loaded), "peak_mb": round(status_mb("VmHWM")),
-            "load_s": round(load_s, 1),
-            "tokens": session.generated}
+    return {
+        "dtype": model.info.dtype,
+        "kv_bytes_per_token": model.info.kv_bytes_per_token,
+        "parameters": model.info.parameters,
+        "weights_mb": round(weight_bytes(model) / 1e6),
+        "imports_mb": round(imports),
+        "loaded_mb": round(loaded),
+        "peak_mb": round(status_mb("VmHWM")),
+        "load_s": round(load_s, 1),
+        "tokens": session.generated,
+    }
 
 
 def measure_in_subprocess(folder: str, dtype_name: str = "bfloat16", steps: int = 8) -> dict:

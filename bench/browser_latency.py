@@ -103,8 +103,15 @@ def spread(values: list[float]) -> str:
 # header, then the text, showed the step, and one frame after the run ended (idle). A frame's callback runs just
 # before it is painted, so what it sees is on screen in that frame. Waiting for each in turn from here instead
 # would time when this script could ask again: a long task (Plotly drawing) delays the question, not the screen.
-WATCH = """([header, text]) => {
-  const readHeader = """ + HEADER + """, readText = """ + TEXT + """, idle = """ + IDLE + """;
+WATCH = (
+    """([header, text]) => {
+  const readHeader = """
+    + HEADER
+    + """, readText = """
+    + TEXT
+    + """, idle = """
+    + IDLE
+    + """;
   const changed = (now, before) => now !== "" && now !== before;  // a blanked placeholder is not news
   const times = {start: null, token: null, text: null, idle: null, drawn: null};
   window.kvPress = times;
@@ -121,6 +128,7 @@ WATCH = """([header, text]) => {
   };
   requestAnimationFrame(frame);
 }"""
+)
 
 
 def press_step(page, wire: Wire, key: str = "ArrowRight") -> dict[str, float]:
@@ -134,9 +142,13 @@ def press_step(page, wire: Wire, key: str = "ArrowRight") -> dict[str, float]:
     page.wait_for_function("() => window.kvPress.drawn !== null", timeout=WAIT_MS, polling=100)
     page.wait_for_timeout(300)  # late messages of this run still count as this press's
     times = page.evaluate("window.kvPress")
-    return {"token": times["token"] - times["start"], "text": times["text"] - times["start"],
-            "drawn": times["drawn"] - times["start"], "server": 1000 * (wire.last - start),
-            "bytes": wire.bytes - sent_before}
+    return {
+        "token": times["token"] - times["start"],
+        "text": times["text"] - times["start"],
+        "drawn": times["drawn"] - times["start"],
+        "server": 1000 * (wire.last - start),
+        "bytes": wire.bytes - sent_before,
+    }
 
 
 def views(browser, url: str, presses: int, warm: int) -> None:
@@ -151,12 +163,18 @@ def views(browser, url: str, presses: int, warm: int) -> None:
         page.locator("h1").first.click()
         runs = [press_step(page, wire) for _ in range(warm + presses)][warm:]
         kib = statistics.median(r["bytes"] for r in runs) / 1024
-        print(f"  {view:9s} token {spread([r['token'] for r in runs])}  text {spread([r['text'] for r in runs])}  "
-              f"drawn {spread([r['drawn'] for r in runs])}  server {spread([r['server'] for r in runs])}  "
-              f"{kib:7.0f} KiB/press", flush=True)
+        print(
+            f"  {view:9s} token {spread([r['token'] for r in runs])}  text {spread([r['text'] for r in runs])}  "
+            f"drawn {spread([r['drawn'] for r in runs])}  server {spread([r['server'] for r in runs])}  "
+            f"{kib:7.0f} KiB/press",
+            flush=True,
+        )
         back = [press_step(page, wire, "ArrowLeft") for _ in range(presses)]
-        print(f"  {'':9s} ← to a computed step: token {spread([r['token'] for r in back])}  drawn "
-              f"{spread([r['drawn'] for r in back])}", flush=True)
+        print(
+            f"  {'':9s} ← to a computed step: token {spread([r['token'] for r in back])}  drawn "
+            f"{spread([r['drawn'] for r in back])}",
+            flush=True,
+        )
         page.close()
 
 
@@ -173,18 +191,23 @@ def switch(browser, url: str, rounds: int = 2) -> None:
             start = time.perf_counter()
             label.click()
             wanted = "null" if view == "flow" else repr(view)  # the default view is not in the link
-            page.wait_for_function(f"() => new URL(location.href).searchParams.get('view') === {wanted}",
-                                   timeout=WAIT_MS, polling="raf")
+            page.wait_for_function(
+                f"() => new URL(location.href).searchParams.get('view') === {wanted}", timeout=WAIT_MS, polling="raf"
+            )
             page.wait_for_function(IDLE, timeout=WAIT_MS, polling="raf")
             page.evaluate(PAINTED)
             times[view].append(1000 * (time.perf_counter() - start))
     every = [t for values in times.values() for t in values]
-    print("  view switch: " + ", ".join(f"{view} {statistics.median(values):.0f}" for view, values in times.items())
-          + f" ms; all {spread(every)}, worst {max(every):.0f} ms", flush=True)
+    print(
+        "  view switch: "
+        + ", ".join(f"{view} {statistics.median(values):.0f}" for view, values in times.items())
+        + f" ms; all {spread(every)}, worst {max(every):.0f} ms",
+        flush=True,
+    )
     page.close()
 
 
-WORST_LINK = ("prompt=" + quote(" ".join(["token"] * 382)) + "&chat=0&block_size=1&step=128&temperature=1&seed=3")
+WORST_LINK = "prompt=" + quote(" ".join(["token"] * 382)) + "&chat=0&block_size=1&step=128&temperature=1&seed=3"
 WORST_VIEWS = VIEWS[:3] + ("kv&pool=busy",) + VIEWS[3:]  # the KV view's busy pool replays the run in another pool
 
 
@@ -205,9 +228,12 @@ def worst(browser, url: str, presses: int) -> None:
             print(f"  {view:13s} open {opened:7.0f} ms; ← not drawn within {WAIT_MS / 1000:.0f} s", flush=True)
             page.close()
             continue
-        print(f"  {view:13s} open {opened:7.0f} ms; ← token {spread([r['token'] for r in back])}  drawn "
-              f"{spread([r['drawn'] for r in back])}, worst {max(r['drawn'] for r in back):6.0f} ms  "
-              f"{statistics.median(r['bytes'] for r in back) / 1024:7.0f} KiB/press", flush=True)
+        print(
+            f"  {view:13s} open {opened:7.0f} ms; ← token {spread([r['token'] for r in back])}  drawn "
+            f"{spread([r['drawn'] for r in back])}, worst {max(r['drawn'] for r in back):6.0f} ms  "
+            f"{statistics.median(r['bytes'] for r in back) / 1024:7.0f} KiB/press",
+            flush=True,
+        )
         page.close()
 
 
@@ -218,8 +244,9 @@ def peak_rss_mb(process) -> float:
 
 
 def chapter_in_link(page, number: int) -> None:
-    page.wait_for_function(f"() => new URL(location.href).searchParams.get('chapter') === '{number}'",
-                           timeout=WAIT_MS, polling="raf")
+    page.wait_for_function(
+        f"() => new URL(location.href).searchParams.get('chapter') === '{number}'", timeout=WAIT_MS, polling="raf"
+    )
     page.wait_for_function(IDLE, timeout=WAIT_MS, polling="raf")
     page.evaluate(PAINTED)
 
@@ -270,13 +297,15 @@ def followers(browser, url: str, count: int, presses: int) -> None:
             wire.frames, wire.watching = [], True
         start = time.perf_counter()
         leader.keyboard.press("ArrowRight")
-        leader.wait_for_function(f"() => document.querySelector('.kv-counter')?.textContent !== {before!r}",
-                                 timeout=WAIT_MS, polling="raf")
+        leader.wait_for_function(
+            f"() => document.querySelector('.kv-counter')?.textContent !== {before!r}", timeout=WAIT_MS, polling="raf"
+        )
         own.append(1000 * (time.perf_counter() - start))
         target = counter(leader)
         for page in pages:
-            page.wait_for_function(f"() => document.querySelector('.kv-counter')?.textContent === {target!r}",
-                                   timeout=WAIT_MS, polling=50)
+            page.wait_for_function(
+                f"() => document.querySelector('.kv-counter')?.textContent === {target!r}", timeout=WAIT_MS, polling=50
+            )
         lags.append(1000 * (time.perf_counter() - start))
         arrivals = [wire.arrived('kv-counter">' + html.escape(target)) for wire in wires]
         sent.append(1000 * (max(a for a in arrivals if a is not None) - start))
@@ -284,16 +313,22 @@ def followers(browser, url: str, count: int, presses: int) -> None:
             wire.watching = False
         leader.wait_for_function(IDLE, timeout=WAIT_MS)
         time.sleep(1.0)
-    print(f"  {count} followers: leader's own → {spread(own)}; last follower sent the step {spread(sent)}; "
-          f"last follower shows it {spread(lags)}", flush=True)
+    print(
+        f"  {count} followers: leader's own → {spread(own)}; last follower sent the step {spread(sent)}; "
+        f"last follower shows it {spread(lags)}",
+        flush=True,
+    )
     alone = pages[0]  # a student steps on their own: told at once that the teacher's moves no longer move them
     alone.locator("h1").first.click()
     start = time.perf_counter()
     alone.keyboard.press("ArrowRight")
-    alone.wait_for_function(f"() => document.body.innerText.includes({strings.t('follow_alone')!r})",
-                            timeout=WAIT_MS, polling="raf")
-    print(f"  a follower's own → until its banner says it left following: "
-          f"{1000 * (time.perf_counter() - start):.0f} ms", flush=True)
+    alone.wait_for_function(
+        f"() => document.body.innerText.includes({strings.t('follow_alone')!r})", timeout=WAIT_MS, polling="raf"
+    )
+    print(
+        f"  a follower's own → until its banner says it left following: {1000 * (time.perf_counter() - start):.0f} ms",
+        flush=True,
+    )
     for page in pages + [leader]:
         page.close()
 
@@ -307,8 +342,9 @@ class SocketFollower:
         self._lock = threading.Lock()
         opening = BackMsg()
         opening.rerun_script.query_string = query
-        self._socket = connect(f"ws://{urlsplit(url).netloc}/_stcore/stream", subprotocols=["streamlit"],
-                               max_size=None, legacy=True)  # closed by `close`, not a with block
+        self._socket = connect(
+            f"ws://{urlsplit(url).netloc}/_stcore/stream", subprotocols=["streamlit"], max_size=None, legacy=True
+        )  # closed by `close`, not a with block
         self._socket.send(opening.SerializeToString())
         threading.Thread(target=self._receive, daemon=True).start()
 
@@ -334,8 +370,9 @@ def leader_press(leader) -> float:
     before = counter(leader)
     start = time.perf_counter()
     leader.keyboard.press("ArrowRight")
-    leader.wait_for_function(f"() => document.querySelector('.kv-counter')?.textContent !== {before!r}",
-                             timeout=WAIT_MS, polling="raf")
+    leader.wait_for_function(
+        f"() => document.querySelector('.kv-counter')?.textContent !== {before!r}", timeout=WAIT_MS, polling="raf"
+    )
     return 1000 * (time.perf_counter() - start)
 
 
@@ -383,11 +420,14 @@ def socket_followers(browser, url: str, count: int, presses: int, server) -> Non
         leader.wait_for_function(IDLE, timeout=WAIT_MS)
         time.sleep(2.0)  # the followers' runs end too
     per_follower = (statistics.median(cpu) - statistics.median(alone_cpu)) / count
-    print(f"  leader alone → {spread(alone)}; with {count} socket followers: leader's own → {spread(own)} "
-          f"({statistics.median(own) / statistics.median(alone):.2f} × alone); the step sent to the first follower "
-          f"{spread(first)}, the median one {spread(middle)}, the last {spread(last)}; the server's CPU a press "
-          f"{statistics.median(alone_cpu):.0f} ms alone, {statistics.median(cpu):.0f} ms with them "
-          f"({per_follower:.1f} ms a follower)", flush=True)
+    print(
+        f"  leader alone → {spread(alone)}; with {count} socket followers: leader's own → {spread(own)} "
+        f"({statistics.median(own) / statistics.median(alone):.2f} × alone); the step sent to the first follower "
+        f"{spread(first)}, the median one {spread(middle)}, the last {spread(last)}; the server's CPU a press "
+        f"{statistics.median(alone_cpu):.0f} ms alone, {statistics.median(cpu):.0f} ms with them "
+        f"({per_follower:.1f} ms a follower)",
+        flush=True,
+    )
     for follower in followers:
         follower.close()
     leader.close()
@@ -408,12 +448,17 @@ def play(browser, url: str, tokens: int = 60) -> None:
     step = lambda: int(page.evaluate("() => new URL(location.href).searchParams.get('step') ?? '0'"))  # noqa: E731
     page.wait_for_function("() => Number(new URL(location.href).searchParams.get('step')) >= 2", timeout=WAIT_MS)
     first, start = step(), time.perf_counter()
-    page.wait_for_function(f"() => Number(new URL(location.href).searchParams.get('step')) >= {first + tokens}",
-                           timeout=WAIT_MS, polling="raf")
+    page.wait_for_function(
+        f"() => Number(new URL(location.href).searchParams.get('step')) >= {first + tokens}",
+        timeout=WAIT_MS,
+        polling="raf",
+    )
     elapsed = time.perf_counter() - start
     rate = tokens / elapsed
-    print(f"  Play at 0.3 s: {tokens} tokens in {elapsed:.1f} s = {rate:.2f} tokens/s "
-          f"({rate * 0.3:.2f} × the pace)", flush=True)
+    print(
+        f"  Play at 0.3 s: {tokens} tokens in {elapsed:.1f} s = {rate:.2f} tokens/s ({rate * 0.3:.2f} × the pace)",
+        flush=True,
+    )
     page.close()
 
 

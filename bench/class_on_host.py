@@ -176,8 +176,10 @@ def link_for(seat: Seat, follow_query: str, prompt: str, late_step: int) -> str:
     if seat.role == "evict":
         policy = EVICTION_POLICIES[seat.number % len(EVICTION_POLICIES)]
         return f"step={EVICTION_STEP}&view=eviction&evict={policy}&ratio=0.5{lang}"
-    return (f"prompt={quote(prompt)}&chat=0&block_size=1&kv_splits={APP_MAX_KV_SPLITS}&step={late_step}"
-            f"&view={HEAVY_VIEWS[seat.number // 2 % 2]}{lang}")
+    return (
+        f"prompt={quote(prompt)}&chat=0&block_size=1&kv_splits={APP_MAX_KV_SPLITS}&step={late_step}"
+        f"&view={HEAVY_VIEWS[seat.number // 2 % 2]}{lang}"
+    )
 
 
 @dataclass(frozen=True)
@@ -231,8 +233,10 @@ class Student(SocketFollower):
         kind, element = msg.WhichOneof("type"), msg.delta.new_element
         shown = element.WhichOneof("type") if kind == "delta" else None
         if shown == "button" and element.button.id.endswith("-b_next"):
-            self.next_button, self.buttons_at = (NextButton(element.button.id, msg.delta.fragment_id,
-                                                            element.button.disabled), at)
+            self.next_button, self.buttons_at = (
+                NextButton(element.button.id, msg.delta.fragment_id, element.button.disabled),
+                at,
+            )
         elif shown == "exception" or (shown == "alert" and element.alert.format == Alert.ERROR):
             self.error = element.exception.message if shown == "exception" else element.alert.body
         elif kind == "page_info_changed":
@@ -277,7 +281,7 @@ class Student(SocketFollower):
     def step_sent(self, since: float, step: int) -> float | None:
         """When the first message from `since` on carried the header of step `step`."""
         with self._lock:
-            frames = self.frames[bisect.bisect_left(self.frames, since, key=lambda frame: frame[0]):]
+            frames = self.frames[bisect.bisect_left(self.frames, since, key=lambda frame: frame[0]) :]
         for at, data in frames:
             found = COUNTER.search(data)
             if found and int(found.group(1)) == step:
@@ -365,7 +369,8 @@ class ClassRun:
     teacher: list[dict] = field(default_factory=list)  # press_step's times per press
     lags: list[list[float | None]] = field(default_factory=list)  # per press, per follower
     explored: dict[str, list[tuple[float, float]]] = field(
-        default_factory=lambda: {"light": [], "heavy": [], "evict": []})
+        default_factory=lambda: {"light": [], "heavy": [], "evict": []}
+    )
     opened: dict[str, list[float]] = field(default_factory=dict)  # a class exploring: each page's opening, by role
     greyed: int = 0  # explorers' presses not made: Next greyed (the answer ended)
     lost: int = 0  # explorers' presses whose step never came
@@ -400,19 +405,29 @@ def step_of(text: str) -> int:
     return int(re.search(r"\d+", text).group())
 
 
-def join(url: str, seats: list[Seat], follow_query: str, prompts: dict, late_step: int, teacher_step: int,
-         result: ClassRun, memory: ServerMemory) -> list[Student]:
+def join(
+    url: str,
+    seats: list[Seat],
+    follow_query: str,
+    prompts: dict,
+    late_step: int,
+    teacher_step: int,
+    result: ClassRun,
+    memory: ServerMemory,
+) -> list[Student]:
     """The followers join one after another (each until it shows the teacher's step), then the explorers open
     their links all at once (until every one has drawn its step)."""
     students = []
     memory.phase, start = "followers join", time.perf_counter()
     for seat in (s for s in seats if s.role == "follower"):
         students.append(Student(url, link_for(seat, follow_query, "", late_step), seat))
-        assert wait_for(lambda: students[-1].step_sent(0, teacher_step) and students[-1].ready(), WAIT_S), \
+        assert wait_for(lambda: students[-1].step_sent(0, teacher_step) and students[-1].ready(), WAIT_S), (
             f"a follower ({seat.lang}) never showed the teacher's step"
+        )
     memory.phase, opened = "explorers open", time.perf_counter()
-    explorers = [Student(url, link_for(s, follow_query, prompts.get(s), late_step), s)
-                 for s in seats if s.role != "follower"]
+    explorers = [
+        Student(url, link_for(s, follow_query, prompts.get(s), late_step), s) for s in seats if s.role != "follower"
+    ]
     assert wait_for(lambda: all(e.ready() for e in explorers), OPEN_S, every=0.5), "an explorer's link never drew"
     result.joined_s = {"followers": opened - start, "explorers": time.perf_counter() - opened}
     heavy = next((e for e in explorers if e.seat.role == "heavy"), None)
@@ -453,8 +468,9 @@ def teach(page, wire, followers: list[Student], presses: int, pace: float, resul
         pressed = clock + page.evaluate("window.kvPress.start") / 1000
         step = step_of(counter(page))
         wait_for(lambda: all(f.step_sent(pressed, step) for f in followers), FOLLOW_S, every=0.05)
-        result.lags.append([None if (sent := f.step_sent(pressed, step)) is None else 1000 * (sent - pressed)
-                            for f in followers])
+        result.lags.append(
+            [None if (sent := f.step_sent(pressed, step)) is None else 1000 * (sent - pressed) for f in followers]
+        )
         at = max(at + pace, time.perf_counter())
 
 
@@ -462,8 +478,7 @@ def run_class(root: Path, label: str, args, prompts: dict, late_step: int) -> Cl
     result = ClassRun(label)
     log = Path(tempfile.gettempdir()) / f"kvscope-class-on-host-{label.split()[0]}.log"
     print(f"{label}: app of {root} (server log {log})", flush=True)
-    with running_server(log, root=root) as (url, process), \
-            ServerMemory(process.pid) as memory, chromium() as browser:
+    with running_server(log, root=root) as (url, process), ServerMemory(process.pid) as memory, chromium() as browser:
         memory.phase = "models load"
         page, wire, follow_query = open_teacher(browser, url, args.langs[0])
         if args.langs[0] != "zh" and "zh" in args.langs:
@@ -473,13 +488,27 @@ def run_class(root: Path, label: str, args, prompts: dict, late_step: int) -> Cl
         memory.phase = "idle"
         time.sleep(3)
         result.idle = memory.read()
-        students = join(url, roster(args.students, args.langs), follow_query, prompts, late_step,
-                        step_of(counter(page)), result, memory)
+        students = join(
+            url,
+            roster(args.students, args.langs),
+            follow_query,
+            prompts,
+            late_step,
+            step_of(counter(page)),
+            result,
+            memory,
+        )
         memory.phase = "class"
         rng, start = random.Random(7), time.perf_counter()
-        threads = [threading.Thread(target=explore, args=(s, args.presses, start + rng.uniform(0, args.pace),
-                                                          args.pace, result), daemon=True)
-                   for s in students if s.seat.role != "follower"]
+        threads = [
+            threading.Thread(
+                target=explore,
+                args=(s, args.presses, start + rng.uniform(0, args.pace), args.pace, result),
+                daemon=True,
+            )
+            for s in students
+            if s.seat.role != "follower"
+        ]
         with CpuSplit(psutil.Process(process.pid)) as cpu:
             for thread in threads:
                 thread.start()
@@ -526,8 +555,10 @@ def run_exploring_class(root: Path, label: str, args, prompts: dict, late_step: 
         start = time.perf_counter()
         with CpuSplit(psutil.Process(process.pid)) as cpu:
             students = [Student(url, link_for(s, "", prompts.get(s), late_step), s) for s in seats]
-            threads = [threading.Thread(target=open_and_explore, args=(s, start, args.presses, result), daemon=True)
-                       for s in students]
+            threads = [
+                threading.Thread(target=open_and_explore, args=(s, start, args.presses, result), daemon=True)
+                for s in students
+            ]
             for thread in threads:
                 thread.start()
             for thread in threads:
@@ -596,8 +627,7 @@ def peak_text(peak: tuple) -> str:
 def lag_parts(run: ClassRun) -> tuple[list[float], list[float], int]:
     """Every follower's lag, each press's last follower's, and how many were missed."""
     every = [lag for press in run.lags for lag in press if lag is not None]
-    last = [max(lag for lag in press if lag is not None) for press in run.lags
-            if any(lag is not None for lag in press)]
+    last = [max(lag for lag in press if lag is not None) for press in run.lags if any(lag is not None for lag in press)]
     return every, last, sum(lag is None for press in run.lags for lag in press)
 
 
@@ -618,16 +648,21 @@ def rows(run: ClassRun) -> dict[str, str]:
         "heavy explorers → step sent, p50 / p90": ms([shown for shown, _ in run.explored["heavy"]]),
         "explorers → run finished, p50 / p90": ms([ended for _, ended in explored]),
         "followers' lag, p50 / p90": ms(every),
-        "last follower's lag, median / worst": "—" if not last else
-        f"{statistics.median(last):.0f} / {max(last):.0f} ms" + (f" ({missed} missed)" if missed else ""),
+        "last follower's lag, median / worst": "—"
+        if not last
+        else f"{statistics.median(last):.0f} / {max(last):.0f} ms" + (f" ({missed} missed)" if missed else ""),
     }
 
 
 def report(run: ClassRun) -> None:
-    print(f"  joined: followers in {run.joined_s['followers']:.1f} s, explorers' links drawn in "
-          f"{run.joined_s['explorers']:.0f} s; heavy link as the host allows it: {run.heavy_link or '—'}")
-    print(f"  teacher presses {len(run.teacher)}; explorers' presses {sum(map(len, run.explored.values()))} "
-          f"({run.greyed} explorers stopped at a greyed Next, {run.lost} presses lost)")
+    print(
+        f"  joined: followers in {run.joined_s['followers']:.1f} s, explorers' links drawn in "
+        f"{run.joined_s['explorers']:.0f} s; heavy link as the host allows it: {run.heavy_link or '—'}"
+    )
+    print(
+        f"  teacher presses {len(run.teacher)}; explorers' presses {sum(map(len, run.explored.values()))} "
+        f"({run.greyed} explorers stopped at a greyed Next, {run.lost} presses lost)"
+    )
     for error in run.errors:
         print(f"  lost: {error[:300]}")
     for name, value in rows(run).items():
@@ -635,8 +670,7 @@ def report(run: ClassRun) -> None:
 
 
 def table(runs: list[ClassRun], exploring: bool = False) -> str:
-    lines = ["| class on one host | " + " | ".join(run.label for run in runs) + " |",
-             "|---|" + "---|" * len(runs)]
+    lines = ["| class on one host | " + " | ".join(run.label for run in runs) + " |", "|---|" + "---|" * len(runs)]
     by_run = [exploring_rows(run) if exploring else rows(run) for run in runs]
     return "\n".join(lines + [f"| {name} | " + " | ".join(r[name] for r in by_run) + " |" for name in by_run[0]])
 
@@ -646,8 +680,9 @@ def worktree(ref: str):
     """A `git worktree` of `ref` in a temporary folder; removed after."""
     with tempfile.TemporaryDirectory(prefix="kvscope-before-") as parent:
         folder = Path(parent) / "checkout"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(folder), ref], check=True,
-                       capture_output=True)
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(folder), ref], check=True, capture_output=True
+        )
         try:
             yield folder
         finally:
@@ -659,8 +694,12 @@ def main() -> None:
     parser.add_argument("--students", type=int, default=30)
     parser.add_argument("--presses", type=int, default=10, help="the teacher's presses (and each explorer's)")
     parser.add_argument("--pace", type=float, default=3.0, help="seconds between a student's presses")
-    parser.add_argument("--langs", type=lambda text: tuple(text.split(",")), default=("en", "zh"),
-                        help="the class's languages: en,zh (both models) or zh (embedded-zh alone)")
+    parser.add_argument(
+        "--langs",
+        type=lambda text: tuple(text.split(",")),
+        default=("en", "zh"),
+        help="the class's languages: en,zh (both models) or zh (embedded-zh alone)",
+    )
     parser.add_argument("--before", help="a git ref to run the same class against first, in the same run")
     parser.add_argument("--explore", action="store_true", help="a class exploring on its own (no teacher)")
     args = parser.parse_args()
@@ -668,24 +707,43 @@ def main() -> None:
     late_step = max(1, limits.max_new_tokens - args.presses - 1)
     tokens = {lang: heaviest_prompt(limits, lang) for lang in args.langs}
     seats = explorers_roster(args.students, args.langs) if args.explore else roster(args.students, args.langs)
-    prompts = {seat: exact_prompt(seat.lang, tokens[seat.lang], seat.number)
-               for seat in seats if seat.role == "heavy"}
-    print(f"{args.students} students: " + ", ".join(f"{sum(s.role == r and s.lang == lang for s in seats)} {r} {lang}"
-                                                     for r in ("follower", "light", "heavy", "evict")
-                                                     for lang in ("en", "zh"))
-          + f"; {args.presses} presses every {args.pace:.0f} s; heavy links ask for a prompt of "
-          + ", ".join(f"{count} tokens ({lang})" for lang, count in tokens.items()) + ", "
-          f"block_size 1, kv_splits {APP_MAX_KV_SPLITS}, step {late_step}; the servers' environment: "
-          + (" ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("KVSCOPE_"))
-             or "no KVSCOPE_* (each checkout's defaults)"), flush=True)
+    prompts = {seat: exact_prompt(seat.lang, tokens[seat.lang], seat.number) for seat in seats if seat.role == "heavy"}
+    print(
+        f"{args.students} students: "
+        + ", ".join(
+            f"{sum(s.role == r and s.lang == lang for s in seats)} {r} {lang}"
+            for r in ("follower", "light", "heavy", "evict")
+            for lang in ("en", "zh")
+        )
+        + f"; {args.presses} presses every {args.pace:.0f} s; heavy links ask for a prompt of "
+        + ", ".join(f"{count} tokens ({lang})" for lang, count in tokens.items())
+        + ", "
+        f"block_size 1, kv_splits {APP_MAX_KV_SPLITS}, step {late_step}; the servers' environment: "
+        + (
+            " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("KVSCOPE_"))
+            or "no KVSCOPE_* (each checkout's defaults)"
+        ),
+        flush=True,
+    )
     runs = []
     run = run_exploring_class if args.explore else run_class
     with contextlib.ExitStack() as stack:
         if args.before:
-            sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.before], check=True,
-                                 capture_output=True, text=True).stdout.strip()
-            runs.append(run(stack.enter_context(worktree(args.before)), f"before ({args.before}, {sha})",
-                            args, prompts, late_step))
+            sha = subprocess.run(
+                ["git", "-C", str(ROOT), "rev-parse", "--short", args.before],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+            runs.append(
+                run(
+                    stack.enter_context(worktree(args.before)),
+                    f"before ({args.before}, {sha})",
+                    args,
+                    prompts,
+                    late_step,
+                )
+            )
         runs.append(run(ROOT, "after (this checkout)", args, prompts, late_step))
     print("\n" + table(runs, args.explore))
 

@@ -46,7 +46,9 @@ async def open_until_ready(browser, address: str) -> float:
                === 'notRunning'
            && new URL(location.href).searchParams.has('step')
            && document.querySelector('.st-key-b_back button:not([disabled])') !== null""",
-        timeout=900_000, polling=50)
+        timeout=900_000,
+        polling=50,
+    )
     seconds = time.perf_counter() - started
     await context.close()
     return seconds
@@ -90,10 +92,15 @@ async def measure(url: str, server: psutil.Process, pages: int, step: int) -> di
             with CpuSplit(server) as alone_cpu:
                 alone = await open_until_ready(browser, link(url, step, seed=1))
             with CpuSplit(server) as together_cpu:
-                together = await asyncio.gather(*(open_until_ready(browser, link(url, step, seed=2))
-                                                  for _ in range(pages)))
-            return {"alone": alone, "together": sorted(together), "alone_cpu": alone_cpu.used,
-                    "together_cpu": together_cpu.used}
+                together = await asyncio.gather(
+                    *(open_until_ready(browser, link(url, step, seed=2)) for _ in range(pages))
+                )
+            return {
+                "alone": alone,
+                "together": sorted(together),
+                "alone_cpu": alone_cpu.used,
+                "together_cpu": together_cpu.used,
+            }
         finally:
             await browser.close()
 
@@ -106,14 +113,20 @@ def main() -> None:
     with running_server(Path("/tmp/kvscope-class-open.log")) as (url, process):
         result = asyncio.run(measure(url, psutil.Process(process.pid), args.pages, args.step))
     alone, together = result["alone"], result["together"]
-    print(f"one page alone, step={args.step}: ready in {alone:.1f} s "
-          f"(CPU: server {result['alone_cpu'][0]:.1f} s, the rest {result['alone_cpu'][1]:.1f} s)")
-    print(f"{args.pages} pages at once: first ready in {together[0]:.1f} s, "
-          f"median {together[len(together) // 2]:.1f} s, "
-          f"last {together[-1]:.1f} s (CPU: server {result['together_cpu'][0]:.1f} s, "
-          f"the rest {result['together_cpu'][1]:.1f} s)")
-    print(f"server CPU, {args.pages} pages ÷ one: {result['together_cpu'][0] / result['alone_cpu'][0]:.1f}×; "
-          f"machine: {psutil.cpu_count()} cores")
+    print(
+        f"one page alone, step={args.step}: ready in {alone:.1f} s "
+        f"(CPU: server {result['alone_cpu'][0]:.1f} s, the rest {result['alone_cpu'][1]:.1f} s)"
+    )
+    print(
+        f"{args.pages} pages at once: first ready in {together[0]:.1f} s, "
+        f"median {together[len(together) // 2]:.1f} s, "
+        f"last {together[-1]:.1f} s (CPU: server {result['together_cpu'][0]:.1f} s, "
+        f"the rest {result['together_cpu'][1]:.1f} s)"
+    )
+    print(
+        f"server CPU, {args.pages} pages ÷ one: {result['together_cpu'][0] / result['alone_cpu'][0]:.1f}×; "
+        f"machine: {psutil.cpu_count()} cores"
+    )
     print(f"last of {args.pages} ÷ alone: {together[-1] / alone:.1f}×")
 
 

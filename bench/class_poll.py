@@ -72,8 +72,12 @@ class Answering(Student):
             return
         if element.WhichOneof("type") == "text_input" and element.text_input.id.endswith("v_ask_guess"):
             self.box, self.box_at = (element.text_input.id, "", msg.delta.fragment_id), at
-        elif (element.WhichOneof("type") == "button" and element.button.is_form_submitter and self.box
-              and element.button.form_id == "ask-form"):
+        elif (
+            element.WhichOneof("type") == "button"
+            and element.button.is_form_submitter
+            and self.box
+            and element.button.form_id == "ask-form"
+        ):
             self.box = (self.box[0], element.button.id, self.box[2])
 
     def has_box(self, since: float) -> bool:
@@ -102,12 +106,17 @@ def servers(count: int):
             yield url, [psutil.Process(process.pid)]
         return
     with open(log, "w") as out:
-        script = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "serve_class.py"), "--port", "18090",
-                                   "--servers", str(count)], stdout=subprocess.PIPE, stderr=out, text=True)
+        script = subprocess.Popen(
+            [sys.executable, str(ROOT / "scripts" / "serve_class.py"), "--port", "18090", "--servers", str(count)],
+            stdout=subprocess.PIPE,
+            stderr=out,
+            text=True,
+        )
         try:
             line = next(line for line in script.stdout if line.startswith("kvscope: http"))
-            apps = [p for p in psutil.Process(script.pid).children(recursive=True)
-                    if "streamlit" in " ".join(p.cmdline())]
+            apps = [
+                p for p in psutil.Process(script.pid).children(recursive=True) if "streamlit" in " ".join(p.cmdline())
+            ]
             yield line.split()[1], apps
         finally:
             script.terminate()
@@ -129,16 +138,19 @@ def run(args) -> None:
         assert wait_for(chinese.ready, OPEN_S, every=0.2), "the Chinese model did not load"
         chinese.close()
         langs = ["zh" if i % 2 else "en" for i in range(args.students)]
-        students = [Answering(url, follow_query + ("&lang=zh" if lang == "zh" else ""), Seat("follower", lang, i))
-                    for i, lang in enumerate(langs)]
+        students = [
+            Answering(url, follow_query + ("&lang=zh" if lang == "zh" else ""), Seat("follower", lang, i))
+            for i, lang in enumerate(langs)
+        ]
         assert wait_for(lambda: all(s.ready() for s in students), OPEN_S, every=0.5), "a student's page never drew"
         print(f"{args.students} students follow", flush=True)
         rng = random.Random(7)
         for round_number in range(args.rounds):
             asked = time.perf_counter()
             press(page, "b_ask_open")
-            assert wait_for(lambda: all(s.has_box(asked) for s in students), WAIT_S, every=0.1), \
+            assert wait_for(lambda: all(s.has_box(asked) for s in students), WAIT_S, every=0.1), (
                 f"not every student was sent the box: {sum(s.has_box(asked) for s in students)}"
+            )
             start = time.perf_counter() + 0.5
             sends: dict[int, float] = {}
 
@@ -153,8 +165,10 @@ def run(args) -> None:
                 thread.join()
             sent_text = str(strings.t("ask_sent", "en"))
             sent_zh = str(strings.t("ask_sent", "zh"))
-            acks = {i: wait_for(lambda s=s, i=i: s.sent_after(sends[i], sent_zh if i % 2 else sent_text), ACK_S)
-                    for i, s in enumerate(students)}
+            acks = {
+                i: wait_for(lambda s=s, i=i: s.sent_after(sends[i], sent_zh if i % 2 else sent_text), ACK_S)
+                for i, s in enumerate(students)
+            }
             acknowledged += [1000 * (at - sends[i]) for i, at in acks.items() if at is not None]
             lost += sum(at is None for at in acks.values())
             counted = sum(at is not None for at in acks.values())
@@ -168,14 +182,28 @@ def run(args) -> None:
             if shown != counted or revealed != counted:
                 miscounted.append((round_number, counted, count_shown(page), revealed))
             strip = shown or count_shown(page)
-            print(f"round {round_number + 1}: {counted} acknowledged, the strip said {strip}, the reveal n = "
-                  f"{revealed}; reveal drawn in {drawn[-1]:.0f} ms", flush=True)
+            print(
+                f"round {round_number + 1}: {counted} acknowledged, the strip said {strip}, the reveal n = "
+                f"{revealed}; reveal drawn in {drawn[-1]:.0f} ms",
+                flush=True,
+            )
             page.wait_for_selector(IDLE, timeout=WAIT_S * 1000)
             press(page, "b_next")
             page.wait_for_selector(IDLE, timeout=WAIT_S * 1000)
             time.sleep(2)
-        hwm = sum(int(next(line.split()[1] for line in Path(f"/proc/{p.pid}/status").read_text().splitlines()
-                           if line.startswith("VmHWM"))) for p in apps) // 1024
+        hwm = (
+            sum(
+                int(
+                    next(
+                        line.split()[1]
+                        for line in Path(f"/proc/{p.pid}/status").read_text().splitlines()
+                        if line.startswith("VmHWM")
+                    )
+                )
+                for p in apps
+            )
+            // 1024
+        )
         for student in students:
             student.close()
     ack, reveal = p50_p90(acknowledged), p50_p90(drawn)

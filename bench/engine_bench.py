@@ -50,11 +50,13 @@ def sync(device: torch.device) -> None:
 
 # Qwen3-0.6B's published sizes (engine.reference_models), with token ids the word-level tokenizer has.
 QWEN3_06B_SHAPE = {k: v for k, v in QWEN3_0_6B.items() if k not in ("model_type", "torch_dtype")} | dict(
-    eos_token_id=0, bos_token_id=0)
+    eos_token_id=0, bos_token_id=0
+)
 
 
-def qwen3_shaped_folder(dtype: torch.dtype = torch.float32, tokenizer_folder: str | None = None,
-                        parent: str | None = None) -> str:
+def qwen3_shaped_folder(
+    dtype: torch.dtype = torch.float32, tokenizer_folder: str | None = None, parent: str | None = None
+) -> str:
     """A folder with random weights at Qwen3-0.6B's widths, saved as safetensors in `dtype`.
 
     The tokenizer is the one saved in `tokenizer_folder` (its ids must stay below the vocabulary size),
@@ -91,8 +93,9 @@ def run(spec: str, steps: int, context: int, device: str, dtype: torch.dtype = t
     prompt = torch.randint(10, min(model.info.vocab, len(model.tokenizer)), (context,), generator=generator).tolist()
     sessions = {
         "engine, full traces": engine.DecodeSession(model, prompt, max_new_tokens=steps + 2),
-        "engine, ids+text only": engine.DecodeSession(model, prompt, max_new_tokens=steps + 2,
-                                                      capture=engine.Capture(attention=False, residuals=False)),
+        "engine, ids+text only": engine.DecodeSession(
+            model, prompt, max_new_tokens=steps + 2, capture=engine.Capture(attention=False, residuals=False)
+        ),
     }
     prefill = {}
     for name, session in sessions.items():
@@ -127,9 +130,14 @@ def run(spec: str, steps: int, context: int, device: str, dtype: torch.dtype = t
     medians = {name: 1000 * statistics.median(values) for name, values in times.items()}
     bound_ms = 1000 * decode_step_bytes(model.info, context + steps // 2) / (bandwidth_gb_s(model.device) * 1e9)
     return {
-        "model": model.info.name, "dtype": model.info.dtype, "threads": torch.get_num_threads(),
-        "parameters": model.info.parameters, "device": str(model.device),
-        "context": context, "steps": steps, "load_s": round(load_s, 1),
+        "model": model.info.name,
+        "dtype": model.info.dtype,
+        "threads": torch.get_num_threads(),
+        "parameters": model.info.parameters,
+        "device": str(model.device),
+        "context": context,
+        "steps": steps,
+        "load_s": round(load_s, 1),
         "median_ms": {k: round(v, 2) for k, v in medians.items()},
         "ratio_full_vs_transformers": round(medians["engine, full traces"] / medians["transformers"], 3),
         "ratio_ids_only_vs_transformers": round(medians["engine, ids+text only"] / medians["transformers"], 3),
@@ -154,14 +162,28 @@ def main() -> None:
     if args.child:
         print(json.dumps(run(args.child, args.steps, args.context, args.device, getattr(torch, args.dtype))))
         return
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"read bandwidth {bandwidth_gb_s(engine.loader.resolve_device(args.device)):.1f} GB/s")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"read bandwidth {bandwidth_gb_s(engine.loader.resolve_device(args.device)):.1f} GB/s"
+    )
     dtypes = ["float32", "bfloat16"] if args.dtype == "both" else [args.dtype]
     for name in args.models:
         spec = qwen3_shaped_folder(torch.bfloat16) if name == "qwen3-shape" else name
         for dtype in dtypes:
-            command = [sys.executable, __file__, "--child", spec, "--dtype", dtype, "--steps", str(args.steps),
-                       "--context", str(args.context), "--device", args.device]
+            command = [
+                sys.executable,
+                __file__,
+                "--child",
+                spec,
+                "--dtype",
+                dtype,
+                "--steps",
+                str(args.steps),
+                "--context",
+                str(args.context),
+                "--device",
+                args.device,
+            ]
             command += ["--threads", str(args.threads)] if args.threads else []
             out = subprocess.run(command, capture_output=True, text=True, check=False)
             print(out.stdout.strip() or out.stderr.strip()[-2000:], flush=True)

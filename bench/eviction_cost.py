@@ -73,11 +73,13 @@ class Plan:
 
 
 FULL_PLAN = Plan()
-QUICK_PLAN = Plan(prompts=2, greedy=4, decode_prompts=1, targets=(32,), nll_tokens=1024, time_passes=16,
-                  time_prefills=1)
+QUICK_PLAN = Plan(
+    prompts=2, greedy=4, decode_prompts=1, targets=(32,), nll_tokens=1024, time_passes=16, time_prefills=1
+)
 
 
 # -- what is measured -----------------------------------------------------------------------------
+
 
 def kl(full: torch.Tensor, evicted: torch.Tensor) -> float:
     """KL(full ‖ evicted) in nats: Σ p (log p − log q), p and q the softmax of each logits vector, in float64."""
@@ -111,26 +113,28 @@ def decoding(interval: int, target: int) -> list[str]:
 
 # -- the text --------------------------------------------------------------------------------------
 
+
 def text_ids(model: engine.Model) -> tuple[list[int], list[int]]:
     """(the whole text's ids as the tokenizer encodes it, the ids it puts before the text: Gemma's BOS). Not the
     app's prompt path: that splits the added tokens a user types (Gemma's blank line, one token, would be two)."""
     text = TEXT.read_text()
     ids = model.tokenizer.encode(text)
     bare = model.tokenizer.encode(text, add_special_tokens=False)
-    head = ids[:len(ids) - len(bare)]
+    head = ids[: len(ids) - len(bare)]
     assert ids == head + bare, "the tokenizer adds tokens after the text too"
     return ids, head
 
 
 def cut_prompts(ids: list[int], head: list[int], count: int, length: int) -> list[list[int]]:
     """`count` prompts of `length` tokens: the tokenizer's own leading ids, then consecutive pieces of the text."""
-    body, size = ids[len(head):], length - len(head)
+    body, size = ids[len(head) :], length - len(head)
     if count * size > len(body):
         raise SystemExit(f"the text has {len(body)} tokens, too few for {count} prompts of {length}")
-    return [head + body[i * size:(i + 1) * size] for i in range(count)]
+    return [head + body[i * size : (i + 1) * size] for i in range(count)]
 
 
 # -- 1. after the prefill -----------------------------------------------------------------------------
+
 
 def greedy(model, prompt: list[int], chosen: Policy | None, ratio: float, steps: int) -> tuple[torch.Tensor, list[int]]:
     """The first answer token's logits and `steps` greedy tokens."""
@@ -154,25 +158,44 @@ def after_prefill(model, prompts: list[list[int]], plan: Plan) -> dict:
                 row["top1"].append(int(logits.argmax()) == int(full_logits.argmax()))
                 row["greedy"].append(agreeing_prefix(full_tokens, tokens))
         print(f"  prompt done: {len(rows)} cases", flush=True)
-    return {key: {"kl": statistics.mean(r["kl"]), "kl_max": max(r["kl"]), "top1": statistics.mean(r["top1"]),
-                  "greedy": statistics.mean(r["greedy"]), "greedy_of": plan.greedy, "prompts": len(r["kl"])}
-            for key, r in rows.items()}
+    return {
+        key: {
+            "kl": statistics.mean(r["kl"]),
+            "kl_max": max(r["kl"]),
+            "top1": statistics.mean(r["top1"]),
+            "greedy": statistics.mean(r["greedy"]),
+            "greedy_of": plan.greedy,
+            "prompts": len(r["kl"]),
+        }
+        for key, r in rows.items()
+    }
 
 
 # -- 2. during decode, teacher-forced ---------------------------------------------------------------
 
+
 def during_decode(model, prompts: list[list[int]], plan: Plan) -> dict:
     scores: dict[str, dict[str, list]] = {}
     for prompt in prompts:
-        head, fed = prompt[:plan.decode_prefill], prompt[plan.decode_prefill:]
+        head, fed = prompt[: plan.decode_prefill], prompt[plan.decode_prefill :]
         runs = {"full": EvictionRun(model, head, max_new_tokens=len(fed) + 1, keep_full_steps=1)}
         for target in plan.targets:
             for name in decoding(plan.interval, target):
-                runs[f"{name}@{target}"] = EvictionRun(model, head, policy(name, True, plan.interval),
-                                                       budget=DecodeBudget(target, plan.interval),
-                                                       max_new_tokens=len(fed) + 1, keep_full_steps=1)
-            runs[f"stream@{target}"] = EvictionRun(model, head, budget=StreamingWindow(N_SINK, target - N_SINK),
-                                                   max_new_tokens=len(fed) + 1, keep_full_steps=1)
+                runs[f"{name}@{target}"] = EvictionRun(
+                    model,
+                    head,
+                    policy(name, True, plan.interval),
+                    budget=DecodeBudget(target, plan.interval),
+                    max_new_tokens=len(fed) + 1,
+                    keep_full_steps=1,
+                )
+            runs[f"stream@{target}"] = EvictionRun(
+                model,
+                head,
+                budget=StreamingWindow(N_SINK, target - N_SINK),
+                max_new_tokens=len(fed) + 1,
+                keep_full_steps=1,
+            )
         for i, token in enumerate([None, *fed]):  # None: the prefill, whose pass reads the last prompt token
             steps = {key: run.prefill() if token is None else run.step(input_id=token) for key, run in runs.items()}
             if i < plan.interval:
@@ -185,26 +208,31 @@ def during_decode(model, prompts: list[list[int]], plan: Plan) -> dict:
         for run in runs.values():
             run.close()
         print(f"  prompt done: {len(runs)} runs, {len(fed) + 1} passes each", flush=True)
-    return {key: {"kl": statistics.mean(r["kl"]), "top1": statistics.mean(r["top1"]), "passes": len(r["kl"])}
-            for key, r in scores.items()}
+    return {
+        key: {"kl": statistics.mean(r["kl"]), "top1": statistics.mean(r["top1"]), "passes": len(r["kl"])}
+        for key, r in scores.items()
+    }
 
 
 # -- 3. NLL by position --------------------------------------------------------------------------------
 
+
 def nll_by_position(model, ids: list[int], plan: Plan) -> dict:
     n = (len(ids) - 1) // plan.bucket * plan.bucket if plan.nll_tokens is None else plan.nll_tokens
-    ids = ids[:n + 1]
-    windows = {"full cache": None, f"window of {plan.nll_window}": StreamingWindow(0, plan.nll_window),
-               f"{N_SINK} sinks + window of {plan.nll_window - N_SINK}":
-                   StreamingWindow(N_SINK, plan.nll_window - N_SINK)}
+    ids = ids[: n + 1]
+    windows = {
+        "full cache": None,
+        f"window of {plan.nll_window}": StreamingWindow(0, plan.nll_window),
+        f"{N_SINK} sinks + window of {plan.nll_window - N_SINK}": StreamingWindow(N_SINK, plan.nll_window - N_SINK),
+    }
     out = {"positions": n, "bucket": plan.bucket, "window": plan.nll_window, "curves": {}}
     for label, window in windows.items():
         clock = time.perf_counter()
         nll = stream_nll(model, ids, window)
         out["curves"][label] = {
             "buckets": nll.view(-1, plan.bucket).mean(dim=1).tolist(),
-            "before": float(nll[:plan.nll_window + 1].mean()),  # passes that read every position either way
-            "after": float(nll[plan.nll_window + 1:].mean()),
+            "before": float(nll[: plan.nll_window + 1].mean()),  # passes that read every position either way
+            "after": float(nll[plan.nll_window + 1 :].mean()),
         }
         print(f"  {label}: {time.perf_counter() - clock:.1f} s", flush=True)
     return out
@@ -212,18 +240,28 @@ def nll_by_position(model, ids: list[int], plan: Plan) -> dict:
 
 # -- 4. time ---------------------------------------------------------------------------------------------
 
+
 def step_times(model, ids: list[int], plan: Plan) -> dict:
-    prompt, fed = ids[:plan.time_context], ids[plan.time_context:plan.time_context + plan.time_passes]
+    prompt, fed = ids[: plan.time_context], ids[plan.time_context : plan.time_context + plan.time_passes]
     if len(fed) < plan.time_passes:
         raise SystemExit(f"the text is too short for {plan.time_passes} timed passes after {plan.time_context} tokens")
     make = {"full cache": lambda: EvictionRun(model, prompt, max_new_tokens=len(fed) + 1, keep_full_steps=1)}
     for name in decoding(plan.time_interval, plan.time_target):
         make[name] = lambda name=name: EvictionRun(
-            model, prompt, policy(name, True, plan.time_interval), max_new_tokens=len(fed) + 1, keep_full_steps=1,
-            budget=DecodeBudget(plan.time_target, plan.time_interval))
+            model,
+            prompt,
+            policy(name, True, plan.time_interval),
+            max_new_tokens=len(fed) + 1,
+            keep_full_steps=1,
+            budget=DecodeBudget(plan.time_target, plan.time_interval),
+        )
     make["streaming window"] = lambda: EvictionRun(
-        model, prompt, budget=StreamingWindow(N_SINK, plan.time_target - N_SINK), max_new_tokens=len(fed) + 1,
-        keep_full_steps=1)
+        model,
+        prompt,
+        budget=StreamingWindow(N_SINK, plan.time_target - N_SINK),
+        max_new_tokens=len(fed) + 1,
+        keep_full_steps=1,
+    )
     load = [os.getloadavg()[0]]
     runs = {key: build() for key, build in make.items()}
     for run in runs.values():
@@ -242,22 +280,37 @@ def step_times(model, ids: list[int], plan: Plan) -> dict:
     for _ in range(plan.time_prefills):
         for key in prefill:
             chosen = None if key == "none" else policy(key, False, plan.interval)
-            run = EvictionRun(model, prompt, chosen, compression_ratio=0.0 if key == "none" else 0.5,
-                              max_new_tokens=1, keep_full_steps=1)
+            run = EvictionRun(
+                model,
+                prompt,
+                chosen,
+                compression_ratio=0.0 if key == "none" else 0.5,
+                max_new_tokens=1,
+                keep_full_steps=1,
+            )
             clock = time.perf_counter()
             run.prefill()
             prefill[key].append(1000 * (time.perf_counter() - clock))
             run.close()
     load.append(os.getloadavg()[0])
     median = statistics.median
-    return {"context": plan.time_context, "target": plan.time_target, "interval": plan.time_interval,
-            "passes": plan.time_passes, "load": load,
-            "step": {key: {kind: (median(ms) if ms else None) for kind, ms in p.items()} | {
-                "n_evicts": len(p["evicts"]), "n_reads": len(p["reads"])} for key, p in passes.items()},
-            "prefill": {key: median(ms) for key, ms in prefill.items()}}
+    return {
+        "context": plan.time_context,
+        "target": plan.time_target,
+        "interval": plan.time_interval,
+        "passes": plan.time_passes,
+        "load": load,
+        "step": {
+            key: {kind: (median(ms) if ms else None) for kind, ms in p.items()}
+            | {"n_evicts": len(p["evicts"]), "n_reads": len(p["reads"])}
+            for key, p in passes.items()
+        },
+        "prefill": {key: median(ms) for key, ms in prefill.items()},
+    }
 
 
 # -- one model -------------------------------------------------------------------------------------------
+
 
 def measure(spec: str, plan: Plan) -> dict:
     clock = time.perf_counter()
@@ -266,12 +319,17 @@ def measure(spec: str, plan: Plan) -> dict:
     ids, head = text_ids(model)
     print(f"{model.info.name} ({model.info.dtype}): the text is {len(ids)} tokens", flush=True)
     prompts = cut_prompts(ids, head, plan.prompts, plan.prompt_tokens)
-    result = {"model": model.info.name, "dtype": model.info.dtype, "text_tokens": len(ids), "plan": vars(plan),
-              "threads": torch.get_num_threads()}
+    result = {
+        "model": model.info.name,
+        "dtype": model.info.dtype,
+        "text_tokens": len(ids),
+        "plan": vars(plan),
+        "threads": torch.get_num_threads(),
+    }
     print("after the prefill", flush=True)
     result["after_prefill"] = after_prefill(model, prompts, plan)
     print("during decode", flush=True)
-    result["during_decode"] = during_decode(model, prompts[:plan.decode_prompts], plan)
+    result["during_decode"] = during_decode(model, prompts[: plan.decode_prompts], plan)
     print("NLL by position", flush=True)
     result["nll"] = nll_by_position(model, ids, plan)
     print("time", flush=True)
@@ -282,20 +340,19 @@ def measure(spec: str, plan: Plan) -> dict:
 
 # -- the report ------------------------------------------------------------------------------------------
 
+
 def quality_table(result: dict) -> str:
     """One row per policy: KL and top-1 after a prefill eviction at each ratio, then under each decode budget."""
     plan = result["plan"]
     ratios, targets = plan["ratios"], plan["targets"]
-    head = (["policy"] + [f"r={r}: KL / top-1 / greedy" for r in ratios]
-            + [f"budget {t}: KL / top-1" for t in targets])
+    head = ["policy"] + [f"r={r}: KL / top-1 / greedy" for r in ratios] + [f"budget {t}: KL / top-1" for t in targets]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     pre, dec = result["after_prefill"], result["during_decode"]
     for name in [*EVICTION_POLICIES, "stream"]:
         cells = [name if name != "stream" else f"streaming window ({N_SINK} sinks)"]
         for r in ratios:
             row = pre.get(f"{name}@{r}")
-            cells.append("—" if row is None else
-                         f"{row['kl']:.3f} / {row['top1']:.0%} / {row['greedy']:.1f}")
+            cells.append("—" if row is None else f"{row['kl']:.3f} / {row['top1']:.0%} / {row['greedy']:.1f}")
         for t in targets:
             row = dec.get(f"{name}@{t}")
             cells.append("—" if row is None else f"{row['kl']:.3f} / {row['top1']:.0%}")
@@ -310,9 +367,12 @@ def time_table(result: dict) -> str:
     def ms(value: float | None, sign: str = "") -> str:
         return "—" if value is None else f"{value:{sign}.1f} ms"
 
-    lines = ["| policy | pass that evicts | pass that only reads the mask | added by an eviction | prefill at r=0.5 "
-             "(added) |", "|---|---|---|---|---|",
-             f"| full cache | — | {ms(full)} | — | {t['prefill']['none']:.0f} ms |"]
+    lines = [
+        "| policy | pass that evicts | pass that only reads the mask | added by an eviction | prefill at r=0.5 "
+        "(added) |",
+        "|---|---|---|---|---|",
+        f"| full cache | — | {ms(full)} | — | {t['prefill']['none']:.0f} ms |",
+    ]
     for key in [key for key in [*EVICTION_POLICIES, "streaming window"] if key in t["step"]]:
         s = t["step"][key]
         added = None if s["evicts"] is None else s["evicts"] - full
@@ -324,8 +384,10 @@ def time_table(result: dict) -> str:
 
 def nll_table(results: list[dict]) -> str:
     window = results[0]["nll"]["window"]
-    lines = [f"| model | cache | mean NLL, positions 0–{window} | mean NLL, positions {window + 1}– |",
-             "|---|---|---|---|"]
+    lines = [
+        f"| model | cache | mean NLL, positions 0–{window} | mean NLL, positions {window + 1}– |",
+        "|---|---|---|---|",
+    ]
     for result in results:
         for label, curve in result["nll"]["curves"].items():
             lines.append(f"| {result['model']} | {label} | {curve['before']:.3f} | {curve['after']:.3f} |")
@@ -334,21 +396,42 @@ def nll_table(results: list[dict]) -> str:
 
 def nll_figure(results: list[dict]) -> go.Figure:
     colors = ["#1f77b4", "#d62728", "#2ca02c"]
-    fig = make_subplots(rows=1, cols=len(results), shared_yaxes=True, horizontal_spacing=0.04,
-                        subplot_titles=[f"{r['model']} ({r['dtype']})" for r in results])
+    fig = make_subplots(
+        rows=1,
+        cols=len(results),
+        shared_yaxes=True,
+        horizontal_spacing=0.04,
+        subplot_titles=[f"{r['model']} ({r['dtype']})" for r in results],
+    )
     for col, result in enumerate(results, start=1):
         nll = result["nll"]
         for (label, curve), color in zip(nll["curves"].items(), colors):
             x = [i * nll["bucket"] + nll["bucket"] / 2 for i in range(len(curve["buckets"]))]
-            fig.add_trace(go.Scatter(x=x, y=curve["buckets"], name=label, mode="lines+markers", legendgroup=label,
-                                     showlegend=col == 1, line=dict(color=color, width=2), marker=dict(size=5)),
-                          row=1, col=col)
+            fig.add_trace(
+                go.Scatter(
+                    x=x,
+                    y=curve["buckets"],
+                    name=label,
+                    mode="lines+markers",
+                    legendgroup=label,
+                    showlegend=col == 1,
+                    line=dict(color=color, width=2),
+                    marker=dict(size=5),
+                ),
+                row=1,
+                col=col,
+            )
         fig.add_vline(x=nll["window"], line=dict(color="#888", dash="dot"), row=1, col=col)
         fig.update_xaxes(title_text="position (mean over each 64)", row=1, col=col)
     fig.update_yaxes(title_text="NLL of the next token (nats)", row=1, col=1)
-    fig.update_layout(width=1200, height=520, template="plotly_white", font=dict(size=14),
-                      legend=dict(orientation="h", y=-0.2, x=0.5, xanchor="center"),
-                      margin=dict(l=70, r=20, t=50, b=110))
+    fig.update_layout(
+        width=1200,
+        height=520,
+        template="plotly_white",
+        font=dict(size=14),
+        legend=dict(orientation="h", y=-0.2, x=0.5, xanchor="center"),
+        margin=dict(l=70, r=20, t=50, b=110),
+    )
     return fig
 
 
@@ -360,8 +443,10 @@ def render_png(fig: go.Figure, path: Path) -> None:
         page_path = Path(folder) / "figure.html"
         page_path.write_text(fig.to_html(include_plotlyjs=True, full_html=True, config={"staticPlot": True}))
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path="/usr/bin/chromium",
-                                        args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+            browser = p.chromium.launch(
+                executable_path="/usr/bin/chromium",
+                args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+            )
             page = browser.new_page(viewport={"width": fig.layout.width, "height": fig.layout.height})
             page.goto(page_path.as_uri())
             page.wait_for_selector(".main-svg")
@@ -383,8 +468,10 @@ def main() -> None:
     for result in results:
         t = result["time"]
         print(f"\n## {result['model']} ({result['dtype']}), {result['seconds']:.0f} s\n\n{quality_table(result)}\n")
-        print(f"Time: a {t['context']}-token prompt, budget {t['target']} every {t['interval']} passes, "
-              f"{t['passes']} passes; load average {' → '.join(f'{x:.1f}' for x in t['load'])}\n")
+        print(
+            f"Time: a {t['context']}-token prompt, budget {t['target']} every {t['interval']} passes, "
+            f"{t['passes']} passes; load average {' → '.join(f'{x:.1f}' for x in t['load'])}\n"
+        )
         print(time_table(result))
     print(f"\n{nll_table(results)}")
     if args.plot:

@@ -66,8 +66,14 @@ print(json.dumps(times))
 
 def measure(root: Path, step: int, tokens: int, threads: int) -> list:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(root)}
-    done = subprocess.run([sys.executable, "-c", MEASURE, str(step), str(tokens), str(threads)], cwd=root, env=env,
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", MEASURE, str(step), str(tokens), str(threads)],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -79,8 +85,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the app's default: 1 per page)")
     args = parser.parse_args()
     roots = ([("before", args.before)] if args.before else []) + [("after", ROOT)]
-    print(f"step {args.step}, a {args.prompt_tokens}-token prompt; seconds to have each policy's pair there "
-          f"(wall / CPU); load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"step {args.step}, a {args.prompt_tokens}-token prompt; seconds to have each policy's pair there "
+        f"(wall / CPU); load average {os.getloadavg()[0]:.2f}"
+    )
     for name, root in roots:
         started = time.perf_counter()
         rows = measure(root, args.step, args.prompt_tokens, args.threads)

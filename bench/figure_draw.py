@@ -52,8 +52,10 @@ def describe(spec: str) -> str:
     figure = json.loads(spec)
     layout = figure["layout"]
     kinds = sorted({trace["type"] for trace in figure["data"]})
-    return (f"{len(spec) // 1024:4d} KiB, {len(figure['data']):2d} traces ({'/'.join(kinds) or '-'}), "
-            f"{len(layout.get('annotations', [])):2d} annotations, {len(layout.get('shapes', [])):2d} shapes")
+    return (
+        f"{len(spec) // 1024:4d} KiB, {len(figure['data']):2d} traces ({'/'.join(kinds) or '-'}), "
+        f"{len(layout.get('annotations', [])):2d} annotations, {len(layout.get('shapes', [])):2d} shapes"
+    )
 
 
 def main() -> None:
@@ -73,8 +75,9 @@ def main() -> None:
                 times = page.evaluate(DRAW, [first, following, args.repeats])
                 new, react = statistics.median(times["newPlot"]), statistics.median(times["react"])
                 total_new, total_react = total_new + new, total_react + react
-                print(f"{view:9s} #{number} {describe(first)}: newPlot {new:5.0f} ms, react {react:5.0f} ms",
-                      flush=True)
+                print(
+                    f"{view:9s} #{number} {describe(first)}: newPlot {new:5.0f} ms, react {react:5.0f} ms", flush=True
+                )
             print(f"{view:9s} all: newPlot {total_new:5.0f} ms, react {total_react:5.0f} ms", flush=True)
 
 

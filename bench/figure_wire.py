@@ -58,8 +58,11 @@ def main() -> None:
         before = sum(wire_ms(fig, args.repeats) for fig in plain)
         after = sum(wire_ms(fig, args.repeats) for fig in shown)
         kib = sum(len(plotly.io.to_json(fig, validate=False)) for fig in shown) / 1024
-        print(f"{view:9s} {len(shown)} memoized figures, {kib:6.0f} KiB: "
-              f"to the wire {before:6.1f} ms → {after:5.1f} ms of CPU per draw", flush=True)
+        print(
+            f"{view:9s} {len(shown)} memoized figures, {kib:6.0f} KiB: "
+            f"to the wire {before:6.1f} ms → {after:5.1f} ms of CPU per draw",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

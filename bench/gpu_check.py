@@ -44,18 +44,30 @@ def exactness(spec: str, steps: int) -> dict:
         for layer in range(model.info.layers):
             k, v = session.pool.read(layer, session.table.device_blocks(), session.table.length)
             cached = out.past_key_values.layers[layer]
-            worst_kv = max(worst_kv, (k.permute(1, 0, 2) - cached.keys[0]).abs().max().item(),
-                           (v.permute(1, 0, 2) - cached.values[0]).abs().max().item())
+            worst_kv = max(
+                worst_kv,
+                (k.permute(1, 0, 2) - cached.keys[0]).abs().max().item(),
+                (v.permute(1, 0, 2) - cached.values[0]).abs().max().item(),
+            )
         if step == steps:
             break
         with torch.inference_mode():
-            out = hf(input_ids=torch.tensor([[trace.token_id]], device=model.device),
-                     past_key_values=out.past_key_values, use_cache=True)
+            out = hf(
+                input_ids=torch.tensor([[trace.token_id]], device=model.device),
+                past_key_values=out.past_key_values,
+                use_cache=True,
+            )
         trace = session.step()
     ok = worst_logits <= 1e-4 and worst_kv <= 1e-4 and same_tokens
-    return {"model": model.info.name, "device": torch.cuda.get_device_name(model.device), "steps": steps,
-            "max_abs_logits_diff": worst_logits, "max_abs_kv_diff": worst_kv, "same_greedy_tokens": same_tokens,
-            "pass": ok}
+    return {
+        "model": model.info.name,
+        "device": torch.cuda.get_device_name(model.device),
+        "steps": steps,
+        "max_abs_logits_diff": worst_logits,
+        "max_abs_kv_diff": worst_kv,
+        "same_greedy_tokens": same_tokens,
+        "pass": ok,
+    }
 
 
 def main() -> int:

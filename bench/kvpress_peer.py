@@ -26,9 +26,11 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-PROMPT = ("The KV cache stores one key and one value per token, per layer and per head. When a long document no "
-          "longer fits, a server must decide what to forget: the oldest tokens, the ones attention ignores, or the "
-          "ones with small keys. Each choice changes what the model writes next. Summarise the trade-off in one")
+PROMPT = (
+    "The KV cache stores one key and one value per token, per layer and per head. When a long document no "
+    "longer fits, a server must decide what to forget: the oldest tokens, the ones attention ignores, or the "
+    "ones with small keys. Each choice changes what the model writes next. Summarise the trade-off in one"
+)
 STEPS = 12
 TOP_IDS = 50  # later steps' logits are kept at the peer's top ids only (the file stays small)
 REROTATE = "rerotate:"  # a case's name prefix: kvpress's KeyRerotationPress around the press
@@ -36,26 +38,37 @@ REROTATE = "rerotate:"  # a case's name prefix: kvpress's KeyRerotationPress aro
 # (name, policy, its parameters, prefill compression ratio, decode budget (target_size, interval) or None)
 # pyramidkv's window of 4 lets its pyramid hold at 0.25 and 0.5 (at 0.75 it falls back to one count); lagkv's lag
 # of 8 cuts the context into partitions (its default of 128 is a ramp on this prompt: the case after the list)
-PRESS_CASES = [("streaming_llm", {"n_sink": 4}), ("knorm", {}), ("keydiff", {}),
-            ("snapkv", {"window_size": 8, "kernel_size": 5}), ("tova", {}), ("observed_attention", {}),
-            ("pyramidkv", {"window_size": 4, "kernel_size": 5}), ("adakv", {"window_size": 8, "kernel_size": 5}),
-            ("lagkv", {"lag_size": 8}), ("expected_attention", {})]
+PRESS_CASES = [
+    ("streaming_llm", {"n_sink": 4}),
+    ("knorm", {}),
+    ("keydiff", {}),
+    ("snapkv", {"window_size": 8, "kernel_size": 5}),
+    ("tova", {}),
+    ("observed_attention", {}),
+    ("pyramidkv", {"window_size": 4, "kernel_size": 5}),
+    ("adakv", {"window_size": 8, "kernel_size": 5}),
+    ("lagkv", {"lag_size": 8}),
+    ("expected_attention", {}),
+]
 ONE_COUNT = [(name, params) for name, params in PRESS_CASES if name not in ("pyramidkv", "adakv")]  # re-rotatable
-CASES = [(f"{name}@{ratio}", name, params, ratio, None) for ratio in (0.25, 0.5, 0.75)
-         for name, params in PRESS_CASES] + [
-    ("snapkv@0.5 w16 k7", "snapkv", {"window_size": 16, "kernel_size": 7}, 0.5, None),
-    ("pyramidkv@0.5 w8 beta4", "pyramidkv", {"window_size": 8, "kernel_size": 5, "beta": 4}, 0.5, None),
-    ("adakv@0.5 alpha0.5", "adakv", {"window_size": 8, "kernel_size": 5, "alpha_safeguard": 0.5}, 0.5, None),
-    ("lagkv@0.5 lag128", "lagkv", {}, 0.5, None),
-    ("decode:knorm", "knorm", {}, 0.0, (32, 4)),
-    ("decode:keydiff", "keydiff", {}, 0.0, (32, 4)),
-    ("decode:tova", "tova", {}, 0.0, (32, 4)),
-    ("decode:observed_attention", "observed_attention", {}, 0.0, (32, 4)),
-    ("decode:streaming_llm", "streaming_llm", {"n_sink": 4}, 0.0, (32, 3)),
-    ("decode:snapkv", "snapkv", {"window_size": 2, "kernel_size": 3}, 0.0, (32, 4)),
-    ("decode:lagkv", "lagkv", {"lag_size": 4}, 0.0, (32, 4)),
-    ("decode:expected_attention", "expected_attention", {"n_sink": 2}, 0.0, (32, 4)),  # 2 of 4 queries stay
-] + [(f"{REROTATE}{name}@0.5", name, params, 0.5, None) for name, params in ONE_COUNT]
+CASES = (
+    [(f"{name}@{ratio}", name, params, ratio, None) for ratio in (0.25, 0.5, 0.75) for name, params in PRESS_CASES]
+    + [
+        ("snapkv@0.5 w16 k7", "snapkv", {"window_size": 16, "kernel_size": 7}, 0.5, None),
+        ("pyramidkv@0.5 w8 beta4", "pyramidkv", {"window_size": 8, "kernel_size": 5, "beta": 4}, 0.5, None),
+        ("adakv@0.5 alpha0.5", "adakv", {"window_size": 8, "kernel_size": 5, "alpha_safeguard": 0.5}, 0.5, None),
+        ("lagkv@0.5 lag128", "lagkv", {}, 0.5, None),
+        ("decode:knorm", "knorm", {}, 0.0, (32, 4)),
+        ("decode:keydiff", "keydiff", {}, 0.0, (32, 4)),
+        ("decode:tova", "tova", {}, 0.0, (32, 4)),
+        ("decode:observed_attention", "observed_attention", {}, 0.0, (32, 4)),
+        ("decode:streaming_llm", "streaming_llm", {"n_sink": 4}, 0.0, (32, 3)),
+        ("decode:snapkv", "snapkv", {"window_size": 2, "kernel_size": 3}, 0.0, (32, 4)),
+        ("decode:lagkv", "lagkv", {"lag_size": 4}, 0.0, (32, 4)),
+        ("decode:expected_attention", "expected_attention", {"n_sink": 2}, 0.0, (32, 4)),  # 2 of 4 queries stay
+    ]
+    + [(f"{REROTATE}{name}@0.5", name, params, 0.5, None) for name, params in ONE_COUNT]
+)
 
 
 def prompt_ids(tokenizer) -> list[int]:
@@ -63,6 +76,7 @@ def prompt_ids(tokenizer) -> list[int]:
 
 
 # -- the peer, in the kvpress venv ------------------------------------------------------------------
+
 
 def run_peer(model_dir: str, out: str, only: list[str]) -> None:
     import torch
@@ -85,10 +99,18 @@ def run_peer(model_dir: str, out: str, only: list[str]) -> None:
     def ada_snapkv(compression_ratio=0.0, alpha_safeguard=0.2, **params):  # AdaKV around SnapKV (Ada-SnapKV)
         return AdaKVPress(SnapKVPress(compression_ratio=compression_ratio, **params), alpha_safeguard=alpha_safeguard)
 
-    presses = {"streaming_llm": StreamingLLMPress, "knorm": KnormPress, "keydiff": KeyDiffPress,
-               "snapkv": SnapKVPress, "tova": TOVAPress, "observed_attention": ObservedAttentionPress,
-               "pyramidkv": PyramidKVPress, "adakv": ada_snapkv, "lagkv": LagKVPress,
-               "expected_attention": ExpectedAttentionPress}
+    presses = {
+        "streaming_llm": StreamingLLMPress,
+        "knorm": KnormPress,
+        "keydiff": KeyDiffPress,
+        "snapkv": SnapKVPress,
+        "tova": TOVAPress,
+        "observed_attention": ObservedAttentionPress,
+        "pyramidkv": PyramidKVPress,
+        "adakv": ada_snapkv,
+        "lagkv": LagKVPress,
+        "expected_attention": ExpectedAttentionPress,
+    }
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     eager = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
     # AdaKV masks keys inside kvpress's patched attention functions, which refuse eager attention; PyramidKV leaves
@@ -97,6 +119,7 @@ def run_peer(model_dir: str, out: str, only: list[str]) -> None:
     ids = prompt_ids(tokenizer)
     n = len(ids) - 1
     context = torch.tensor([ids[:-1]])
+
     def prefill_keys(model):  # every position's key rows, as the prefill writes them (compression leaves them bitwise)
         with torch.no_grad():
             full = DynamicCache()
@@ -116,8 +139,9 @@ def run_peer(model_dir: str, out: str, only: list[str]) -> None:
             decoding = None
         else:
             press = None
-            decoding = DecodingPress(base_press=presses[policy](**params), target_size=budget[0],
-                                     compression_interval=budget[1])
+            decoding = DecodingPress(
+                base_press=presses[policy](**params), target_size=budget[0], compression_interval=budget[1]
+            )
         cache, turned = DynamicCache(), {}
         with torch.no_grad():
             if press is not None:
@@ -130,33 +154,52 @@ def run_peer(model_dir: str, out: str, only: list[str]) -> None:
             elif policy == "adakv":  # every row stays; each layer's attention masks what its heads evicted
                 rows = [_unmasked(layer.self_attn, n) for layer in model.model.layers]
             else:
-                rows = [_match_rows(layer.keys[0], keys, [list(range(n))] * len(keys))
-                        for layer, keys in zip(cache.layers, keys_of[id(model)])]
+                rows = [
+                    _match_rows(layer.keys[0], keys, [list(range(n))] * len(keys))
+                    for layer, keys in zip(cache.layers, keys_of[id(model)])
+                ]
             # the pipeline's first position: after the context, or after what was kept once its keys are turned
             steps, tokens, token, position = [], [], ids[-1], cache.get_seq_length() if rerotate else n
             with decoding(model) if decoding is not None else _nothing():
                 for _ in range(STEPS):
                     before = [layer.keys[0].clone() for layer in cache.layers]
-                    logits = model(input_ids=torch.tensor([[token]]), past_key_values=cache,
-                                   position_ids=torch.tensor([[position]])).logits[0, -1]
+                    logits = model(
+                        input_ids=torch.tensor([[token]]),
+                        past_key_values=cache,
+                        position_ids=torch.tensor([[position]]),
+                    ).logits[0, -1]
                     # The rows now: copies of the rows before this pass plus this pass's own (the last before it
                     # was compressed); match each to where it came from.
                     if policy == "adakv":  # the masked rows hold fake keys, written anew each pass: nothing to match
                         rows = [[p + [n + len(steps)] for p in r] for r in rows]
                     else:
-                        rows = [_match_rows(layer.keys[0], torch.cat((old, layer_new(layer, old)), dim=1),
-                                            [p + [n + len(steps)] for p in r])  # its place in the sequence
-                                for layer, old, r in zip(cache.layers, before, rows)]
+                        rows = [
+                            _match_rows(
+                                layer.keys[0],
+                                torch.cat((old, layer_new(layer, old)), dim=1),
+                                [p + [n + len(steps)] for p in r],
+                            )  # its place in the sequence
+                            for layer, old, r in zip(cache.layers, before, rows)
+                        ]
                     token = int(logits.argmax())
                     top = logits.topk(TOP_IDS).indices.tolist()
-                    steps.append({"top_ids": top, "top_logits": [float(logits[i]) for i in top],
-                                  **({"logits": logits.tolist()} if not steps else {})})
+                    steps.append(
+                        {
+                            "top_ids": top,
+                            "top_logits": [float(logits[i]) for i in top],
+                            **({"logits": logits.tolist()} if not steps else {}),
+                        }
+                    )
                     tokens.append(token)
                     position += 1
                     if len(steps) == 1:
                         first_rows = rows
-        results["cases"][name] = {"kept_after_prefill": first_rows if budget is None else None, "kept_final": rows,
-                                  "tokens": tokens, "steps": steps}
+        results["cases"][name] = {
+            "kept_after_prefill": first_rows if budget is None else None,
+            "kept_final": rows,
+            "tokens": tokens,
+            "steps": steps,
+        }
         print(name, tokens, flush=True)
         Path(out).write_text(json.dumps(results))  # after each case: a long run's cases so far can be compared
 
@@ -240,6 +283,7 @@ class _nothing:
 
 # -- ours, in the project's environment ---------------------------------------------------------------
 
+
 def run_compare(model_spec: str, peer_file: str) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import torch
@@ -251,15 +295,20 @@ def run_compare(model_spec: str, peer_file: str) -> None:
     model = engine.load_model(model_spec, device="cpu")
     ids = peer["prompt_ids"]
     assert ids == prompt_ids(model.tokenizer), "the tokenizers split the prompt differently"
-    print(f"{'case':32} {'kept equal':>22} {'max|Δlogit| first':>18} {'max|Δlogit| top ids':>20} "
-          f"{'tokens equal':>13}")
+    print(f"{'case':32} {'kept equal':>22} {'max|Δlogit| first':>18} {'max|Δlogit| top ids':>20} {'tokens equal':>13}")
     for name, policy, params, ratio, budget in CASES:
         if name not in peer["cases"]:
             continue  # the peer's run stopped before this case
         theirs = peer["cases"][name]
-        run = EvictionRun(model, ids, Policy(policy, **params), compression_ratio=ratio,
-                          budget=DecodeBudget(*budget) if budget else None, max_new_tokens=STEPS,
-                          rerotate=name.startswith(REROTATE))
+        run = EvictionRun(
+            model,
+            ids,
+            Policy(policy, **params),
+            compression_ratio=ratio,
+            budget=DecodeBudget(*budget) if budget else None,
+            max_new_tokens=STEPS,
+            rerotate=name.startswith(REROTATE),
+        )
         run.prefill()
         kept_first = _kept(run)
         while not run.finished and len(run.steps) < STEPS:
@@ -270,12 +319,20 @@ def run_compare(model_spec: str, peer_file: str) -> None:
         else:
             kept_equal, total = _count_equal(ours_kept, theirs["kept_final"])
         first = (run.steps[0].logits - torch.tensor(theirs["steps"][0]["logits"])).abs().max().item()
-        later = max((abs(float(step.logits[i]) - v) for step, t in zip(run.steps, theirs["steps"])
-                     for i, v in zip(t["top_ids"], t["top_logits"])), default=0.0)
+        later = max(
+            (
+                abs(float(step.logits[i]) - v)
+                for step, t in zip(run.steps, theirs["steps"])
+                for i, v in zip(t["top_ids"], t["top_logits"])
+            ),
+            default=0.0,
+        )
         tokens = [s.token_id for s in run.steps]
-        same = tokens == theirs["tokens"][:len(tokens)]
-        print(f"{name:32} {f'{kept_equal}/{total} (layer, head)':>22} {first:18.2e} {later:20.2e} {str(same):>13}"
-              + ("" if same else f"  ours {tokens} theirs {theirs['tokens']}"))
+        same = tokens == theirs["tokens"][: len(tokens)]
+        print(
+            f"{name:32} {f'{kept_equal}/{total} (layer, head)':>22} {first:18.2e} {later:20.2e} {str(same):>13}"
+            + ("" if same else f"  ours {tokens} theirs {theirs['tokens']}")
+        )
         run.close()
 
 

@@ -64,12 +64,17 @@ def random_trace(rng: random.Random) -> Trace:
         if arrivals and rng.random() < 0.25:  # the same prompt again, at times a whole number of blocks long
             prompt = list(rng.choice(arrivals)[1])
             if rng.random() < 0.5 and len(prompt) >= block_size:
-                prompt = prompt[:len(prompt) // block_size * block_size]
+                prompt = prompt[: len(prompt) // block_size * block_size]
         arrivals.append((rng.randrange(0, 10), prompt, rng.randrange(1, 12), rng.random() < 0.5))
     longest = max(-(-(len(p) + m) // block_size) for _, p, m, _ in arrivals)
     num_blocks = rng.randrange(longest, longest * 4 + 1)  # tight pools preempt
-    return Trace(sorted(arrivals, key=lambda a: a[0]), num_blocks, block_size, rng.randrange(1, 8),
-                 rng.randrange(max(len(p) for _, p, _, _ in arrivals) // 2 + 1, 80))
+    return Trace(
+        sorted(arrivals, key=lambda a: a[0]),
+        num_blocks,
+        block_size,
+        rng.randrange(1, 8),
+        rng.randrange(max(len(p) for _, p, _, _ in arrivals) // 2 + 1, 80),
+    )
 
 
 def load_nanovllm(checkout: Path):
@@ -98,8 +103,13 @@ def run_theirs(modules, trace: Trace) -> list[tuple]:
     Sequence = modules["engine.sequence"].Sequence
     SamplingParams = modules["sampling_params"].SamplingParams
     Sequence.block_size = trace.block_size
-    config = types.SimpleNamespace(max_num_seqs=trace.max_num_seqs, max_num_batched_tokens=trace.max_num_batched_tokens,
-                                   eos=EOS, kvcache_block_size=trace.block_size, num_kvcache_blocks=trace.num_blocks)
+    config = types.SimpleNamespace(
+        max_num_seqs=trace.max_num_seqs,
+        max_num_batched_tokens=trace.max_num_batched_tokens,
+        eos=EOS,
+        kvcache_block_size=trace.block_size,
+        num_kvcache_blocks=trace.num_blocks,
+    )
     scheduler = modules["engine.scheduler"].Scheduler(config)
     ids, log, step = {}, [], 0
     pending = list(enumerate(trace.arrivals))
@@ -116,8 +126,7 @@ def run_theirs(modules, trace: Trace) -> list[tuple]:
         seqs, prefill = scheduler.schedule()
         cached = [s.num_cached_tokens for s in seqs]
         preempted = sorted(ids[s.seq_id] for s in scheduler.waiting if id(s) in before)
-        log.append((prefill, [ids[s.seq_id] for s in seqs], [s.num_scheduled_tokens for s in seqs], cached,
-                    preempted))
+        log.append((prefill, [ids[s.seq_id] for s in seqs], [s.num_scheduled_tokens for s in seqs], cached, preempted))
         scheduler.postprocess(seqs, [next_token(ids[s.seq_id], len(s)) for s in seqs], prefill)
     return log
 
@@ -136,10 +145,18 @@ def run_ours(trace: Trace) -> tuple[list[tuple], bool]:
         if scheduler.finished:
             continue
         batch = scheduler.schedule()
-        chunked |= batch.prefill and any(c + t < len(r.token_ids) for r, t, c in
-                                         zip(batch.requests, batch.tokens, batch.cached))
-        log.append((batch.prefill, [r.id for r in batch.requests], batch.tokens, batch.cached,
-                    sorted(r.id for r in batch.preempted)))
+        chunked |= batch.prefill and any(
+            c + t < len(r.token_ids) for r, t, c in zip(batch.requests, batch.tokens, batch.cached)
+        )
+        log.append(
+            (
+                batch.prefill,
+                [r.id for r in batch.requests],
+                batch.tokens,
+                batch.cached,
+                sorted(r.id for r in batch.preempted),
+            )
+        )
         scheduler.finish_step(batch, [next_token(r.id, len(r.token_ids)) for r in batch.requests])
     return log, chunked
 
@@ -156,7 +173,7 @@ def random_prompts(rng: random.Random, count: int, block_size: int) -> list[list
             if rng.random() < 0.5:  # edited at one position, or cut to whole blocks
                 prompt[rng.randrange(len(prompt))] = rng.randrange(3, 60)
             elif len(prompt) >= block_size:
-                prompt = prompt[:len(prompt) // block_size * block_size]
+                prompt = prompt[: len(prompt) // block_size * block_size]
         prompts.append(prompt)
     return prompts
 
@@ -171,8 +188,15 @@ def tiny_llama(folder: Path):
     from engine import embedded
 
     tokenizer = AutoTokenizer.from_pretrained(embedded.embedded_source())
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+    )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -219,8 +243,9 @@ def compare_prefix(modules, traces: int, seed: int) -> None:
         block_size = rng.choice([2, 4, 8, 16])
         prompts = random_prompts(rng, rng.randrange(2, 20), block_size)
         longest = max(-(-len(p) // block_size) for p in prompts)
-        cases.append((f"random, {block_size}-token blocks", prompts, rng.randrange(longest, longest * 4 + 1),
-                      block_size))
+        cases.append(
+            (f"random, {block_size}-token blocks", prompts, rng.randrange(longest, longest * 4 + 1), block_size)
+        )
     small = random_prompts(rng, 160, 4)
     cases.append(("160 prompts, 24 blocks of 4", small, max(24, max(-(-len(p) // 4) for p in small)), 4))
     with tempfile.TemporaryDirectory() as folder:
@@ -267,11 +292,18 @@ def main() -> None:
         reusing += any(c for row in ours if row[0] for c in row[3])
         chunked += was_chunked
         if not same:
-            first = next(i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b) if len(theirs) == len(ours) else \
-                min(len(theirs), len(ours))
-            print(f"trace {n} differs at step {first}: theirs {theirs[first:first + 2]} ours {ours[first:first + 2]}")
-    print(f"{equal}/{args.traces} traces equal ({steps} steps; {preempting} traces preempt, {reusing} reuse cached "
-          f"blocks, {chunked} chunk a prefill)")
+            first = (
+                next(i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b)
+                if len(theirs) == len(ours)
+                else min(len(theirs), len(ours))
+            )
+            print(
+                f"trace {n} differs at step {first}: theirs {theirs[first : first + 2]} ours {ours[first : first + 2]}"
+            )
+    print(
+        f"{equal}/{args.traces} traces equal ({steps} steps; {preempting} traces preempt, {reusing} reuse cached "
+        f"blocks, {chunked} chunk a prefill)"
+    )
 
 
 if __name__ == "__main__":

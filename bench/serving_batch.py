@@ -35,11 +35,17 @@ BLOCK = 16
 def measure(model: engine.Model, batch: int, prompt_tokens: int, steps: int) -> float:
     """The median seconds of a decode step of `batch` requests."""
     per_request = -(-(prompt_tokens + steps + 2) // BLOCK)
-    server = Server(model, num_blocks=batch * per_request + 1, block_size=BLOCK, max_num_seqs=batch,
-                    max_num_batched_tokens=max(512, prompt_tokens))
+    server = Server(
+        model,
+        num_blocks=batch * per_request + 1,
+        block_size=BLOCK,
+        max_num_seqs=batch,
+        max_num_batched_tokens=max(512, prompt_tokens),
+    )
     for i in range(batch):
-        server.add([(7 + 13 * i + 31 * j) % 5000 + 100 for j in range(prompt_tokens)], max_tokens=steps + 2,
-                   ignore_eos=True)
+        server.add(
+            [(7 + 13 * i + 31 * j) % 5000 + 100 for j in range(prompt_tokens)], max_tokens=steps + 2, ignore_eos=True
+        )
     times = []
     while not server.finished:
         start = time.perf_counter()
@@ -60,19 +66,26 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     bandwidth = peak_read_bandwidth()
-    print(f"torch {torch.__version__}, {args.threads} threads, read bandwidth {bandwidth / 1e9:.1f} GB/s, "
-          f"prompts of {args.prompt_tokens} tokens")
+    print(
+        f"torch {torch.__version__}, {args.threads} threads, read bandwidth {bandwidth / 1e9:.1f} GB/s, "
+        f"prompts of {args.prompt_tokens} tokens"
+    )
     for spec in args.models:
         model = engine.load_model(spec, device="cpu", dtype=AUTO)  # as the app holds it
         info = model.info
-        print(f"\n{info.name} ({info.dtype})\n| B | ms / decode step | tokens / s | bytes read a step (formula) | "
-              f"floor: bytes ÷ bandwidth | measured ÷ floor |\n|---|---|---|---|---|---|")
+        print(
+            f"\n{info.name} ({info.dtype})\n| B | ms / decode step | tokens / s | bytes read a step (formula) | "
+            f"floor: bytes ÷ bandwidth | measured ÷ floor |\n|---|---|---|---|---|---|"
+        )
         for batch in args.batches:
             seconds = measure(model, batch, args.prompt_tokens, args.steps)
             read = decode_step_bytes(info, args.prompt_tokens + args.steps // 2, batch)
             floor = read / bandwidth
-            print(f"| {batch} | {seconds * 1000:.1f} | {batch / seconds:.0f} | {read / 1e6:.1f} MB | "
-                  f"{floor * 1000:.1f} ms | {seconds / floor:.1f}× |", flush=True)
+            print(
+                f"| {batch} | {seconds * 1000:.1f} | {batch / seconds:.0f} | {read / 1e6:.1f} MB | "
+                f"{floor * 1000:.1f} ms | {seconds / floor:.1f}× |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -56,8 +56,13 @@ from ui.text import strings  # noqa: E402
 HEADER = '() => document.querySelector(".kv-counter")?.textContent ?? ""'
 IDLE = '() => document.querySelector(\'[data-testid="stApp"]\')?.dataset.testScriptState === "notRunning"'
 # One → on the teacher's page: when the header first shows another step, and when the run that drew it has ended
-WATCH = """(before) => {
-  const header = """ + HEADER + """, idle = """ + IDLE + """;
+WATCH = (
+    """(before) => {
+  const header = """
+    + HEADER
+    + """, idle = """
+    + IDLE
+    + """;
   const times = {start: null, token: null, drawn: null};
   window.kvPress = times;
   addEventListener("keydown", () => { times.start ??= performance.now(); }, {capture: true, once: true});
@@ -69,8 +74,17 @@ WATCH = """(before) => {
   };
   requestAnimationFrame(frame);
 }"""
-QUESTIONS = ("Why is the sky blue?", "What is a token?", "How does a GPU help?", "What is attention?",
-             "Why do we page memory?", "What is a prompt?", "How big is this model?", "What is a cache hit?")
+)
+QUESTIONS = (
+    "Why is the sky blue?",
+    "What is a token?",
+    "How does a GPU help?",
+    "What is attention?",
+    "Why do we page memory?",
+    "What is a prompt?",
+    "How big is this model?",
+    "What is a cache hit?",
+)
 SENT = {lang: strings.t("class_prompt_sent", lang).split("{")[0] for lang in ("en", "zh")}  # a send's answer
 
 
@@ -103,8 +117,13 @@ class Asker(Student):
         """As a student does: the question typed and the consent ticked (one rerun of the fragment that holds them),
         then, once Send is drawn enabled (a widget of another id), its press; when the press was sent."""
         (text_id, fragment), (consent_id, _) = self.box["v_class_prompt"], self.box["v_class_consent"]
-        self._send(fragment, lambda widgets: (widgets.add(id=text_id, string_value=question),
-                                              widgets.add(id=consent_id, bool_value=True)))
+        self._send(
+            fragment,
+            lambda widgets: (
+                widgets.add(id=text_id, string_value=question),
+                widgets.add(id=consent_id, bool_value=True),
+            ),
+        )
         assert wait_for(lambda: self._scan() or self.send_enabled, WAIT_S), "Send never enabled"
         send_id, fragment = self.box["b_class_send"]
         return self._send(fragment, lambda widgets: widgets.add(id=send_id, trigger_value=True))
@@ -157,23 +176,34 @@ def run(args) -> None:
         print(f"{len(students)} students joined", flush=True)
         memory.phase = "questions sent"
         start = time.perf_counter()
-        threads = [threading.Thread(target=s.ask, args=(f"{QUESTIONS[i % len(QUESTIONS)]} (student {i + 1})",))
-                   for i, s in enumerate(students)]
+        threads = [
+            threading.Thread(target=s.ask, args=(f"{QUESTIONS[i % len(QUESTIONS)]} (student {i + 1})",))
+            for i, s in enumerate(students)
+        ]
         for thread in threads:
             thread.start()
         answered = wait_for(lambda: all(s.sent_reply for s in students), WAIT_S, every=0.05)
         took = max((s.sent_reply or time.perf_counter()) for s in students) - start
         refused = sum(1 for s in students if s.sent_reply is None)
-        query = urlencode({"lead": 1, "view": "serving", "step": 0,  # the same browser: its cookie resumes the room
-                           "lang": args.lang, "serve_blocks": args.blocks, "serve_seqs": args.seqs})
+        query = urlencode(
+            {
+                "lead": 1,
+                "view": "serving",
+                "step": 0,  # the same browser: its cookie resumes the room
+                "lang": args.lang,
+                "serve_blocks": args.blocks,
+                "serve_seqs": args.seqs,
+            }
+        )
         teacher.goto(f"{url}/?{query}")
         teacher.wait_for_selector(".st-key-b_class_serve button", timeout=WAIT_S * 1000)
         listed = teacher.locator(".st-key-class-questions [data-testid=stText]").count()
         print(f"{listed} questions listed", flush=True)
         memory.phase = "class"
         teacher.locator(".st-key-b_class_serve button").click()
-        teacher.wait_for_function("() => new URL(location.href).searchParams.get('serve_round') !== null",
-                                  timeout=WAIT_S * 1000)
+        teacher.wait_for_function(
+            "() => new URL(location.href).searchParams.get('serve_round') !== null", timeout=WAIT_S * 1000
+        )
         teacher.wait_for_function(IDLE, timeout=WAIT_S * 1000)
         teacher.locator("h1").first.click()
         clock, presses, lags = page_clock(teacher), [], []
@@ -189,11 +219,15 @@ def run(args) -> None:
         peak, hwm = memory.peak(), memory.read()["VmHWM"]
         for student in students:
             student.close()
-    print(f"questions: {args.students} sent at once, {listed} listed, {refused} without an answer"
-          f"{'' if answered else ' (timed out)'}; last answer {took:.2f} s after the sends")
-    print(f"teacher → next server step (header / run finished): {ms([p['token'] for p in presses])} / "
-          f"{ms([p['drawn'] for p in presses])}  ({len(presses)} presses, pool {args.blocks} blocks, "
-          f"at most {args.seqs} a step)")
+    print(
+        f"questions: {args.students} sent at once, {listed} listed, {refused} without an answer"
+        f"{'' if answered else ' (timed out)'}; last answer {took:.2f} s after the sends"
+    )
+    print(
+        f"teacher → next server step (header / run finished): {ms([p['token'] for p in presses])} / "
+        f"{ms([p['drawn'] for p in presses])}  ({len(presses)} presses, pool {args.blocks} blocks, "
+        f"at most {args.seqs} a step)"
+    )
     print(f"followers' lag: {ms(lags)} over {len(lags)} (of {args.presses * args.students})")
     print(f"idle (both models): {memory_text(idle)}; peak {peak_text(peak)}; VmHWM {hwm / 1024:.0f} MiB")
     print(f"p50 token {statistics.median(p['token'] for p in presses):.0f} ms")

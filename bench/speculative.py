@@ -102,13 +102,17 @@ def rounds(spec: str, lookup_k: tuple[int, ...], early_k: tuple[int, ...], deepe
     return [config for group in groups if group for config in [Config("none")] + group]
 
 
-def bench(specs: list[str], prompts: list[str], lookup_k, early_k, deepest: bool, repeats: int, tokens: int
-          ) -> tuple[dict, dict, dict]:
+def bench(
+    specs: list[str], prompts: list[str], lookup_k, early_k, deepest: bool, repeats: int, tokens: int
+) -> tuple[dict, dict, dict]:
     """(model, prompt, config) → its runs; (model, rows fed) → verify ms of every timed pass; (model, prompt,
     config) → the errors of runs the engine refused (reported, not hidden: the other runs go on)."""
     models = {spec: engine.load_model(folder(spec), device="cpu", dtype=torch.float32) for spec in specs}
-    ids = {(spec, p): tokenize_prompt(models[spec], MODELS[spec].prompts[p], MODELS[spec].chat)
-           for spec in specs for p in prompts}
+    ids = {
+        (spec, p): tokenize_prompt(models[spec], MODELS[spec].prompts[p], MODELS[spec].chat)
+        for spec in specs
+        for p in prompts
+    }
     for (spec, _), prompt_ids in ids.items():  # warm up: the first passes of a process are slower
         timed_run(models[spec], prompt_ids, Config("none"), 8)
     runs, verify, errors, start = defaultdict(list), defaultdict(list), defaultdict(list), time.perf_counter()
@@ -123,48 +127,65 @@ def bench(specs: list[str], prompts: list[str], lookup_k, early_k, deepest: bool
                 runs[spec, prompt, config].append(run)
                 for p in run.passes[1:]:
                     verify[spec, len(p.fed)].append(p.verify_ms)
-            print(f"round {round_ + 1}/{repeats}: {spec} {prompt} done at {time.perf_counter() - start:.0f} s",
-                  file=sys.stderr, flush=True)
+            print(
+                f"round {round_ + 1}/{repeats}: {spec} {prompt} done at {time.perf_counter() - start:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
     return runs, verify, errors
 
 
 def table(runs: dict, errors: dict) -> list[str]:
-    lines = ["| model | prompt | draft | k | passes | tokens/pass | ms/token | speed-up | draft | tokens = plain's |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    plain = {(spec, prompt): statistics.median(r.ms_per_token for r in found)
-             for (spec, prompt, config), found in runs.items() if config.draft == "none"}
+    lines = [
+        "| model | prompt | draft | k | passes | tokens/pass | ms/token | speed-up | draft | tokens = plain's |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    plain = {
+        (spec, prompt): statistics.median(r.ms_per_token for r in found)
+        for (spec, prompt, config), found in runs.items()
+        if config.draft == "none"
+    }
     for (spec, prompt, config), found in runs.items():
         if errors.get((spec, prompt, config)):
-            lines.append(f"| {spec} | {prompt} | {config.label} | {config.k or '–'} | "
-                         f"{len(errors[spec, prompt, config])} of the runs failed: {errors[spec, prompt, config][0]} |")
+            lines.append(
+                f"| {spec} | {prompt} | {config.label} | {config.k or '–'} | "
+                f"{len(errors[spec, prompt, config])} of the runs failed: {errors[spec, prompt, config][0]} |"
+            )
         if not found:
             continue
         reference = runs[spec, prompt, Config("none")][0].tokens
         ms = statistics.median(r.ms_per_token for r in found)
         first = found[0]
-        lines.append(f"| {spec} | {prompt} | {config.label} | {config.k or '–'} | {len(first.passes)} | "
-                     f"{len(first.tokens) / len(first.passes):.2f} | {ms:.1f} | {plain[spec, prompt] / ms:.2f}× | "
-                     f"{100 * statistics.median(r.draft_share for r in found):.0f}% | "
-                     f"{'yes' if all(r.tokens == reference for r in found) else '**no**'} |")
+        lines.append(
+            f"| {spec} | {prompt} | {config.label} | {config.k or '–'} | {len(first.passes)} | "
+            f"{len(first.tokens) / len(first.passes):.2f} | {ms:.1f} | {plain[spec, prompt] / ms:.2f}× | "
+            f"{100 * statistics.median(r.draft_share for r in found):.0f}% | "
+            f"{'yes' if all(r.tokens == reference for r in found) else '**no**'} |"
+        )
     return lines
 
 
 def verify_table(verify: dict) -> list[str]:
     specs = sorted({spec for spec, _ in verify})
     rows = sorted({fed for _, fed in verify})
-    lines = ["| rows fed | " + " | ".join(f"{spec}: verify ms (passes)" for spec in specs) + " |",
-             "|---" * (len(specs) + 1) + "|"]
+    lines = [
+        "| rows fed | " + " | ".join(f"{spec}: verify ms (passes)" for spec in specs) + " |",
+        "|---" * (len(specs) + 1) + "|",
+    ]
     for fed in rows:
-        cells = [f"{statistics.median(verify[spec, fed]):.1f} ({len(verify[spec, fed])})" if verify.get((spec, fed))
-                 else "–" for spec in specs]
+        cells = [
+            f"{statistics.median(verify[spec, fed]):.1f} ({len(verify[spec, fed])})" if verify.get((spec, fed)) else "–"
+            for spec in specs
+        ]
         lines.append(f"| {fed} | " + " | ".join(cells) + " |")
     return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true",
-                        help=f"lookup k {QUICK_LOOKUP_K}, early exit at the deepest n only")
+    parser.add_argument(
+        "--quick", action="store_true", help=f"lookup k {QUICK_LOOKUP_K}, early exit at the deepest n only"
+    )
     parser.add_argument("--lookup-k", type=int, nargs="*", help=f"default {LOOKUP_K}")
     parser.add_argument("--early-exit-k", type=int, nargs="*", help=f"default {EARLY_EXIT_K}")
     parser.add_argument("--models", nargs="*", choices=list(MODELS), default=list(MODELS))
@@ -177,8 +198,10 @@ def main() -> None:
     early_k = tuple(args.early_exit_k if args.early_exit_k is not None else EARLY_EXIT_K)
     start = time.perf_counter()
     runs, verify, errors = bench(args.models, args.prompts, lookup_k, early_k, args.quick, args.repeats, args.tokens)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread, {args.tokens} new tokens, greedy, median "
-          f"of {args.repeats} runs; ms/token over the passes after the prefill's\n")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} thread, {args.tokens} new tokens, greedy, median "
+        f"of {args.repeats} runs; ms/token over the passes after the prefill's\n"
+    )
     for key in errors:  # a configuration whose every run failed
         runs.setdefault(key, [])
     print("\n".join(table(runs, errors)))

@@ -61,19 +61,21 @@ MODELS = {
         chat=True,
         prompts={
             "quote": "Rewrite this Python function with the variable `total` renamed to `acc`. Reply with the code "
-                     "only.\n\n```python\ndef sum_of_squares(values):\n    total = 0\n    for value in values:\n"
-                     "        total += value * value\n    return total\n```",
+            "only.\n\n```python\ndef sum_of_squares(values):\n    total = 0\n    for value in values:\n"
+            "        total += value * value\n    return total\n```",
             "free": "Why do leaves change colour in autumn? Answer in a short paragraph.",
         },
-        early_exit=((5, 10), (3, 20))),
+        early_exit=((5, 10), (3, 20)),
+    ),
     "embedded-zh": ModelCases(  # Gemma 3 270M, a base model, 18 layers
         chat=False,
         prompts={
             "quote": "原文：春天来了，小草从地里钻出来，柳树发出了嫩芽。小燕子从南方飞回来，在屋檐下筑巢。"
-                     "孩子们脱下厚厚的棉衣，到田野里放风筝。\n照抄一遍：春天来了，",
+            "孩子们脱下厚厚的棉衣，到田野里放风筝。\n照抄一遍：春天来了，",
             "free": "人工智能的发展给我们的生活带来了",
         },
-        early_exit=((5, 6), (3, 12))),
+        early_exit=((5, 6), (3, 12)),
+    ),
 }
 
 
@@ -86,15 +88,21 @@ class Case:
 
     @property
     def name(self) -> str:
-        return f"{self.prompt} lookup k={self.k}" if self.draft == "lookup" else \
-            f"{self.prompt} early_exit k={self.k} n={self.layers}"
+        return (
+            f"{self.prompt} lookup k={self.k}"
+            if self.draft == "lookup"
+            else f"{self.prompt} early_exit k={self.k} n={self.layers}"
+        )
 
 
 def cases(spec: str) -> list[Case]:
     model = MODELS[spec]
-    return [case for prompt in model.prompts for case in
-            [Case(prompt, "lookup", k) for k in LOOKUP_K] + [Case(prompt, "early_exit", k, n) for k, n in
-                                                              model.early_exit]]
+    return [
+        case
+        for prompt in model.prompts
+        for case in [Case(prompt, "lookup", k) for k in LOOKUP_K]
+        + [Case(prompt, "early_exit", k, n) for k, n in model.early_exit]
+    ]
 
 
 def folder(spec: str) -> str:
@@ -111,11 +119,15 @@ def folder(spec: str) -> str:
 
 # -- the peer: transformers' assisted generation -----------------------------------------------------------------
 
+
 def template_ids(tokenizer, text: str, chat: bool) -> list[int]:
     """The prompt's ids as transformers' own tokenizer makes them."""
     if chat:
-        return list(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                  tokenize=True, return_dict=True)["input_ids"])
+        return list(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=True
+            )["input_ids"]
+        )
     return tokenizer(text)["input_ids"]
 
 
@@ -125,15 +137,19 @@ def recorded(generator, passes: list[dict]):
 
     def recording_get(input_ids, **kwargs):
         candidate_ids, candidate_logits = get_candidates(input_ids, **kwargs)
-        passes.append({"length": input_ids.shape[1], "guesses": candidate_ids[0, input_ids.shape[1]:].tolist()})
+        passes.append({"length": input_ids.shape[1], "guesses": candidate_ids[0, input_ids.shape[1] :].tolist()})
         return candidate_ids, candidate_logits
 
     def recording_update(input_ids, scores, num_matches):
         done = passes[-1]
         top = scores[0].argmax(-1).tolist()  # greedy: the full model's token after each row
         guesses = done["guesses"]
-        done.update(top=top, accepted=next((i for i, g in enumerate(guesses) if g != top[i]), len(guesses)),
-                    n_matches=int(num_matches), added=input_ids[0, done["length"]:].tolist())
+        done.update(
+            top=top,
+            accepted=next((i for i, g in enumerate(guesses) if g != top[i]), len(guesses)),
+            n_matches=int(num_matches),
+            added=input_ids[0, done["length"] :].tolist(),
+        )
         return update(input_ids, scores, num_matches)
 
     generator.get_candidates, generator.update_candidate_strategy = recording_get, recording_update
@@ -156,11 +172,10 @@ def peer_case(hf, ids: list[int], case: Case) -> dict:
         options.update(assistant_early_exit=case.layers)
     try:
         with torch.no_grad():
-            out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                              **options)
+            out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long), **options)
     finally:
         del hf._get_candidate_generator
-    return {"tokens": out[0, len(ids):].tolist(), "passes": passes}
+    return {"tokens": out[0, len(ids) :].tolist(), "passes": passes}
 
 
 def run_peer(spec: str, model_dir: str, ids_file: str | None, out: str) -> None:
@@ -174,8 +189,14 @@ def run_peer(spec: str, model_dir: str, ids_file: str | None, out: str) -> None:
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
     own = {name: template_ids(tokenizer, text, model.chat) for name, text in model.prompts.items()}
     given = json.loads(Path(ids_file).read_text()) if ids_file else own
-    results = {"transformers": transformers.__version__, "folder": model_dir, "template_ids": own, "ids": given,
-               "eos_token_id": hf.generation_config.eos_token_id, "cases": {}}
+    results = {
+        "transformers": transformers.__version__,
+        "folder": model_dir,
+        "template_ids": own,
+        "ids": given,
+        "eos_token_id": hf.generation_config.eos_token_id,
+        "cases": {},
+    }
     for case in cases(spec):
         results["cases"][case.name] = peer_case(hf, given[case.prompt], case)
         print(f"peer {spec} {case.name}: {len(results['cases'][case.name]['passes'])} passes", flush=True)
@@ -183,6 +204,7 @@ def run_peer(spec: str, model_dir: str, ids_file: str | None, out: str) -> None:
 
 
 # -- ours, and the comparison -------------------------------------------------------------------------------------
+
 
 def ours_case(model, ids: list[int], case: Case):
     from engine.drafts import make_draft
@@ -195,8 +217,10 @@ def ours_case(model, ids: list[int], case: Case):
 
 
 def first_difference(ours: list, theirs: list) -> int | None:
-    return next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b),
-                None if len(ours) == len(theirs) else min(len(ours), len(theirs)))
+    return next(
+        (i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b),
+        None if len(ours) == len(theirs) else min(len(ours), len(theirs)),
+    )
 
 
 def compare_model(spec: str, peer_file: str | None) -> tuple[list[str], list[str]]:
@@ -212,10 +236,12 @@ def compare_model(spec: str, peer_file: str | None) -> tuple[list[str], list[str
     if peer_file is None:
         peer_file = run_peer_process(spec, model_dir, ids)
     peer = json.loads(Path(peer_file).read_text())
-    notes = [f"{spec}: transformers {peer['transformers']}, folder {model_dir}; prompt ids equal to the chat "
-             f"template's / tokenizer's: {peer['template_ids'] == ids}; fed to the peer: {peer['ids'] == ids} "
-             f"({', '.join(f'{name} {len(v)} tokens' for name, v in ids.items())}); eos: ours "
-             f"{sorted(model.eos_ids)}, transformers' generation_config {peer['eos_token_id']}"]
+    notes = [
+        f"{spec}: transformers {peer['transformers']}, folder {model_dir}; prompt ids equal to the chat "
+        f"template's / tokenizer's: {peer['template_ids'] == ids}; fed to the peer: {peer['ids'] == ids} "
+        f"({', '.join(f'{name} {len(v)} tokens' for name, v in ids.items())}); eos: ours "
+        f"{sorted(model.eos_ids)}, transformers' generation_config {peer['eos_token_id']}"
+    ]
     rows = []
     for case in cases(spec):
         theirs = peer["cases"].get(case.name)
@@ -223,21 +249,29 @@ def compare_model(spec: str, peer_file: str | None) -> tuple[list[str], list[str
             notes.append(f"{spec} {case.name}: not in the peer's file")
             continue
         tokens, passes = ours_case(model, ids[case.prompt], case)
-        columns = {"accepted": ([p.accepted for p in passes], [p["accepted"] for p in theirs["passes"]]),
-                   "added": ([len(p.added) for p in passes], [p["n_matches"] + 1 for p in theirs["passes"]]),
-                   "guesses": ([p.guesses for p in passes], [p["guesses"] for p in theirs["passes"]])}
+        columns = {
+            "accepted": ([p.accepted for p in passes], [p["accepted"] for p in theirs["passes"]]),
+            "added": ([len(p.added) for p in passes], [p["n_matches"] + 1 for p in theirs["passes"]]),
+            "guesses": ([p.guesses for p in passes], [p["guesses"] for p in theirs["passes"]]),
+        }
         same = {key: a == b for key, (a, b) in columns.items()}
-        rows.append(f"| {case.name} | {spec} | {len(passes)} / {len(theirs['passes'])} | {yes(same['accepted'])} | "
-                    f"{yes(same['added'])} | {yes(same['guesses'])} | {yes(tokens == theirs['tokens'])} |")
+        rows.append(
+            f"| {case.name} | {spec} | {len(passes)} / {len(theirs['passes'])} | {yes(same['accepted'])} | "
+            f"{yes(same['added'])} | {yes(same['guesses'])} | {yes(tokens == theirs['tokens'])} |"
+        )
         for key, (a, b) in columns.items():
             if not same[key]:
                 at = first_difference(a, b)
-                notes.append(f"{spec} {case.name}: {key} differ from pass {at}: ours {a[at:at + 3]}, "
-                             f"transformers {b[at:at + 3]}")
+                notes.append(
+                    f"{spec} {case.name}: {key} differ from pass {at}: ours {a[at : at + 3]}, "
+                    f"transformers {b[at : at + 3]}"
+                )
         if tokens != theirs["tokens"]:
             at = first_difference(tokens, theirs["tokens"])
-            notes.append(f"{spec} {case.name}: tokens differ from token {at}: ours {tokens[at:at + 5]}, "
-                         f"transformers {theirs['tokens'][at:at + 5]}")
+            notes.append(
+                f"{spec} {case.name}: tokens differ from token {at}: ours {tokens[at : at + 5]}, "
+                f"transformers {theirs['tokens'][at : at + 5]}"
+            )
     return rows, notes
 
 
@@ -246,8 +280,22 @@ def run_peer_process(spec: str, model_dir: str, ids: dict[str, list[int]]) -> st
     scratch = Path(tempfile.mkdtemp(prefix="speculative-peer-"))
     (scratch / "ids.json").write_text(json.dumps(ids))
     out = scratch / "peer.json"
-    subprocess.run([sys.executable, str(Path(__file__).resolve()), "peer", "--model", spec, "--folder", model_dir,
-                    "--ids", str(scratch / "ids.json"), "--out", str(out)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "peer",
+            "--model",
+            spec,
+            "--folder",
+            model_dir,
+            "--ids",
+            str(scratch / "ids.json"),
+            "--out",
+            str(out),
+        ],
+        check=True,
+    )
     return str(out)
 
 
@@ -280,8 +328,10 @@ def main() -> None:
         rows, model_notes = compare_model(spec, args.peer)
         table += rows
         notes += model_notes
-    print("| case | model | passes (ours / peer) | accepted per pass equal | added per pass equal | "
-          "guesses per pass equal | tokens equal |")
+    print(
+        "| case | model | passes (ours / peer) | accepted per pass equal | added per pass equal | "
+        "guesses per pass equal | tokens equal |"
+    )
     print("|---|---|---|---|---|---|---|")
     print("\n".join(table))
     print()

@@ -63,10 +63,18 @@ def one_page(model, limits, splits: int, block_size: int, steps: int, runs=None)
     from ui.runs.runner import Runner
 
     runner = Runner(model, limits.cache_tokens, limits.full_traces, runs=runs)
-    runner.configure(RunConfig(prompt=prompt_of(model.tokenizer, PROMPT_TOKENS), chat=False,
-                               sampling=engine.Sampling(), block_size=block_size, kv_splits=splits,
-                               policy="block", max_new_tokens=limits.max_new_tokens,
-                               max_prompt_tokens=limits.max_prompt_tokens))
+    runner.configure(
+        RunConfig(
+            prompt=prompt_of(model.tokenizer, PROMPT_TOKENS),
+            chat=False,
+            sampling=engine.Sampling(),
+            block_size=block_size,
+            kv_splits=splits,
+            policy="block",
+            max_new_tokens=limits.max_new_tokens,
+            max_prompt_tokens=limits.max_prompt_tokens,
+        )
+    )
     reached = runner.advance_to(steps)
     layer, head = model.info.layers - 1, model.info.q_heads - 1
     runner.full_attention(reached, layer, head)
@@ -75,8 +83,9 @@ def one_page(model, limits, splits: int, block_size: int, steps: int, runs=None)
     runner.close()
 
 
-def measure(pages: int, splits: int | None, block_size: int | None, steps: int, spec: str = "embedded",
-            one_link: bool = False) -> dict:
+def measure(
+    pages: int, splits: int | None, block_size: int | None, steps: int, spec: str = "embedded", one_link: bool = False
+) -> dict:
     """In this process: load the model `spec` in the host's dtype, then run `pages` pages at once in threads
     (on one link: sharing one RunStore)."""
     import torch
@@ -115,10 +124,20 @@ def measure(pages: int, splits: int | None, block_size: int | None, steps: int, 
         thread.join()
     if errors:
         raise errors[0]
-    return {"model": model.info.name, "dtype": model.info.dtype, "pages": pages, "one_link": one_link,
-            "kv_splits": splits, "block_size": block_size, "steps": steps,
-            "step_memory_mb": limits.step_memory_mb, "loaded_mb": round(loaded), "peak_mb": round(peak_mb()),
-            "extra_mb": round(peak_mb() - loaded), "seconds": round(time.perf_counter() - start, 1)}
+    return {
+        "model": model.info.name,
+        "dtype": model.info.dtype,
+        "pages": pages,
+        "one_link": one_link,
+        "kv_splits": splits,
+        "block_size": block_size,
+        "steps": steps,
+        "step_memory_mb": limits.step_memory_mb,
+        "loaded_mb": round(loaded),
+        "peak_mb": round(peak_mb()),
+        "extra_mb": round(peak_mb() - loaded),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
 
 
 def main() -> None:
@@ -143,8 +162,17 @@ def main() -> None:
 
         spec = qwen3_shaped_folder(torch.bfloat16, embedded.embedded_source())
     for pages in args.pages:
-        command = [sys.executable, __file__, "--child", "--pages", str(pages), "--steps", str(args.steps),
-                   "--model", spec] + (["--one-link"] if args.one_link else [])
+        command = [
+            sys.executable,
+            __file__,
+            "--child",
+            "--pages",
+            str(pages),
+            "--steps",
+            str(args.steps),
+            "--model",
+            spec,
+        ] + (["--one-link"] if args.one_link else [])
         for flag, value in (("--splits", args.splits), ("--block-size", args.block_size)):
             if value is not None:
                 command += [flag, str(value)]

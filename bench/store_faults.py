@@ -89,10 +89,11 @@ def main() -> None:
     count = parser.parse_args().presses
     with tempfile.TemporaryDirectory() as folder, chromium() as browser:
         folder = Path(folder)
-        leader, *followers = [browser.new_context(viewport={"width": 1280, "height": 720}).new_page()
-                              for _ in range(3)]
-        with redis_process(folder) as (url, store), \
-                running_server(folder / "log.txt", env={"KVSCOPE_STORE": url}) as (server, _):
+        leader, *followers = [browser.new_context(viewport={"width": 1280, "height": 720}).new_page() for _ in range(3)]
+        with (
+            redis_process(folder) as (url, store),
+            running_server(folder / "log.txt", env={"KVSCOPE_STORE": url}) as (server, _),
+        ):
             open_class(server, leader, followers)
             timed_next(leader, 2)  # warm-up
             times = rounds(leader, followers, url, store, folder, count)

@@ -34,9 +34,18 @@ class SplitRecord:
     unsplit: torch.Tensor  # (q_heads, D): Σ_j a_j v_j over all keys at once
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor, scale: float,
-           kv_splits: int = 1, window: int | None = None, first_key: int = 0,
-           kept: torch.Tensor | None = None, sink_queries: tuple[int, torch.Tensor] | None = None) -> AttentionResult:
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_positions: torch.Tensor,
+    scale: float,
+    kv_splits: int = 1,
+    window: int | None = None,
+    first_key: int = 0,
+    kept: torch.Tensor | None = None,
+    sink_queries: tuple[int, torch.Tensor] | None = None,
+) -> AttentionResult:
     """q: (T, q_heads, D) at positions q_positions (T,); k, v: (L − first_key, kv_heads, D) for positions
     first_key…L−1 (a sliding-window layer's cache starts past 0).
 

@@ -48,9 +48,11 @@ class BlockManager:
         """
         available = len(self.free) - sum(1 for block in set(keeping) if block in self.free)
         if count > available:
-            raise CacheFullError(f"the KV pool is full: {count} more blocks are needed and {available} of "
-                                 f"{self.num_blocks} are free; the others are in use by running sessions "
-                                 "(or hold the cached prefix being reused)")
+            raise CacheFullError(
+                f"the KV pool is full: {count} more blocks are needed and {available} of "
+                f"{self.num_blocks} are free; the others are in use by running sessions "
+                "(or hold the cached prefix being reused)"
+            )
 
     def allocate(self) -> int:
         """The first free block, now held once and hashed no more (its reclaimer told first)."""

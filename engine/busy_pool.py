@@ -46,8 +46,9 @@ class BusyPoolReplay:
     """passes: (ids, positions) of the request's first passes in order, the first being the whole prompt;
     `capacity`: the positions it may reach with the passes `add`ed later (default: those of `passes`)."""
 
-    def __init__(self, model: Model, passes: list[tuple[list[int], list[int]]], block_size: int,
-                 capacity: int | None = None):
+    def __init__(
+        self, model: Model, passes: list[tuple[list[int], list[int]]], block_size: int, capacity: int | None = None
+    ):
         self.model = model
         length = sum(len(ids) for ids, _ in passes) if capacity is None else capacity
         others = 2 * math.ceil(length / block_size)
@@ -92,9 +93,14 @@ class BusyPoolReplay:
             *own, own_start = own_kv(layer)
             start = max(mine_start, own_start)
             for a, b in zip(mine, own):
-                a, b = a[start - mine_start:], b[start - own_start:]
+                a, b = a[start - mine_start :], b[start - own_start :]
                 if len(a):
                     diff = max(diff, (a.float() - b.float()).abs().max().item())
-        return BusyPoolPicture(block_table=list(self.table.blocks), length=self.table.length,
-                               num_blocks=self.pool.num_blocks, others=self.others, freed=self.freed,
-                               kv_max_diff=diff)
+        return BusyPoolPicture(
+            block_table=list(self.table.blocks),
+            length=self.table.length,
+            num_blocks=self.pool.num_blocks,
+            others=self.others,
+            freed=self.freed,
+            kv_max_diff=diff,
+        )

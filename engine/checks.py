@@ -25,12 +25,17 @@ def require_integer(name: str, value, low: int, high: int | None = None, why: st
         raise InvalidSettingError(f"{name} must be {allowed}{why}, got {value!r}")
 
 
-def require_number(name: str, value, low: float, high: float, *, low_open: bool = False, high_open: bool = False,
-                   why: str = "") -> None:
+def require_number(
+    name: str, value, low: float, high: float, *, low_open: bool = False, high_open: bool = False, why: str = ""
+) -> None:
     """A real number (an int or a float, not a bool) from `low` to `high`, each end included unless it is open;
     else InvalidSettingError naming the setting and its range, then `why`. NaN is in no range."""
-    in_range = (isinstance(value, (int, float)) and not isinstance(value, bool)
-                and (value > low if low_open else value >= low) and (value < high if high_open else value <= high))
+    in_range = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and (value > low if low_open else value >= low)
+        and (value < high if high_open else value <= high)
+    )
     if not in_range:
         start = f"above {low}" if low_open else f"from {low}"
         end = f"up to (not including) {high}" if high_open else (f"up to {high}" if low_open else f"to {high}")

@@ -57,23 +57,26 @@ class TokenInContexts:
         return float((a[layer] - b[layer]).abs().max())
 
 
-def token_in_contexts(model: Model, first_ids: list[int], first_index: int, second_ids: list[int],
-                      second_index: int) -> TokenInContexts:
+def token_in_contexts(
+    model: Model, first_ids: list[int], first_index: int, second_ids: list[int], second_index: int
+) -> TokenInContexts:
     """Prefill each sequence in a cache of its own and read the K and V its token (`ids[index]`, the same id in
     both) left in every layer. Only the positions up to the token are computed: nothing after it can change them."""
     for ids, index in ((first_ids, first_index), (second_ids, second_index)):
         if not 0 <= index < len(ids):
             raise InvalidSettingError(f"the token's index {index} is outside its {len(ids)}-token context")
     if first_ids[first_index] != second_ids[second_index]:
-        raise InvalidSettingError(f"the two contexts hold different ids there: {first_ids[first_index]} and "
-                                  f"{second_ids[second_index]}")
-    first = _cached_kv(model, first_ids[:first_index + 1])
-    second = _cached_kv(model, second_ids[:second_index + 1])
+        raise InvalidSettingError(
+            f"the two contexts hold different ids there: {first_ids[first_index]} and {second_ids[second_index]}"
+        )
+    first = _cached_kv(model, first_ids[: first_index + 1])
+    second = _cached_kv(model, second_ids[: second_index + 1])
     unrotated = None
     if model.ropes:
         unrotated = (_unrotate(model, first[0], first_index), _unrotate(model, second[0], second_index))
-    return TokenInContexts(first_ids[first_index], (first_index, second_index), (first[0], second[0]),
-                           (first[1], second[1]), unrotated)
+    return TokenInContexts(
+        first_ids[first_index], (first_index, second_index), (first[0], second[0]), (first[1], second[1]), unrotated
+    )
 
 
 def _cached_kv(model: Model, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,7 +101,7 @@ def _unrotate(model: Model, keys: torch.Tensor, position: int) -> torch.Tensor:
     for layer, kind in enumerate(model.info.layer_kinds):
         rope = model.ropes[kind]
         cos, sin = rope.cos_sin(torch.tensor([position]), torch.float32)
-        out.append(apply_rope(keys[layer][None], cos, -sin)[0] / rope.attention_scaling ** 2)
+        out.append(apply_rope(keys[layer][None], cos, -sin)[0] / rope.attention_scaling**2)
     return torch.stack(out)
 
 

@@ -39,7 +39,7 @@ class IncrementalDetokenizer:
         prompt = list(prompt_ids)
         whole = len(prompt) - open_ids(tokenizer, prompt)
         # The ids of the prompt's last whole character (a group, as the token cells have it).
-        last = whole - 1 - open_ids(tokenizer, prompt[:whole - 1]) if whole else 0
+        last = whole - 1 - open_ids(tokenizer, prompt[: whole - 1]) if whole else 0
         self._context = tuple(prompt[last:whole])
         self._context_text = self._decode(self._context)
         # Bytes of a character the prompt leaves unfinished are shown with the answer that completes it.
@@ -55,7 +55,7 @@ class IncrementalDetokenizer:
         text = self._decode(self._context + held)
         held_text = self._decode(held)
         if text.startswith(self._context_text):
-            piece = text[len(self._context_text):]  # in context: a SentencePiece leading space is kept
+            piece = text[len(self._context_text) :]  # in context: a SentencePiece leading space is kept
         else:
             # SentencePiece byte fallback turns every byte of a run that is not valid UTF-8 into U+FFFD,
             # the context's too; what was shown stays, and the new ids are shown on their own.

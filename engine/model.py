@@ -47,8 +47,16 @@ def between_layers(pause: Callable[[], None]) -> Iterator[None]:
 class Model:
     """A loaded model: its weights, facts, tokenizer and decoder layers; `forward` runs one pass."""
 
-    def __init__(self, weights: Weights, info: ModelInfo, tokenizer, ropes: dict[str, Rope] | None,
-                 attention_scales: list[float], eos_ids: set[int], device: torch.device):
+    def __init__(
+        self,
+        weights: Weights,
+        info: ModelInfo,
+        tokenizer,
+        ropes: dict[str, Rope] | None,
+        attention_scales: list[float],
+        eos_ids: set[int],
+        device: torch.device,
+    ):
         self.weights = weights
         self.info = info
         self.tokenizer = tokenizer
@@ -56,8 +64,10 @@ class Model:
         self.attention_scales = attention_scales  # per layer (GPT-2 can scale by 1/(layer+1))
         self.eos_ids = eos_ids
         self.device = device
-        self.layers = [DecoderLayer(i, layer, info, scale, ropes[info.layer_kinds[i]] if ropes else None)
-                       for i, (layer, scale) in enumerate(zip(weights.layers, attention_scales))]
+        self.layers = [
+            DecoderLayer(i, layer, info, scale, ropes[info.layer_kinds[i]] if ropes else None)
+            for i, (layer, scale) in enumerate(zip(weights.layers, attention_scales))
+        ]
 
     @property
     def dtype(self) -> torch.dtype:
@@ -68,8 +78,16 @@ class Model:
         """A KV pool in `info.dtype` (the weights' dtype: see `engine.kv_cache`), so `info.kv_bytes_per_token`
         is what it stores."""
         i = self.info
-        return BlockPool(i.layers, i.kv_heads, i.head_dim, num_blocks, block_size, getattr(torch, i.dtype), self.device,
-                         windows=i.layer_windows or None)
+        return BlockPool(
+            i.layers,
+            i.kv_heads,
+            i.head_dim,
+            num_blocks,
+            block_size,
+            getattr(torch, i.dtype),
+            self.device,
+            windows=i.layer_windows or None,
+        )
 
     def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rows of the embedding table (an id is only a row number), times √hidden for Gemma, plus GPT-2's
@@ -88,8 +106,9 @@ class Model:
         ids = torch.tensor([token_id], device=self.device)
         return self.embed(ids, torch.tensor([position], device=self.device))[0].cpu()
 
-    def full_attention(self, ids: list[int], layer: int, block_size: int = DEFAULT_BLOCK_SIZE
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    def full_attention(
+        self, ids: list[int], layer: int, block_size: int = DEFAULT_BLOCK_SIZE
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer's causal attention over the whole sequence `ids`, by one fresh prefill pass.
 
         Returns probabilities and scores, each (q_heads, n, n). The rows equal what step-by-step decoding
@@ -102,10 +121,20 @@ class Model:
         record = self.forward(ids, list(range(n)), table, capture)
         return record.attention[0], record.scores[0]
 
-    def forward(self, ids: list[int], positions: list[int], table: BlockTable, capture: Capture, kv_splits: int = 1,
-                write: bool = True, kept: list[torch.Tensor | None] | None = None,
-                observe: Observer | None = None,
-                head: bool = True, prefill: bool = False, depth: int | None = None) -> ForwardRecord | torch.Tensor:
+    def forward(
+        self,
+        ids: list[int],
+        positions: list[int],
+        table: BlockTable,
+        capture: Capture,
+        kv_splits: int = 1,
+        write: bool = True,
+        kept: list[torch.Tensor | None] | None = None,
+        observe: Observer | None = None,
+        head: bool = True,
+        prefill: bool = False,
+        depth: int | None = None,
+    ) -> ForwardRecord | torch.Tensor:
         """Process `ids` at `positions`, the last `len(ids)` positions `table` has reserved (`table.append`).
 
         Each layer writes the new K/V into the pool, then attends over every cached position it can see
@@ -127,8 +156,9 @@ class Model:
         return self.forward_batch([one], head=head, prefill=prefill, depth=depth)[0]
 
     @torch.inference_mode()
-    def forward_batch(self, passes: list[Pass], head: bool = True, prefill: bool = False, depth: int | None = None
-                      ) -> list[ForwardRecord] | list[torch.Tensor]:
+    def forward_batch(
+        self, passes: list[Pass], head: bool = True, prefill: bool = False, depth: int | None = None
+    ) -> list[ForwardRecord] | list[torch.Tensor]:
         """Several sequences' passes as one: their rows go through every projection and MLP together (the
         weights are read once for the batch, which is what makes a batch cheap when decode is memory-bound),
         while each sequence attends only over its own table's cached K/V, with its own masks. One record (or,
@@ -136,29 +166,38 @@ class Model:
         info = self.info
         ids_t = torch.tensor([i for p in passes for i in p.ids], dtype=torch.long, device=self.device)
         pos_t = torch.tensor([q for p in passes for q in p.positions], dtype=torch.long, device=self.device)
-        rope_t = pos_t if all(p.rope_positions is None for p in passes) else torch.tensor(  # re-rotated passes only
-            [q for p in passes for q in (p.rope_positions or p.positions)], dtype=torch.long, device=self.device)
+        rope_t = (
+            pos_t
+            if all(p.rope_positions is None for p in passes)
+            else torch.tensor(  # re-rotated passes only
+                [q for p in passes for q in (p.rope_positions or p.positions)], dtype=torch.long, device=self.device
+            )
+        )
         x = self.embed(ids_t, pos_t)  # (rows of every pass, hidden)
         contexts, recorders, start = [], [], 0
         for p in passes:
             rows = slice(start, start + len(p.ids))
             start = rows.stop
             positions = pos_t[rows]
-            contexts.append(PassContext(
-                rows=rows,
-                positions=positions,
-                cos_sin={kind: rope.cos_sin(rope_t[rows], x.dtype) for kind, rope in self.ropes.items()}
-                if self.ropes else {},
-                kv=PagedKV.of(p.table, p.positions, p.write),
-                local_kv=PagedKV.of(p.table.window, p.positions, p.write) if p.table.window is not None else None,
-                kv_splits=p.kv_splits,
-                kept=p.kept,
-                key_turns=p.key_turns,
-                sink_turns=p.sink_turns,
-                observe=p.observe,
-            ))
-            recorders.append(StepRecorder(p.capture, p.positions, info.layers, info.q_heads, info.hidden, x.dtype,
-                                          self.device))
+            contexts.append(
+                PassContext(
+                    rows=rows,
+                    positions=positions,
+                    cos_sin={kind: rope.cos_sin(rope_t[rows], x.dtype) for kind, rope in self.ropes.items()}
+                    if self.ropes
+                    else {},
+                    kv=PagedKV.of(p.table, p.positions, p.write),
+                    local_kv=PagedKV.of(p.table.window, p.positions, p.write) if p.table.window is not None else None,
+                    kv_splits=p.kv_splits,
+                    kept=p.kept,
+                    key_turns=p.key_turns,
+                    sink_turns=p.sink_turns,
+                    observe=p.observe,
+                )
+            )
+            recorders.append(
+                StepRecorder(p.capture, p.positions, info.layers, info.q_heads, info.hidden, x.dtype, self.device)
+            )
         token, pause = ROWS_AS_BATCH.set(prefill), _BETWEEN_LAYERS.get()
         try:
             for layer in self.layers[:depth]:
@@ -226,8 +265,15 @@ class PagedKV:
 
     @classmethod
     def of(cls, table: BlockTable, positions: list[int], write: bool) -> PagedKV:
-        return cls(table.pool, table.device_blocks(), table.slots_at(positions) if write else None,
-                   table.first_of_run(), table.first_position, positions[0], positions[-1] + 1)
+        return cls(
+            table.pool,
+            table.device_blocks(),
+            table.slots_at(positions) if write else None,
+            table.first_of_run(),
+            table.first_position,
+            positions[0],
+            positions[-1] + 1,
+        )
 
     def store_and_read(self, row: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write this pass's k, v (T, kv_heads, D) for the pool's layer `row`; return K, V of positions
@@ -259,8 +305,9 @@ class PassContext:
 class DecoderLayer:
     """One pre-norm decoder layer: attention, then the MLP, each added onto the residual stream."""
 
-    def __init__(self, index: int, weights: LayerWeights, info: ModelInfo, attention_scale: float,
-                 rope: Rope | None = None):
+    def __init__(
+        self, index: int, weights: LayerWeights, info: ModelInfo, attention_scale: float, rope: Rope | None = None
+    ):
         self.index = index
         self.rope = rope  # its kind's RoPE; None for learned positions
         self.w = weights
@@ -271,8 +318,9 @@ class DecoderLayer:
 
     def __call__(self, x0: torch.Tensor, contexts: list[PassContext], recorders: list[StepRecorder]) -> torch.Tensor:
         """x0 (T, hidden) → x2 (T, hidden), T the rows of every sequence. The second add is onto x1, not x0."""
-        x1 = x0 + self.output_norm(self.attention(norm(x0, self.w.input_layernorm), contexts, recorders),
-                                   self.w.attention_output_norm)
+        x1 = x0 + self.output_norm(
+            self.attention(norm(x0, self.w.input_layernorm), contexts, recorders), self.w.attention_output_norm
+        )
         x2 = x1 + self.output_norm(mlp(norm(x1, self.w.post_attention_layernorm), self.w), self.w.mlp_output_norm)
         for context, recorder in zip(contexts, recorders):
             rows = context.rows
@@ -302,8 +350,9 @@ class DecoderLayer:
         outputs = [self.attend_one(q[c.rows], k[c.rows], v[c.rows], c, r) for c, r in zip(contexts, recorders)]
         return linear(outputs[0] if len(outputs) == 1 else torch.cat(outputs), self.w.o_proj)
 
-    def attend_one(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: PassContext,
-                   recorder: StepRecorder) -> torch.Tensor:
+    def attend_one(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: PassContext, recorder: StepRecorder
+    ) -> torch.Tensor:
         """One sequence's rows: q (T, q_heads, D), k and v (T, kv_heads, D) → the head outputs (T, q_heads × D)."""
         unrotated_q = q
         if context.cos_sin:
@@ -320,8 +369,18 @@ class DecoderLayer:
         if context.sink_turns is not None and kept is not None:
             sinks, sink_turns = context.sink_turns
             sink_queries = (sinks, self.rope.turned(q, -sink_turns.expand(q.shape[1], -1)))
-        result = attend(q, cached_k, cached_v, context.positions, self.scale, context.kv_splits, self.window, kv.start,
-                        kept, sink_queries)
+        result = attend(
+            q,
+            cached_k,
+            cached_v,
+            context.positions,
+            self.scale,
+            context.kv_splits,
+            self.window,
+            kv.start,
+            kept,
+            sink_queries,
+        )
         recorder.attention(self.index, result)
         if context.observe is not None:
             context.observe(self.index, result, unrotated_q)

@@ -43,7 +43,7 @@ class ModelInfo:
 
     @property
     def layer_kinds(self) -> tuple[str, ...]:
-        """"local" (sliding window) or "global" for every layer."""
+        """ "local" (sliding window) or "global" for every layer."""
         return tuple("global" if self.window(i) is None else "local" for i in range(self.layers))
 
     @property

@@ -43,6 +43,7 @@ REUSE_POLICIES = ("block", "radix", "whole")
 @dataclass(frozen=True)
 class PoolState:
     """A pool's size and what a lookup can still hit, as the views show it."""
+
     block_size: int
     blocks: int
     cached_free: int  # free blocks a prefix-cache lookup can still hit
@@ -63,8 +64,9 @@ class PrefixCache:
 
     def __init__(self, model, policy: str = "block", block_size: int = DEFAULT_BLOCK_SIZE, capacity_blocks: int = 512):
         if policy not in REUSE_POLICIES:
-            raise InvalidSettingError(f"unknown prefix-cache policy {policy!r}; choose one of "
-                                      f"{', '.join(REUSE_POLICIES)}")
+            raise InvalidSettingError(
+                f"unknown prefix-cache policy {policy!r}; choose one of {', '.join(REUSE_POLICIES)}"
+            )
         require_integer("capacity_blocks", capacity_blocks, 1)
         self.model = model
         self.policy = policy
@@ -103,7 +105,7 @@ class PrefixCache:
         manager, size, n = self.block_manager, self.block_size, len(ids)
         per_token = self.lookup(ids)
         reused = len(per_token)
-        segments = [per_token[start:start + size] for start in range(0, reused, size)]
+        segments = [per_token[start : start + size] for start in range(0, reused, size)]
         whole = [len(segment) == size and len(set(segment)) == 1 for segment in segments]
         sources = sorted(set(per_token))
         needed = whole.count(False) + math.ceil(n / size) - len(segments)
@@ -123,8 +125,9 @@ class PrefixCache:
                     block = manager.allocate()
                     table.add(block)
                     copied.append(block)
-                    self.pool.copy_slots([b * size + i for i, b in enumerate(segment)],
-                                         [block * size + i for i in range(len(segment))])
+                    self.pool.copy_slots(
+                        [b * size + i for i, b in enumerate(segment)], [block * size + i for i in range(len(segment))]
+                    )
                 if table.window is not None:
                     self._attach_twins(segment, is_whole, table.window)
         finally:
@@ -134,8 +137,15 @@ class PrefixCache:
         if table.window is not None:
             table.window.length = reused
         unit, hits = reuse_hits(self.policy, reused, n, size)
-        return PrefixHit(policy=self.policy, reused_tokens=reused, computed_tokens=n - reused, unit=unit, hits=hits,
-                         shared_blocks=shared, copied_blocks=copied)
+        return PrefixHit(
+            policy=self.policy,
+            reused_tokens=reused,
+            computed_tokens=n - reused,
+            unit=unit,
+            hits=hits,
+            shared_blocks=shared,
+            copied_blocks=copied,
+        )
 
     def _attach_twins(self, segment: list[int], is_whole: bool, window: BlockTable) -> None:
         """The window layers' K/V of one reused segment: its twin shared, or copied into a new window block."""
@@ -146,15 +156,16 @@ class PrefixCache:
             return
         block = pool.block_manager.allocate()
         window.add(block)
-        pool.copy_slots([self.twins[b] * size + i for i, b in enumerate(segment)],
-                        [block * size + i for i in range(len(segment))])
+        pool.copy_slots(
+            [self.twins[b] * size + i for i, b in enumerate(segment)], [block * size + i for i in range(len(segment))]
+        )
 
     def lookup(self, ids: list[int]) -> list[int]:
         """For each reusable leading token of `ids`, the physical block that holds its K/V (on a model with
         sliding-window layers, only while that block has its twin: see the module's docstring)."""
         blocks = self.index.match(ids)
         if self.pool.window is not None:
-            blocks = blocks[:next((p for p, b in enumerate(blocks) if b not in self.twins), len(blocks))]
+            blocks = blocks[: next((p for p, b in enumerate(blocks) if b not in self.twins), len(blocks))]
         return blocks[: reusable_tokens(self.policy, len(blocks), len(ids), self.block_size)]
 
     def publish(self, ids: list[int], table: BlockTable) -> None:
@@ -164,7 +175,7 @@ class PrefixCache:
         window = table.window
         if window is None:
             return
-        for logical, block in enumerate(table.blocks[:math.ceil(len(ids) / self.block_size)]):
+        for logical, block in enumerate(table.blocks[: math.ceil(len(ids) / self.block_size)]):
             if self.index.holds(block) and block not in self.twins and logical >= window.dropped:
                 self.twins[block] = window.blocks[logical - window.dropped]
                 self.pool.window.block_manager.retain(self.twins[block])
@@ -226,7 +237,7 @@ class PromptHistory:
         self.prompts: list[list[int]] = []
 
     def add(self, ids: list[int]) -> None:
-        self.prompts = (self.prompts + [list(ids)])[-self.limit:]
+        self.prompts = (self.prompts + [list(ids)])[-self.limit :]
 
     def closest(self, ids: list[int]) -> tuple[list[int], int] | None:
         """The prompt sharing the longest prefix with `ids` (the newest on a tie) and that prefix's
@@ -253,6 +264,7 @@ class PromptHistory:
                 next_block += len(blocks)
                 index.publish(earlier, blocks)
             reused = reusable_tokens(policy, len(index.match(ids)), len(ids), block_size)
-            out[policy] = PolicyReuse(policy, reused, len(ids) - reused,
-                                      *reuse_hits(policy, reused, len(ids), block_size))
+            out[policy] = PolicyReuse(
+                policy, reused, len(ids) - reused, *reuse_hits(policy, reused, len(ids), block_size)
+            )
         return out

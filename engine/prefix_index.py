@@ -30,7 +30,7 @@ class BlockHashIndex:
         """The chained key of each full block of `ids`."""
         keys, parent, size = [], b"", self.block_size
         for start in range(0, len(ids) - size + 1, size):
-            parent = block_hash(parent, ids[start:start + size])
+            parent = block_hash(parent, ids[start : start + size])
             keys.append(parent)
         return keys
 
@@ -46,8 +46,11 @@ class BlockHashIndex:
     def publish(self, ids: list[int], table_blocks: list[int]) -> set[int]:
         """Key each full block of `ids`; returns the blocks whose keys now name a later block (they are no longer
         found)."""
-        return {before for key, block in zip(self.hashes(ids), table_blocks)
-                if (before := self.block_manager.set_hash(block, key)) is not None}
+        return {
+            before
+            for key, block in zip(self.hashes(ids), table_blocks)
+            if (before := self.block_manager.set_hash(block, key)) is not None
+        }
 
     def holds(self, block: int) -> bool:
         return self.block_manager.hashed(block)

@@ -29,7 +29,7 @@ from engine.errors import EmptyPromptError, InvalidSettingError
 from engine.model import Model
 
 # Stands in for the prompt while the template renders; no template or prompt contains it.
-SENTINEL = "\uE000kvscope-user-text\uE001"
+SENTINEL = "\ue000kvscope-user-text\ue001"
 
 
 @dataclass(frozen=True)
@@ -52,16 +52,22 @@ def tokenize_prompt(model: Model, prompt: str | Sequence[int], chat: bool, think
         if not _typed_added_tokens(tokenizer, prompt):
             return tokenizer.encode(prompt, split_special_tokens=True)
         before, _, after = _added_by_tokenizer(tokenizer, prompt)
-        return (_encode(tokenizer, before) + _encode(tokenizer, prompt, split_special_tokens=True)
-                + _encode(tokenizer, after))
+        return (
+            _encode(tokenizer, before)
+            + _encode(tokenizer, prompt, split_special_tokens=True)
+            + _encode(tokenizer, after)
+        )
     before, user, after = _render(model, prompt, think)
     # Special tokens are cut out before a tokenizer splits the rest, so encoding the text between the
     # template's last special token before the prompt and its first one after it on its own gives the
     # same ids as encoding the whole string; only that span can hold the user's text.
     head, tail = _cut_after_last_special(tokenizer, before)
     head_after, rest = _cut_before_first_special(tokenizer, after)
-    return (_encode(tokenizer, head) + _encode(tokenizer, tail + user + head_after, split_special_tokens=True)
-            + _encode(tokenizer, rest))
+    return (
+        _encode(tokenizer, head)
+        + _encode(tokenizer, tail + user + head_after, split_special_tokens=True)
+        + _encode(tokenizer, rest)
+    )
 
 
 def word_end(model: Model, sentence: str, word: str) -> tuple[list[int], int]:
@@ -70,7 +76,7 @@ def word_end(model: Model, sentence: str, word: str) -> tuple[list[int], int]:
     end = sentence.find(word) + len(word)
     ids = tokenize_prompt(model, sentence, chat=False)
     head = tokenize_prompt(model, sentence[:end], chat=False)
-    if end < len(word) or ids[:len(head)] != head:
+    if end < len(word) or ids[: len(head)] != head:
         raise InvalidSettingError(f"“{word}” is not a whole run of tokens in “{sentence}” on this model")
     return ids, len(head) - 1
 
@@ -104,27 +110,31 @@ def _render(model: Model, prompt: str, think: bool = False) -> tuple[str, str, s
     options = {"enable_thinking": think} if template_can_think(tokenizer) else {}
     framed = _apply_template(tokenizer, SENTINEL, options)
     if framed.count(SENTINEL) != 1:
-        raise InvalidSettingError(f"the chat template of {model.info.name} does not place the prompt once as "
-                                  "it is; switch the chat option off")
+        raise InvalidSettingError(
+            f"the chat template of {model.info.name} does not place the prompt once as "
+            "it is; switch the chat option off"
+        )
     before, after = framed.split(SENTINEL)
     rendered = _apply_template(tokenizer, prompt, options)
     # A template may transform the content (some trim it): take what it put between its own text.
     if not (rendered.startswith(before) and rendered.endswith(after) and len(rendered) >= len(before) + len(after)):
-        raise InvalidSettingError(f"the chat template of {model.info.name} changes its text with the prompt; "
-                                  "switch the chat option off")
-    return before, rendered[len(before): len(rendered) - len(after)], after
+        raise InvalidSettingError(
+            f"the chat template of {model.info.name} changes its text with the prompt; switch the chat option off"
+        )
+    return before, rendered[len(before) : len(rendered) - len(after)], after
 
 
 def _apply_template(tokenizer, content: str, options: dict) -> str:
-    return tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
-                                         add_generation_prompt=True, **options)
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True, **options
+    )
 
 
 def _added_by_tokenizer(tokenizer, prompt: str) -> tuple[str, str, str]:
     """Without a chat template, the tokenizer may still add tokens around the prompt (a BOS, an EOS)."""
     full = tokenizer.encode(prompt, split_special_tokens=True)
     bare = tokenizer.encode(prompt, add_special_tokens=False, split_special_tokens=True)
-    start = next((i for i in range(len(full) - len(bare) + 1) if full[i: i + len(bare)] == bare), 0)
+    start = next((i for i in range(len(full) - len(bare) + 1) if full[i : i + len(bare)] == bare), 0)
     end = start + len(bare)
     return tokenizer.decode(full[:start]), prompt, tokenizer.decode(full[end:])
 
@@ -135,8 +145,10 @@ def _added_texts(tokenizer) -> tuple[tuple[str, ...], tuple[str, ...]]:
     builds an object per added token at each call (Gemma 3 has 6,384: 48 ms a prompt when read per prompt)."""
     tokens = tokenizer.added_tokens_decoder.values()
     special = {token.content for token in tokens if token.special} | set(tokenizer.all_special_tokens)
-    return (tuple(sorted(text for text in special if text)),
-            tuple(token.content for token in tokens if not token.special and token.content))
+    return (
+        tuple(sorted(text for text in special if text)),
+        tuple(token.content for token in tokens if not token.special and token.content),
+    )
 
 
 def _special_texts(tokenizer) -> tuple[str, ...]:
@@ -161,7 +173,7 @@ def _cut_added_tokens(tokenizer, text: str) -> list[str]:
     pieces, start = [], 0
     while found := [(text.find(a, start), a) for a in _typed_added_tokens(tokenizer, text[start:])]:
         at, _ = min(found)
-        pieces.append(text[start: at + 1])
+        pieces.append(text[start : at + 1])
         start = at + 1
     return [piece for piece in pieces + [text[start:]] if piece]
 
@@ -186,8 +198,11 @@ def _encode(tokenizer, text: str, split_special_tokens: bool = False) -> list[in
         return []
     if not split_special_tokens:
         return tokenizer.encode(text, add_special_tokens=False)
-    return [i for piece in _cut_added_tokens(tokenizer, text)
-            for i in tokenizer.encode(piece, add_special_tokens=False, split_special_tokens=True)]
+    return [
+        i
+        for piece in _cut_added_tokens(tokenizer, text)
+        for i in tokenizer.encode(piece, add_special_tokens=False, split_special_tokens=True)
+    ]
 
 
 def _check_not_empty(prompt: str) -> None:

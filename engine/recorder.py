@@ -35,8 +35,16 @@ class StepRecorder:
     the capture budget; residuals are x0, x1, x2 of the last position in every layer.
     """
 
-    def __init__(self, capture: Capture, positions: list[int], layers: int, q_heads: int, hidden: int,
-                 dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        capture: Capture,
+        positions: list[int],
+        layers: int,
+        q_heads: int,
+        hidden: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
         length = positions[-1] + 1
         self.positions = positions
         self.rows = _attention_rows(len(positions), length, layers, q_heads, capture)
@@ -52,8 +60,8 @@ class StepRecorder:
     def attention(self, layer: int, result: AttentionResult) -> None:
         """Keep layer `layer`'s probabilities and scores (its last `rows` rows) and its split-KV record."""
         if layer in self.slot_of:
-            self.probs[self.slot_of[layer]] = result.probs[:, -self.rows:]
-            self.scores[self.slot_of[layer]] = result.scores[:, -self.rows:]
+            self.probs[self.slot_of[layer]] = result.probs[:, -self.rows :]
+            self.scores[self.slot_of[layer]] = result.scores[:, -self.rows :]
         if result.split is not None:
             self.splits.append(result.split)
 
@@ -70,7 +78,7 @@ class StepRecorder:
             final_hidden=final_hidden.cpu(),
             attention=self.probs.cpu() if kept else None,
             scores=self.scores.cpu() if kept else None,
-            attention_rows=self.positions[-self.rows:] if kept else [],
+            attention_rows=self.positions[-self.rows :] if kept else [],
             residual=self.residual.cpu() if self.residual is not None else None,
             split=_stack_splits(self.splits) if self.splits else None,
         )
@@ -85,6 +93,7 @@ def _attention_rows(t: int, length: int, layers: int, q_heads: int, capture: Cap
 
 def _stack_splits(records: list[SplitRecord]) -> SplitKVTrace:
     """Per-layer split records → one trace with a leading layers axis."""
+
     def stack(get):
         return torch.stack([get(r) for r in records]).cpu()
 

@@ -13,9 +13,19 @@ import torch
 
 from engine.model_info import ModelInfo
 
-QWEN3_0_6B = dict(model_type="qwen3", vocab_size=151_936, hidden_size=1024, intermediate_size=3072,
-                  num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-                  max_position_embeddings=40_960, tie_word_embeddings=True, torch_dtype="bfloat16")
+QWEN3_0_6B = dict(
+    model_type="qwen3",
+    vocab_size=151_936,
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=40_960,
+    tie_word_embeddings=True,
+    torch_dtype="bfloat16",
+)
 REFERENCES = {"Qwen3-0.6B": QWEN3_0_6B}
 
 
@@ -30,9 +40,19 @@ def reference_info(name: str) -> ModelInfo:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     return ModelInfo(
-        name=name, family=config.model_type, layers=config.num_hidden_layers, hidden=config.hidden_size,
-        q_heads=config.num_attention_heads, kv_heads=config.num_key_value_heads, head_dim=config.head_dim,
-        intermediate=config.intermediate_size, vocab=config.vocab_size, tied_embeddings=config.tie_word_embeddings,
-        context_limit=config.max_position_embeddings, dtype=dtype,
+        name=name,
+        family=config.model_type,
+        layers=config.num_hidden_layers,
+        hidden=config.hidden_size,
+        q_heads=config.num_attention_heads,
+        kv_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+        intermediate=config.intermediate_size,
+        vocab=config.vocab_size,
+        tied_embeddings=config.tie_word_embeddings,
+        context_limit=config.max_position_embeddings,
+        dtype=dtype,
         parameters=sum(p.numel() for p in model.parameters()),  # each tensor once: a tied lm_head counts once
-        norm="RMSNorm", positions="RoPE (default)")
+        norm="RMSNorm",
+        positions="RoPE (default)",
+    )

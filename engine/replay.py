@@ -35,8 +35,10 @@ def reused_window_kv(table: BlockTable, length: int) -> list[tuple[torch.Tensor,
     if window is None or not length:
         return []
     rows = window.pool.k.shape[0]
-    return [tuple(x.clone() for x in window.pool.read(row, window.device_blocks(), length, window.first_of_run()))
-            for row in range(rows)]
+    return [
+        tuple(x.clone() for x in window.pool.read(row, window.device_blocks(), length, window.first_of_run()))
+        for row in range(rows)
+    ]
 
 
 class Replay:
@@ -48,8 +50,9 @@ class Replay:
         self.table = BlockTable(model.new_pool(-(-capacity // block_size), block_size))
         self.passes = 0  # the session's passes replayed so far
 
-    def start_from(self, session_table: BlockTable, reused: int,
-                   window_kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def start_from(
+        self, session_table: BlockTable, reused: int, window_kv: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> None:
         """Positions 0 … reused − 1 as a prefill after a prefix-cache hit took them: the global layers' K/V from the
         session's table, the local layers' from `window_kv` (`reused_window_kv`)."""
         if not reused:
@@ -68,10 +71,17 @@ class Replay:
 
     def run_to(self, traces: list[StepTrace], count: int) -> None:
         """Replay the session's passes up to (not including) pass `count`: `traces` are the session's."""
-        for trace in traces[self.passes:count]:
+        for trace in traces[self.passes : count]:
             self.table.append(len(trace.input_ids))
-            self.model.forward(trace.input_ids, trace.positions, self.table, NO_RECORD, self.kv_splits, head=False,
-                               prefill=trace.phase == "prefill")
+            self.model.forward(
+                trace.input_ids,
+                trace.positions,
+                self.table,
+                NO_RECORD,
+                self.kv_splits,
+                head=False,
+                prefill=trace.phase == "prefill",
+            )
             self.passes += 1
 
     def table_before(self, trace: StepTrace) -> BlockTable:
@@ -82,8 +92,9 @@ class Replay:
         held = -(-trace.context_length // size)
         view = BlockTable(self.table.pool, blocks=self.table.blocks[:held], length=trace.context_length)
         if view.window is not None:
-            view.window = BlockTable(view.window.pool, blocks=self.table.window.blocks[:held],
-                                     length=trace.context_length)
+            view.window = BlockTable(
+                view.window.pool, blocks=self.table.window.blocks[:held], length=trace.context_length
+            )
         return view
 
     @property

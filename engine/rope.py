@@ -60,9 +60,9 @@ class Rope:
         angles in float32, without `attention_scaling` (the key carries it already)."""
         angles = turns.T.float()[..., None] * self.inv_freq.to(k.device)  # (n, kv_heads, head_dim / 2)
         angles = torch.cat((angles, angles), dim=-1)
-        head = k[:turns.shape[1]]
+        head = k[: turns.shape[1]]
         turned = head * angles.cos().to(k.dtype) + rotate_half(head) * angles.sin().to(k.dtype)
-        return torch.cat((turned, k[turns.shape[1]:]))
+        return torch.cat((turned, k[turns.shape[1] :]))
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

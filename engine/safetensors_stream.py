@@ -16,8 +16,9 @@ import torch
 SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16"}
 
 
-def write_streamed(target: Path, shapes: dict[str, list[int]], dtype: torch.dtype,
-                   values: Callable[[str], Iterable[torch.Tensor]]) -> None:
+def write_streamed(
+    target: Path, shapes: dict[str, list[int]], dtype: torch.dtype, values: Callable[[str], Iterable[torch.Tensor]]
+) -> None:
     """`shapes` (name → shape) in one file of `dtype`; `values(name)` yields that tensor's elements as
     consecutive flat chunks already in `dtype`. ValueError when a tensor's chunks do not fill its shape."""
     size = torch.finfo(dtype).bits // 8
@@ -25,8 +26,11 @@ def write_streamed(target: Path, shapes: dict[str, list[int]], dtype: torch.dtyp
     offset = 0
     for name, shape in shapes.items():
         nbytes = _count(shape) * size
-        header[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(shape),
-                        "data_offsets": [offset, offset + nbytes]}
+        header[name] = {
+            "dtype": SAFETENSORS_DTYPES[dtype],
+            "shape": list(shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
         offset += nbytes
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
@@ -49,7 +53,7 @@ def rounded_chunks(tensor: torch.Tensor, dtype: torch.dtype, rows: int = 4096) -
     """`tensor` cast to `dtype` (round to nearest even, as `Tensor.to`), a few thousand rows at a time."""
     flat = tensor.reshape(tensor.shape[0], -1) if tensor.dim() > 1 else tensor.reshape(1, -1)
     for start in range(0, flat.shape[0], rows):
-        yield flat[start:start + rows].to(dtype).reshape(-1)
+        yield flat[start : start + rows].to(dtype).reshape(-1)
 
 
 def _count(shape: list[int]) -> int:

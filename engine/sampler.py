@@ -50,8 +50,10 @@ class Sampling:
         if not _is_number(self.temperature) or self.temperature < 0:
             raise InvalidSettingError(f"temperature must be a number ≥ 0 (0 = greedy), got {self.temperature!r}")
         if 0 < self.temperature < TEMPERATURE_FLOOR:
-            raise InvalidSettingError(f"temperature must be 0 (greedy) or at least {TEMPERATURE_FLOOR}: smaller ones "
-                                      f"overflow float32 logits; got {self.temperature!r}")
+            raise InvalidSettingError(
+                f"temperature must be 0 (greedy) or at least {TEMPERATURE_FLOOR}: smaller ones "
+                f"overflow float32 logits; got {self.temperature!r}"
+            )
         require_integer("top_k", self.top_k, 0, why=" (0 = off)")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise InvalidSettingError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
@@ -151,14 +153,16 @@ def candidates(stages: FilterStages, tokenizer, drawn: int, count: int = TOP_CAN
         ids.append(drawn)
     out = []
     for token_id in ids:
-        out.append(Candidate(
-            token_id=token_id,
-            token=tokenizer.convert_ids_to_tokens(token_id),
-            text=tokenizer.decode([token_id]),
-            logit=float(stages.raw[token_id]),
-            p_raw=float(probs["raw"][token_id]),
-            p_temperature=float(probs["temperature"][token_id]),
-            p_top_k=float(probs["top_k"][token_id]),
-            p_top_p=float(probs["top_p"][token_id]),
-        ))
+        out.append(
+            Candidate(
+                token_id=token_id,
+                token=tokenizer.convert_ids_to_tokens(token_id),
+                text=tokenizer.decode([token_id]),
+                logit=float(stages.raw[token_id]),
+                p_raw=float(probs["raw"][token_id]),
+                p_temperature=float(probs["temperature"][token_id]),
+                p_top_k=float(probs["top_k"][token_id]),
+                p_top_p=float(probs["top_p"][token_id]),
+            )
+        )
     return out

@@ -57,13 +57,13 @@ class Request:
 
     @property
     def generated(self) -> list[int]:
-        return self.token_ids[self.prompt_length:]
+        return self.token_ids[self.prompt_length :]
 
     def blocks(self, block_size: int) -> int:
         return -(-len(self.token_ids) // block_size)
 
     def block(self, i: int, block_size: int) -> list[int]:
-        return self.token_ids[i * block_size:(i + 1) * block_size]
+        return self.token_ids[i * block_size : (i + 1) * block_size]
 
 
 @dataclass
@@ -79,8 +79,7 @@ class Step:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 eos_ids: set[int]):
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int, eos_ids: set[int]):
         require_integer("max_num_seqs", max_num_seqs, 1)
         require_integer("max_num_batched_tokens", max_num_batched_tokens, 1)
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
@@ -96,8 +95,10 @@ class Scheduler:
 
     def add(self, request: Request) -> None:
         if request.blocks(self.block_size) > self.block_manager.num_blocks:
-            raise InvalidSettingError(f"request {request.id} needs {request.blocks(self.block_size)} blocks; "
-                                      f"the pool has {self.block_manager.num_blocks}")
+            raise InvalidSettingError(
+                f"request {request.id} needs {request.blocks(self.block_size)} blocks; "
+                f"the pool has {self.block_manager.num_blocks}"
+            )
         self.waiting.append(request)
 
     def schedule(self) -> Step:
@@ -172,8 +173,12 @@ class Scheduler:
             if step.prefill and request.cached < len(request.token_ids):
                 continue
             request.token_ids.append(token)
-            if stop_reason(token, self.eos_ids, len(request.generated), request.max_tokens,
-                           ignore_eos=request.ignore_eos) is not None:
+            if (
+                stop_reason(
+                    token, self.eos_ids, len(request.generated), request.max_tokens, ignore_eos=request.ignore_eos
+                )
+                is not None
+            ):
                 request.status = FINISHED
                 self._release(request)
                 self.running.remove(request)

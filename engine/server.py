@@ -55,8 +55,14 @@ class StepReport:
 
 
 class Server:
-    def __init__(self, model: Model, num_blocks: int, block_size: int = 16, max_num_seqs: int = 8,
-                 max_num_batched_tokens: int = 512):
+    def __init__(
+        self,
+        model: Model,
+        num_blocks: int,
+        block_size: int = 16,
+        max_num_seqs: int = 8,
+        max_num_batched_tokens: int = 512,
+    ):
         self.model = model
         self.pool = model.new_pool(num_blocks, block_size)
         self.scheduler = Scheduler(self.pool.block_manager, max_num_seqs, max_num_batched_tokens, model.eos_ids)
@@ -75,8 +81,10 @@ class Server:
         if any(not is_integer(i) or not 0 <= i < info.vocab for i in request.token_ids):
             raise InvalidSettingError(f"prompt ids must be integers from 0 to {info.vocab - 1}")
         if len(request.token_ids) + max_tokens > info.context_limit:
-            raise InvalidSettingError(f"{info.name} reads at most {info.context_limit} positions; this request needs "
-                                      f"{len(request.token_ids) + max_tokens}")
+            raise InvalidSettingError(
+                f"{info.name} reads at most {info.context_limit} positions; this request needs "
+                f"{len(request.token_ids) + max_tokens}"
+            )
         self.scheduler.add(request)
         self.requests.append(request)
         return request
@@ -108,7 +116,16 @@ class Server:
         for request in self.requests:
             for block in request.block_table:
                 owners.setdefault(block, []).append(request.id)
-        states = tuple(RequestState(r.id, r.status, r.prompt_length, tuple(r.generated), r.cached,
-                                    tuple(r.block_table)) for r in self.requests)
-        return StepReport(self.steps, step.prefill, ran, tuple(r.id for r in step.preempted), produced, states,
-                          {block: tuple(ids) for block, ids in owners.items()})
+        states = tuple(
+            RequestState(r.id, r.status, r.prompt_length, tuple(r.generated), r.cached, tuple(r.block_table))
+            for r in self.requests
+        )
+        return StepReport(
+            self.steps,
+            step.prefill,
+            ran,
+            tuple(r.id for r in step.preempted),
+            produced,
+            states,
+            {block: tuple(ids) for block, ids in owners.items()},
+        )

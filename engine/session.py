@@ -120,8 +120,10 @@ class DecodeSession:
         A piece holds back the bytes of an unfinished character until a later token completes it (see
         `engine.detokenizer`), so this is never a broken character."""
         if not is_integer(count) or not 0 <= count <= len(self.generated):
-            raise SessionStateError(f"text_after takes a token count from 0 to {len(self.generated)} (the answer's "
-                                    f"length so far), got {count!r}")
+            raise SessionStateError(
+                f"text_after takes a token count from 0 to {len(self.generated)} (the answer's "
+                f"length so far), got {count!r}"
+            )
         return "".join(trace.text for trace in self.traces[:count])
 
     # -- steps -------------------------------------------------------------------------------
@@ -191,14 +193,26 @@ class DecodeSession:
         if not is_integer(index) or not 0 <= index < len(self.traces):
             raise SessionStateError(f"step {index!r} has not run; steps 0…{len(self.traces) - 1} have")
         original = self.traces[index]
-        record = self.model.forward(original.input_ids, original.positions, self._table_after(original),
-                                    self.capture, self.kv_splits, write=False, prefill=original.phase == "prefill")
+        record = self.model.forward(
+            original.input_ids,
+            original.positions,
+            self._table_after(original),
+            self.capture,
+            self.kv_splits,
+            write=False,
+            prefill=original.phase == "prefill",
+        )
         token_id, stages = sample(record.logits, self.sampling, original.step)
         if token_id != original.token_id:
-            raise RuntimeError(f"rebuilding step {index} drew token {token_id} where the run drew "
-                               f"{original.token_id}: the cached K/V no longer match the run")
-        return replace(original, candidates=candidates(stages, self.model.tokenizer, drawn=token_id),
-                       **self._heavy_fields(record, token_id, original.positions[-1] + 1))
+            raise RuntimeError(
+                f"rebuilding step {index} drew token {token_id} where the run drew "
+                f"{original.token_id}: the cached K/V no longer match the run"
+            )
+        return replace(
+            original,
+            candidates=candidates(stages, self.model.tokenizer, drawn=token_id),
+            **self._heavy_fields(record, token_id, original.positions[-1] + 1),
+        )
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -215,8 +229,9 @@ class DecodeSession:
                 return self._replayed(trace)
             size = self.pool.block_size
             held = -(-trace.context_length // size) - window.dropped
-            then.window = BlockTable(window.pool, blocks=window.blocks[:held], length=trace.context_length,
-                                     dropped=window.dropped)
+            then.window = BlockTable(
+                window.pool, blocks=window.blocks[:held], length=trace.context_length, dropped=window.dropped
+            )
         return then
 
     def _replayed(self, trace: StepTrace) -> BlockTable:
@@ -264,8 +279,14 @@ class DecodeSession:
         token_id, stages = sample(record.logits, self.sampling, step)
         clock.lap("sample")
         self.generated.append(token_id)
-        self.stop_reason = stop_reason(token_id, model.eos_ids, len(self.generated), self.max_new_tokens,
-                                       len(self.prompt_ids) + len(self.generated), model.info.context_limit)
+        self.stop_reason = stop_reason(
+            token_id,
+            model.eos_ids,
+            len(self.generated),
+            self.max_new_tokens,
+            len(self.prompt_ids) + len(self.generated),
+            model.info.context_limit,
+        )
         tokenizer = model.tokenizer
         trace = StepTrace(
             step=step,
@@ -303,15 +324,22 @@ class DecodeSession:
             if trace.is_slim:
                 break  # every older one is slim already
             held += trace.nbytes
-            if kept and (kept >= self.keep_full_traces
-                         or self.full_trace_bytes is not None and held > self.full_trace_bytes):
+            if kept and (
+                kept >= self.keep_full_traces or self.full_trace_bytes is not None and held > self.full_trace_bytes
+            ):
                 self.traces[index] = trace.slimmed()
             else:
                 kept += 1
 
     def _heavy_fields(self, record: ForwardRecord, token_id: int, position: int) -> dict:
         """A trace's tensors (`StepTrace.HEAVY`) from one forward pass and the id it drew for `position`."""
-        return dict(logits=record.logits, attention=record.attention, scores=record.scores,
-                    attention_rows=record.attention_rows, residual=record.residual,
-                    final_hidden=record.final_hidden, split=record.split,
-                    next_input_embedding=self.model.next_input(token_id, position))
+        return dict(
+            logits=record.logits,
+            attention=record.attention,
+            scores=record.scores,
+            attention_rows=record.attention_rows,
+            residual=record.residual,
+            final_hidden=record.final_hidden,
+            split=record.split,
+            next_input_embedding=self.model.next_input(token_id, position),
+        )

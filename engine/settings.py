@@ -31,7 +31,8 @@ def check_prefix_cache(prefix_cache: PrefixCache, model: Model, block_size: int)
         raise InvalidSettingError("the prefix cache belongs to another model")
     if block_size != prefix_cache.block_size:
         raise InvalidSettingError(
-            f"block_size {block_size} differs from the prefix cache's block size {prefix_cache.block_size}")
+            f"block_size {block_size} differs from the prefix cache's block size {prefix_cache.block_size}"
+        )
 
 
 def check_prompt_fits(prompt_ids: list[int], model: Model) -> None:

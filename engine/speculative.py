@@ -51,6 +51,7 @@ from engine.trace import NO_RECORD
 
 # -- the verifier's rule --------------------------------------------------------------------------------------------
 
+
 def acceptance(p_x: float, q_x: float) -> float:
     """The chance a guess x is kept: min(1, p(x)/q(x))."""
     return min(1.0, p_x / q_x)
@@ -76,8 +77,9 @@ def judge_greedy(top: list[int], guesses: list[int]) -> Verdict:
     return Verdict(accepted, top[accepted])
 
 
-def judge_sampled(p: torch.Tensor, guesses: list[int], q: torch.Tensor | None,
-                  generator: Callable[[int], torch.Generator]) -> Verdict:
+def judge_sampled(
+    p: torch.Tensor, guesses: list[int], q: torch.Tensor | None, generator: Callable[[int], torch.Generator]
+) -> Verdict:
     """p: (len(guesses) + 1, vocab), the model's distribution after each row; q: (len(guesses), vocab), the draft's
     (None: one-hot at each guess). Guess i is kept when a uniform draw from `generator(i)` is ≤ min(1, p(x)/q(x)) (≤ as
     transformers' `_speculative_sampling`); the token after the kept ones is drawn from `generator(i)` too: from
@@ -93,6 +95,7 @@ def judge_sampled(p: torch.Tensor, guesses: list[int], q: torch.Tensor | None,
 
 
 # -- the run --------------------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class VerifyPass:
@@ -130,13 +133,22 @@ class VerifyPass:
 class SpeculativeSession:
     """Generation for one prompt, one verify pass a `step()`, with `draft` guessing (see the module's docstring).
 
-        session = SpeculativeSession(model, "def f(x): ...", PromptLookup(k=5))
-        while not session.finished:
-            done = session.step()      # done.accepted of done.guesses kept, then done.token_id
+    session = SpeculativeSession(model, "def f(x): ...", PromptLookup(k=5))
+    while not session.finished:
+        done = session.step()      # done.accepted of done.guesses kept, then done.token_id
     """
 
-    def __init__(self, model: Model, prompt: str | Sequence[int], draft: Draft, *, chat: bool = False,
-                 sampling: Sampling | None = None, block_size: int = DEFAULT_BLOCK_SIZE, max_new_tokens: int = 256):
+    def __init__(
+        self,
+        model: Model,
+        prompt: str | Sequence[int],
+        draft: Draft,
+        *,
+        chat: bool = False,
+        sampling: Sampling | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        max_new_tokens: int = 256,
+    ):
         require_integer("block_size", block_size, 1)
         require_integer("max_new_tokens", max_new_tokens, 1)
         self.model, self.draft = model, draft
@@ -146,8 +158,10 @@ class SpeculativeSession:
         check_prompt_fits(self.prompt_ids, model)
         limit = model.info.context_limit
         if len(self.prompt_ids) + draft.k >= limit:
-            raise InvalidSettingError(f"k = {draft.k} guesses after this {len(self.prompt_ids)}-token prompt pass "
-                                      f"{model.info.name}'s context of {limit} positions")
+            raise InvalidSettingError(
+                f"k = {draft.k} guesses after this {len(self.prompt_ids)}-token prompt pass "
+                f"{model.info.name}'s context of {limit} positions"
+            )
         capacity = min(len(self.prompt_ids) + max_new_tokens, limit) + draft.k  # the last pass's guesses overhang
         self.table = BlockTable(model.new_pool(math.ceil(capacity / block_size), block_size))
         self.generated: list[int] = []
@@ -178,32 +192,39 @@ class SpeculativeSession:
         clock = Stopwatch()
         room = self.max_new_tokens - len(self.generated)
         guesses = self.draft.guess(model, table, ids, room, sampling)
-        guessed = guesses.ids[:model.info.context_limit - len(ids)]  # no row past the positions the model knows
+        guessed = guesses.ids[: model.info.context_limit - len(ids)]  # no row past the positions the model knows
         clock.lap("draft")
         start = table.length
         fed = ids[start:] + guessed
         slots = table.append(len(fed))
         try:
-            hidden = model.forward(fed, list(range(start, start + len(fed))), table, NO_RECORD, head=False,
-                                   prefill=start == 0)
+            hidden = model.forward(
+                fed, list(range(start, start + len(fed))), table, NO_RECORD, head=False, prefill=start == 0
+            )
         except BaseException:
             table.roll_back(start)
             raise
-        logits = model.logits(hidden[-len(guessed) - 1:])  # (guesses + 1, vocab): the rows that decide tokens
+        logits = model.logits(hidden[-len(guessed) - 1 :])  # (guesses + 1, vocab): the rows that decide tokens
         top, p = logits.argmax(-1).tolist(), distribution(filter_logits(logits, sampling))
         first = len(self.generated)  # the answer index the first decided token takes
         if sampling.greedy:
             verdict = judge_greedy(top, guessed)
         else:
-            q = guesses.q[:len(guessed)] if guesses.q is not None else None
+            q = guesses.q[: len(guessed)] if guesses.q is not None else None
             verdict = judge_sampled(p, guessed, q, lambda i: step_generator(sampling.seed, first + i, VERIFY))
         clock.lap("verify")
         added, text = [], []
-        for token in guessed[:verdict.accepted] + [verdict.token_id]:
+        for token in guessed[: verdict.accepted] + [verdict.token_id]:
             self.generated.append(token)
             added.append(token)
-            self.stop_reason = stop_reason(token, model.eos_ids, len(self.generated), self.max_new_tokens,
-                                           len(self.prompt_ids) + len(self.generated), model.info.context_limit)
+            self.stop_reason = stop_reason(
+                token,
+                model.eos_ids,
+                len(self.generated),
+                self.max_new_tokens,
+                len(self.prompt_ids) + len(self.generated),
+                model.info.context_limit,
+            )
             text.append(self.detokenizer.add(token, final=self.finished))
             if self.finished:
                 break
@@ -211,12 +232,25 @@ class SpeculativeSession:
         returned = table.roll_back(start + kept)
         table.slide()  # a sliding window's old blocks go back to the pool
         done = VerifyPass(
-            index=len(self.passes), first_position=start, fed=fed, guesses=guessed,
-            top=top, p_guess=[float(p[i, x]) for i, x in enumerate(guessed)], accepted=verdict.accepted,
-            token_id=verdict.token_id, added=added, slots=slots, kept_rows=kept, blocks_returned=returned,
-            block_table=list(table.blocks), context_length=table.length, text="".join(text),
-            draft_ms=clock.timings_ms()["draft"], verify_ms=clock.timings_ms()["verify"],
-            stop_reason=self.stop_reason)
+            index=len(self.passes),
+            first_position=start,
+            fed=fed,
+            guesses=guessed,
+            top=top,
+            p_guess=[float(p[i, x]) for i, x in enumerate(guessed)],
+            accepted=verdict.accepted,
+            token_id=verdict.token_id,
+            added=added,
+            slots=slots,
+            kept_rows=kept,
+            blocks_returned=returned,
+            block_table=list(table.blocks),
+            context_length=table.length,
+            text="".join(text),
+            draft_ms=clock.timings_ms()["draft"],
+            verify_ms=clock.timings_ms()["verify"],
+            stop_reason=self.stop_reason,
+        )
         self.passes.append(done)
         return done
 

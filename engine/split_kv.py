@@ -49,8 +49,10 @@ def partials(scores: torch.Tensor, v: torch.Tensor, ranges: list[tuple[int, int]
     Every split's values for every query: (..., T, S[, D]). Fine for one query row or a worked example;
     a whole prefill merges with `merge_online`, whose memory does not grow with S.
     """
-    parts = [_normalised(*_group_sums(scores, v, start, end - start, 1)) if end > start else _empty_partial(scores, v)
-             for start, end in ranges]
+    parts = [
+        _normalised(*_group_sums(scores, v, start, end - start, 1)) if end > start else _empty_partial(scores, v)
+        for start, end in ranges
+    ]
     return _cat(parts)
 
 
@@ -63,8 +65,12 @@ def _empty_partial(scores: torch.Tensor, v: torch.Tensor) -> Partials:
 
 def _cat(parts: list[Partials]) -> Partials:
     """Partials of consecutive groups of splits, joined along the split axis."""
-    return Partials(*(torch.cat([getattr(p, name) for p in parts], dim=dim)
-                      for name, dim in (("max_score", -1), ("exp_sum", -1), ("output", -2))))
+    return Partials(
+        *(
+            torch.cat([getattr(p, name) for p in parts], dim=dim)
+            for name, dim in (("max_score", -1), ("exp_sum", -1), ("output", -2))
+        )
+    )
 
 
 def merge(p: Partials) -> Merged:
@@ -116,8 +122,9 @@ def merge_online(scores: torch.Tensor, v: torch.Tensor, splits: int) -> tuple[to
     return merged, _cat(last)
 
 
-def _group_sums(scores: torch.Tensor, v: torch.Tensor, start: int, width: int, count: int
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _group_sums(
+    scores: torch.Tensor, v: torch.Tensor, start: int, width: int, count: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`count` consecutive splits of `width` keys from `start` at once: m_i, l_i (..., T, G) and the
     unnormalised l_i O_i = Σ_{j∈S_i} e^{s_j − m_i} v_j (..., T, G, D).
 
@@ -138,8 +145,11 @@ def _group_sums(scores: torch.Tensor, v: torch.Tensor, start: int, width: int, c
 
 def _normalised(m: torch.Tensor, exp_sum: torch.Tensor, raw: torch.Tensor) -> Partials:
     """O_i = raw_i / l_i (0 for an empty or fully masked split, whose l_i is 0)."""
-    output = torch.where(exp_sum[..., None] > 0, raw / exp_sum.clamp_min(torch.finfo(exp_sum.dtype).tiny)[..., None],
-                         torch.zeros_like(raw))
+    output = torch.where(
+        exp_sum[..., None] > 0,
+        raw / exp_sum.clamp_min(torch.finfo(exp_sum.dtype).tiny)[..., None],
+        torch.zeros_like(raw),
+    )
     return Partials(m, exp_sum, output)
 
 
@@ -162,9 +172,15 @@ def split_demo(scores: torch.Tensor, v: torch.Tensor, splits: int = DEMO_SPLITS)
     p = partials(s[None], values, ranges)  # (1, S[, D]): one query row
     merged = merge(p)
     unsplit = torch.softmax(s, dim=-1) @ values
-    return SplitKVTrace(ranges=ranges, max_score=p.max_score[None], exp_sum=p.exp_sum[None],
-                        partial=p.output[None], weight=merged.weight[None], merged=merged.output[None],
-                        unsplit=unsplit[None, None])
+    return SplitKVTrace(
+        ranges=ranges,
+        max_score=p.max_score[None],
+        exp_sum=p.exp_sum[None],
+        partial=p.output[None],
+        weight=merged.weight[None],
+        merged=merged.output[None],
+        unsplit=unsplit[None, None],
+    )
 
 
 @dataclass
@@ -200,7 +216,15 @@ def worked_example(splits: int = 2) -> WorkedExample:
     merged = merge(p)
     unsplit = torch.softmax(scores, dim=-1) @ v
     return WorkedExample(
-        query=EXAMPLE_QUERY, keys=EXAMPLE_KEYS, values=EXAMPLE_VALUES, scores=scores.tolist(), ranges=ranges,
-        max_score=p.max_score[0].tolist(), exp_sum=p.exp_sum[0].tolist(), partial=p.output[0].tolist(),
-        weight=merged.weight[0].tolist(), merged=merged.output[0].tolist(), unsplit=unsplit.tolist(),
+        query=EXAMPLE_QUERY,
+        keys=EXAMPLE_KEYS,
+        values=EXAMPLE_VALUES,
+        scores=scores.tolist(),
+        ranges=ranges,
+        max_score=p.max_score[0].tolist(),
+        exp_sum=p.exp_sum[0].tolist(),
+        partial=p.output[0].tolist(),
+        weight=merged.weight[0].tolist(),
+        merged=merged.output[0].tolist(),
+        unsplit=unsplit.tolist(),
     )

@@ -6,8 +6,15 @@ from __future__ import annotations
 from collections.abc import Container
 
 
-def stop_reason(token_id: int, eos_ids: Container[int], answer_length: int, max_new_tokens: int, length: int = 0,
-                context_limit: int | None = None, ignore_eos: bool = False) -> str | None:
+def stop_reason(
+    token_id: int,
+    eos_ids: Container[int],
+    answer_length: int,
+    max_new_tokens: int,
+    length: int = 0,
+    context_limit: int | None = None,
+    ignore_eos: bool = False,
+) -> str | None:
     """Why decoding ends with `token_id`, the answer's `answer_length`-th token (None: it goes on):
     - "eos": an end-of-sequence token, unless `ignore_eos` (teacher forcing; a request asked for all its tokens);
     - "max_new_tokens": the answer's length limit;

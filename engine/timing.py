@@ -87,8 +87,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def peak_read_bandwidth(device: torch.device | str = "cpu", megabytes: int = BANDWIDTH_MIB,
-                        tries: int = BANDWIDTH_TRIES) -> float:
+def peak_read_bandwidth(
+    device: torch.device | str = "cpu", megabytes: int = BANDWIDTH_MIB, tries: int = BANDWIDTH_TRIES
+) -> float:
     """Bytes per second: the best of `tries` sums over a `megabytes` float32 tensor on `device`.
 
     torch splits such a sum over all its threads (on a GPU, all its cores), each reading its part: a read at
@@ -175,8 +176,15 @@ def _filler_ids(info: ModelInfo, count: int) -> list[int]:
     return [1 + i % (info.vocab - 1) for i in range(count)]
 
 
-def measure_decode(model: Model, prompt: int, context: int, steps: int = TIMED_STEPS, untimed: int = UNTIMED_STEPS,
-                   prefills: int = PREFILL_TRIES, bandwidth_again: bool = False) -> DecodeTiming:
+def measure_decode(
+    model: Model,
+    prompt: int,
+    context: int,
+    steps: int = TIMED_STEPS,
+    untimed: int = UNTIMED_STEPS,
+    prefills: int = PREFILL_TRIES,
+    bandwidth_again: bool = False,
+) -> DecodeTiming:
     """Steady timings in a scratch pool (nothing is kept): a prefill of `prompt` tokens, timed `prefills` times;
     then, with `context` positions cached (≥ prompt), `steps` decode steps after `untimed` ones, beside the
     server's peak read bandwidth (`server_bandwidth`: measured by the first timing of the process, and anew
@@ -198,7 +206,7 @@ def measure_decode(model: Model, prompt: int, context: int, steps: int = TIMED_S
         table.append(count)
         _sync(device)
         clock = time.perf_counter()
-        model.forward(ids[start:start + count], list(range(start, start + count)), table, NO_RECORD)
+        model.forward(ids[start : start + count], list(range(start, start + count)), table, NO_RECORD)
         _sync(device)
         table.slide()
         return 1000 * (time.perf_counter() - clock)
@@ -220,8 +228,14 @@ def measure_decode(model: Model, prompt: int, context: int, steps: int = TIMED_S
         step_bytes = decode_step_bytes(info, decode_context)
         if 1000 * step_bytes / bandwidth > min(decode_ms):  # the kept figure is under what a step just read:
             bandwidth = server_bandwidth(str(device), again=True)  # probed in a busy moment; probe anew
-    return DecodeTiming(prompt=prompt, prefill_ms=tuple(prefill_ms), decode_ms=tuple(decode_ms),
-                        decode_context=decode_context, step_bytes=step_bytes, bandwidth=bandwidth)
+    return DecodeTiming(
+        prompt=prompt,
+        prefill_ms=tuple(prefill_ms),
+        decode_ms=tuple(decode_ms),
+        decode_context=decode_context,
+        step_bytes=step_bytes,
+        bandwidth=bandwidth,
+    )
 
 
 def warm_up(model: Model) -> Model:

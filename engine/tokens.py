@@ -109,14 +109,23 @@ def token_cells(tokenizer, prompt_ids: list[int], generated_ids: list[int], star
         else:
             kind = "newest" if index == len(ids) - 1 else "generated"
         position = start + index
-        cells.append(TokenCell(position, token_id, tokenizer.convert_ids_to_tokens(token_id), text, raw.hex(" "), kind,
-                               group_of[position]))
+        cells.append(
+            TokenCell(
+                position,
+                token_id,
+                tokenizer.convert_ids_to_tokens(token_id),
+                text,
+                raw.hex(" "),
+                kind,
+                group_of[position],
+            )
+        )
     return cells
 
 
 def unfinished_tail(tokenizer, ids: list[int]) -> list[int]:
     """The ids at the end of `ids` that begin a character not yet finished ([] when the text ends whole)."""
-    return list(ids[len(ids) - open_ids(tokenizer, ids):])
+    return list(ids[len(ids) - open_ids(tokenizer, ids) :])
 
 
 def candidate_cells(tokenizer, context_ids: list[int], candidate_ids: list[int]) -> list[TokenCell]:

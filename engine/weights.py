@@ -77,14 +77,17 @@ def _stack(*parts: Linear) -> Linear:
     originals = [t for p in parts for t in (p.weight, p.bias) if t is not None]
     weight = torch.cat([p.weight for p in parts])
     has_bias = any(p.bias is not None for p in parts)
-    bias = torch.cat([p.bias if p.bias is not None else weight.new_zeros(p.weight.shape[0]) for p in parts]) \
-        if has_bias else None
+    bias = (
+        torch.cat([p.bias if p.bias is not None else weight.new_zeros(p.weight.shape[0]) for p in parts])
+        if has_bias
+        else None
+    )
     start = 0
     for p in parts:
         rows = p.weight.shape[0]
-        p.weight = weight[start:start + rows]
+        p.weight = weight[start : start + rows]
         if p.bias is not None:
-            p.bias = bias[start:start + rows]
+            p.bias = bias[start : start + rows]
         start += rows
     drop_file_pages(originals)
     return Linear(weight, bias)
@@ -137,9 +140,21 @@ def _tensor_slots(w: Weights):
                 yield owner, name
 
 
-_LAYER_PARTS = ("input_layernorm", "q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm",
-                "post_attention_layernorm", "gate_proj", "up_proj", "down_proj", "attention_output_norm",
-                "mlp_output_norm")
+_LAYER_PARTS = (
+    "input_layernorm",
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "q_norm",
+    "k_norm",
+    "post_attention_layernorm",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+    "attention_output_norm",
+    "mlp_output_norm",
+)
 
 
 def _linear(module) -> Linear:
@@ -160,35 +175,55 @@ def _activation(name: str):
 def weights_from_llama_like(hf, config) -> Weights:
     """Llama / SmolLM, Qwen2 (q/k/v bias) and Qwen3 (q_norm, k_norm) share one layout."""
     eps, act = config.rms_norm_eps, _activation(config.hidden_act)
-    layers = [LayerWeights(input_layernorm=_rms(block.input_layernorm, eps),
-                           post_attention_layernorm=_rms(block.post_attention_layernorm, eps),
-                           **_llama_projections(block, eps, act)) for block in hf.model.layers]
+    layers = [
+        LayerWeights(
+            input_layernorm=_rms(block.input_layernorm, eps),
+            post_attention_layernorm=_rms(block.post_attention_layernorm, eps),
+            **_llama_projections(block, eps, act),
+        )
+        for block in hf.model.layers
+    ]
     return _decoder_weights(hf, layers, _rms(hf.model.norm, eps))
 
 
 def weights_from_gemma3(hf, config) -> Weights:
     """Gemma 3: Llama's projections, q/k norms, four (1 + weight) RMSNorms per layer, GeGLU, scaled embeddings."""
     eps, act = config.rms_norm_eps, _activation(config.hidden_activation)
-    layers = [LayerWeights(input_layernorm=_rms(block.input_layernorm, eps, 1.0),
-                           post_attention_layernorm=_rms(block.pre_feedforward_layernorm, eps, 1.0),
-                           attention_output_norm=_rms(block.post_attention_layernorm, eps, 1.0),
-                           mlp_output_norm=_rms(block.post_feedforward_layernorm, eps, 1.0),
-                           **_llama_projections(block, eps, act, 1.0)) for block in hf.model.layers]
-    return _decoder_weights(hf, layers, _rms(hf.model.norm, eps, 1.0),
-                            embed_scale=float(hf.model.embed_tokens.scalar_embed_scale),
-                            final_logit_softcap=config.final_logit_softcapping)
+    layers = [
+        LayerWeights(
+            input_layernorm=_rms(block.input_layernorm, eps, 1.0),
+            post_attention_layernorm=_rms(block.pre_feedforward_layernorm, eps, 1.0),
+            attention_output_norm=_rms(block.post_attention_layernorm, eps, 1.0),
+            mlp_output_norm=_rms(block.post_feedforward_layernorm, eps, 1.0),
+            **_llama_projections(block, eps, act, 1.0),
+        )
+        for block in hf.model.layers
+    ]
+    return _decoder_weights(
+        hf,
+        layers,
+        _rms(hf.model.norm, eps, 1.0),
+        embed_scale=float(hf.model.embed_tokens.scalar_embed_scale),
+        final_logit_softcap=config.final_logit_softcapping,
+    )
 
 
 def _llama_projections(block, eps: float, act, norm_offset: float = 0.0) -> dict:
     """A Llama-layout layer's attention and gated-MLP weights, with its q/k norms where it has them."""
     attn, mlp = block.self_attn, block.mlp
     has_qk_norm = hasattr(attn, "q_norm")
-    return dict(q_proj=_linear(attn.q_proj), k_proj=_linear(attn.k_proj), v_proj=_linear(attn.v_proj),
-                o_proj=_linear(attn.o_proj),
-                q_norm=_rms(attn.q_norm, eps, norm_offset) if has_qk_norm else None,
-                k_norm=_rms(attn.k_norm, eps, norm_offset) if has_qk_norm else None,
-                gate_proj=_linear(mlp.gate_proj), up_proj=_linear(mlp.up_proj), down_proj=_linear(mlp.down_proj),
-                act=act)
+    return dict(
+        q_proj=_linear(attn.q_proj),
+        k_proj=_linear(attn.k_proj),
+        v_proj=_linear(attn.v_proj),
+        o_proj=_linear(attn.o_proj),
+        q_norm=_rms(attn.q_norm, eps, norm_offset) if has_qk_norm else None,
+        k_norm=_rms(attn.k_norm, eps, norm_offset) if has_qk_norm else None,
+        gate_proj=_linear(mlp.gate_proj),
+        up_proj=_linear(mlp.up_proj),
+        down_proj=_linear(mlp.down_proj),
+        act=act,
+    )
 
 
 def _decoder_weights(hf, layers: list[LayerWeights], norm: Norm, **extra) -> Weights:
@@ -196,8 +231,15 @@ def _decoder_weights(hf, layers: list[LayerWeights], norm: Norm, **extra) -> Wei
     (tied when they are one tensor)."""
     embed = hf.get_input_embeddings().weight.detach()
     head = hf.get_output_embeddings().weight.detach()
-    return Weights(embed_tokens=embed, position_embeddings=None, layers=layers, norm=norm, lm_head=head,
-                   tied=head.data_ptr() == embed.data_ptr(), **extra)
+    return Weights(
+        embed_tokens=embed,
+        position_embeddings=None,
+        layers=layers,
+        norm=norm,
+        lm_head=head,
+        tied=head.data_ptr() == embed.data_ptr(),
+        **extra,
+    )
 
 
 def _conv1d(module) -> Linear:

@@ -21,13 +21,22 @@ from playwright.sync_api import sync_playwright
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ui.state.link import LANGS, VIEWS  # noqa: E402
 
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run"]
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 PROJECTOR = {"width": 1280, "height": 720}
 PHONE = {"width": 390, "height": 844}
 # (viewport, large text, file suffix, views): the phone shows two views, enough to judge its layout.
-SCREENS = ((PROJECTOR, False, "1280x720", VIEWS), (PROJECTOR, True, "1280x720-large", VIEWS),
-           (PHONE, False, "390x844", ("attention", "kv")))
+SCREENS = (
+    (PROJECTOR, False, "1280x720", VIEWS),
+    (PROJECTOR, True, "1280x720-large", VIEWS),
+    (PHONE, False, "390x844", ("attention", "kv")),
+)
 
 
 def shoot(page, link: str, shown: str, path: Path) -> None:

@@ -60,8 +60,9 @@ class Child:
         with open(self.log, "a") as log:
             # Its own process group: a Ctrl-C in the terminal reaches this script only, which stops the
             # children in order (nginx first, so no request reaches a stopping app).
-            self.process = subprocess.Popen(self.command, cwd=ROOT, env=self.env, stdout=log,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
+            self.process = subprocess.Popen(
+                self.command, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -99,9 +100,14 @@ def nginx_config(run_dir: Path, listen: str, app_ports: list[int]) -> str:
         upstreams.append(f"upstream {name} {{ {servers} }}")
     share = int(10_000 / len(names)) / 100  # nginx reads two decimals; rounded down, they stay within 100%
     split = [f"{share:.2f}% {name};" for name in names[:-1]] + [f"* {names[-1]};"]
-    filled = {"RUN_DIR": str(run_dir), "LISTEN": listen, "UPSTREAMS": "\n    ".join(upstreams),
-              "SPLIT": " ".join(split), "KNOWN": " ".join(f"{name} {name};" for name in names),
-              "SERVED": " ".join(f"~:{port}$ {name};" for name, port in zip(names, app_ports))}
+    filled = {
+        "RUN_DIR": str(run_dir),
+        "LISTEN": listen,
+        "UPSTREAMS": "\n    ".join(upstreams),
+        "SPLIT": " ".join(split),
+        "KNOWN": " ".join(f"{name} {name};" for name in names),
+        "SERVED": " ".join(f"~:{port}$ {name};" for name, port in zip(names, app_ports)),
+    }
     text = TEMPLATE.read_text()
     for key, value in filled.items():
         text = text.replace(f"@{key}@", value)
@@ -109,14 +115,38 @@ def nginx_config(run_dir: Path, listen: str, app_ports: list[int]) -> str:
 
 
 def app_child(name: str, port: int, store: str, run_dir: Path) -> Child:
-    command = [sys.executable, "-m", "streamlit", "run", str(ROOT / "serve.py"), "--server.port", str(port),
-               "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+    command = [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(ROOT / "serve.py"),
+        "--server.port",
+        str(port),
+        "--server.address",
+        "127.0.0.1",
+        "--server.headless",
+        "true",
+        "--browser.gatherUsageStats",
+        "false",
+    ]
     return Child(name, command, run_dir / f"{name}.log", {**os.environ, "KVSCOPE_STORE": store})
 
 
 def redis_child(port: int, run_dir: Path) -> Child:
-    command = [REDIS, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-               "--dir", str(run_dir)]
+    command = [
+        REDIS,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(run_dir),
+    ]
     return Child("redis", command, run_dir / "redis.log", dict(os.environ))
 
 
@@ -184,16 +214,20 @@ def supervise(apps: list[Child], redis: Child, nginx: Child, redis_port: int) ->
             redis_wait = min(max(REDIS_WAIT_FIRST, 2 * redis_wait), REDIS_WAIT_MAX) if soon else 0.0
             redis_due = time.time() + redis_wait
             when = f"in {redis_wait:.0f} s" if redis_wait else "now"
-            print(f"kvscope: redis exited (code {redis.process.returncode}; see {redis.log}); starting it again "
-                  f"on port {redis_port} {when}, empty (the teachers' pages publish their rooms again)", flush=True)
+            print(
+                f"kvscope: redis exited (code {redis.process.returncode}; see {redis.log}); starting it again "
+                f"on port {redis_port} {when}, empty (the teachers' pages publish their rooms again)",
+                flush=True,
+            )
         if redis_due is not None and time.time() >= redis_due:
             redis_due = None
             start(redis)
         for app in apps:
             if not app.running():
                 if app in restarted and time.time() - app.started_at < CRASH_LOOP_SECONDS:
-                    raise RuntimeError(f"{app.name} exited again within {CRASH_LOOP_SECONDS} s of its restart; "
-                                       f"see {app.log}")
+                    raise RuntimeError(
+                        f"{app.name} exited again within {CRASH_LOOP_SECONDS} s of its restart; see {app.log}"
+                    )
                 restarted.append(app)
                 print(f"kvscope: {app.name} exited (code {app.process.returncode}); starting it again", flush=True)
                 start(app)
@@ -203,10 +237,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, default=8080, help="public port (nginx); default 8080")
     parser.add_argument("--servers", type=int, default=2, help="number of app processes; default 2")
-    parser.add_argument("--address", default="127.0.0.1",
-                        help="address nginx listens on; 0.0.0.0 for students on the network (default loopback)")
-    parser.add_argument("--app-ports", type=int, nargs="*",
-                        help="ports of the app processes (default: free loopback ports)")
+    parser.add_argument(
+        "--address",
+        default="127.0.0.1",
+        help="address nginx listens on; 0.0.0.0 for students on the network (default loopback)",
+    )
+    parser.add_argument(
+        "--app-ports", type=int, nargs="*", help="ports of the app processes (default: free loopback ports)"
+    )
     parser.add_argument("--redis-port", type=int, help="port of redis-server (default: a free loopback port)")
     parser.add_argument("--run-dir", type=Path, help="folder for logs and nginx's files (default: a new temp folder)")
     args = parser.parse_args(argv)

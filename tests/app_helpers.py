@@ -5,9 +5,17 @@ from pathlib import Path
 from streamlit.testing.v1 import AppTest
 
 # The title each view opens with (a key into ui.text.strings).
-VIEW_TITLES = {"flow": "flow_title", "attention": "attention_title", "kv": "kv_title", "split": "split_title",
-               "prefix": "prefix_title", "costs": "costs_title",
-               "eviction": "evict_title", "serving": "serve_title", "speculate": "spec_title"}
+VIEW_TITLES = {
+    "flow": "flow_title",
+    "attention": "attention_title",
+    "kv": "kv_title",
+    "split": "split_title",
+    "prefix": "prefix_title",
+    "costs": "costs_title",
+    "eviction": "evict_title",
+    "serving": "serve_title",
+    "speculate": "spec_title",
+}
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 
 

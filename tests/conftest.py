@@ -27,33 +27,68 @@ def family_config(family: str, vocab: int):
     """A tiny config per family; each variant exercises one feature the engine must get right."""
     from transformers import Gemma3TextConfig, GPT2Config, LlamaConfig, Qwen2Config, Qwen3Config
 
-    common = dict(vocab_size=vocab, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=LAYERS,
-                  max_position_embeddings=CONTEXT, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        num_hidden_layers=LAYERS,
+        max_position_embeddings=CONTEXT,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     if family == "llama":  # GQA: 4 Q heads share 2 KV heads
         return LlamaConfig(num_attention_heads=4, num_key_value_heads=2, **common)
     if family == "llama-long":  # a longer context, for long runs
         return LlamaConfig(num_attention_heads=4, num_key_value_heads=2, **{**common, "max_position_embeddings": 1024})
     if family == "llama3-rope":  # RoPE scaled as Llama 3.x / SmolLM do, tied embeddings
-        rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
-        return LlamaConfig(num_attention_heads=4, num_key_value_heads=1, rope_parameters=rope,
-                           **{**common, "tie_word_embeddings": True})
+        rope = {
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        }
+        return LlamaConfig(
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            rope_parameters=rope,
+            **{**common, "tie_word_embeddings": True},
+        )
     if family == "qwen2":  # q/k/v biases
         return Qwen2Config(num_attention_heads=4, num_key_value_heads=2, **common)
     if family == "qwen3":  # q_norm/k_norm, and 4 heads × 32 = 128 ≠ hidden 64, as Qwen3-0.6B's 2048 ≠ 1024
         return Qwen3Config(num_attention_heads=4, num_key_value_heads=2, head_dim=32, **common)
     if family == "gpt2":  # LayerNorm, learned positions, Conv1D weights, MHA
-        return GPT2Config(vocab_size=vocab, n_embd=HIDDEN, n_layer=LAYERS, n_head=4, n_positions=CONTEXT,
-                          bos_token_id=1, eos_token_id=2)
+        return GPT2Config(
+            vocab_size=vocab,
+            n_embd=HIDDEN,
+            n_layer=LAYERS,
+            n_head=4,
+            n_positions=CONTEXT,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
     if family == "gemma3":  # local and global layers, each with its RoPE (global scaled), sandwich norms, GeGLU,
         # a query scale that is not 1/√head_dim, GQA 4:1, tied embeddings and a final logit cap
-        rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
-                "full_attention": {"rope_type": "linear", "rope_theta": 1_000_000.0, "factor": 2.0}}
+        rope = {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            "full_attention": {"rope_type": "linear", "rope_theta": 1_000_000.0, "factor": 2.0},
+        }
         layer_types = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
-        return Gemma3TextConfig(num_attention_heads=4, num_key_value_heads=1, head_dim=32, query_pre_attn_scalar=24,
-                                sliding_window=GEMMA_WINDOW, layer_types=layer_types, rope_parameters=rope,
-                                final_logit_softcapping=30.0, pad_token_id=0,
-                                **{**common, "num_hidden_layers": len(layer_types), "tie_word_embeddings": True})
+        return Gemma3TextConfig(
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=32,
+            query_pre_attn_scalar=24,
+            sliding_window=GEMMA_WINDOW,
+            layer_types=layer_types,
+            rope_parameters=rope,
+            final_logit_softcapping=30.0,
+            pad_token_id=0,
+            **{**common, "num_hidden_layers": len(layer_types), "tie_word_embeddings": True},
+        )
     raise ValueError(family)
 
 
@@ -219,8 +254,16 @@ def store(request):
 # Fixtures made once per worker that asks for them, each costly: a module's own servers (a server start and its
 # model loads), a model or a read of a GGUF, the Qwen3-shaped folder (1.19 GB written). The tests that share one go
 # to one worker together, so it is made once.
-ONE_WORKER = ("qwen3_shaped_dir", "deployment", "fresh_server", "small_open_host", "gguf_read", "zh_model", "bf16_zh",
-              "long_run")
+ONE_WORKER = (
+    "qwen3_shaped_dir",
+    "deployment",
+    "fresh_server",
+    "small_open_host",
+    "gguf_read",
+    "zh_model",
+    "bf16_zh",
+    "long_run",
+)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups

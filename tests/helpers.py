@@ -25,13 +25,21 @@ class Clock:
         return self.now
 
 
-def expected(model, prompt: str, steps: int, chat: bool = True, kv_splits: int = 1, block_size: int | None = None,
-             **sampling) -> str:
+def expected(
+    model, prompt: str, steps: int, chat: bool = True, kv_splits: int = 1, block_size: int | None = None, **sampling
+) -> str:
     """The text a page shows at step `steps` (the prompt as the tokenizer decodes it, then the answer so far),
     computed by the engine directly with the page's settings (in bfloat16 a run in splits can draw other
     tokens than one unsplit: the merge rounds once where unsplit attention rounds its probabilities)."""
-    session = engine.DecodeSession(model, prompt, chat=chat, sampling=engine.Sampling(**sampling),
-                                   max_new_tokens=256, kv_splits=kv_splits, block_size=block_size)
+    session = engine.DecodeSession(
+        model,
+        prompt,
+        chat=chat,
+        sampling=engine.Sampling(**sampling),
+        max_new_tokens=256,
+        kv_splits=kv_splits,
+        block_size=block_size,
+    )
     session.prefill()
     for _ in range(steps - 1):
         session.step()
@@ -42,8 +50,12 @@ def hf_keys_before_rotation(hf, ids: list[int]) -> tuple[object, list[torch.Tens
     """transformers' forward over `ids`: its cache, and each layer's keys before rotation as its k_norm (or k_proj
     where there is none) returns them, the batch's one sequence, in the module's own layout."""
     seen: list[torch.Tensor] = []
-    hooks = [(getattr(layer.self_attn, "k_norm", None) or layer.self_attn.k_proj).register_forward_hook(
-        lambda module, args, out: seen.append(out.detach()[0])) for layer in hf.model.layers]
+    hooks = [
+        (getattr(layer.self_attn, "k_norm", None) or layer.self_attn.k_proj).register_forward_hook(
+            lambda module, args, out: seen.append(out.detach()[0])
+        )
+        for layer in hf.model.layers
+    ]
     try:
         with torch.inference_mode():
             cache = hf(torch.tensor([ids]), use_cache=True).past_key_values
@@ -138,10 +150,12 @@ def until_link(page, **expected_link) -> str:
     """Wait until the link holds `expected_link` (None: not in the link) and the run has finished; the text shown
     ("" on the Serving view, which shows its requests' texts instead). The link is written at the end of a run that
     drew the step, so the page is idle once the run after it, if any, has finished."""
-    condition = " && ".join(f"p.get({name!r}) === {'null' if value is None else repr(str(value))}"
-                            for name, value in expected_link.items())
-    page.wait_for_function(f"() => {{ const p = new URL(location.href).searchParams; return {condition}; }}",
-                           timeout=WAIT_MS)
+    condition = " && ".join(
+        f"p.get({name!r}) === {'null' if value is None else repr(str(value))}" for name, value in expected_link.items()
+    )
+    page.wait_for_function(
+        f"() => {{ const p = new URL(location.href).searchParams; return {condition}; }}", timeout=WAIT_MS
+    )
     if link(page).get("view") == "serving":
         idle(page)
         return ""
@@ -177,15 +191,21 @@ def settled_box(page, selector: str, frames: int = 10) -> dict:
     except PlaywrightTimeout:
         stale = page.evaluate("""() => [...document.querySelectorAll('[data-testid="stMain"] [data-stale="true"]')]
             .map(e => (e.className || '').slice(0, 80) + ' ' + e.outerHTML.slice(0, 120))""")  # what kept it unsettled
-        raise AssertionError(f"{selector} was not drawn and still within {WAIT_MS} ms; its box at the end "
-                             f"{page.evaluate('window.kvBox')}; stale elements {stale[:6]}") from None
+        raise AssertionError(
+            f"{selector} was not drawn and still within {WAIT_MS} ms; its box at the end "
+            f"{page.evaluate('window.kvBox')}; stale elements {stale[:6]}"
+        ) from None
     return page.locator(selector).bounding_box()
 
 
 def overlap(a: dict, b: dict) -> bool:
     """Whether two bounding boxes overlap."""
-    return (a["x"] < b["x"] + b["width"] and b["x"] < a["x"] + a["width"]
-            and a["y"] < b["y"] + b["height"] and b["y"] < a["y"] + a["height"])
+    return (
+        a["x"] < b["x"] + b["width"]
+        and b["x"] < a["x"] + a["width"]
+        and a["y"] < b["y"] + b["height"]
+        and b["y"] < a["y"] + a["height"]
+    )
 
 
 def box(page, selector: str) -> dict:

@@ -27,13 +27,34 @@ TRAINED_VOCAB = 2_000
 WEIGHT_STD = 0.02  # Qwen3's initializer_range
 
 # Qwen3's added tokens in its order (ids 151643 …); (text, special). <tool_call>, <think> etc. are not special.
-ADDED_TOKENS = [("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True),
-                ("<|object_ref_start|>", True), ("<|object_ref_end|>", True), ("<|box_start|>", True),
-                ("<|box_end|>", True), ("<|quad_start|>", True), ("<|quad_end|>", True), ("<|vision_start|>", True),
-                ("<|vision_end|>", True), ("<|vision_pad|>", True), ("<|image_pad|>", True), ("<|video_pad|>", True),
-                ("<tool_call>", False), ("</tool_call>", False), ("<|fim_prefix|>", False), ("<|fim_middle|>", False),
-                ("<|fim_suffix|>", False), ("<|fim_pad|>", False), ("<|repo_name|>", False), ("<|file_sep|>", False),
-                ("<tool_response>", False), ("</tool_response>", False), ("<think>", False), ("</think>", False)]
+ADDED_TOKENS = [
+    ("<|endoftext|>", True),
+    ("<|im_start|>", True),
+    ("<|im_end|>", True),
+    ("<|object_ref_start|>", True),
+    ("<|object_ref_end|>", True),
+    ("<|box_start|>", True),
+    ("<|box_end|>", True),
+    ("<|quad_start|>", True),
+    ("<|quad_end|>", True),
+    ("<|vision_start|>", True),
+    ("<|vision_end|>", True),
+    ("<|vision_pad|>", True),
+    ("<|image_pad|>", True),
+    ("<|video_pad|>", True),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    ("<|fim_prefix|>", False),
+    ("<|fim_middle|>", False),
+    ("<|fim_suffix|>", False),
+    ("<|fim_pad|>", False),
+    ("<|repo_name|>", False),
+    ("<|file_sep|>", False),
+    ("<tool_response>", False),
+    ("</tool_response>", False),
+    ("<think>", False),
+    ("</think>", False),
+]
 
 # Written for this test in the shape of Qwen3's template: thinking on unless `enable_thinking` is false, in
 # which case the generation prompt closes an empty think block, as Qwen3's own template does.
@@ -89,8 +110,9 @@ def train_tokenizer(folder: Path):
 
     scaffold = Qwen2Tokenizer()  # Qwen's NFC normalizer and pre-tokenizer, to train with
     bpe = Tokenizer.from_str(scaffold.backend_tokenizer.to_str())
-    trainer = trainers.BpeTrainer(vocab_size=TRAINED_VOCAB, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=TRAINED_VOCAB, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     bpe.train_from_iterator(training_text(), trainer=trainer)
     model = json.loads(bpe.to_str())["model"]
     vocab = {token: i for token, i in model["vocab"].items() if token != "<|endoftext|>"}
@@ -112,11 +134,22 @@ def write_model(folder: Path, trained: int, dtype: torch.dtype = torch.bfloat16,
     from safetensors.torch import save_file
     from transformers import GenerationConfig, Qwen3Config
 
-    config = Qwen3Config(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
-                         num_hidden_layers=LAYERS, num_attention_heads=Q_HEADS, num_key_value_heads=KV_HEADS,
-                         head_dim=HEAD_DIM, max_position_embeddings=40_960, rms_norm_eps=1e-6,
-                         tie_word_embeddings=True, bos_token_id=151_643, eos_token_id=151_645,
-                         rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0}, dtype=dtype)
+    config = Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=Q_HEADS,
+        num_key_value_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        max_position_embeddings=40_960,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        bos_token_id=151_643,
+        eos_token_id=151_645,
+        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+        dtype=dtype,
+    )
     config.save_pretrained(folder)
     GenerationConfig(bos_token_id=151_643, eos_token_id=[151_645, 151_643]).save_pretrained(folder)
     generator = torch.Generator().manual_seed(seed)
@@ -129,19 +162,21 @@ def write_model(folder: Path, trained: int, dtype: torch.dtype = torch.bfloat16,
     tensors = {"model.embed_tokens.weight": embed, "model.norm.weight": torch.ones(HIDDEN, dtype=dtype)}
     for i in range(LAYERS):
         p = f"model.layers.{i}."
-        tensors.update({
-            p + "input_layernorm.weight": torch.ones(HIDDEN, dtype=dtype),
-            p + "post_attention_layernorm.weight": torch.ones(HIDDEN, dtype=dtype),
-            p + "self_attn.q_proj.weight": random(Q_HEADS * HEAD_DIM, HIDDEN),
-            p + "self_attn.k_proj.weight": random(KV_HEADS * HEAD_DIM, HIDDEN),
-            p + "self_attn.v_proj.weight": random(KV_HEADS * HEAD_DIM, HIDDEN),
-            p + "self_attn.o_proj.weight": random(HIDDEN, Q_HEADS * HEAD_DIM),
-            p + "self_attn.q_norm.weight": torch.ones(HEAD_DIM, dtype=dtype),
-            p + "self_attn.k_norm.weight": torch.ones(HEAD_DIM, dtype=dtype),
-            p + "mlp.gate_proj.weight": random(INTERMEDIATE, HIDDEN),
-            p + "mlp.up_proj.weight": random(INTERMEDIATE, HIDDEN),
-            p + "mlp.down_proj.weight": random(HIDDEN, INTERMEDIATE),
-        })
+        tensors.update(
+            {
+                p + "input_layernorm.weight": torch.ones(HIDDEN, dtype=dtype),
+                p + "post_attention_layernorm.weight": torch.ones(HIDDEN, dtype=dtype),
+                p + "self_attn.q_proj.weight": random(Q_HEADS * HEAD_DIM, HIDDEN),
+                p + "self_attn.k_proj.weight": random(KV_HEADS * HEAD_DIM, HIDDEN),
+                p + "self_attn.v_proj.weight": random(KV_HEADS * HEAD_DIM, HIDDEN),
+                p + "self_attn.o_proj.weight": random(HIDDEN, Q_HEADS * HEAD_DIM),
+                p + "self_attn.q_norm.weight": torch.ones(HEAD_DIM, dtype=dtype),
+                p + "self_attn.k_norm.weight": torch.ones(HEAD_DIM, dtype=dtype),
+                p + "mlp.gate_proj.weight": random(INTERMEDIATE, HIDDEN),
+                p + "mlp.up_proj.weight": random(INTERMEDIATE, HIDDEN),
+                p + "mlp.down_proj.weight": random(HIDDEN, INTERMEDIATE),
+            }
+        )
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 

@@ -15,8 +15,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"  # Debian's package; .ci/run installs it
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 START_SECONDS = 240  # a harness timeout for a server's start (torch imported on a loaded 2-core machine): a hung one
 
 
@@ -88,15 +95,34 @@ def restarted_server(url: str, process: subprocess.Popen, log_path: Path, env: d
         stop(new)
 
 
-def launch(port: int, log_path: Path, env: dict | None = None, root: Path = ROOT,
-           address: str = "127.0.0.1") -> subprocess.Popen:
+def launch(
+    port: int, log_path: Path, env: dict | None = None, root: Path = ROOT, address: str = "127.0.0.1"
+) -> subprocess.Popen:
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
     entry = root / "serve.py" if (root / "serve.py").exists() else root / "app.py"  # an older checkout: app.py
     process = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", str(entry), "--server.port", str(port),
-         "--server.address", address, "--browser.serverAddress", "127.0.0.1",  # its URL: no lookup of an external IP
-         "--server.headless", "true", "--browser.gatherUsageStats", "false"],
-        cwd=root, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            str(entry),
+            "--server.port",
+            str(port),
+            "--server.address",
+            address,
+            "--browser.serverAddress",
+            "127.0.0.1",  # its URL: no lookup of an external IP
+            "--server.headless",
+            "true",
+            "--browser.gatherUsageStats",
+            "false",
+        ],
+        cwd=root,
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     _outputs[process] = Output(process, log_path)
     return process
 
@@ -136,9 +162,11 @@ class Output:
 
         def seen() -> bool:
             nonlocal found
-            found = next(((i, m) for i in range(start, len(self.lines)) if (m := re.search(pattern, self.lines[i]))),
-                         None)
+            found = next(
+                ((i, m) for i in range(start, len(self.lines)) if (m := re.search(pattern, self.lines[i]))), None
+            )
             return found is not None or self.ended
+
         with self._changed:
             if not self._changed.wait_for(seen, seconds):
                 raise RuntimeError(f"no line matching {pattern!r} within {seconds} s; printed: {self.lines[-20:]}")

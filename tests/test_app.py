@@ -54,12 +54,36 @@ def test_a_press_moves_one_step_when_streamlit_calls_its_callback_twice(monkeypa
 
 
 def test_a_link_restores_the_exact_state(embedded_model):
-    params = dict(prompt="Name three colours.", chat=1, temperature=0.8, top_k=20, top_p=0.9, seed=5, block_size=4,
-                  kv_splits=3, policy="radix", step=6, view="split", layer=2, head=1, lang="zh", model="embedded")
+    params = dict(
+        prompt="Name three colours.",
+        chat=1,
+        temperature=0.8,
+        top_k=20,
+        top_p=0.9,
+        seed=5,
+        block_size=4,
+        kv_splits=3,
+        policy="radix",
+        step=6,
+        view="split",
+        layer=2,
+        head=1,
+        lang="zh",
+        model="embedded",
+    )
     at = start(**params)  # a Chinese page on SmolLM2 (named: a Chinese page's default is embedded-zh)
     assert_clean(at)
-    assert shown_text(at) == expected(embedded_model, "Name three colours.", 6, temperature=0.8, top_k=20,
-                                           top_p=0.9, seed=5, kv_splits=3, block_size=4)
+    assert shown_text(at) == expected(
+        embedded_model,
+        "Name three colours.",
+        6,
+        temperature=0.8,
+        top_k=20,
+        top_p=0.9,
+        seed=5,
+        kv_splits=3,
+        block_size=4,
+    )
     for key, value in params.items():
         if key != "step":
             assert str(at.session_state["w_" + key]) == str(value) or at.session_state["w_" + key] == value
@@ -80,8 +104,11 @@ def test_every_view_renders_before_prefill_after_prefill_and_while_decoding(view
     if step == 0:  # nothing has run: the view says how to start it (the Serving view: its server's first step; the
         start_hint = {  # speculative view: its first pass, the prefill of its own prompt with the draft's guesses)
             "serving": lambda: strings.t("serve_ready", n=ARRIVALS.count(0), total=len(ARRIVALS)),
-            "speculate": lambda: strings.t("spec_ready", k=AppState().draft_k, prompt=len(tokenize_prompt(
-                embedded_model, PROMPTS[("edit", "en", True)], chat=True))),
+            "speculate": lambda: strings.t(
+                "spec_ready",
+                k=AppState().draft_k,
+                prompt=len(tokenize_prompt(embedded_model, PROMPTS[("edit", "en", True)], chat=True)),
+            ),
         }.get(view, lambda: strings.t("need_prefill"))()
         assert start_hint in hints
     else:  # the step's own figures, and the counter names the step
@@ -127,8 +154,21 @@ def test_a_settings_widget_drawn_anew_sends_back_the_setting_it_shows():
     a change: under the load test's 30 pages a page's prompt turned "", and chat, top-p and block size turned to
     off and their minimums, with nobody touching them. Every widget's default must be the page's current setting,
     so that this done to every widget at once leaves the page as it was."""
-    at = start(prompt="Why is the sky blue?", chat=1, temperature=0.7, top_k=40, top_p=0.9, seed=3, block_size=8,
-               kv_splits=2, policy="radix", lang="zh", large=1, step=2, model="embedded")
+    at = start(
+        prompt="Why is the sky blue?",
+        chat=1,
+        temperature=0.7,
+        top_k=40,
+        top_p=0.9,
+        seed=3,
+        block_size=8,
+        kv_splits=2,
+        policy="radix",
+        lang="zh",
+        large=1,
+        step=2,
+        model="embedded",
+    )
     assert_clean(at)
     link, text = dict(at.query_params), shown_text(at)
     for key in ("w_chat", "w_large"):
@@ -147,8 +187,17 @@ def test_a_settings_widget_drawn_anew_sends_back_the_setting_it_shows():
 
 
 # On SmolLM2's tokenizer the cached prompt is 11 tokens; Case 2 first differs at token 9.
-@pytest.mark.parametrize("policy, case, reused", [("whole", "case1", 11), ("block", "case1", 8), ("radix", "case1", 11),
-                                                  ("whole", "case2", 0), ("block", "case2", 8), ("radix", "case2", 9)])
+@pytest.mark.parametrize(
+    "policy, case, reused",
+    [
+        ("whole", "case1", 11),
+        ("block", "case1", 8),
+        ("radix", "case1", 11),
+        ("whole", "case2", 0),
+        ("block", "case2", 8),
+        ("radix", "case2", 9),
+    ],
+)
 def test_article_cases_load_in_one_click(policy, case, reused, embedded_model):
     at = start(view="prefix", policy=policy)  # the default block size (16): the case sets its own
     at.button(key=case).click().run()
@@ -157,8 +206,11 @@ def test_article_cases_load_in_one_click(policy, case, reused, embedded_model):
     tokenizer = embedded_model.tokenizer
     cached, new = tokenizer.encode("解释什么是Transformer"), tokenizer.encode(at.session_state["w_prompt"])
     e = next(i for i, (a, b) in enumerate(zip(cached + [-1], new + [-2])) if a != b)
-    expected = {"whole": len(cached) if e == len(cached) else 0, "radix": min(e, len(new) - 1),
-                "block": min(e, len(new) - 1) // 4 * 4}[policy]
+    expected = {
+        "whole": len(cached) if e == len(cached) else 0,
+        "radix": min(e, len(new) - 1),
+        "block": min(e, len(new) - 1) // 4 * 4,
+    }[policy]
     assert expected == reused  # the rule on this tokenizer, as the parameters above claim
     metrics = {m.label: m.value for m in at.metric}
     assert metrics[strings.t("reused")] == str(reused)
@@ -222,8 +274,9 @@ def test_cloud_entry_point_runs_the_same_app(embedded_model):
 
     from streamlit.testing.v1 import AppTest
 
-    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "cloud" / "streamlit_app.py"),
-                           default_timeout=120)
+    at = AppTest.from_file(
+        str(Path(__file__).resolve().parent.parent / "cloud" / "streamlit_app.py"), default_timeout=120
+    )
     at.query_params["step"] = "1"
     at.run()
     assert_clean(at)
@@ -232,12 +285,60 @@ def test_cloud_entry_point_runs_the_same_app(embedded_model):
 
 # Words of the figures and tables that must not stay English on a Chinese page (issue 10), and the
 # technical identifiers that are written the same in both languages.
-ENGLISH_LABELS = ("position", "cached token", "same id", "reused", "policy", "block", "slot", "physical block",
-                  "bytes per token", "dtype", "layout", "split", "keys", "weight", "merged", "unsplit", "step", "phase",
-                  "tokens in", "p_top_k", "True", "False", "in use", "empty", "hit", "miss", "query", "key",
-                  "dimension", "layer")
-SAME_IN_BOTH = ("q_proj", "k_proj", "v_proj", "o_proj", "lm_head", "head_dim", "K/V", "m_i", "l_i", "O_i", "w_i",
-                "softmax", "top-k", "top-p", "GQA", "MHA", "bfloat16", "float32", "Split-KV", "FlashDecoding")
+ENGLISH_LABELS = (
+    "position",
+    "cached token",
+    "same id",
+    "reused",
+    "policy",
+    "block",
+    "slot",
+    "physical block",
+    "bytes per token",
+    "dtype",
+    "layout",
+    "split",
+    "keys",
+    "weight",
+    "merged",
+    "unsplit",
+    "step",
+    "phase",
+    "tokens in",
+    "p_top_k",
+    "True",
+    "False",
+    "in use",
+    "empty",
+    "hit",
+    "miss",
+    "query",
+    "key",
+    "dimension",
+    "layer",
+)
+SAME_IN_BOTH = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "lm_head",
+    "head_dim",
+    "K/V",
+    "m_i",
+    "l_i",
+    "O_i",
+    "w_i",
+    "softmax",
+    "top-k",
+    "top-p",
+    "GQA",
+    "MHA",
+    "bfloat16",
+    "float32",
+    "Split-KV",
+    "FlashDecoding",
+)
 
 
 def figure_strings(spec: str) -> list[str]:
@@ -251,8 +352,11 @@ def figure_strings(spec: str) -> list[str]:
             if isinstance(trace.get(key), str):
                 out.append(trace[key])
         text = trace.get("text")
-        out += [text] if isinstance(text, str) else [x for row in (text or []) for x in
-                                                      (row if isinstance(row, list) else [row]) if isinstance(x, str)]
+        out += (
+            [text]
+            if isinstance(text, str)
+            else [x for row in (text or []) for x in (row if isinstance(row, list) else [row]) if isinstance(x, str)]
+        )
         if isinstance(trace.get("y"), list) and trace.get("orientation") == "h":  # bar labels on a category axis
             out += [y for y in trace["y"] if isinstance(y, str)]
         out.append(((trace.get("colorbar") or {}).get("title") or {}).get("text") or "")
@@ -266,8 +370,12 @@ def figure_strings(spec: str) -> list[str]:
 
 
 def page_strings(at, token_columns: set[str]) -> list[str]:
-    texts = [e.value for kind in ("markdown", "caption", "info", "subheader") for e in getattr(at, kind)
-             if "<style>" not in e.value]  # the token stream shows the model's tokens, not labels
+    texts = [
+        e.value
+        for kind in ("markdown", "caption", "info", "subheader")
+        for e in getattr(at, kind)
+        if "<style>" not in e.value
+    ]  # the token stream shows the model's tokens, not labels
     texts += [m.label for m in at.metric] + [str(m.value) for m in at.metric]
     for frame in [e.value for e in at.dataframe] + [e.value for e in at.table]:
         texts += [str(c) for c in frame.columns] + [str(i) for i in frame.index.names if i]

@@ -83,8 +83,9 @@ def test_students_guess_the_teacher_reveals_and_every_page_shows_the_samplers_ro
     assert tally_of(lead.query_params["ask_tally"]) == class_answers.counts_of(dict(enumerate(map(str, tokens))))
     p = float(distribution(filter_logits(trace.logits, engine.Sampling()))[tokens[0]])
     label = position_label(candidate_cells(embedded_model.tokenizer, ids, [tokens[0]])[0])
-    sentence = strings.t("ask_favourite", "en", k=tokens.count(trace.token_id), n=3, token=f"“{label}”",
-                         p=fmt_probability(p))
+    sentence = strings.t(
+        "ask_favourite", "en", k=tokens.count(trace.token_id), n=3, token=f"“{label}”", p=fmt_probability(p)
+    )
     settle()
     for page in [lead, *students]:
         page.run()
@@ -96,8 +97,12 @@ def test_students_guess_the_teacher_reveals_and_every_page_shows_the_samplers_ro
 
 # (Too long: the box's own limit cuts a value at MAX_GUESS_CHARS, a forged one too; `checked_guess` refuses one that
 # gets past it: tests/test_class_answers.py.)
-BAD = [("", "empty", {}), ("<b>hi</b>", "markup", {}), ("<|im_start|>", "control_token", {"token": "<|im_start|>"}),
-       ("ring\x07", "control_chars", {})]
+BAD = [
+    ("", "empty", {}),
+    ("<b>hi</b>", "markup", {}),
+    ("<|im_start|>", "control_token", {"token": "<|im_start|>"}),
+    ("ring\x07", "control_chars", {}),
+]
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
@@ -142,8 +147,9 @@ def vote(page, choice: int | None, lang: str = "en") -> tuple[list[str], list[st
     return [s.value for s in page.success], [w.value for w in page.warning]
 
 
-def test_the_class_votes_on_the_chapters_question_then_again_and_every_page_counts_who_changed(embedded_model,
-                                                                                                monkeypatch):
+def test_the_class_votes_on_the_chapters_question_then_again_and_every_page_counts_who_changed(
+    embedded_model, monkeypatch
+):
     """Chapter 7 (GQA) on SmolLM2: its right choice is the lesson file's first, shown where the chapter's order puts
     it; three students vote (right, wrong, right), the teacher reveals, then after discussion a vote again (one
     moves to the right one, one away from it, one stays), and every page says so."""
@@ -188,15 +194,19 @@ def test_the_class_votes_on_the_chapters_question_then_again_and_every_page_coun
         assert f"**{again}**" in [m.value for m in page.markdown]
         moved = page.dataframe[0].value
         assert sorted(zip(*[moved[c] for c in moved.columns])) == sorted(
-            [(LETTERS[right], LETTERS[wrong], 1), (LETTERS[wrong], LETTERS[right], 1)])
-    assert [c.value for c in students[0].caption if c.value == strings.t("vote_yours_revealed", "en",
-                                                                         choice=LETTERS[wrong])]
+            [(LETTERS[right], LETTERS[wrong], 1), (LETTERS[wrong], LETTERS[right], 1)]
+        )
+    assert [
+        c.value for c in students[0].caption if c.value == strings.t("vote_yours_revealed", "en", choice=LETTERS[wrong])
+    ]
     asked = lead.session_state["follow"].asked  # what the teacher's Export downloads
     rows = list(csv.DictReader(io.StringIO(class_answers.export_csv([r for rs in asked.values() for r in rs]))))
     for kind, votes in (("vote", [right, wrong, right]), ("vote again", [wrong, right, right])):
         assert [(r["answer"][0], r["count"], r["right"]) for r in rows if r["kind"] == kind] == [
-            (LETTERS[c], str(votes.count(c)), str(int(c == right))) for c in range(3)], kind
+            (LETTERS[c], str(votes.count(c)), str(int(c == right))) for c in range(3)
+        ], kind
     assert sorted((r["answer"], r["count"]) for r in rows if r["kind"] == "changed") == sorted(
-        [(f"{LETTERS[right]} → {LETTERS[wrong]}", "1"), (f"{LETTERS[wrong]} → {LETTERS[right]}", "1")])
+        [(f"{LETTERS[right]} → {LETTERS[wrong]}", "1"), (f"{LETTERS[wrong]} → {LETTERS[right]}", "1")]
+    )
     lead.button(key="b_chapter_next").click().run()  # the next chapter: the round ends with its chapter
     assert "ask" not in lead.query_params

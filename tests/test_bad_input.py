@@ -50,8 +50,9 @@ LINK_CASES = [
 ]
 
 
-@pytest.mark.parametrize("params, param, reason", LINK_CASES,
-                         ids=[f"{c[1]}={list(c[0].values())[0]!r}" for c in LINK_CASES])
+@pytest.mark.parametrize(
+    "params, param, reason", LINK_CASES, ids=[f"{c[1]}={list(c[0].values())[0]!r}" for c in LINK_CASES]
+)
 def test_malformed_link_value(params, param, reason, embedded_model):
     at = start(**params)
     assert not at.exception, at.exception
@@ -83,9 +84,8 @@ def test_huge_prompt_in_a_link(embedded_model):
 
 # -- typed input ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("prompt, expected", [
-    ("", "empty"), ("   \n\t ", "empty"), ("word " * 700, "at most 384"),
-])
+
+@pytest.mark.parametrize("prompt, expected", [("", "empty"), ("   \n\t ", "empty"), ("word " * 700, "at most 384")])
 def test_unusable_prompt_typed(prompt, expected, embedded_model):
     at = start(step=1)
     at.text_area(key="w_prompt").set_value(prompt).run()
@@ -129,6 +129,7 @@ def test_right_to_left_emoji_and_cjk_prompts_work_exactly(prompt, embedded_model
 
 # -- models -----------------------------------------------------------------------------------
 
+
 def test_unreachable_hub_model(monkeypatch, embedded_model):
     monkeypatch.setenv("KVSCOPE_ALLOW_ANY_MODEL", "1")
     at = start(model="some-org/not-reachable-here")
@@ -169,6 +170,7 @@ def test_allowed_local_model_loads(monkeypatch, tiny_model_dir):
 
 # -- faults -----------------------------------------------------------------------------------
 
+
 def test_exception_inside_a_step_is_shown_and_the_session_can_restart(monkeypatch, embedded_model):
     at = start(prompt="A fault is injected into step two of this run", step=1)  # its own run: step 2 is computed
     real_step = engine.DecodeSession.step
@@ -188,6 +190,7 @@ def test_exception_inside_a_step_is_shown_and_the_session_can_restart(monkeypatc
 
 
 # -- isolation --------------------------------------------------------------------------------
+
 
 def published_then_reused(monkeypatch, shared: str) -> int:
     """Student A prefills a prompt and moves on (publishing it); student B then prefills its extension."""

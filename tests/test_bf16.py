@@ -21,8 +21,8 @@ import engine
 from tests.conftest import FAMILIES
 from tests.test_exactness import DECODE_STEPS, PROMPT, aligned_attention, cached_kv, hf_model, their_kv
 
-BF16_ROUNDING = 2.0 ** -8  # one bfloat16 rounding, relative (8 significant bits)
-GIB = 2 ** 30
+BF16_ROUNDING = 2.0**-8  # one bfloat16 rounding, relative (8 significant bits)
+GIB = 2**30
 PEAK_BOUND = 1.6 * GIB  # issue 11: ≤ 1.6 GB peak (in the GiB of its 2.09 GB, measured as ru_maxrss / 2²⁰)
 
 
@@ -71,8 +71,12 @@ def test_bf16_engine_matches_transformers_bf16_prefill_and_32_greedy_steps(famil
         if step == DECODE_STEPS:
             break
         with torch.inference_mode():
-            out = hf(input_ids=torch.tensor([[trace.token_id]]), cache=out.past_key_values,
-                     use_cache=True, output_attentions=True)
+            out = hf(
+                input_ids=torch.tensor([[trace.token_id]]),
+                cache=out.past_key_values,
+                use_cache=True,
+                output_attentions=True,
+            )
         trace = session.step()
     assert len(session.generated) == DECODE_STEPS + 1
 
@@ -85,8 +89,10 @@ def test_bf16_model_card_describes_the_cache_the_pool_stores(family, bf16_model,
     assert model.info.dtype == "bfloat16"
     assert model.info.element_bytes == pool.k.element_size() == 2
     assert model.info.kv_bytes_per_token == pool.bytes_per_token
-    assert (model.info.kv_bytes_per_token * 2
-            == engine.load_model(tiny_model_dir(family), device="cpu").info.kv_bytes_per_token)
+    assert (
+        model.info.kv_bytes_per_token * 2
+        == engine.load_model(tiny_model_dir(family), device="cpu").info.kv_bytes_per_token
+    )
 
 
 def test_bf16_weights_are_one_copy_the_stacked_projections_views_of_it(bf16_model):
@@ -126,10 +132,19 @@ def test_qwen3_shaped_bf16_loads_and_steps_within_the_peak_bound(qwen3_shaped_di
     assert figures["tokens"] == greedy_ids(qwen3_shaped_dir, PROMPT_IDS, 9)
 
 
-@pytest.mark.parametrize("given, dtype, bad", [(None, "auto", ""), ("bfloat16", "bfloat16", ""),
-                                               (" BFloat16 ", "bfloat16", ""), ("float32", "float32", ""),
-                                               (" Float32", "float32", ""), ("AUTO", "auto", ""),
-                                               ("float64", "auto", "float64"), ("bf16", "auto", "bf16")])
+@pytest.mark.parametrize(
+    "given, dtype, bad",
+    [
+        (None, "auto", ""),
+        ("bfloat16", "bfloat16", ""),
+        (" BFloat16 ", "bfloat16", ""),
+        ("float32", "float32", ""),
+        (" Float32", "float32", ""),
+        ("AUTO", "auto", ""),
+        ("float64", "auto", "float64"),
+        ("bf16", "auto", "bf16"),
+    ],
+)
 def test_kvscope_dtype_setting(given, dtype, bad):
     from ui.host.limits import load_limits
 
@@ -144,8 +159,10 @@ def own_copy(folder: str, tmp_path) -> str:
     return shutil.copytree(folder, tmp_path / "model")
 
 
-@pytest.mark.parametrize("setting, dtype, element", [("bfloat16", "bfloat16", 2), ("float32", "float32", 4),
-                                                     ("auto", "float32", 4), ("float64", "float32", 4)])
+@pytest.mark.parametrize(
+    "setting, dtype, element",
+    [("bfloat16", "bfloat16", 2), ("float32", "float32", 4), ("auto", "float32", 4), ("float64", "float32", 4)],
+)
 def test_the_app_runs_the_hosts_dtype_and_its_kv_bytes(setting, dtype, element, monkeypatch, tmp_path, tiny_model_dir):
     """KVSCOPE_DTYPE reaches the loaded model: the KV view's bytes name the dtype and count its element size
     (the config's shapes × 2 bytes in bfloat16); a value not understood is said so, and the default, auto, runs

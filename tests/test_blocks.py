@@ -76,6 +76,9 @@ def test_bad_sizes_are_refused(args):
 def test_no_other_module_of_the_engine_keeps_a_reference_count_or_a_free_list():
     """A count is kept where it is written (`ref_count … =`, `+=`, `-=`), a free list where one is made."""
     writes = re.compile(r"(ref_?count\w*(\[[^]\n]*\])?\s*[-+]?=(?!=))|(deque|OrderedDict)\b[^\n]*range\(")
-    keeping = {str(p.relative_to(ENGINE)) for p in ENGINE.rglob("*.py") if p.name != "blocks.py"
-               and writes.search(p.read_text())}
+    keeping = {
+        str(p.relative_to(ENGINE))
+        for p in ENGINE.rglob("*.py")
+        if p.name != "blocks.py" and writes.search(p.read_text())
+    }
     assert keeping == set()

@@ -71,8 +71,20 @@ def test_shared_link_restores_then_right_arrow_steps(server, page, embedded_mode
 
 # -- markup in link values shows as text --------------------------------------------------------
 
-LINK_PARAMS = ("step", "temperature", "seed", "lang", "view", "model", "policy", "prompt", "layer", "head",
-               "block_size", "kv_splits")
+LINK_PARAMS = (
+    "step",
+    "temperature",
+    "seed",
+    "lang",
+    "view",
+    "model",
+    "policy",
+    "prompt",
+    "layer",
+    "head",
+    "block_size",
+    "kv_splits",
+)
 # Each fits the 80 characters a link problem quotes, and would render as a phishing link, a tracking image,
 # a heading, coloured text, a formula or a linked address if it were read as Markdown.
 MARKUP_PAYLOADS = (
@@ -85,11 +97,21 @@ MAIN = '[data-testid="stMain"]'
 def markup_from_payloads(page) -> dict[str, int]:
     """Elements in the page's main area that only Markdown read from a payload would create."""
     main = page.locator(MAIN)
-    counts = {selector: main.locator(selector).count() for selector in (
-        'a[href*="evil.example"]', "img", ".stMarkdownColoredText", ".stMarkdownColoredBackground", ".katex")}
+    counts = {
+        selector: main.locator(selector).count()
+        for selector in (
+            'a[href*="evil.example"]',
+            "img",
+            ".stMarkdownColoredText",
+            ".stMarkdownColoredBackground",
+            ".katex",
+        )
+    }
     headings = main.locator("h1, h2, h3, h4, h5, h6")
-    counts["heading from payload"] = sum("SERVER" in headings.nth(i).inner_text() or "evil" in
-                                         headings.nth(i).inner_text() for i in range(headings.count()))
+    counts["heading from payload"] = sum(
+        "SERVER" in headings.nth(i).inner_text() or "evil" in headings.nth(i).inner_text()
+        for i in range(headings.count())
+    )
     return {selector: n for selector, n in counts.items() if n}
 
 
@@ -131,6 +153,7 @@ def test_markup_in_the_prompt_shows_as_text_in_every_view(server, page, embedded
 
 # -- a server restart, and fast presses -------------------------------------------------------
 
+
 def url_step(page) -> int:
     return int(parse_qs(urlparse(page.url).query)["step"][0])
 
@@ -143,9 +166,12 @@ def chips(page) -> int:
 # keys of their own) is disabled from the moment the page notices until it has reconnected (8.7 s → 9.7 s after a
 # stop, in a run here). This notes that it was.
 NEXT = ".st-key-b_next button"
-WATCH_CONNECTION = """() => { window.kvLost = false; new MutationObserver(() => {
+WATCH_CONNECTION = (
+    """() => { window.kvLost = false; new MutationObserver(() => {
     if (document.querySelector('%s[disabled]')) window.kvLost = true; })
-    .observe(document.body, {attributes: true, childList: true, subtree: true}); }""" % NEXT
+    .observe(document.body, {attributes: true, childList: true, subtree: true}); }"""
+    % NEXT
+)
 
 
 def test_open_page_steps_after_a_server_restart(fresh_server, page, embedded_model):
@@ -158,8 +184,9 @@ def test_open_page_steps_after_a_server_restart(fresh_server, page, embedded_mod
     page.evaluate(WATCH_CONNECTION)
     with restarted_server(url, process, folder / "log-after-restart.txt"):
         # The page noticed the lost connection and has reconnected, still showing step 2, its Next live again.
-        page.wait_for_function(f"() => window.kvLost && document.querySelector('{NEXT}:not([disabled])')",
-                               timeout=WAIT_MS)
+        page.wait_for_function(
+            f"() => window.kvLost && document.querySelector('{NEXT}:not([disabled])')", timeout=WAIT_MS
+        )
         page.locator("h1").first.click()
         page.keyboard.press("ArrowRight")  # the new server's first run of this page
         page.get_by_text(strings.t("starting", "zh")).wait_for(timeout=WAIT_MS)

@@ -17,8 +17,9 @@ PAGING = next(c for c in CHAPTERS if c.key == "paging")
 
 def passes_of(session, traces):
     """The run's passes as the replay takes them: the whole prompt, then each decode step's token."""
-    return [(session.prompt_ids, list(range(len(session.prompt_ids))))] + [(t.input_ids, t.positions)
-                                                                             for t in traces[1:]]
+    return [(session.prompt_ids, list(range(len(session.prompt_ids))))] + [
+        (t.input_ids, t.positions) for t in traces[1:]
+    ]
 
 
 def contiguous(blocks: list[int]) -> bool:
@@ -32,7 +33,7 @@ def check_replay(model, prompt, block_size, steps, chat=False):
     assert contiguous(session.table.blocks) and not contiguous(table)  # its own pool: in order; the busy one: not
     assert len(table) == len(session.table.blocks) and replay.table.length == session.table.length
     assert not set(table) & set(replay.others)  # never a block another request still holds
-    assert set(table[:len(replay.freed)]) <= set(replay.freed)  # the prompt went to the freed blocks first
+    assert set(table[: len(replay.freed)]) <= set(replay.freed)  # the prompt went to the freed blocks first
     for layer in range(model.info.layers):
         ours, own = replay.kv(layer), session.table.read(layer)  # K, V and their first position
         assert torch.equal(ours[0], own[0]) and torch.equal(ours[1], own[1]) and ours[2] == own[2]
@@ -49,15 +50,22 @@ def test_a_replay_in_a_busy_pool_scatters_the_table_and_reads_the_runs_own_kv(ti
 
 
 def test_the_embedded_model_in_chapter_9s_state(embedded_model):
-    picture = check_replay(embedded_model, "What is a KV cache?", PAGING.settings["block_size"], PAGING.step - 1,
-                           chat=True)
-    fig = busy_pool_figure(picture.block_table, picture.length, PAGING.settings["block_size"], picture.others,
-                           picture.num_blocks, words=figure_words("zh"))
+    picture = check_replay(
+        embedded_model, "What is a KV cache?", PAGING.settings["block_size"], PAGING.step - 1, chat=True
+    )
+    fig = busy_pool_figure(
+        picture.block_table,
+        picture.length,
+        PAGING.settings["block_size"],
+        picture.others,
+        picture.num_blocks,
+        words=figure_words("zh"),
+    )
     labels = {a.text: a.x for a in fig.layout.annotations}
     assert labels == {f"L{logical}": physical for logical, physical in enumerate(picture.block_table)}
     mine = fig.data[1].z  # (slot, physical block): this request's logical block number, NaN elsewhere
     for logical, physical in enumerate(picture.block_table):
-        assert all(z == logical for z in mine[:, physical][:picture.length - logical * 4])
+        assert all(z == logical for z in mine[:, physical][: picture.length - logical * 4])
     others = fig.data[0].z
     assert all((others[:, block] == 0).all() for block in picture.others)
 

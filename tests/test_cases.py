@@ -40,7 +40,12 @@ def assert_shows_case(at, tokenizer, case: str, step: int = 1) -> None:
     assert_clean(at)
     link = dict(at.query_params.items())
     assert (link["prompt"], link["chat"], link["block_size"], link["step"], link["view"]) == (
-        CASES[case], "0", str(CASE_BLOCK_SIZE), str(step), "prefix")
+        CASES[case],
+        "0",
+        str(CASE_BLOCK_SIZE),
+        str(step),
+        "prefix",
+    )
     expected = expected_texts(tokenizer, case)
     metrics = {m.label: m.value for m in at.metric}
     shown = {policy: metrics[strings.t("policy_" + policy)] for policy in REUSE_ORDER}
@@ -71,8 +76,9 @@ def test_a_chapters_link_gives_the_articles_result_every_time(chapter, embedded_
     for _ in range(ROUNDS):
         assert_shows_case(open_whole_view(start(chapter=chapter)), embedded_model.tokenizer, CASE_OF_CHAPTER[chapter])
     # a link naming its step (a teacher's, a follower's) keeps it: the case is the prompt, not a step
-    assert_shows_case(open_whole_view(start(chapter=chapter, step=3)), embedded_model.tokenizer,
-                      CASE_OF_CHAPTER[chapter], step=3)
+    assert_shows_case(
+        open_whole_view(start(chapter=chapter, step=3)), embedded_model.tokenizer, CASE_OF_CHAPTER[chapter], step=3
+    )
 
 
 def test_the_chapter_buttons_give_the_articles_result_every_time(embedded_model):
@@ -81,8 +87,14 @@ def test_the_chapter_buttons_give_the_articles_result_every_time(embedded_model)
     case1 = number_of("prefix_case1")
     at = open_whole_view(start(chapter=case1 - 1))
     for _ in range(ROUNDS):
-        for key, arrives in (("b_chapter_next", case1), ("b_chapter_next", case1 + 1), ("b_chapter_next", case1 + 2),
-                             ("b_chapter_back", case1 + 1), ("b_chapter_back", case1), ("b_chapter_back", case1 - 1)):
+        for key, arrives in (
+            ("b_chapter_next", case1),
+            ("b_chapter_next", case1 + 1),
+            ("b_chapter_next", case1 + 2),
+            ("b_chapter_back", case1 + 1),
+            ("b_chapter_back", case1),
+            ("b_chapter_back", case1 - 1),
+        ):
             at.button(key=key).click().run()
             assert_clean(at)
             assert at.query_params["chapter"] == str(arrives)
@@ -141,8 +153,12 @@ def test_page_down_and_page_up_in_a_browser(server, embedded_model):
         page_shows_case(page, embedded_model.tokenizer, "case1")
         for _ in range(BROWSER_ROUNDS):
             case1 = number_of("prefix_case1")
-            for key, arrives in (("PageDown", case1 + 1), ("PageDown", case1 + 2), ("PageUp", case1 + 1),
-                                 ("PageUp", case1)):
+            for key, arrives in (
+                ("PageDown", case1 + 1),
+                ("PageDown", case1 + 2),
+                ("PageUp", case1 + 1),
+                ("PageUp", case1),
+            ):
                 page.locator("h1").first.click()  # the page has the focus, not a field
                 page.keyboard.press(key)
                 until_link(page, chapter=str(arrives))

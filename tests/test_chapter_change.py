@@ -24,8 +24,18 @@ pytestmark = pytest.mark.browser
 
 # The attention, GQA, KV, two-contexts and paging chapters: each chapter's figure is one chart, each differs from its
 # neighbours', and the paging chapter sets blocks of 4 and the busy pool where the others have the defaults.
-WALK = [("PageDown", 7), ("PageDown", 8), ("PageDown", 9), ("PageDown", 10), ("PageUp", 9), ("PageDown", 10),
-        ("PageUp", 9), ("PageUp", 8), ("PageUp", 7), ("PageUp", 6)]
+WALK = [
+    ("PageDown", 7),
+    ("PageDown", 8),
+    ("PageDown", 9),
+    ("PageDown", 10),
+    ("PageUp", 9),
+    ("PageDown", 10),
+    ("PageUp", 9),
+    ("PageUp", 8),
+    ("PageUp", 7),
+    ("PageUp", 6),
+]
 ROUNDS = 4
 SETTINGS = ("block_size", "pool")  # what the paging chapter sets, in its link and (the block size) in the sidebar
 

@@ -17,8 +17,18 @@ from engine.tokens import token_cells
 CONTINUATIONS = [bytes(c) for n in (1, 2, 3) for c in itertools.product((0x80, 0x90, 0xA0, 0xBF), repeat=n)]
 # Characters whose bytes the token pieces cut anywhere: 1 to 4 bytes, U+FFFD itself, a surrogate's encoding
 # (never UTF-8), an overlong form.
-SAMPLES = [b"a", b" ", "é".encode(), "解".encode(), "€".encode(), "🤖".encode(), "\ufffd".encode(), b"\xed\xa0\x80",
-           b"\xc0\xaf", b"\xf4\x90\x80\x80"]
+SAMPLES = [
+    b"a",
+    b" ",
+    "é".encode(),
+    "解".encode(),
+    "€".encode(),
+    "🤖".encode(),
+    "\ufffd".encode(),
+    b"\xed\xa0\x80",
+    b"\xc0\xaf",
+    b"\xf4\x90\x80\x80",
+]
 
 
 def ends_a_character(raw: bytes) -> bool:
@@ -46,9 +56,14 @@ def byte_tokenizer():
     return tokenizer
 
 
-pieces = st.lists(st.one_of(st.sampled_from(sorted({s[i:j] for s in SAMPLES for i in range(len(s))
-                                                     for j in range(i + 1, len(s) + 1)})),
-                            st.binary(min_size=1, max_size=1)), min_size=1, max_size=14)
+pieces = st.lists(
+    st.one_of(
+        st.sampled_from(sorted({s[i:j] for s in SAMPLES for i in range(len(s)) for j in range(i + 1, len(s) + 1)})),
+        st.binary(min_size=1, max_size=1),
+    ),
+    min_size=1,
+    max_size=14,
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -75,9 +90,21 @@ def test_the_text_and_the_chips_end_characters_where_the_bytes_do(byte_tokenizer
             assert text == b"".join(chunks[whole_prompt:stop]).decode("utf-8", "replace")
 
 
-@pytest.mark.parametrize("raw, expected", [(b"", 0), (b"a", 0), (b"\xe8", 1), (b"\xe8\xa7", 2), (b"\xe8\xa7\xa3", 0),
-                                           (b"\xf0\x9f\xa4", 3), (b"\x80", 0), (b"\xe8\xe8", 1), (b"\xed\xa0", 0),
-                                           (b"a\xf0\x9f", 2)])
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        (b"", 0),
+        (b"a", 0),
+        (b"\xe8", 1),
+        (b"\xe8\xa7", 2),
+        (b"\xe8\xa7\xa3", 0),
+        (b"\xf0\x9f\xa4", 3),
+        (b"\x80", 0),
+        (b"\xe8\xe8", 1),
+        (b"\xed\xa0", 0),
+        (b"a\xf0\x9f", 2),
+    ],
+)
 def test_open_tail_counts_the_bytes_of_a_character_still_missing_some(raw, expected):
     assert open_tail(raw) == expected
     assert ends_a_character(raw) == (expected == 0)  # the definition above says the same

@@ -8,8 +8,10 @@ from engine.checks import is_integer, require_integer, require_number
 from engine.errors import InvalidSettingError
 
 
-@pytest.mark.parametrize("value, expected", [(0, True), (-3, True), (2**70, True), (True, False), (False, False),
-                                             (1.0, False), ("1", False), (None, False)])
+@pytest.mark.parametrize(
+    "value, expected",
+    [(0, True), (-3, True), (2**70, True), (True, False), (False, False), (1.0, False), ("1", False), (None, False)],
+)
 def test_is_integer_is_an_int_that_is_not_a_bool(value, expected):
     assert is_integer(value) is expected
 
@@ -36,16 +38,19 @@ def test_require_number_includes_both_ends_by_default(value):
     require_number("share", value, 0, 1)
 
 
-@pytest.mark.parametrize("value, low_open, high_open, allowed", [
-    (1, False, True, "from 0 up to (not including) 1"),
-    (0, True, False, "above 0 up to 1"),
-    (0.0, True, True, "above 0 up to (not including) 1"),
-    (1.5, False, False, "from 0 to 1"),
-    (-0.1, False, False, "from 0 to 1"),
-    (True, False, False, "from 0 to 1"),
-    (math.nan, False, False, "from 0 to 1"),
-    ("0.5", False, False, "from 0 to 1"),
-])
+@pytest.mark.parametrize(
+    "value, low_open, high_open, allowed",
+    [
+        (1, False, True, "from 0 up to (not including) 1"),
+        (0, True, False, "above 0 up to 1"),
+        (0.0, True, True, "above 0 up to (not including) 1"),
+        (1.5, False, False, "from 0 to 1"),
+        (-0.1, False, False, "from 0 to 1"),
+        (True, False, False, "from 0 to 1"),
+        (math.nan, False, False, "from 0 to 1"),
+        ("0.5", False, False, "from 0 to 1"),
+    ],
+)
 def test_require_number_refuses_an_open_end_and_what_is_no_number(value, low_open, high_open, allowed):
     with pytest.raises(InvalidSettingError) as raised:
         require_number("share", value, 0, 1, low_open=low_open, high_open=high_open, why=" (of the rows)")

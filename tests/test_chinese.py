@@ -19,8 +19,9 @@ PROMPT = "解释什么是Transformer"
 def test_a_chinese_prompt_shows_characters_not_bytes(server, page, tokenizer):
     # SmolLM2's byte-level tokenizer (a page in Chinese opens on embedded-zh otherwise: tests/test_lesson_walk.py's
     # Chinese walk)
-    page.goto(f"{server}/?" + urlencode({"prompt": PROMPT, "chat": "0", "step": "3", "lang": "zh",
-                                         "model": "embedded"}))
+    page.goto(
+        f"{server}/?" + urlencode({"prompt": PROMPT, "chat": "0", "step": "3", "lang": "zh", "model": "embedded"})
+    )
     settled_text(page)
     chips = [t.strip() for t in page.locator(STREAM_CHIPS).all_inner_texts()]
     ids = tokenizer.encode(PROMPT, add_special_tokens=False)
@@ -34,8 +35,9 @@ def test_a_chinese_prompt_shows_characters_not_bytes(server, page, tokenizer):
     note.locator("summary").click()
     assert note.inner_text().strip().endswith(strings.t("bpe_explained", "zh"))
     shown = page.locator('[data-testid="stMain"]').inner_text() + page.locator('[data-testid="stSidebar"]').inner_text()
-    everything = page.evaluate("() => document.body.textContent + [...document.querySelectorAll('[title]')]"
-                               ".map(e => e.title).join(' ')")  # figure text (SVG) and hovers too
+    everything = page.evaluate(
+        "() => document.body.textContent + [...document.querySelectorAll('[title]')].map(e => e.title).join(' ')"
+    )  # figure text (SVG) and hovers too
     assert REPLACEMENT not in shown and REPLACEMENT not in everything
     tips = page.evaluate("() => [...document.querySelectorAll('.st-key-token-stream .kv-token')].map(e => e.title)")
     assert len(tips) == len(ids) + 3 and all("字节" in tip and "bytes" not in tip for tip in tips), tips

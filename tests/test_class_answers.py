@@ -31,18 +31,21 @@ from ui.follow.sync import RoomSync
 from ui.state.link import parse_query
 
 
-@pytest.mark.parametrize("guess, before, expected", [
-    ("Paris", "The capital of France is", " Paris"),  # the next word gets its space
-    ("42", "The answer is", " 42"),
-    ("Paris", "is ", "Paris"),  # after a space, as typed
-    (" Paris", "is", " Paris"),  # a space typed is kept
-    (",", "Hello", ","),  # punctuation joins
-    ("quote", "he said “", "quote"),  # after an opening quote
-    ("Paris", "", "Paris"),
-    ("巴黎", "法国的首都是", "巴黎"),  # unspaced scripts
-    ("Paris", "首都是", "Paris"),
-    ("Hello", "assistant\n", "Hello"),  # a chat answer's first word
-])
+@pytest.mark.parametrize(
+    "guess, before, expected",
+    [
+        ("Paris", "The capital of France is", " Paris"),  # the next word gets its space
+        ("42", "The answer is", " 42"),
+        ("Paris", "is ", "Paris"),  # after a space, as typed
+        (" Paris", "is", " Paris"),  # a space typed is kept
+        (",", "Hello", ","),  # punctuation joins
+        ("quote", "he said “", "quote"),  # after an opening quote
+        ("Paris", "", "Paris"),
+        ("巴黎", "法国的首都是", "巴黎"),  # unspaced scripts
+        ("Paris", "首都是", "Paris"),
+        ("Hello", "assistant\n", "Hello"),  # a chat answer's first word
+    ],
+)
 def test_a_guess_is_read_as_the_next_word(guess, before, expected):
     assert spaced(guess, before) == expected
 
@@ -51,14 +54,19 @@ def test_a_guess_is_read_as_the_next_word(guess, before, expected):
 def test_a_guess_becomes_the_token_the_model_reads_next_in_context(model_name, request):
     model = request.getfixturevalue("embedded_model" if model_name == "embedded" else "embedded_zh_model")
     tokenizer = model.tokenizer
-    cases = {"embedded": [("The capital of France is", "Paris"), ("I like", "cats and dogs"), ("Hello", ","),
-                          ("1 + 1 =", "2")],
-             "embedded-zh": [("法国的首都是", "巴黎"), ("我最喜欢的动物是", "猫"),
-                             ("The capital of France is", "Paris")]}
+    cases = {
+        "embedded": [
+            ("The capital of France is", "Paris"),
+            ("I like", "cats and dogs"),
+            ("Hello", ","),
+            ("1 + 1 =", "2"),
+        ],
+        "embedded-zh": [("法国的首都是", "巴黎"), ("我最喜欢的动物是", "猫"), ("The capital of France is", "Paris")],
+    }
     for before, guess in cases[model_name]:
         context = tokenizer.encode(before, add_special_tokens=False)
         whole = tokenizer.encode(before + spaced(guess, before), add_special_tokens=False)
-        assert whole[:len(context)] == context, "a case whose guess joins the context's last token tests nothing here"
+        assert whole[: len(context)] == context, "a case whose guess joins the context's last token tests nothing here"
         token = guess_token(tokenizer, context[-1], before, guess)
         assert token == whole[len(context)], (before, guess, tokenizer.decode([token]))
     # Where the text would join the context's last token ("是" + "一种" is one token of Gemma's, "是一种"), the
@@ -71,8 +79,15 @@ def test_a_guess_becomes_the_token_the_model_reads_next_in_context(model_name, r
 
 def test_a_guess_that_is_not_plain_text_is_refused(embedded_model):
     specials = engine.prompt.control_texts(embedded_model.tokenizer)
-    for text, reason in [("", "empty"), ("   ", "empty"), ("x" * 41, "too_long"), ("a\x00b", "control_chars"),
-                         ("a\u200bb", "control_chars"), ("<|im_start|>", "control_token"), ("<b>hi</b>", "markup")]:
+    for text, reason in [
+        ("", "empty"),
+        ("   ", "empty"),
+        ("x" * 41, "too_long"),
+        ("a\x00b", "control_chars"),
+        ("a\u200bb", "control_chars"),
+        ("<|im_start|>", "control_token"),
+        ("<b>hi</b>", "markup"),
+    ]:
         with pytest.raises(PromptRefused) as refused:
             checked_guess(text, specials)
         assert refused.value.reason == reason, text
@@ -84,10 +99,13 @@ def test_answers_count_once_per_browser_and_travel_in_the_link_as_counts():
     counts = counts_of(answers)
     assert counts == {12: 2, 40: 1} and list(counts) == [12, 40]
     assert tally_of(tally_text(counts)) == counts
-    state, problems = parse_query({"ask": "7", "ask_phase": "shown", "ask_tally": tally_text(counts),
-                                   "ask_hide": "40"})
+    state, problems = parse_query({"ask": "7", "ask_phase": "shown", "ask_tally": tally_text(counts), "ask_hide": "40"})
     assert (state.ask, state.ask_phase, tally_of(state.ask_tally), ids_of(state.ask_hide)) == (
-        7, "shown", counts, frozenset({40})) and not problems
+        7,
+        "shown",
+        counts,
+        frozenset({40}),
+    ) and not problems
     for bad in ("12:a", "<b>:1", "12:2;40:1", "1" * 8 + ":1"):
         state, problems = parse_query({"ask_tally": bad})
         assert state.ask_tally == "" and [p.reason for p in problems] == ["bad_list"], bad
@@ -112,7 +130,7 @@ def test_the_reveal_reads_the_samplers_probabilities_and_says_the_round_right(sa
     for bar in shown.bars + shown.guesses:
         assert bar.probability == pytest.approx(sampler[bar.token_id], rel=1e-6, abs=1e-12)
         assert bar.count == counts.get(bar.token_id, 0) and bar.picked == (bar.token_id == picked)
-    model_top = sorted((t for t in sampler if sampler[t] > 0), key=lambda t: -sampler[t])[:class_answers.MODEL_TOP]
+    model_top = sorted((t for t in sampler if sampler[t] > 0), key=lambda t: -sampler[t])[: class_answers.MODEL_TOP]
     assert [b.token_id for b in shown.bars if b.top is not None] == model_top  # the model's own, most likely first
     assert {b.token_id for b in shown.guesses} == set(counts) and [b for b in shown.bars if b.hidden][0].token_id == far
     assert shown.sentence == ("ask_favourite", {"k": 3, "n": 8, "favourites": (shown.guesses[0],)})

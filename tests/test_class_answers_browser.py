@@ -30,7 +30,8 @@ GUESSES = {"en": ("a", "a", "the", "cache"), "zh": ("一种", "一种", "存储"
 def classroom(browser):
     """The teacher's page at 1280×720 and three students' at 390×844, each in a context of its own."""
     contexts = [browser.new_context(viewport={"width": 1280, "height": 720})] + [
-        browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True) for _ in range(3)]
+        browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True) for _ in range(3)
+    ]
     yield [context.new_page() for context in contexts]
     for context in contexts:
         context.close()
@@ -46,8 +47,7 @@ def expected_round(model, lang: str, answers: list[str]) -> str:
     from ui.state.link import language_defaults
 
     state = language_defaults(lang)
-    session = engine.DecodeSession(model, state.prompt, chat=state.chat, sampling=engine.Sampling(),
-                                   max_new_tokens=16)
+    session = engine.DecodeSession(model, state.prompt, chat=state.chat, sampling=engine.Sampling(), max_new_tokens=16)
     session.prefill()
     trace = session.step()  # token STEP + 1
     context = session.prompt_ids + session.generated[:STEP]
@@ -58,8 +58,16 @@ def expected_round(model, lang: str, answers: list[str]) -> str:
     favourite = max(set(tokens), key=tokens.count)
     label = position_label(candidate_cells(model.tokenizer, context, [favourite])[0])
     session.close()
-    return plain(strings.t("ask_favourite", lang, k=tokens.count(trace.token_id), n=len(tokens), token=f"“{label}”",
-                           p=fmt_probability(float(probabilities[favourite]))))
+    return plain(
+        strings.t(
+            "ask_favourite",
+            lang,
+            k=tokens.count(trace.token_id),
+            n=len(tokens),
+            token=f"“{label}”",
+            p=fmt_probability(float(probabilities[favourite])),
+        )
+    )
 
 
 def send(page, lang: str, guess: str) -> None:
@@ -112,8 +120,9 @@ def test_the_class_predicts_and_every_page_reveals_the_samplers_probabilities(se
     press(teacher, "b_next")  # → goes on as usual: the round ends with its step
     until_link(teacher, step=str(STEP + 1))
     for name, page in zip(("the teacher", "student A", "student B", "student C"), [teacher, *students]):
-        expect(page.locator(".kv-counter"), name).to_contain_text(re.compile(rf"step {STEP + 1} |第 {STEP + 1} 步"),
-                                                                  timeout=WAIT_MS)
+        expect(page.locator(".kv-counter"), name).to_contain_text(
+            re.compile(rf"step {STEP + 1} |第 {STEP + 1} 步"), timeout=WAIT_MS
+        )
         settled_text(page)
         assert page.locator(".st-key-ask .js-plotly-plot").count() == 0, f"{name} still shows the reveal"
 
@@ -181,8 +190,11 @@ def test_the_class_votes_then_votes_again_and_every_page_shows_both_rounds_and_w
     figure = revealed(teacher, again).locator(".js-plotly-plot")
     assert figure.bounding_box()["y"] < 720
     assert sorted(teacher.evaluate("el => el.data.map(t => t.x.join(','))", figure.element_handle())) == sorted(
-        [",".join(str([right, wrong, other].count(c)) for c in range(3)),
-         ",".join(str([wrong, right, other].count(c)) for c in range(3))])
+        [
+            ",".join(str([right, wrong, other].count(c)) for c in range(3)),
+            ",".join(str([wrong, right, other].count(c)) for c in range(3)),
+        ]
+    )
     press(teacher, "b_chapter_next")  # the next chapter: the round ends with its chapter
     until_link(teacher, chapter=str(chapter.number + 1))
     for page in students:

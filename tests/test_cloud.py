@@ -81,9 +81,22 @@ def cloud_venv(tmp_path_factory):
     venv = folder / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     # --no-compile: the server compiles only what it imports (about half the install's time)
-    install = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile",
-                              "--disable-pip-version-check", "-r", str(requirements)],
-                             capture_output=True, text=True, timeout=INSTALL_SECONDS)
+    install = subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-compile",
+            "--disable-pip-version-check",
+            "-r",
+            str(requirements),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=INSTALL_SECONDS,
+    )
     assert install.returncode == 0, install.stdout + install.stderr
     yield venv / "bin"
     shutil.rmtree(venv, ignore_errors=True)  # about 2 GB; pytest keeps its last three sessions' folders
@@ -96,14 +109,33 @@ def cloud_server(cloud_venv, tmp_path_factory):
     embedded.zh_source(EMBEDDED_DTYPES[embedded.ZH])  # the folder the server will read, verified or converted
     log_path = tmp_path_factory.mktemp("cloud-server") / "log.txt"
     environment = {name: value for name, value in os.environ.items() if name not in ("PYTHONPATH", "PYTHONHOME")}
-    environment.update(HF_HUB_OFFLINE="1", PYTHONNOUSERSITE="1", VIRTUAL_ENV=str(cloud_venv.parent),
-                       PATH=f"{cloud_venv}{os.pathsep}{environment.get('PATH', '')}")
+    environment.update(
+        HF_HUB_OFFLINE="1",
+        PYTHONNOUSERSITE="1",
+        VIRTUAL_ENV=str(cloud_venv.parent),
+        PATH=f"{cloud_venv}{os.pathsep}{environment.get('PATH', '')}",
+    )
     port = free_port()
     with open(log_path, "w") as log:
         process = subprocess.Popen(
-            [str(cloud_venv / "streamlit"), "run", str(ENTRY), "--server.port", str(port), "--server.address",
-             "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"],
-            cwd=ROOT, env=environment, stdout=log, stderr=subprocess.STDOUT)
+            [
+                str(cloud_venv / "streamlit"),
+                "run",
+                str(ENTRY),
+                "--server.port",
+                str(port),
+                "--server.address",
+                "127.0.0.1",
+                "--server.headless",
+                "true",
+                "--browser.gatherUsageStats",
+                "false",
+            ],
+            cwd=ROOT,
+            env=environment,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         yield wait_until_healthy(port, process, log_path)
     finally:

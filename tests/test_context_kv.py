@@ -26,8 +26,7 @@ def hf_keys(folder: str, ids: list[int]):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3", "llama3-rope"])
-def test_a_token_in_two_contexts_equals_transformers_and_differs_only_after_layer_0(family, tiny_model,
-                                                                                      tiny_model_dir):
+def test_a_token_in_two_contexts_equals_transformers_and_differs_only_after_layer_0(family, tiny_model, tiny_model_dir):
     model = tiny_model(family)
     first = model.tokenizer(FIRST, add_special_tokens=False)["input_ids"]
     second = model.tokenizer(SECOND, add_special_tokens=False)["input_ids"]

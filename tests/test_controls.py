@@ -86,8 +86,10 @@ def test_language_and_large_text(server, page):
     choose(page, "w_lang", strings.LANGUAGE_NAMES["zh"])
     until_link(page, lang="zh", policy="radix")
     # On the English defaults, Chinese moves the page to the Chinese model and its prompt.
-    page.wait_for_function("() => (document.querySelector('.st-key-generated code') || {}).textContent"
-                           "?.includes('KV 缓存是')", timeout=WAIT_MS)
+    page.wait_for_function(
+        "() => (document.querySelector('.st-key-generated code') || {}).textContent?.includes('KV 缓存是')",
+        timeout=WAIT_MS,
+    )
     settled_text(page)
     expect(page.locator("h1").first).to_have_text(strings.t("title", "zh"))
     toggle(page, "w_large")
@@ -188,8 +190,11 @@ def test_play_and_pace(server, page):
     open_page(page, server, step=1)
     pace = slider_value(page, "p_pace")
     nudge(page, "p_pace", "ArrowLeft", 3)
-    page.wait_for_function("v => Math.abs(document.querySelector('.st-key-p_pace input').value - v) < 1e-6",
-                           arg=pace - 0.3, timeout=WAIT_MS)
+    page.wait_for_function(
+        "v => Math.abs(document.querySelector('.st-key-p_pace input').value - v) < 1e-6",
+        arg=pace - 0.3,
+        timeout=WAIT_MS,
+    )
     idle(page)
     expect(widget(page, "p_pace").locator('[data-testid="stSliderThumbValue"]')).to_have_text(f"{pace - 0.3:.2f}")
     toggle(page, "p_playing")
@@ -251,8 +256,11 @@ def batch_slider(page, at: float):
         track.click(position={"x": box["width"] * at, "y": box["height"] / 2})
 
     def drawn():  # the step's bytes for that batch: "B = 16 at …"
-        page.wait_for_function("b => new RegExp('B = ' + b + '\\\\D').test(document.body.textContent)",
-                               arg=int(slider_value(page, "v_batch")), timeout=WAIT_MS)
+        page.wait_for_function(
+            "b => new RegExp('B = ' + b + '\\\\D').test(document.body.textContent)",
+            arg=int(slider_value(page, "v_batch")),
+            timeout=WAIT_MS,
+        )
 
     return click, drawn
 
@@ -284,6 +292,7 @@ def test_arrow_keys_step_whatever_control_was_clicked_last(server, page):
 
 # -- views and their own controls ---------------------------------------------------------------
 
+
 def test_attention_pickers_and_scores(server, page, embedded_model):
     open_page(page, server, step=2, view="attention")
     number(page, "w_layer", 1)
@@ -303,8 +312,11 @@ def test_kv_radio_and_expanders(server, page):
     text_on_page(page, strings.t("values_title", which="V", layer=0, kv=0, head=0).split(":")[0])
     open_page(page, server, step=2, view="split", kv_splits=2)
     # The last two are built only once opened: what they hold must then arrive
-    for title, content in (("example_title", "stDataFrame"), ("merge_table", "stDataFrame"),
-                           ("candidates_fig", "stPlotlyChart")):
+    for title, content in (
+        ("example_title", "stDataFrame"),
+        ("merge_table", "stDataFrame"),
+        ("candidates_fig", "stPlotlyChart"),
+    ):
         expander = page.locator('[data-testid="stExpander"]', has_text=strings.t(title))
         expect(expander.locator(f'[data-testid="{content}"]')).to_have_count(0 if title != "example_title" else 1)
         expander.locator("summary").click()
@@ -325,13 +337,16 @@ def test_costs_truncation_slider(server, page):
     keep = slider_value(page, "v_keep")
     kept = truncated(page)
     nudge(page, "v_keep", "ArrowRight", 2)
-    page.wait_for_function("v => document.querySelector('.st-key-v_keep input').value == v", arg=keep + 2,
-                           timeout=WAIT_MS)
+    page.wait_for_function(
+        "v => document.querySelector('.st-key-v_keep input').value == v", arg=keep + 2, timeout=WAIT_MS
+    )
     # the thumb moves before the rerun starts, so "idle" alone can be read before it: wait for the text itself
     page.wait_for_function(
         "kept => [...document.querySelectorAll('[data-testid=stMain] [data-testid=stCode]')]"
         ".some(el => el.innerText.trim().startsWith('…') && el.innerText.trim() !== kept)",
-        arg=kept, timeout=WAIT_MS)
+        arg=kept,
+        timeout=WAIT_MS,
+    )
     idle(page)
     longer = truncated(page)
     assert longer.endswith(kept.lstrip("…"))
@@ -387,8 +402,9 @@ def test_use_the_default_model_after_a_model_fails_to_load(small_open_host, page
     offers the embedded default, which then loads and steps."""
     page.goto(f"{small_open_host}/?model=nobody/no-such-model&step=1")
     idle(page)
-    expect(page.locator(MAIN + ' [data-testid="stAlertContentError"]')).to_contain_text("no-such-model",
-                                                                                      timeout=WAIT_MS)
+    expect(page.locator(MAIN + ' [data-testid="stAlertContentError"]')).to_contain_text(
+        "no-such-model", timeout=WAIT_MS
+    )
     page.get_by_role("button", name=strings.t("use_default")).click()
     text = until_link(page, model=None, step=1)
     assert "What is a KV cache?" in text
@@ -401,8 +417,13 @@ def case_reuse(tokenizer, case: str) -> dict[str, int]:
     """The three policies' rules on the case's token ids (block size 4), written out independently."""
     cached, new = tokenizer.encode(CASE_CACHED), tokenizer.encode(CASES[case])
     first = next(i for i, (a, b) in enumerate(zip(cached + [-1], new + [-2])) if a != b)
-    return {"whole": len(cached) if first == len(cached) else 0, "radix": min(first, len(new) - 1),
-            "block": min(first, len(new) - 1) // CASE_BLOCK_SIZE * CASE_BLOCK_SIZE, "first": first, "n": len(new)}
+    return {
+        "whole": len(cached) if first == len(cached) else 0,
+        "radix": min(first, len(new) - 1),
+        "block": min(first, len(new) - 1) // CASE_BLOCK_SIZE * CASE_BLOCK_SIZE,
+        "first": first,
+        "n": len(new),
+    }
 
 
 @pytest.mark.parametrize("case, lang", [("case1", "en"), ("case2", "en"), ("case1", "zh")])
@@ -424,8 +445,14 @@ def test_article_case_loads_in_one_click_at_the_defaults(server, page, embedded_
     assert (case == "case2") == (expected["first"] < len(embedded_model.tokenizer.encode(CASE_CACHED)))
 
 
-WORST_CASE = {"prompt": " ".join(["token"] * 382), "chat": 0, "block_size": 1, "step": 128, "temperature": 1,
-              "seed": 3}  # the limits' worst case for going back: 510 blocks of one slot
+WORST_CASE = {
+    "prompt": " ".join(["token"] * 382),
+    "chat": 0,
+    "block_size": 1,
+    "step": 128,
+    "temperature": 1,
+    "seed": 3,
+}  # the limits' worst case for going back: 510 blocks of one slot
 
 
 def test_back_moves_one_step_on_every_view_at_the_limits_worst_case(server, page):

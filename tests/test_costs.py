@@ -44,8 +44,14 @@ def test_step_bytes_are_weights_plus_batch_times_kv(tiny_model, family):
 
 def test_step_bytes_of_qwen3_0_6b_from_its_published_config():
     qwen = reference_info("Qwen3-0.6B")
-    assert (qwen.layers, qwen.kv_heads, qwen.head_dim, qwen.q_heads, qwen.hidden, qwen.vocab) == (28, 8, 128, 16, 1024,
-                                                                                                  151_936)
+    assert (qwen.layers, qwen.kv_heads, qwen.head_dim, qwen.q_heads, qwen.hidden, qwen.vocab) == (
+        28,
+        8,
+        128,
+        16,
+        1024,
+        151_936,
+    )
     assert qwen.tied_embeddings and qwen.dtype == "bfloat16"
     assert qwen.kv_bytes_per_token == 114_688  # DESIGN.md: 2 × 28 × 8 × 128 × 2
     # Counted by hand: embedding; per layer q, k, v, o, q_norm, k_norm, the MLP's three, two norms; final norm.
@@ -167,13 +173,25 @@ def test_measurement_fits_the_context_limit(tiny_model):
 
 
 def test_a_floor_above_a_measured_step_is_not_shown():
-    timing = DecodeTiming(prompt=10, prefill_ms=(20.0,), decode_ms=(30.0, 5.0, 31.0), decode_context=11,
-                          step_bytes=10**8, bandwidth=10**10)  # floor 10 ms, but one step took 5 ms
+    timing = DecodeTiming(
+        prompt=10,
+        prefill_ms=(20.0,),
+        decode_ms=(30.0, 5.0, 31.0),
+        decode_context=11,
+        step_bytes=10**8,
+        bandwidth=10**10,
+    )  # floor 10 ms, but one step took 5 ms
     assert timing.floor_ms == pytest.approx(10.0) and not timing.floor_holds
     bars = per_token_figure(timing).data
     assert [bar.x[0] for bar in bars] == pytest.approx([2.0, 30.0])  # prefill per token, decode median: no floor
-    holds = DecodeTiming(prompt=10, prefill_ms=(20.0,), decode_ms=(30.0, 12.0, 31.0), decode_context=11,
-                         step_bytes=10**8, bandwidth=10**10)
+    holds = DecodeTiming(
+        prompt=10,
+        prefill_ms=(20.0,),
+        decode_ms=(30.0, 12.0, 31.0),
+        decode_context=11,
+        step_bytes=10**8,
+        bandwidth=10**10,
+    )
     prefill, decode, floor = per_token_figure(holds).data
     assert (prefill.x[0], decode.x[0], floor.x[0]) == pytest.approx((2.0, 30.0, 10.0))
     assert decode.error_x.array[0] == pytest.approx(percentile([30.0, 12.0, 31.0], 90) - 30.0)
@@ -203,8 +221,10 @@ def test_legends_sit_above_the_plot_not_over_the_axis_titles():
     from engine.reference_models import reference_info as ref
 
     qwen = ref("Qwen3-0.6B")
-    for fig in (step_bytes_figure([("q", qwen)], 1, 10, title="t", large=True),
-                context_growth_figure(context_growth_frame(qwen, [1, 100, 1000]), 1000, "t", True)):
+    for fig in (
+        step_bytes_figure([("q", qwen)], 1, 10, title="t", large=True),
+        context_growth_figure(context_growth_frame(qwen, [1, 100, 1000]), 1000, "t", True),
+    ):
         legend = fig.layout.legend
         assert legend.orientation == "h" and legend.y == 1 and legend.yanchor == "bottom"
         assert fig.layout.margin.t >= 2 * 34  # room for the title and one row of legend above the plot

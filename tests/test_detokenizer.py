@@ -15,8 +15,11 @@ from engine.sampler import filter_logits
 TEXT = "解释什么是Transformer，举个例子 🤖🚀 大语言模型 👩‍👩‍👧"
 PROMPT = "Explain with an example:"
 FAMILIES = ["embedded", "gpt2", "qwen", "llama"]
-ENGLISH = ["The cache holds the keys and values of every layer.", "Each new token reads the whole history.",
-           "Prefill computes all prompt tokens in one pass, then decode adds one token per step."]
+ENGLISH = [
+    "The cache holds the keys and values of every layer.",
+    "Each new token reads the whole history.",
+    "Prefill computes all prompt tokens in one pass, then decode adds one token per step.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +55,7 @@ def in_context(tokenizer, prompt: list[int], answer: list[int]) -> str:
     """The answer's text as `decode(prompt + answer)` shows it after `decode(prompt)`."""
     before, whole = tokenizer.decode(prompt), tokenizer.decode(prompt + answer)
     assert whole.startswith(before)
-    return whole[len(before):]
+    return whole[len(before) :]
 
 
 def pieces_of(detokenizer: IncrementalDetokenizer, answer: list[int]) -> list[str]:
@@ -148,8 +151,9 @@ def test_sentencepiece_bytes_that_are_not_utf8_never_take_back_a_character_shown
 def test_session_text_pieces_equal_the_decode_of_generated_ids(tiny_model, tokenizer):
     prompt = encode(tokenizer, TEXT)
     for seed in range(3):
-        session = engine.DecodeSession(tiny_model("llama"), prompt, max_new_tokens=48,
-                                       sampling=engine.Sampling(temperature=1.0, seed=seed))
+        session = engine.DecodeSession(
+            tiny_model("llama"), prompt, max_new_tokens=48, sampling=engine.Sampling(temperature=1.0, seed=seed)
+        )
         pieces = [session.prefill().text]
         while not session.finished:
             pieces.append(session.step().text)
@@ -175,8 +179,9 @@ def test_a_failed_step_leaves_the_held_bytes_as_they_were(tiny_model, tokenizer,
 
     script = encode(tokenizer, " 🤖 ok")
     assert tokenizer.decode(script[:2]).endswith(REPLACEMENT)
-    monkeypatch.setattr(engine.session, "sample",
-                        lambda logits, sampling, step: (script[step], filter_logits(logits, sampling)))
+    monkeypatch.setattr(
+        engine.session, "sample", lambda logits, sampling, step: (script[step], filter_logits(logits, sampling))
+    )
 
     def run(fail_at_call: int | None) -> list[str]:
         calls = []

@@ -30,7 +30,13 @@ def test_embedded_model_loads_offline_in_a_fresh_process(embedded_folder):
 def test_embedded_model_card_has_smollm2_shapes(embedded_model):
     info = embedded_model.info
     assert (info.family, info.layers, info.hidden, info.q_heads, info.kv_heads, info.head_dim) == (
-        "llama", 30, 576, 9, 3, 64)
+        "llama",
+        30,
+        576,
+        9,
+        3,
+        64,
+    )
     assert (info.vocab, info.tied_embeddings, info.context_limit) == (49152, True, 8192)
     assert info.kv_bytes_per_token == 2 * 30 * 3 * 64 * 4
     assert embedded_model.weights.embed_tokens.shape == (49152, 576)
@@ -38,8 +44,9 @@ def test_embedded_model_card_has_smollm2_shapes(embedded_model):
 
 def test_embedded_logits_match_transformers_reading_the_gguf(embedded_model):
     gguf = embedded.gguf_path()
-    hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
-                                              attn_implementation="eager").eval()
+    hf = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     session = engine.DecodeSession(embedded_model, "Explain what a KV cache is.", chat=True, max_new_tokens=8)
     trace = session.prefill()
     ids = list(session.prompt_ids)
@@ -80,6 +87,7 @@ def test_missing_package_online_falls_back_to_the_hub_id(monkeypatch):
 
 
 # -- the converted-weights cache --------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def gguf_read():
@@ -170,6 +178,7 @@ def test_a_folder_without_manifest_is_rebuilt(cache):
 
 def test_read_only_cache_converts_once_in_memory_with_a_warning(cache, monkeypatch, caplog, embedded_model):
     shutil.rmtree(cache.folder)
+
     # Tests run as root, for whom chmod does not stop writes: the first write fails as it would otherwise.
     def read_only(*args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied", str(cache.root))
@@ -187,6 +196,7 @@ def test_read_only_cache_converts_once_in_memory_with_a_warning(cache, monkeypat
 
 def test_full_disk_leaves_no_half_written_folder_and_uses_memory(cache, monkeypatch, gguf_read, embedded_model):
     truncate(cache.folder / "model.safetensors")
+
     def fills_the_disk(folder, *args, **kwargs):
         (Path(folder) / "model.safetensors").write_bytes(bytes(1000))
         raise OSError(errno.ENOSPC, "No space left on device")

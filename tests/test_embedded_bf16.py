@@ -88,8 +88,10 @@ def test_auto_holds_another_model_in_the_dtype_it_was_saved_in(saved, held, tiny
     assert engine.load_model(str(tmp_path), device="cpu", dtype=AUTO).info.dtype == held
 
 
-@pytest.mark.parametrize("prompt", ["什么是KV缓存？KV缓存是", "解释什么是Transformer",
-                                    "解释什么是Transformer，举个例子", "解释什么是大语言模型"])
+@pytest.mark.parametrize(
+    "prompt",
+    ["什么是KV缓存？KV缓存是", "解释什么是Transformer", "解释什么是Transformer，举个例子", "解释什么是大语言模型"],
+)
 def test_gemma_in_bfloat16_gives_a_prefix_hit_the_cold_runs_tokens(prompt, bf16_zh):
     """Why Gemma may be held in bfloat16 and SmolLM2 not: a run whose prompt is partly a prefix hit computes the
     rest in fewer rows, and bfloat16 matmuls round differently then; on SmolLM2 that parted warm and cold runs

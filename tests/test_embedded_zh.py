@@ -26,8 +26,14 @@ def zh_model() -> engine.Model:
 
 def test_the_model_card_has_gemma_3_270m_shapes(zh_model):
     info = zh_model.info
-    assert (info.family, info.layers, info.hidden, info.q_heads, info.kv_heads, info.head_dim) == \
-        ("gemma3_text", 18, 640, 4, 1, 256)
+    assert (info.family, info.layers, info.hidden, info.q_heads, info.kv_heads, info.head_dim) == (
+        "gemma3_text",
+        18,
+        640,
+        4,
+        1,
+        256,
+    )
     assert info.vocab == 262_144 and info.tied_embeddings and info.dtype == "float32"
     assert info.layer_kinds.count("local") == 15 and info.sliding_window == 512
     assert [i for i, kind in enumerate(info.layer_kinds) if kind == "global"] == [5, 11, 17]
@@ -58,12 +64,17 @@ def test_logits_equal_transformers_reading_the_gguf(zh_model, tmp_path):
 
 
 # The issue quoted transformers' greedy answers as rendered Markdown; these are the exact texts (<strong> and all).
-@pytest.mark.parametrize("prompt, answer", [
-    ("解释什么是Transformer，举个例子：",
-     "\n\n1. <strong>Transformer</strong>：一个由输入数据和输出数据组成的网络，它通过"),
-    ("什么是KV缓存？KV缓存是", "用来存放数据的一种缓存机制，"),
-    ("The capital of France is", " the capital of the country of France."),
-])
+@pytest.mark.parametrize(
+    "prompt, answer",
+    [
+        (
+            "解释什么是Transformer，举个例子：",
+            "\n\n1. <strong>Transformer</strong>：一个由输入数据和输出数据组成的网络，它通过",
+        ),
+        ("什么是KV缓存？KV缓存是", "用来存放数据的一种缓存机制，"),
+        ("The capital of France is", " the capital of the country of France."),
+    ],
+)
 def test_greedy_answers_are_the_ones_transformers_gives(zh_model, prompt, answer):
     session, _ = decode(zh_model, prompt, 24, max_new_tokens=25)
     assert session.text.startswith(answer), session.text
@@ -90,15 +101,22 @@ def test_the_tokenizer_works_as_loaded_without_its_build_tables(zh_model):
 
     ours, fresh = zh_model.tokenizer, AutoTokenizer.from_pretrained(resolve_source(embedded.ZH, torch.float32))
     assert len(fresh._merges) > 500_000 and not ours._merges and not ours._vocab  # what was dropped was there
-    texts = ["解释什么是 Transformer。", "The KV cache keeps every position's keys and values.",
-             "naïve café 🤖 \t\n  x", "<start_of_turn>user\n你好<end_of_turn>\n<start_of_turn>model\n",
-             "<bos><eos><pad> ⟨ef bc⟩"]
+    texts = [
+        "解释什么是 Transformer。",
+        "The KV cache keeps every position's keys and values.",
+        "naïve café 🤖 \t\n  x",
+        "<start_of_turn>user\n你好<end_of_turn>\n<start_of_turn>model\n",
+        "<bos><eos><pad> ⟨ef bc⟩",
+    ]
     for text in texts:
         assert ours.encode(text) == fresh.encode(text), text
         ids = fresh.encode(text)
         assert ours.decode(ids) == fresh.decode(ids)
         assert ours.convert_ids_to_tokens(ids) == fresh.convert_ids_to_tokens(ids)
     assert ours.get_vocab() == fresh.get_vocab()
-    assert (ours.bos_token_id, ours.eos_token_id, ours.pad_token_id) == (fresh.bos_token_id, fresh.eos_token_id,
-                                                                         fresh.pad_token_id)
+    assert (ours.bos_token_id, ours.eos_token_id, ours.pad_token_id) == (
+        fresh.bos_token_id,
+        fresh.eos_token_id,
+        fresh.pad_token_id,
+    )
     assert ours.all_special_ids == fresh.all_special_ids

@@ -49,18 +49,23 @@ def test_folder_without_a_config(tmp_path):
 def test_unsupported_architecture(tmp_path):
     from transformers import GPTNeoXConfig
 
-    GPTNeoXConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                  intermediate_size=64).save_pretrained(tmp_path)
+    GPTNeoXConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64).save_pretrained(
+        tmp_path
+    )
     with pytest.raises(engine.UnsupportedModelError, match="llama, qwen2, qwen3, gpt2"):
         engine.load_model(str(tmp_path))
 
 
-@pytest.mark.parametrize("family, changes, match", [
-    ("qwen2", {"use_sliding_window": True, "sliding_window": 8}, "sliding-window attention"),
-    ("gemma3", {"attn_logit_softcapping": 50.0}, "caps its attention scores"),
-    ("gemma3", {"use_bidirectional_attention": True}, "bidirectional attention"),
-    ("gpt2", {"add_cross_attention": True}, "cross-attention"),
-], ids=["qwen2-sliding-window", "gemma3-softcapping", "gemma3-bidirectional", "gpt2-cross-attention"])
+@pytest.mark.parametrize(
+    "family, changes, match",
+    [
+        ("qwen2", {"use_sliding_window": True, "sliding_window": 8}, "sliding-window attention"),
+        ("gemma3", {"attn_logit_softcapping": 50.0}, "caps its attention scores"),
+        ("gemma3", {"use_bidirectional_attention": True}, "bidirectional attention"),
+        ("gpt2", {"add_cross_attention": True}, "cross-attention"),
+    ],
+    ids=["qwen2-sliding-window", "gemma3-softcapping", "gemma3-bidirectional", "gpt2-cross-attention"],
+)
 def test_a_feature_the_engine_does_not_compute_is_refused_not_computed_wrongly(tmp_path, family, changes, match):
     """A supported family with a feature the engine leaves out (engine/loader.py `_check_supported`) is refused
     with its name, before any weight is read."""
@@ -80,21 +85,24 @@ def test_architecture_transformers_does_not_know(tmp_path):
         engine.load_model(str(tmp_path))
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"temperature": -0.1}, "temperature"),
-    ({"temperature": float("nan")}, "temperature"),
-    ({"top_p": 0.0}, "top_p"),
-    ({"top_p": 1.5}, "top_p"),
-    ({"top_p": -0.2}, "top_p"),
-    ({"top_k": -1}, "top_k"),
-    ({"top_k": 2.5}, "top_k"),
-    ({"seed": -1}, "seed"),
-    ({"temperature": 1e-38}, "at least 0.01"),  # would overflow float32 logits: NaN probabilities
-    ({"temperature": 1e-45}, "at least 0.01"),
-    ({"temperature": 0.0099}, "at least 0.01"),
-    ({"seed": 2**70}, r"seed must be an integer in \[0, 4294967295\]"),  # was a bare ValueError from torch
-    ({"seed": 2**32}, "seed"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_p": -0.2}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+        ({"top_k": 2.5}, "top_k"),
+        ({"seed": -1}, "seed"),
+        ({"temperature": 1e-38}, "at least 0.01"),  # would overflow float32 logits: NaN probabilities
+        ({"temperature": 1e-45}, "at least 0.01"),
+        ({"temperature": 0.0099}, "at least 0.01"),
+        ({"seed": 2**70}, r"seed must be an integer in \[0, 4294967295\]"),  # was a bare ValueError from torch
+        ({"seed": 2**32}, "seed"),
+    ],
+)
 def test_bad_sampling_settings(kwargs, match):
     with pytest.raises(engine.InvalidSettingError, match=match):
         engine.Sampling(**kwargs)
@@ -119,8 +127,14 @@ def test_steps_out_of_order(tiny_model):
 
 
 def test_every_error_is_a_kvscope_error():
-    for cls in (engine.EmptyPromptError, engine.PromptTooLongError, engine.ModelNotFoundError,
-                engine.UnsupportedModelError, engine.InvalidSettingError, engine.SessionStateError):
+    for cls in (
+        engine.EmptyPromptError,
+        engine.PromptTooLongError,
+        engine.ModelNotFoundError,
+        engine.UnsupportedModelError,
+        engine.InvalidSettingError,
+        engine.SessionStateError,
+    ):
         assert issubclass(cls, engine.KvscopeError)
 
 

@@ -15,15 +15,27 @@ from engine.eviction import DecodeBudget, EvictionRun, Policy, StreamingWindow, 
 from engine.rope import apply_rope
 from engine.trace import Capture
 
-PROMPT = ("Serving systems keep a cache of keys and values; when it no longer fits, they evict some positions and "
-          "keep the ones a score ranks highest, then decode")
+PROMPT = (
+    "Serving systems keep a cache of keys and values; when it no longer fits, they evict some positions and "
+    "keep the ones a score ranks highest, then decode"
+)
 FAMILIES = ["llama", "qwen3", "llama3-rope"]  # GQA 4:2, q/k norms, one KV head for all four Q heads
-PRESS_CASES = [("streaming_llm", {"n_sink": 4}), ("knorm", {}), ("keydiff", {}),
-            ("snapkv", {"window_size": 8, "kernel_size": 5}), ("tova", {}), ("observed_attention", {})]
+PRESS_CASES = [
+    ("streaming_llm", {"n_sink": 4}),
+    ("knorm", {}),
+    ("keydiff", {}),
+    ("snapkv", {"window_size": 8, "kernel_size": 5}),
+    ("tova", {}),
+    ("observed_attention", {}),
+]
 # The tiny Qwen3's k_norm weights are all 1, so every key has norm √head_dim up to rounding (RoPE keeps norms):
 # key-norm's order there is rounding noise, not a policy. Qwen3 runs the other policies.
-CASES = [(family, name, params) for family in FAMILIES for name, params in PRESS_CASES
-         if (family, name) != ("qwen3", "knorm")]
+CASES = [
+    (family, name, params)
+    for family in FAMILIES
+    for name, params in PRESS_CASES
+    if (family, name) != ("qwen3", "knorm")
+]
 LOGIT_ATOL = 1e-4
 STEPS = 4
 
@@ -38,14 +50,16 @@ def prompt_ids(model) -> list[int]:
 
 # -- the references: each policy from its definition --------------------------------------------------
 
+
 def top(scores: torch.Tensor, count: int, among: list[int]) -> set[int]:
     """The `count` positions of `among` with the highest scores (scores indexed like `among`)."""
     order = sorted(range(len(among)), key=lambda i: -float(scores[i]))
     return {among[i] for i in order[:count]}
 
 
-def reference_kept(name: str, params: dict, attention: torch.Tensor, keys: torch.Tensor, held: list[int],
-                   n_kept: int, kv_head: int) -> set[int]:
+def reference_kept(
+    name: str, params: dict, attention: torch.Tensor, keys: torch.Tensor, held: list[int], n_kept: int, kv_head: int
+) -> set[int]:
     """The positions one KV head keeps of `held` (ascending), by the definition of policy `name`.
 
     attention: (q_heads, rows, L) transformers' eager weights of the queries that score (a prefill's rows
@@ -58,7 +72,7 @@ def reference_kept(name: str, params: dict, attention: torch.Tensor, keys: torch
     n = len(held)
     if name == "streaming_llm":  # the first n_sink, and the latest of the rest
         sinks = params["n_sink"]
-        return set(held[:sinks]) | set(held[n - (n_kept - sinks):])
+        return set(held[:sinks]) | set(held[n - (n_kept - sinks) :])
     if name == "knorm":  # the smallest key norms
         return top(-keys[kv_head, held].norm(dim=-1), n_kept, held)
     if name == "keydiff":  # the keys whose direction is furthest from the mean of the held keys' directions
@@ -67,11 +81,13 @@ def reference_kept(name: str, params: dict, attention: torch.Tensor, keys: torch
         return top(-(k @ anchor) / (k.norm(dim=-1) * anchor.norm()), n_kept, held)
     if name == "snapkv":  # the window's queries, averaged; a mean over kernel neighbours (zeros past the ends)
         w, k = params["window_size"], params["kernel_size"]
-        per_q = a[list(mine), -w:, :n - w].mean(dim=1)  # (group, n − w)
-        pooled = torch.stack([per_q[:, max(0, j - k // 2):j + k // 2 + 1].sum(dim=1) / k for j in range(n - w)], dim=1)
-        return set(held[n - w:]) | top(pooled.mean(dim=0), n_kept - w, held[:n - w])
+        per_q = a[list(mine), -w:, : n - w].mean(dim=1)  # (group, n − w)
+        pooled = torch.stack(
+            [per_q[:, max(0, j - k // 2) : j + k // 2 + 1].sum(dim=1) / k for j in range(n - w)], dim=1
+        )
+        return set(held[n - w :]) | top(pooled.mean(dim=0), n_kept - w, held[: n - w])
     if name == "tova":  # the last query, averaged over every Q head; itself always kept
-        return {held[-1]} | top(a[:, -1, :n - 1].mean(dim=0), n_kept - 1, held[:n - 1])
+        return {held[-1]} | top(a[:, -1, : n - 1].mean(dim=0), n_kept - 1, held[: n - 1])
     if name == "observed_attention":  # attention received, per query that could see it, over the group
         rows = a.shape[1]
         received = torch.stack([a[list(mine), :, j].sum(dim=1) / (n - j) for j in range(n)], dim=1)  # (group, n)
@@ -95,7 +111,7 @@ def masked_hf_pass(hf, run: EvictionRun, monkeypatch) -> tuple[torch.Tensor, obj
             if step.kept[layer] is None:  # a sliding-window layer: its window only, as transformers' own mask says
                 continue
             hidden = ~step.kept[layer].repeat_interleave(q_heads // kv_heads, dim=0)  # (q_heads, p + 1)
-            extra[0, :, step.position, :step.position + 1][hidden] = lowest
+            extra[0, :, step.position, : step.position + 1][hidden] = lowest
         masks.append(extra)
     module = sys.modules[type(hf.model.layers[0].self_attn).__module__]
     eager = module.eager_attention_forward
@@ -122,10 +138,12 @@ def assert_decode_matches(hf, run: EvictionRun, monkeypatch):
 
 # -- the tests ------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("family,name,params", CASES)
 @pytest.mark.parametrize("ratio", [0.5, 0.35])  # 0.35: n × 0.65 ends in .8, so rounding matters
 def test_kept_positions_after_the_prefill_equal_the_definition_and_decode_equals_masked_eager(
-        family, name, params, ratio, tiny_model, tiny_model_dir, monkeypatch):
+    family, name, params, ratio, tiny_model, tiny_model_dir, monkeypatch
+):
     model, hf = tiny_model(family), hf_model(tiny_model_dir(family))
     ids = prompt_ids(model)
     n = len(ids) - 1
@@ -150,10 +168,13 @@ def test_kept_positions_after_the_prefill_equal_the_definition_and_decode_equals
 ORDER_FREE = ("knorm", "keydiff", "tova")  # scores that do not depend on the order of the rows an eviction left
 
 
-@pytest.mark.parametrize("name,params", [(name, {"window_size": 2, "kernel_size": 3} if name == "snapkv" else params)
-                                         for name, params in PRESS_CASES])
+@pytest.mark.parametrize(
+    "name,params",
+    [(name, {"window_size": 2, "kernel_size": 3} if name == "snapkv" else params) for name, params in PRESS_CASES],
+)
 def test_a_decode_budget_holds_after_twice_its_size_in_steps_and_keeps_what_the_definition_keeps(
-        name, params, tiny_model, tiny_model_dir, monkeypatch):
+    name, params, tiny_model, tiny_model_dir, monkeypatch
+):
     """DecodingPress: every `interval` passes, each (layer, KV head) holding more than target_size rows keeps
     target_size, scored from that pass (its keys, or its query's attention from transformers). The first eviction
     scores rows in position order, as the definitions read; later ones are checked for the policies whose scores
@@ -181,12 +202,15 @@ def test_a_decode_budget_holds_after_twice_its_size_in_steps_and_keeps_what_the_
             if name not in ORDER_FREE and i >= budget.interval:
                 continue
             keys = out.past_key_values.layers[layer].keys[0]
-            attention = out.attentions[layer][0][:, step.position:step.position + 1]
+            attention = out.attentions[layer][0][:, step.position : step.position + 1]
             for head in range(info.kv_heads):
                 before = torch.nonzero(held[head]).flatten().tolist()
                 expected = reference_kept(name, params, attention, keys, before, budget.target_size, head)
-                after = set(run.steps[i + 1].kept[layer][head].nonzero().flatten().tolist()) - {step.position + 1} \
-                    if i + 1 < len(run.steps) else set(run.kept_positions(layer, head))
+                after = (
+                    set(run.steps[i + 1].kept[layer][head].nonzero().flatten().tolist()) - {step.position + 1}
+                    if i + 1 < len(run.steps)
+                    else set(run.kept_positions(layer, head))
+                )
                 assert after == expected, f"step {i}, layer {layer}, head {head}"
     assert evictions == info.layers * (len(run.steps) // budget.interval)  # the cache is over budget at each
     # The budget's bytes: what the rows hold is counted per (layer, KV head); masking frees no block.
@@ -199,8 +223,9 @@ def test_a_decode_budget_holds_after_twice_its_size_in_steps_and_keeps_what_the_
     assert run.allocated_bytes() >= run.full_bytes()
 
 
-def test_the_streaming_window_keeps_the_sinks_and_the_latest_positions_every_step(tiny_model, tiny_model_dir,
-                                                                                  monkeypatch):
+def test_the_streaming_window_keeps_the_sinks_and_the_latest_positions_every_step(
+    tiny_model, tiny_model_dir, monkeypatch
+):
     family = "llama3-rope"
     model, hf = tiny_model(family), hf_model(tiny_model_dir(family))
     ids = prompt_ids(model)
@@ -219,11 +244,18 @@ def test_the_streaming_window_keeps_the_sinks_and_the_latest_positions_every_ste
     assert share.shape == (model.info.layers, model.info.q_heads) and ((share > 0) & (share < 1)).all()
 
 
-@pytest.mark.parametrize("family,window", [("llama3-rope", StreamingWindow(n_sink=2, window=6)),
-                                           ("llama", StreamingWindow(n_sink=0, window=5)), ("llama", None),
-                                           ("gemma3", StreamingWindow(n_sink=2, window=6))])
+@pytest.mark.parametrize(
+    "family,window",
+    [
+        ("llama3-rope", StreamingWindow(n_sink=2, window=6)),
+        ("llama", StreamingWindow(n_sink=0, window=5)),
+        ("llama", None),
+        ("gemma3", StreamingWindow(n_sink=2, window=6)),
+    ],
+)
 def test_a_stream_read_in_one_pass_equals_the_run_read_pass_by_pass_and_masked_eager(
-        family, window, tiny_model, tiny_model_dir, monkeypatch):
+    family, window, tiny_model, tiny_model_dir, monkeypatch
+):
     """StreamingLLM's experiment, teacher-forced: a text's NLL through a streaming window (a window alone, sinks plus
     a window, or the full cache), in passes of many positions, equals an EvictionRun fed the same text pass by pass
     (`step(input_id)`) and transformers' eager attention with the same positions masked (Gemma's local layers keep
@@ -246,10 +278,13 @@ def test_a_stream_read_in_one_pass_equals_the_run_read_pass_by_pass_and_masked_e
     assert torch.allclose(nll, F.cross_entropy(logits[:n], targets, reduction="none"), atol=1e-5)
 
 
-@pytest.mark.parametrize("name,params", [("snapkv", {"window_size": 8, "kernel_size": 7}),
-                                         ("streaming_llm", {"n_sink": 4}), ("observed_attention", {})])
+@pytest.mark.parametrize(
+    "name,params",
+    [("snapkv", {"window_size": 8, "kernel_size": 7}), ("streaming_llm", {"n_sink": 4}), ("observed_attention", {})],
+)
 def test_the_embedded_model_keeps_what_the_definition_keeps_and_decodes_as_masked_eager(
-        name, params, embedded_model, embedded_folder, monkeypatch):
+    name, params, embedded_model, embedded_folder, monkeypatch
+):
     hf = hf_model(embedded_folder)
     ids = prompt_ids(embedded_model)
     n = len(ids) - 1
@@ -297,8 +332,9 @@ def test_evicted_share_is_what_full_attention_puts_on_the_evicted_positions(tiny
     model = tiny_model("llama")
     run = EvictionRun(model, prompt_ids(model), Policy("knorm"), compression_ratio=0.5, max_new_tokens=1)
     first = run.prefill()
-    full = model.forward([first.input_id], [first.position], run.table, Capture(residuals=False),
-                         write=False).attention[0, :, -1]  # (q_heads, L)
+    full = model.forward(
+        [first.input_id], [first.position], run.table, Capture(residuals=False), write=False
+    ).attention[0, :, -1]  # (q_heads, L)
     hidden = ~first.kept[0].repeat_interleave(model.info.gqa_group, dim=0)
     assert hidden.any()
     assert torch.allclose(first.evicted_share[0], (full * hidden).sum(dim=-1), atol=1e-6)
@@ -307,25 +343,29 @@ def test_evicted_share_is_what_full_attention_puts_on_the_evicted_positions(tiny
     run.close()
 
 
-@pytest.mark.parametrize("make", [
-    lambda m: EvictionRun(m, [1, 2, 3], Policy("knorm"), compression_ratio=1.0),
-    lambda m: EvictionRun(m, [1, 2, 3], Policy("knorm"), compression_ratio=-0.1),
-    lambda m: EvictionRun(m, [1], Policy("knorm"), compression_ratio=0.5),
-    lambda m: EvictionRun(m, [1, 2, 3], compression_ratio=0.5),
-    lambda m: EvictionRun(m, [1, 2, 3], Policy("knorm"), budget=DecodeBudget(target_size=0)),
-    lambda m: EvictionRun(m, [1, 2, 3], Policy("snapkv", window_size=8), budget=DecodeBudget(16, interval=8)),
-    lambda m: EvictionRun(m, [1, 2, 3], Policy("streaming_llm", n_sink=4), budget=DecodeBudget(4, interval=2)),
-    lambda m: Policy("h2o"),
-    lambda m: Policy("snapkv", kernel_size=4),
-    lambda m: EvictionRun(m, [1, 2, 3, 4, 5], Policy("snapkv", window_size=8), compression_ratio=0.5).prefill(),
-    lambda m: EvictionRun(m, [1, 2, 3, 4, 5], Policy("streaming_llm"), compression_ratio=0.5).prefill(),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda m: EvictionRun(m, [1, 2, 3], Policy("knorm"), compression_ratio=1.0),
+        lambda m: EvictionRun(m, [1, 2, 3], Policy("knorm"), compression_ratio=-0.1),
+        lambda m: EvictionRun(m, [1], Policy("knorm"), compression_ratio=0.5),
+        lambda m: EvictionRun(m, [1, 2, 3], compression_ratio=0.5),
+        lambda m: EvictionRun(m, [1, 2, 3], Policy("knorm"), budget=DecodeBudget(target_size=0)),
+        lambda m: EvictionRun(m, [1, 2, 3], Policy("snapkv", window_size=8), budget=DecodeBudget(16, interval=8)),
+        lambda m: EvictionRun(m, [1, 2, 3], Policy("streaming_llm", n_sink=4), budget=DecodeBudget(4, interval=2)),
+        lambda m: Policy("h2o"),
+        lambda m: Policy("snapkv", kernel_size=4),
+        lambda m: EvictionRun(m, [1, 2, 3, 4, 5], Policy("snapkv", window_size=8), compression_ratio=0.5).prefill(),
+        lambda m: EvictionRun(m, [1, 2, 3, 4, 5], Policy("streaming_llm"), compression_ratio=0.5).prefill(),
+    ],
+)
 def test_bad_settings_raise_a_clear_error(make, tiny_model):
     with pytest.raises(InvalidSettingError):
         make(tiny_model("llama"))
 
 
 # -- re-rotated positions (kvpress's KeyRerotationPress) ------------------------------------------------------
+
 
 def rerotated_hf_logits(hf, run: EvictionRun) -> list[torch.Tensor]:
     """transformers over a compacted cache built here: the context's keys and values from its own prefill, each
@@ -350,20 +390,23 @@ def rerotated_hf_logits(hf, run: EvictionRun) -> list[torch.Tensor]:
     logits = []
     with torch.no_grad():
         for i, step in enumerate(run.steps):
-            out = hf(torch.tensor([[step.input_id]]), position_ids=torch.tensor([[n_kept + i]]),
-                     cache=cache, use_cache=True)
+            out = hf(
+                torch.tensor([[step.input_id]]), position_ids=torch.tensor([[n_kept + i]]), cache=cache, use_cache=True
+            )
             logits.append(out.logits[0, -1])
     assert n_kept < n
     return logits
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("name,params", [("snapkv", {"window_size": 8, "kernel_size": 5}),
-                                         ("streaming_llm", {"n_sink": 4})])
+@pytest.mark.parametrize(
+    "name,params", [("snapkv", {"window_size": 8, "kernel_size": 5}), ("streaming_llm", {"n_sink": 4})]
+)
 def test_rerotated_keys_decode_as_transformers_over_a_compacted_cache(family, name, params, tiny_model, tiny_model_dir):
     model, hf = tiny_model(family), hf_model(tiny_model_dir(family))
-    run = EvictionRun(model, prompt_ids(model), Policy(name, **params), compression_ratio=0.5, max_new_tokens=STEPS,
-                      rerotate=True)
+    run = EvictionRun(
+        model, prompt_ids(model), Policy(name, **params), compression_ratio=0.5, max_new_tokens=STEPS, rerotate=True
+    )
     run.prefill()
     while len(run.steps) < STEPS:
         run.step()
@@ -381,8 +424,17 @@ def test_a_kept_suffix_rerotated_reads_as_it_did_unturned(tiny_model):
     """Keeping only the latest positions (no sinks), re-rotation moves every kept key and every later query by the
     same number of positions: RoPE sees the same distances, so the logits are those of the run without it."""
     model = tiny_model("llama")
-    runs = [EvictionRun(model, prompt_ids(model), Policy("streaming_llm", n_sink=0), compression_ratio=0.5,
-                        max_new_tokens=STEPS, rerotate=rerotate) for rerotate in (False, True)]
+    runs = [
+        EvictionRun(
+            model,
+            prompt_ids(model),
+            Policy("streaming_llm", n_sink=0),
+            compression_ratio=0.5,
+            max_new_tokens=STEPS,
+            rerotate=rerotate,
+        )
+        for rerotate in (False, True)
+    ]
     for run in runs:
         run.prefill()
         while len(run.steps) < STEPS:
@@ -392,12 +444,15 @@ def test_a_kept_suffix_rerotated_reads_as_it_did_unturned(tiny_model):
         assert a.token_id == b.token_id
 
 
-@pytest.mark.parametrize("family,make", [
-    ("gemma3", lambda m: EvictionRun(m, [1, 2, 3, 4, 5], Policy("knorm"), compression_ratio=0.5, rerotate=True)),
-    ("gpt2", lambda m: EvictionRun(m, [1, 2, 3, 4, 5], Policy("knorm"), compression_ratio=0.5, rerotate=True)),
-    ("llama", lambda m: EvictionRun(m, [1, 2, 3, 4, 5], Policy("knorm"), rerotate=True)),
-    ("llama", lambda m: EvictionRun(m, [1, 2, 3, 4, 5], None, budget=StreamingWindow(1, 2), rerotate=True)),
-])
+@pytest.mark.parametrize(
+    "family,make",
+    [
+        ("gemma3", lambda m: EvictionRun(m, [1, 2, 3, 4, 5], Policy("knorm"), compression_ratio=0.5, rerotate=True)),
+        ("gpt2", lambda m: EvictionRun(m, [1, 2, 3, 4, 5], Policy("knorm"), compression_ratio=0.5, rerotate=True)),
+        ("llama", lambda m: EvictionRun(m, [1, 2, 3, 4, 5], Policy("knorm"), rerotate=True)),
+        ("llama", lambda m: EvictionRun(m, [1, 2, 3, 4, 5], None, budget=StreamingWindow(1, 2), rerotate=True)),
+    ],
+)
 def test_rerotation_where_kvpress_has_none_is_refused(family, make, tiny_model):
     with pytest.raises(InvalidSettingError, match="re-rotation"):
         make(tiny_model(family))
@@ -438,8 +493,7 @@ def rerotated_stream_hf_nll(hf, ids: list[int], window: StreamingWindow, monkeyp
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3", "llama3-rope"])
-def test_a_stream_with_positions_inside_the_cache_equals_transformers(family, tiny_model, tiny_model_dir,
-                                                                      monkeypatch):
+def test_a_stream_with_positions_inside_the_cache_equals_transformers(family, tiny_model, tiny_model_dir, monkeypatch):
     model, hf = tiny_model(family), hf_model(tiny_model_dir(family))
     ids = prompt_ids(model)
     window = StreamingWindow(n_sink=2, window=5)
@@ -449,8 +503,7 @@ def test_a_stream_with_positions_inside_the_cache_equals_transformers(family, ti
     kept_numbering = stream_nll(model, ids, window, chunk=7)
     assert (turned - kept_numbering).abs().max() > 1e-3, "the numbering changed nothing"
     no_sinks = StreamingWindow(n_sink=0, window=5)  # nothing before the window: the distances are the same
-    assert torch.allclose(stream_nll(model, ids, no_sinks, rerotate=True), stream_nll(model, ids, no_sinks),
-                          atol=1e-5)
+    assert torch.allclose(stream_nll(model, ids, no_sinks, rerotate=True), stream_nll(model, ids, no_sinks), atol=1e-5)
 
 
 @pytest.mark.parametrize("family", ["llama", "llama3-rope", "gemma3"])
@@ -466,5 +519,5 @@ def test_a_turned_key_is_the_unrotated_key_rotated_at_its_new_position(family, t
         cached = apply_rope(raw, *rope.cos_sin(positions, torch.float32))
         turned = rope.turned(cached, turns)
         for head in range(2):
-            expected = apply_rope(raw[:, head:head + 1], *rope.cos_sin(positions + turns[head], torch.float32))
-            torch.testing.assert_close(turned[:, head:head + 1], expected, atol=1e-5, rtol=1e-5)
+            expected = apply_rope(raw[:, head : head + 1], *rope.cos_sin(positions + turns[head], torch.float32))
+            torch.testing.assert_close(turned[:, head : head + 1], expected, atol=1e-5, rtol=1e-5)

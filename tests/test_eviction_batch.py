@@ -9,8 +9,10 @@ from engine.errors import SessionStateError
 from engine.eviction import DecodeBudget, EvictionRun, Policy, StreamingWindow
 from engine.eviction.batch import EvictionBatch, Variant
 
-PROMPT = ("Serving systems keep a cache of keys and values; when it no longer fits, they evict some positions and "
-          "keep the ones a score ranks highest, then decode")
+PROMPT = (
+    "Serving systems keep a cache of keys and values; when it no longer fits, they evict some positions and "
+    "keep the ones a score ranks highest, then decode"
+)
 LOGIT_ATOL = 1e-4
 STEPS = 6
 BLOCK = 5  # the 32-position context ends inside a block: the runs share 6 full blocks and copy the 7th
@@ -26,9 +28,17 @@ VARIANTS = [
 
 
 def alone(model, ids, variant: Variant) -> EvictionRun:
-    run = EvictionRun(model, ids, variant.policy, compression_ratio=variant.compression_ratio,
-                      budget=variant.budget, block_size=BLOCK, max_new_tokens=STEPS, keep_full_steps=STEPS,
-                      rerotate=variant.rerotate)
+    run = EvictionRun(
+        model,
+        ids,
+        variant.policy,
+        compression_ratio=variant.compression_ratio,
+        budget=variant.budget,
+        block_size=BLOCK,
+        max_new_tokens=STEPS,
+        keep_full_steps=STEPS,
+        rerotate=variant.rerotate,
+    )
     run.prefill()
     while not run.finished:
         run.step()
@@ -39,8 +49,10 @@ def kept_by_pass(run: EvictionRun) -> list[list]:
     return [[None if m is None else m.tolist() for m in step.kept] for step in run.steps]
 
 
-ROTARY_ONLY = [Variant(Policy("snapkv", window_size=8), compression_ratio=0.5, rerotate=True),
-               Variant(Policy("streaming_llm"), compression_ratio=0.5, rerotate=True)]  # not Gemma 3's, nor GPT-2's
+ROTARY_ONLY = [
+    Variant(Policy("snapkv", window_size=8), compression_ratio=0.5, rerotate=True),
+    Variant(Policy("streaming_llm"), compression_ratio=0.5, rerotate=True),
+]  # not Gemma 3's, nor GPT-2's
 
 
 def assert_each_equals_its_run_alone(model, ids, variants, runs) -> None:
@@ -81,8 +93,9 @@ def test_runs_that_join_after_the_prefill_equal_each_run_alone(family, tiny_mode
     its own and steps with the batch: every run equals its run alone, and closing frees every block."""
     model = tiny_model(family)
     ids = model.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
-    batch = EvictionBatch(model, ids, VARIANTS[:1], block_size=BLOCK, max_new_tokens=STEPS, keep_full_steps=STEPS,
-                          spare=len(VARIANTS) - 1)
+    batch = EvictionBatch(
+        model, ids, VARIANTS[:1], block_size=BLOCK, max_new_tokens=STEPS, keep_full_steps=STEPS, spare=len(VARIANTS) - 1
+    )
     batch.prefill()
     batch.step()
     joined = [batch.join(variant) for variant in VARIANTS[1:]]

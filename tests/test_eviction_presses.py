@@ -43,9 +43,11 @@ def snapkv_scores(attention: torch.Tensor, kv_head: int, group: int, window: int
     """SnapKV's score of each of n positions for one KV head: the window's queries averaged, a mean over `kernel`
     neighbours (zeros past the ends), over the group; the window's own positions above every other."""
     n = attention.shape[-1]
-    per_q = attention[kv_head * group:(kv_head + 1) * group, -window:, :n - window].double().mean(dim=1)
-    pooled = [float(per_q[:, max(0, j - kernel // 2):j + kernel // 2 + 1].sum(dim=1).mean() / kernel)
-              for j in range(n - window)]
+    per_q = attention[kv_head * group : (kv_head + 1) * group, -window:, : n - window].double().mean(dim=1)
+    pooled = [
+        float(per_q[:, max(0, j - kernel // 2) : j + kernel // 2 + 1].sum(dim=1).mean() / kernel)
+        for j in range(n - window)
+    ]
     return pooled + [max(pooled) + 1] * window
 
 
@@ -56,7 +58,7 @@ def ada_kept(scores: list[list[float]], n_kept: int, alpha: float) -> list[set[i
     safe = max(1, int(n_kept * alpha))
     protected = [top(torch.tensor(s), safe, list(range(n))) for s in scores]
     rest = sorted((s[i], h, i) for h, s in enumerate(scores) for i in range(n) if i not in protected[h])
-    evicted = {(h, i) for _, h, i in rest[:len(scores) * (n - n_kept)]}
+    evicted = {(h, i) for _, h, i in rest[: len(scores) * (n - n_kept)]}
     return [{i for i in range(n) if (h, i) not in evicted} for h in range(len(scores))]
 
 
@@ -78,8 +80,9 @@ def lag_scores(keys: torch.Tensor, values: torch.Tensor, n_sink: int, lag: int) 
     return scores
 
 
-def expected_scores(hf, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, kv_head: int, n_sink: int,
-                    future: int) -> list[float]:
+def expected_scores(
+    hf, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, kv_head: int, n_sink: int, future: int
+) -> list[float]:
     """ExpectedAttention's score of each of n positions for one KV head: the t queries after the sinks as a Gaussian
     (mean, covariance), each moved by the rotation averaged over positions t … t + future − 1 (built here by
     rotating the basis vectors), exp(k·μ/√d + kᵀΣk/2d) normalised over the positions, averaged over the group,
@@ -89,7 +92,7 @@ def expected_scores(hf, queries: torch.Tensor, keys: torch.Tensor, values: torch
     positions = torch.arange(queries.shape[1], queries.shape[1] + future)[None]  # kvpress counts from its queries
     cos, sin = (t[0].double() for t in hf.model.rotary_emb(torch.zeros(1, dtype=torch.float64), positions))
     basis = torch.eye(d, dtype=torch.float64)
-    half = torch.cat((-basis[:, d // 2:], basis[:, :d // 2]), dim=1)  # rotate_half of each basis row
+    half = torch.cat((-basis[:, d // 2 :], basis[:, : d // 2]), dim=1)  # rotate_half of each basis row
     turn = (basis[None] * cos[:, None] + half[None] * sin[:, None]).mean(dim=0).T  # column j: e_j turned, averaged
     k, v = keys[kv_head, n_sink:].double(), values[kv_head, n_sink:].double()
     per_q = []
@@ -104,6 +107,7 @@ def expected_scores(hf, queries: torch.Tensor, keys: torch.Tensor, values: torch
 
 
 # -- the tests ------------------------------------------------------------------------------------
+
 
 def test_the_pyramid_budgets_are_kvpress_formula_by_hand():
     """n = 100 at ratio 0.5, window 4, β 20, 30 layers: the pyramid's sum is 50 per layer on average, its most
@@ -134,12 +138,19 @@ def test_lagkv_scores_by_hand():
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("name,params", [("pyramidkv", {"window_size": 4, "kernel_size": 5}),
-                                         ("adakv", {"window_size": 6, "kernel_size": 3, "alpha_safeguard": 0.3}),
-                                         ("lagkv", {"lag_size": 4}), ("lagkv", {"lag_size": 64}),
-                                         ("expected_attention", {"n_future_positions": 40})])
+@pytest.mark.parametrize(
+    "name,params",
+    [
+        ("pyramidkv", {"window_size": 4, "kernel_size": 5}),
+        ("adakv", {"window_size": 6, "kernel_size": 3, "alpha_safeguard": 0.3}),
+        ("lagkv", {"lag_size": 4}),
+        ("lagkv", {"lag_size": 64}),
+        ("expected_attention", {"n_future_positions": 40}),
+    ],
+)
 def test_kept_positions_after_the_prefill_equal_the_definition_and_decode_equals_masked_eager(
-        family, name, params, tiny_model, tiny_model_dir, monkeypatch):
+    family, name, params, tiny_model, tiny_model_dir, monkeypatch
+):
     model, hf = tiny_model(family), hf_model(tiny_model_dir(family))
     ids = prompt_ids(model)
     n, layers, kv_heads = len(ids) - 1, model.info.layers, model.info.kv_heads
@@ -152,8 +163,10 @@ def test_kept_positions_after_the_prefill_equal_the_definition_and_decode_equals
         attention, cache = out.attentions[layer][0], out.past_key_values.layers[layer]
         keys, values = cache.keys[0], cache.values[0]
         if name == "adakv":
-            scores = [snapkv_scores(attention, h, group, params["window_size"], params["kernel_size"])
-                      for h in range(kv_heads)]
+            scores = [
+                snapkv_scores(attention, h, group, params["window_size"], params["kernel_size"])
+                for h in range(kv_heads)
+            ]
             expected = ada_kept(scores, n // 2, params["alpha_safeguard"])
         elif name == "lagkv":  # ranks within partitions tie by design: any top count of the scores is LagKV's
             for h in range(kv_heads):
@@ -164,14 +177,23 @@ def test_kept_positions_after_the_prefill_equal_the_definition_and_decode_equals
             continue
         else:
             count = policy.layer_budget(n, 0.5, layer, layers)  # by hand: test_the_pyramid_budgets_…
-            expected = [top(torch.tensor(
-                snapkv_scores(attention, h, group, params["window_size"], params["kernel_size"]) if name == "pyramidkv"
-                else expected_scores(hf, queries[layer], keys, values, h, 4, params["n_future_positions"])),
-                count, held) for h in range(kv_heads)]
+            expected = [
+                top(
+                    torch.tensor(
+                        snapkv_scores(attention, h, group, params["window_size"], params["kernel_size"])
+                        if name == "pyramidkv"
+                        else expected_scores(hf, queries[layer], keys, values, h, 4, params["n_future_positions"])
+                    ),
+                    count,
+                    held,
+                )
+                for h in range(kv_heads)
+            ]
         for h in range(kv_heads):
             kept = set(run.kept_positions(layer, h)) - {n}  # n: the last prompt token, read after the eviction
-            assert kept == expected[h], (f"layer {layer}, KV head {h}: kept {sorted(kept)}, "
-                                         f"expected {sorted(expected[h])}")
+            assert kept == expected[h], (
+                f"layer {layer}, KV head {h}: kept {sorted(kept)}, expected {sorted(expected[h])}"
+            )
     if name == "adakv":  # the layer's budget, shared unevenly
         counts = [len(run.kept_positions(layer, h)) - 1 for layer in range(layers) for h in range(kv_heads)]
         assert sum(counts) == layers * kv_heads * (n // 2)
@@ -183,8 +205,9 @@ def test_kept_positions_after_the_prefill_equal_the_definition_and_decode_equals
     assert_decode_matches(hf, run, monkeypatch)
 
 
-def test_expected_attention_during_decode_reads_the_queries_since_the_last_eviction(tiny_model, tiny_model_dir,
-                                                                                     monkeypatch):
+def test_expected_attention_during_decode_reads_the_queries_since_the_last_eviction(
+    tiny_model, tiny_model_dir, monkeypatch
+):
     """DecodingPress around ExpectedAttention: every `interval` passes, the queries of those passes (the first
     n_sink of them left out) model the future ones, their rotation averaged from position `interval` on (the
     buffer's length, as kvpress counts it), and the target_size best rows stay."""
@@ -201,9 +224,9 @@ def test_expected_attention_during_decode_reads_the_queries_since_the_last_evict
     out, queries = prefill_of(hf, ids[:-1] + [s.input_id for s in run.steps[:3]] + [0])
     for layer in range(model.info.layers):
         cache = out.past_key_values.layers[layer]
-        keys, values = cache.keys[0][:, :n + 3], cache.values[0][:, :n + 3]
+        keys, values = cache.keys[0][:, : n + 3], cache.values[0][:, : n + 3]
         for h in range(model.info.kv_heads):
-            scores = expected_scores(hf, queries[layer][:, n:n + 3], keys, values, h, 1, 16)
+            scores = expected_scores(hf, queries[layer][:, n : n + 3], keys, values, h, 1, 16)
             # rows before the eviction in position order: the positions' own order
             kept = set(run.steps[2].evictions[layer].positions[h, run.steps[2].evictions[layer].kept_rows[h]].tolist())
             assert kept == top(torch.tensor(scores), n - 4, list(range(n + 3)))
@@ -211,14 +234,17 @@ def test_expected_attention_during_decode_reads_the_queries_since_the_last_evict
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
-@pytest.mark.parametrize(("policy", "settings"), [
-    (Policy("adakv", window_size=4), dict(compression_ratio=0.5)),
-    (Policy("pyramidkv", window_size=4), dict(compression_ratio=0.5)),
-    (Policy("knorm"), dict(budget=DecodeBudget(12, 3))),
-    (None, dict(budget=StreamingWindow(2, 8))),
-    (None, {})])
-def test_a_text_forced_through_the_cache_reads_as_the_run_reads_it_pass_by_pass(family, policy, settings,
-                                                                                 tiny_model):
+@pytest.mark.parametrize(
+    ("policy", "settings"),
+    [
+        (Policy("adakv", window_size=4), dict(compression_ratio=0.5)),
+        (Policy("pyramidkv", window_size=4), dict(compression_ratio=0.5)),
+        (Policy("knorm"), dict(budget=DecodeBudget(12, 3))),
+        (None, dict(budget=StreamingWindow(2, 8))),
+        (None, {}),
+    ],
+)
+def test_a_text_forced_through_the_cache_reads_as_the_run_reads_it_pass_by_pass(family, policy, settings, tiny_model):
     """forced_nll after a prefill's eviction reads the text in one pass over the kept rows; it equals an EvictionRun
     fed the text pass by pass (tested against transformers in tests/test_eviction.py), and with nothing evicted the
     full cache's NLL of the same tokens."""
@@ -231,21 +257,24 @@ def test_a_text_forced_through_the_cache_reads_as_the_run_reads_it_pass_by_pass(
     by_pass = F.cross_entropy(torch.stack(logits), torch.tensor(text), reduction="none")
     assert nll.shape == (len(text),) and torch.allclose(nll, by_pass, atol=1e-5), (nll - by_pass).abs().max()
     if policy is None and not settings:
-        assert torch.allclose(nll, stream_nll(model, ids)[len(prompt) - 1:], atol=1e-5)
+        assert torch.allclose(nll, stream_nll(model, ids)[len(prompt) - 1 :], atol=1e-5)
     else:
-        assert not torch.allclose(nll, stream_nll(model, ids)[len(prompt) - 1:], atol=1e-3), "nothing was evicted"
+        assert not torch.allclose(nll, stream_nll(model, ids)[len(prompt) - 1 :], atol=1e-3), "nothing was evicted"
 
 
-@pytest.mark.parametrize("make", [
-    lambda m, ids: EvictionRun(m, ids, Policy("pyramidkv"), budget=DecodeBudget(8, 4)),
-    lambda m, ids: EvictionRun(m, ids, Policy("adakv", window_size=4), compression_ratio=0.5, rerotate=True),
-    lambda m, ids: Policy("adakv", alpha_safeguard=1.5),
-    lambda m, ids: Policy("lagkv", lag_size=0),
-    lambda m, ids: EvictionRun(m, ids[:4], Policy("expected_attention", n_sink=4), compression_ratio=0.5).prefill(),
-    lambda m, ids: EvictionRun(m, ids, Policy("expected_attention"), budget=DecodeBudget(8, 4)),
-    lambda m, ids: forced_nll(m, ids[:6], ids[6:9], Policy("knorm"), budget=DecodeBudget(4, 2), one_pass=True),
-    lambda m, ids: forced_nll(m, ids[:6], []),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda m, ids: EvictionRun(m, ids, Policy("pyramidkv"), budget=DecodeBudget(8, 4)),
+        lambda m, ids: EvictionRun(m, ids, Policy("adakv", window_size=4), compression_ratio=0.5, rerotate=True),
+        lambda m, ids: Policy("adakv", alpha_safeguard=1.5),
+        lambda m, ids: Policy("lagkv", lag_size=0),
+        lambda m, ids: EvictionRun(m, ids[:4], Policy("expected_attention", n_sink=4), compression_ratio=0.5).prefill(),
+        lambda m, ids: EvictionRun(m, ids, Policy("expected_attention"), budget=DecodeBudget(8, 4)),
+        lambda m, ids: forced_nll(m, ids[:6], ids[6:9], Policy("knorm"), budget=DecodeBudget(4, 2), one_pass=True),
+        lambda m, ids: forced_nll(m, ids[:6], []),
+    ],
+)
 def test_bad_settings_raise_a_clear_error(make, tiny_model):
     model = tiny_model("llama")
     with pytest.raises(InvalidSettingError):

@@ -40,19 +40,23 @@ from ui.runs.eviction_settings import EvictionSettings, lab_bytes
 from ui.runs.store import RunStore
 from ui.text import strings
 
-PROMPT = ("Serving systems keep a cache of keys and values; when it no longer fits, they evict some positions and "
-          "keep the ones a score ranks highest, then decode")
+PROMPT = (
+    "Serving systems keep a cache of keys and values; when it no longer fits, they evict some positions and "
+    "keep the ones a score ranks highest, then decode"
+)
 STEP = 3
 KEPT, EVICTED, OUTSIDE = 1, 0, 2
 SETTINGS = [dict(evict=name, evict_at="prefill", ratio=0.5) for name in EVICTION_POLICIES] + [
     dict(evict="tova", evict_at="decode", budget=12, interval=2),
     dict(evict="snapkv", evict_at="decode", budget=12, interval=2),
-    dict(evict="knorm", evict_at="stream", stream_window=6)]
+    dict(evict="knorm", evict_at="stream", stream_window=6),
+]
 IDS = [f"{s['evict']}-{s['evict_at']}" for s in SETTINGS]
 
 
-def engine_run(model: engine.Model, ids: list[int], s: dict, steps: int, max_new_tokens: int | None = None
-               ) -> EvictionRun:
+def engine_run(
+    model: engine.Model, ids: list[int], s: dict, steps: int, max_new_tokens: int | None = None
+) -> EvictionRun:
     """The engine's run for settings `s` as the view describes them: SnapKV's window (PyramidKV's and AdaKV's) is
     kvpress's 64 where more queries ran, else a quarter of the context (after the prefill) or the interval less one
     (during decode); LagKV's lag is kvpress's 128, or a quarter of the context after its 4 sinks where shorter."""
@@ -60,13 +64,18 @@ def engine_run(model: engine.Model, ids: list[int], s: dict, steps: int, max_new
         policy, budget, ratio = None, StreamingWindow(4, s["stream_window"]), 0.0
     else:
         queries = (len(ids) - 1) // 4 if s["evict_at"] == "prefill" else s["interval"] - 1
-        policy = Policy(s["evict"], window_size=max(1, min(64, queries))) if s["evict"] in (
-            "snapkv", "pyramidkv", "adakv") else Policy("lagkv", lag_size=max(1, min(128, (len(ids) - 1 - 4) // 4))) \
-            if s["evict"] == "lagkv" else Policy(s["evict"])
+        policy = (
+            Policy(s["evict"], window_size=max(1, min(64, queries)))
+            if s["evict"] in ("snapkv", "pyramidkv", "adakv")
+            else Policy("lagkv", lag_size=max(1, min(128, (len(ids) - 1 - 4) // 4)))
+            if s["evict"] == "lagkv"
+            else Policy(s["evict"])
+        )
         budget = DecodeBudget(s["budget"], s["interval"]) if s["evict_at"] == "decode" else None
         ratio = s.get("ratio", 0.0) if s["evict_at"] == "prefill" else 0.0
-    run = EvictionRun(model, ids, policy, compression_ratio=ratio, budget=budget,
-                      max_new_tokens=max_new_tokens or steps)
+    run = EvictionRun(
+        model, ids, policy, compression_ratio=ratio, budget=budget, max_new_tokens=max_new_tokens or steps
+    )
     run.prefill()
     while len(run.steps) < steps:
         run.step()
@@ -88,7 +97,7 @@ def definition_holds(states: np.ndarray, model: engine.Model, s: dict, context: 
     length = states.shape[-1]
     for layer in range(info.layers):
         if s["evict"] == "adakv" and info.window(layer) is None:  # the layer's count, shared unevenly by its heads
-            read = (states[layer * info.kv_heads:(layer + 1) * info.kv_heads] == KEPT).sum()
+            read = (states[layer * info.kv_heads : (layer + 1) * info.kv_heads] == KEPT).sum()
             assert read == info.kv_heads * (n_kept_for_ratio(context, s["ratio"]) + STEP), (layer, read)
             continue
         for kv in range(info.kv_heads):
@@ -96,10 +105,11 @@ def definition_holds(states: np.ndarray, model: engine.Model, s: dict, context: 
             read = set(np.flatnonzero(row == KEPT).tolist())
             if info.window(layer) is not None:
                 assert read == set(range(max(0, length - info.window(layer)), length)), (layer, kv)
-                assert not (row == EVICTED).any() and (row[:length - info.window(layer)] == OUTSIDE).all()
+                assert not (row == EVICTED).any() and (row[: length - info.window(layer)] == OUTSIDE).all()
             elif s["evict_at"] == "prefill":
-                count = Policy(s["evict"], window_size=context // 4).layer_budget(context, s["ratio"], layer,
-                                                                                  info.layers)
+                count = Policy(s["evict"], window_size=context // 4).layer_budget(
+                    context, s["ratio"], layer, info.layers
+                )
                 assert len(read) == count + STEP, (layer, kv, len(read))
             elif s["evict_at"] == "stream":
                 assert read == set(range(4)) | set(range(length - s["stream_window"] - 1, length)), (layer, kv)
@@ -121,7 +131,7 @@ def check_view(at, model: engine.Model, s: dict) -> None:
         if mask is not None:
             expected[layer] = mask.numpy()
         else:
-            expected[layer, :, :step.position + 1 - info.cached_positions(layer, step.position + 1)] = OUTSIDE
+            expected[layer, :, : step.position + 1 - info.cached_positions(layer, step.position + 1)] = OUTSIDE
     assert np.array_equal(states, expected.reshape(-1, step.position + 1)), "the map is not what the engine kept"
     definition_holds(states, model, s, len(ids) - 1)
     assert (states == EVICTED).any(), "nothing was evicted: the settings test nothing"
@@ -152,8 +162,9 @@ def test_a_pass_record_owns_its_arrays(embedded_model):
     """Each recorded pass holds arrays of its own, not views into the pass's tensors: a view of one position's
     attention kept every position's alive (a lab at step 64 on a 382-token prompt held about 300 MB more)."""
     ids = engine.DecodeSession(embedded_model, PROMPT, chat=False).prompt_ids
-    pair = pair_for(RunStore(10**9), embedded_model, ids, EvictionSettings("tova", "prefill", 0.5, 32, 8, 28), STEP,
-                    2000)
+    pair = pair_for(
+        RunStore(10**9), embedded_model, ids, EvictionSettings("tova", "prefill", 0.5, 32, 8, 28), STEP, 2000
+    )
     pair.advance_to(STEP)
     for run in pair.lab.runs.values():
         for record in run.passes:
@@ -189,8 +200,10 @@ def test_a_change_of_policy_reads_runs_the_lab_has_computed(embedded_model):
     other_timing = pair_for(store, embedded_model, ids, EvictionSettings("knorm", "stream", 0.5, 32, 8, 6), STEP, 2000)
     other_timing.advance_to(STEP)
     assert other_timing.lab is not pair.lab and store.built == 2 and set(other_timing.lab.runs) == {None, "stream"}
-    for s in (dict(evict="tova", evict_at="prefill", ratio=0.5), dict(evict="knorm", evict_at="stream",
-                                                                      stream_window=6)):
+    for s in (
+        dict(evict="tova", evict_at="prefill", ratio=0.5),
+        dict(evict="knorm", evict_at="stream", stream_window=6),
+    ):
         alone = engine_run(embedded_model, ids, s, STEP)
         lab_pair = pair if s["evict_at"] == "prefill" else other_timing
         name = "tova" if s["evict_at"] == "prefill" else "stream"
@@ -207,8 +220,11 @@ def test_a_policy_joins_the_lab_only_while_the_step_memory_holds_it(embedded_mod
     page's policy runs and another is refused with the policies the lab compares, which still run."""
     ids = engine.DecodeSession(embedded_model, PROMPT, chat=False).prompt_ids
     knorm = EvictionSettings("knorm", "prefill", 0.5, 32, 8, 28)
-    assert lab_bytes(embedded_model.info, len(ids), STEP, knorm, 4) - lab_bytes(embedded_model.info, len(ids), STEP,
-                                                                                   knorm, 3) > 10**6
+    assert (
+        lab_bytes(embedded_model.info, len(ids), STEP, knorm, 4)
+        - lab_bytes(embedded_model.info, len(ids), STEP, knorm, 3)
+        > 10**6
+    )
     budget_mb = -(-lab_bytes(embedded_model.info, len(ids), STEP, knorm) // 10**6)
     store = RunStore(10**9)
     assert pair_for(store, embedded_model, ids, knorm, STEP, budget_mb).advance_to(STEP) == STEP
@@ -234,12 +250,12 @@ def test_pages_asking_at_once_build_one_lab(embedded_model):
 
     results = []
     with patch("ui.runs.eviction.EvictionLab", side_effect=slow_lab):
-        first = threading.Thread(target=lambda: results.append(pair_for(store, embedded_model, ids, settings, 2,
-                                                                        2000)))
+        first = threading.Thread(target=lambda: results.append(pair_for(store, embedded_model, ids, settings, 2, 2000)))
         first.start()
         assert building.wait(60)
-        second = threading.Thread(target=lambda: results.append(pair_for(store, embedded_model, ids, settings, 2,
-                                                                         2000)))
+        second = threading.Thread(
+            target=lambda: results.append(pair_for(store, embedded_model, ids, settings, 2, 2000))
+        )
         second.start()
         go.set()
         first.join(60)
@@ -278,8 +294,9 @@ def test_labs_are_counted_and_swept_by_the_run_store(embedded_model):
 
 def kl_from_full(full: torch.Tensor, evicting: torch.Tensor) -> float:
     """KL(full ‖ evicting) of two passes' next-token distributions, in nats, by torch's own kl_div."""
-    return torch.nn.functional.kl_div(evicting.double().log_softmax(-1), full.double().log_softmax(-1),
-                                      log_target=True, reduction="sum").item()
+    return torch.nn.functional.kl_div(
+        evicting.double().log_softmax(-1), full.double().log_softmax(-1), log_target=True, reduction="sum"
+    ).item()
 
 
 def test_the_lab_records_each_policys_next_token_kl_from_the_full_cache(embedded_model):
@@ -291,8 +308,9 @@ def test_the_lab_records_each_policys_next_token_kl_from_the_full_cache(embedded
     pair = pair_for(store, embedded_model, ids, EvictionSettings("snapkv", "prefill", 0.5, 32, 8, 28), steps, 2000)
     assert pair.advance_to(steps) == steps
     for policy in EVICTION_POLICIES:  # each joins the lab at its last step: its KL is its twin's, then the full cache's
-        pair_for(store, embedded_model, ids, EvictionSettings(policy, "prefill", 0.5, 32, 8, 28), steps,
-                 2000).advance_to(steps - 2)
+        pair_for(
+            store, embedded_model, ids, EvictionSettings(policy, "prefill", 0.5, 32, 8, 28), steps, 2000
+        ).advance_to(steps - 2)
     assert pair.advance_to(steps) == steps
     assert all(p.kl is None for p in pair.full.passes)
     full = EvictionRun(embedded_model, ids, None, max_new_tokens=steps)
@@ -309,8 +327,9 @@ def test_the_lab_records_each_policys_next_token_kl_from_the_full_cache(embedded
         parted.append(not agree)
         got = [p.kl for p in pair.lab.runs[policy].passes]
         assert [g is None for g in got] == [e is None for e in expected], policy
-        assert [g for g in got if g is not None] == pytest.approx([e for e in expected if e is not None],
-                                                                 rel=1e-3, abs=1e-6), policy
+        assert [g for g in got if g is not None] == pytest.approx(
+            [e for e in expected if e is not None], rel=1e-3, abs=1e-6
+        ), policy
         alone.close()
     full.close()
     assert any(parted), "no policy parted: the rule after parting is not tested"
@@ -331,7 +350,9 @@ def test_the_cost_sentence_quotes_the_cost_figure(model_name, lang, request):
     assert_clean(at)
     lines = [chart["data"] for chart in charts(at) if chart["data"][0].get("mode") == "lines+markers"]
     assert len(lines) == 1 and {trace["name"] for trace in lines[0]} == {
-        strings.t("evict_short_knorm", lang), strings.t("evict_short_tova", lang)}
+        strings.t("evict_short_knorm", lang),
+        strings.t("evict_short_tova", lang),
+    }
     text = "\n".join(c.value for c in at.caption).replace("\\", "")
     assert str(strings.t("evict_cost_lab", lang, count=2, total=len(EVICTION_POLICIES))).replace("\\", "") in text
     chosen = max(lines[0], key=lambda trace: trace["line"]["width"])
@@ -419,8 +440,14 @@ def chapter_runs(model: engine.Model, prompt_ids: tuple[int, ...], step: int) ->
         torch.set_num_threads(threads)
     kept = n_kept_for_ratio(len(ids) - 1, 0.5) + step
     sink = full.steps[-1].attention[:, :, 0].float().mean(dim=1).max().item()
-    numbers = [f"{kept:,}", f"{run.kept_bytes() / 1024:,.1f}", f"{run.allocated_bytes() / 1024:,.1f}",
-               f"{run.full_bytes() / 1024:,.1f}", f"{100 * sink:.1f}%", kl]
+    numbers = [
+        f"{kept:,}",
+        f"{run.kept_bytes() / 1024:,.1f}",
+        f"{run.allocated_bytes() / 1024:,.1f}",
+        f"{run.full_bytes() / 1024:,.1f}",
+        f"{100 * sink:.1f}%",
+        kl,
+    ]
     run.close(), full.close()
     return numbers, sink
 
@@ -456,10 +483,16 @@ def strong_sink(model: engine.Model, prompt_ids: list[int], step: int) -> bool:
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
-@pytest.mark.parametrize(("param", "value", "reason"), [("ratio", "half", "bad_number"), ("ratio", "1", "out_of_range"),
-                                                         ("evict", "h2o", "unknown_choice"),
-                                                         ("budget", "0", "out_of_range"),
-                                                         ("evict_at", "sometimes", "unknown_choice")])
+@pytest.mark.parametrize(
+    ("param", "value", "reason"),
+    [
+        ("ratio", "half", "bad_number"),
+        ("ratio", "1", "out_of_range"),
+        ("evict", "h2o", "unknown_choice"),
+        ("budget", "0", "out_of_range"),
+        ("evict_at", "sometimes", "unknown_choice"),
+    ],
+)
 def test_a_bad_link_value_is_named_in_the_pages_language(param, value, reason, lang, embedded_model):
     at = start(view="eviction", step=2, lang=lang, model="embedded", **{param: value})
     assert_clean(at)
@@ -492,8 +525,9 @@ def test_the_hosts_step_memory_caps_the_pair_with_a_message(embedded_model, monk
     assert capped, [i.value for i in at.info]
     steps = int(re.search(r"for (\d+) answer tokens", capped[0]).group(1))
     assert 2 <= steps < 128
-    at = start(view="eviction", prompt=PROMPT, chat=0, step=steps + 1, evict="knorm", evict_at="stream",
-               stream_window=6)
+    at = start(
+        view="eviction", prompt=PROMPT, chat=0, step=steps + 1, evict="knorm", evict_at="stream", stream_window=6
+    )
     assert_clean(at)
     assert strings.t("evict_ended", passes=steps, step=steps + 1) in [c.value for c in at.caption]
 
@@ -503,8 +537,9 @@ def test_a_pair_that_cannot_fit_one_step_is_refused_with_a_message(embedded_mode
     long_prompt = " ".join(["The cache keeps every position it was given."] * 20)  # ~180 tokens: two pools > 16 MB
     at = start(view="eviction", prompt=long_prompt, chat=0, step=1)
     assert_clean(at)
-    assert any("KVSCOPE_STEP_MEMORY_MB = 16" in w.value and "MB for one step" in w.value for w in at.warning), \
-        [w.value for w in at.warning]
+    assert any("KVSCOPE_STEP_MEMORY_MB = 16" in w.value and "MB for one step" in w.value for w in at.warning), [
+        w.value for w in at.warning
+    ]
 
 
 # -- in a browser ------------------------------------------------------------------------------------------
@@ -536,7 +571,8 @@ def test_the_views_controls_reach_the_link(server):
         idle(page)
         widget(page, "evict_own_cache").locator("label").first.click()
         expect(page.locator(".kv-figure-title").first).to_contain_text(
-            strings.t("evict_kept_title_own", policy="", token=2, length=0)[:12], timeout=120_000)
+            strings.t("evict_kept_title_own", policy="", token=2, length=0)[:12], timeout=120_000
+        )
         widget(page, "w_evict_at").get_by_text(strings.t("evict_at_stream")).click()
         expect(widget(page, "w_stream_window")).to_be_visible(timeout=120_000)
         idle(page)
@@ -559,9 +595,14 @@ def test_keydiff_and_the_streaming_experiment_open_from_the_page(server):
         part = widget(page, "x_streaming")
         expect(part.locator(".kv-figure-title")).to_have_count(2, timeout=300_000)
         expect(part.locator(".kv-figure-title").nth(1)).to_contain_text(
-            str(strings.t("evict_streaming_sinks_title", cache=sink_experiment.CACHE))[:30])
-        expect(part).to_contain_text(str(strings.t("evict_streaming_said", tokens=0, cache=0, full="", alone="",
-                                                   one="", four="", four_inside=""))[:9], timeout=120_000)
+            str(strings.t("evict_streaming_sinks_title", cache=sink_experiment.CACHE))[:30]
+        )
+        expect(part).to_contain_text(
+            str(
+                strings.t("evict_streaming_said", tokens=0, cache=0, full="", alone="", one="", four="", four_inside="")
+            )[:9],
+            timeout=120_000,
+        )
         idle(page)
 
 
@@ -576,16 +617,21 @@ def test_adakv_and_the_forced_reading_open_from_the_page(server):
         choose(page, "w_evict", strings.t("evict_policy_adakv"))
         page.wait_for_url("**evict=adakv**", timeout=120_000)
         expect(page.get_by_text(str(strings.t("evict_ada_heads", fewest=0, most=0)).split(":")[0])).to_be_visible(
-            timeout=120_000)
+            timeout=120_000
+        )
         idle(page)
         widget(page, "x_forced").locator("summary").first.click()
         expect(widget(page, "x_forced")).to_contain_text(
-            str(strings.t("evict_forced_more", n=2, policy="", evicting=0, full=0, delta=0, ppl_evicting=0,
-                          ppl_full=0))[:30], timeout=120_000)
+            str(
+                strings.t("evict_forced_more", n=2, policy="", evicting=0, full=0, delta=0, ppl_evicting=0, ppl_full=0)
+            )[:30],
+            timeout=120_000,
+        )
         idle(page)
         widget(page, "w_evict_at").get_by_text(strings.t("evict_at_decode")).click()
         expect(page.get_by_text(str(strings.t("evict_prefill_only", policy="AdaKV"))[:20])).to_be_visible(
-            timeout=120_000)
+            timeout=120_000
+        )
 
 
 def test_the_streaming_experiment_reads_the_text_through_each_cache_it_names(tiny_model, monkeypatch):
@@ -618,8 +664,13 @@ def test_the_streaming_sentence_quotes_its_figure(model_name, lang, request):
     # (AVX2 only: ~0.3 ms a row per 640 × 2048 product, whatever the batch), within the test's limit (pytest.ini).
     at = at.run(timeout=540)
     assert_clean(at)
-    bars = next(chart for chart in charts(at) if chart["data"][0]["type"] == "bar" and len(chart["data"]) == 3
-                and chart["data"][0]["x"] == [str(n) for n in sink_experiment.SINKS])
+    bars = next(
+        chart
+        for chart in charts(at)
+        if chart["data"][0]["type"] == "bar"
+        and len(chart["data"]) == 3
+        and chart["data"][0]["x"] == [str(n) for n in sink_experiment.SINKS]
+    )
     written, inside, line = (matrix(trace["y"]) for trace in bars["data"])
     full = float(line[0])
     text = "\n".join(m.value for m in at.markdown).replace("\\", "")
@@ -643,21 +694,31 @@ def test_the_budgets_sentence_reads_the_map(model_name, lang, policy, ratio, req
     read = {(i, h): int((states[i, h] == KEPT).sum()) for i in evicting for h in range(info.kv_heads)}
     text = "\n".join(c.value for c in at.caption).replace("\\", "")
     if policy == "adakv":
-        expected = strings.t("evict_ada_one_head", lang, model=info.name) if info.kv_heads == 1 else strings.t(
-            "evict_ada_heads", lang, fewest=min(read.values()), most=max(read.values()))
+        expected = (
+            strings.t("evict_ada_one_head", lang, model=info.name)
+            if info.kv_heads == 1
+            else strings.t("evict_ada_heads", lang, fewest=min(read.values()), most=max(read.values()))
+        )
         assert info.kv_heads == 1 or min(read.values()) < max(read.values()), "AdaKV shared nothing unevenly"
     else:
         first, last = read[evicting[0], 0], read[evicting[-1], 0]
         flat = len(set(read.values())) == 1
-        expected = strings.t("evict_pyramid_flat", lang, count=first) if flat else strings.t(
-            "evict_pyramid_layers", lang, first=evicting[0], most=first, last=evicting[-1], least=last)
+        expected = (
+            strings.t("evict_pyramid_flat", lang, count=first)
+            if flat
+            else strings.t("evict_pyramid_layers", lang, first=evicting[0], most=first, last=evicting[-1], least=last)
+        )
         assert flat == (ratio > 0.5), "at half evicted or less the pyramid holds on these prompts; above, it cannot"
     assert str(expected).replace("\\", "") in text, (expected, text[-500:])
 
 
-@pytest.mark.parametrize(("model_name", "lang", "s"), [
-    ("embedded", "en", dict(evict="adakv", evict_at="prefill", ratio=0.5)),
-    ("embedded-zh", "zh", dict(evict="knorm", evict_at="decode", budget=12, interval=2))])
+@pytest.mark.parametrize(
+    ("model_name", "lang", "s"),
+    [
+        ("embedded", "en", dict(evict="adakv", evict_at="prefill", ratio=0.5)),
+        ("embedded-zh", "zh", dict(evict="knorm", evict_at="decode", budget=12, interval=2)),
+    ],
+)
 def test_the_forced_reading_quotes_both_caches_reading_the_full_answer(model_name, lang, s, request):
     """Opened, the part reads the full cache's greedy answer so far through the settings' cache pass by pass (an
     EvictionRun fed it) and through the full cache (its own passes): the sentence's means are theirs."""
@@ -675,8 +736,9 @@ def test_the_forced_reading_quotes_both_caches_reading_the_full_answer(model_nam
     run = engine_run(model, ids, s, 1, max_new_tokens=STEP)  # its first pass; then the answer fed to it
     logits = [run.steps[0].logits] + [run.step(input_id=token).logits for token in answer[:-1]]
     evicting = float(torch.nn.functional.cross_entropy(torch.stack(logits), torch.tensor(answer)))
-    full = float(torch.nn.functional.cross_entropy(torch.stack([step.logits for step in full_run.steps]),
-                                                   torch.tensor(answer)))
+    full = float(
+        torch.nn.functional.cross_entropy(torch.stack([step.logits for step in full_run.steps]), torch.tensor(answer))
+    )
     assert abs(evicting - full) > 1e-3, "the settings cost nothing here: the sentence tests nothing"
     text = "\n".join(m.value for m in at.markdown).replace("\\", "")
     assert f"**{evicting:.3f}**" in text and f"**{full:.3f}**" in text, (evicting, full, text[-400:])

@@ -30,7 +30,8 @@ def aligned_attention(ours: torch.Tensor, theirs: torch.Tensor, what: str) -> to
     positions it kept: ours must be 0 before them, and its last columns are compared."""
     width = theirs.shape[-1]
     assert ours.shape[:-1] == theirs.shape[:-1] and ours.shape[-1] >= width, (
-        f"{what}: shapes {ours.shape}, {theirs.shape}")
+        f"{what}: shapes {ours.shape}, {theirs.shape}"
+    )
     assert (ours[..., :-width] == 0).all(), f"{what}: attention on a position outside the window"
     return ours[..., -width:]
 
@@ -73,8 +74,12 @@ def test_engine_matches_transformers_prefill_and_32_greedy_steps(family, block_s
             break
         assert not session.finished, f"{what}: stopped early ({session.stop_reason})"
         with torch.inference_mode():
-            out = hf(input_ids=torch.tensor([[trace.token_id]]), cache=out.past_key_values,
-                     use_cache=True, output_attentions=True)
+            out = hf(
+                input_ids=torch.tensor([[trace.token_id]]),
+                cache=out.past_key_values,
+                use_cache=True,
+                output_attentions=True,
+            )
         trace = session.step()
     assert session.stop_reason == "max_new_tokens"
     assert len(session.generated) == DECODE_STEPS + 1
@@ -132,7 +137,8 @@ def test_residual_stream_and_dual_path_match_transformers(tiny_model, tiny_model
     assert step.input_ids == [trace.token_id]
     assert step.positions == [len(session.prompt_ids)]
     assert torch.equal(step.residual[0, 0], embedding.detach()), (
-        "decode input is the embedding row, not the last hidden")
+        "decode input is the embedding row, not the last hidden"
+    )
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -49,10 +49,16 @@ def test_pages_on_the_same_step_of_one_run_build_each_figure_once(builds, embedd
     assert charts(second) == charts(first)
 
 
-@pytest.mark.parametrize("change, new_data", [({"step": 4}, True), ({"layer": 6}, True),
-                                              ({"prompt": "The capital of Italy is"}, True),
-                                              ({"lang": "zh"}, False),  # the words differ: the title is page text
-                                              ({"temperature": 1, "seed": 7}, False)])  # another run
+@pytest.mark.parametrize(
+    "change, new_data",
+    [
+        ({"step": 4}, True),
+        ({"layer": 6}, True),
+        ({"prompt": "The capital of Italy is"}, True),
+        ({"lang": "zh"}, False),  # the words differ: the title is page text
+        ({"temperature": 1, "seed": 7}, False),
+    ],
+)  # another run
 def test_a_figure_is_built_again_when_what_it_shows_changes(change, new_data, builds, embedded_model):
     before = start(**LINK)
     after = start(**(LINK | change))
@@ -98,8 +104,10 @@ def test_the_kv_views_figures_come_from_the_memo(embedded_model, monkeypatch):
     """The paged-KV view's figures are memoized like the others': a second page on the same step builds none, the
     next step builds the step's own (not the per-layer lengths, the same at every step), Back none."""
     figures._figures.clear()
-    built = count_calls(monkeypatch, [(kv_cache, name) for name in ("pool_figure", "layer_lengths_figure",
-                                                                    "kv_values_figure", "occupancy_bar")])
+    built = count_calls(
+        monkeypatch,
+        [(kv_cache, name) for name in ("pool_figure", "layer_lengths_figure", "kv_values_figure", "occupancy_bar")],
+    )
     link = dict(view="kv", step=3, layer=5, head=2, chat=0, prompt="The capital of France is")
     first = start(**link)
     assert_clean(first)
@@ -125,8 +133,10 @@ def test_pages_on_the_same_step_build_its_tables_and_token_cells_once(embedded_m
     from ui.views import flow, stepper
 
     figures._tables.clear()
-    built = count_calls(monkeypatch, ((flow, "stages_table"), (stepper, "candidates_table"), (runs, "token_cells"),
-                                      (runs, "candidate_cells")))
+    built = count_calls(
+        monkeypatch,
+        ((flow, "stages_table"), (stepper, "candidates_table"), (runs, "token_cells"), (runs, "candidate_cells")),
+    )
     link = dict(view="flow", step=3, chat=0, prompt="Each table is made once")  # a run no other test made
     first = start(**link)
     assert_clean(first)
@@ -141,14 +151,22 @@ def test_pages_on_the_same_step_build_its_tables_and_token_cells_once(embedded_m
     assert {"stages_table", "candidates_table", "token_cells", "candidate_cells"} <= set(built)
 
 
-@pytest.mark.parametrize("view, module_name, names, every_step", [
-    ("kv", "kv_cache", ("block_table_frame", "kv_bytes_table", "layer_lengths_table"),
-     ("block_table_frame", "kv_bytes_table")),  # the per-layer lengths: the same at every step
-    ("split", "split_kv", ("split_table",), ("split_table",)),
-    ("costs", "costs", ("steps_table",), ("steps_table",)),
-])
-def test_the_views_tables_are_made_once_for_every_page_on_a_step(view, module_name, names, every_step, embedded_model,
-                                                                 monkeypatch):
+@pytest.mark.parametrize(
+    "view, module_name, names, every_step",
+    [
+        (
+            "kv",
+            "kv_cache",
+            ("block_table_frame", "kv_bytes_table", "layer_lengths_table"),
+            ("block_table_frame", "kv_bytes_table"),
+        ),  # the per-layer lengths: the same at every step
+        ("split", "split_kv", ("split_table",), ("split_table",)),
+        ("costs", "costs", ("steps_table",), ("steps_table",)),
+    ],
+)
+def test_the_views_tables_are_made_once_for_every_page_on_a_step(
+    view, module_name, names, every_step, embedded_model, monkeypatch
+):
     """The paged-KV, split-KV and costs views' tables, like the figures: a second page on the same step makes none
     and shows the same, the next step makes its own, Back none."""
     import importlib

@@ -23,6 +23,7 @@ from ui.text import strings
 
 def follow_link(at) -> str:
     """The href inside the container keyed `follow-link`."""
+
     def blocks(node):
         yield node
         for child in getattr(node, "children", {}).values():
@@ -44,8 +45,11 @@ def code_in(link: str) -> str:
 
 def everything_shown(at) -> str:
     kinds = ("markdown", "caption", "info", "warning", "code", "html", "text")
-    return " ".join(str(getattr(e, "value", "")) + getattr(getattr(e, "proto", None), "body", "")
-                    for kind in kinds for e in at.get(kind))
+    return " ".join(
+        str(getattr(e, "value", "")) + getattr(getattr(e, "proto", None), "body", "")
+        for kind in kinds
+        for e in at.get(kind)
+    )
 
 
 def link_of(at) -> dict[str, str]:
@@ -269,7 +273,9 @@ def test_a_follower_keeps_following_through_its_own_language_and_the_teachers_ca
         assert_clean(follower)
         assert state_of(follower) == state_of(leader)
         assert [i.value for i in follower.info if i.value == strings.t("follow_following", "zh")], (
-            [i.value for i in follower.info], [w.value for w in follower.warning])
+            [i.value for i in follower.info],
+            [w.value for w in follower.warning],
+        )
 
 
 def lang_of(at) -> str:
@@ -300,8 +306,15 @@ def test_a_plain_follow_link_opens_in_the_class_language_then_keeps_the_students
 def test_followed_part_leaves_out_the_followers_own_settings_only():
     state = AppState(step=3, view="kv")
     assert room_link.followed_part(replace(state, lang="zh", large=True)) == room_link.followed_part(state)
-    for change in ({"step": 4}, {"view": "flow"}, {"temperature": 0.5}, {"chapter": 2}, {"prompt": "x"},
-                   {"layer": 1}, {"policy": "radix"}):
+    for change in (
+        {"step": 4},
+        {"view": "flow"},
+        {"temperature": 0.5},
+        {"chapter": 2},
+        {"prompt": "x"},
+        {"layer": 1},
+        {"policy": "radix"},
+    ):
         assert room_link.followed_part(replace(state, **change)) != room_link.followed_part(state), change
 
 

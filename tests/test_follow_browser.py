@@ -41,14 +41,18 @@ def shows(page, expected: dict[str, str], timeout_ms: int = WAIT_MS) -> None:
     """Wait until `page` shows `expected` (from `shown`); else fail saying what it shows (`timeout_ms`: a harness
     timeout, that only keeps a hung test from hanging)."""
     try:
-        page.wait_for_function(f"e => {{ const now = ({SHOWN})(); "
-                               "return now.counter === e.counter && now.view === e.view && now.text === e.text; }",
-                               arg=expected, timeout=timeout_ms)
+        page.wait_for_function(
+            f"e => {{ const now = ({SHOWN})(); "
+            "return now.counter === e.counter && now.view === e.view && now.text === e.text; }",
+            arg=expected,
+            timeout=timeout_ms,
+        )
     except PlaywrightTimeout:
         state = page.locator('[data-testid="stApp"]').get_attribute("data-test-script-state")
         alerts = page.locator('[data-testid="stAlert"], [data-testid="stException"]').all_inner_texts()
-        raise AssertionError(f"after {timeout_ms} ms the page ({state}, alerts {alerts}) shows {page.evaluate(SHOWN)},"
-                             f" not {expected}") from None
+        raise AssertionError(
+            f"after {timeout_ms} ms the page ({state}, alerts {alerts}) shows {page.evaluate(SHOWN)}, not {expected}"
+        ) from None
 
 
 def leader_moves(leader, key: str, **expected_link) -> dict[str, str]:
@@ -56,12 +60,15 @@ def leader_moves(leader, key: str, **expected_link) -> dict[str, str]:
     press(leader, key)
     condition = " && ".join(f"p.get({name!r}) === {value!r}" for name, value in expected_link.items())
     try:
-        leader.wait_for_function(f"() => {{ const p = new URL(location.href).searchParams; return {condition}; }}",
-                                 timeout=WAIT_MS)
+        leader.wait_for_function(
+            f"() => {{ const p = new URL(location.href).searchParams; return {condition}; }}", timeout=WAIT_MS
+        )
     except PlaywrightTimeout:  # seen once (a full run): the link a step behind what the followers showed
         state = leader.locator('[data-testid="stApp"]').get_attribute("data-test-script-state")
-        raise AssertionError(f"the leader's link is not {expected_link} but {leader.url}; the page ({state}) shows "
-                             f"{leader.evaluate(SHOWN)}") from None
+        raise AssertionError(
+            f"the leader's link is not {expected_link} but {leader.url}; the page ({state}) shows "
+            f"{leader.evaluate(SHOWN)}"
+        ) from None
     return shown(leader)
 
 
@@ -156,8 +163,7 @@ def test_two_followers_follow_by_the_leaders_push_until_each_explores_on_its_own
     assert shown(first) == own and link(first)["step"] == own_step == "4"
     assert not sent.frames, f"the first was sent {len(sent.frames)} messages: it was asked to run"
     press(first, "b_back")  # its presses are its own
-    first.wait_for_function("s => new URL(location.href).searchParams.get('step') === s", arg="3",
-                            timeout=WAIT_MS)
+    first.wait_for_function("s => new URL(location.href).searchParams.get('step') === s", arg="3", timeout=WAIT_MS)
     press(first, "b_follow_return")
     shows(first, now)
     expect(first.get_by_text(strings.t("follow_following"))).to_be_visible()
@@ -210,13 +216,18 @@ def test_a_page_opened_as_localhost_links_phones_to_the_machines_network_address
         href = page.locator(".st-key-follow-link a").get_attribute("href")
         qr = page.locator(".st-key-follow-share .kv-follow-qr img").get_attribute("src")
         assert qr == segno.make(href, error="m").svg_data_uri(scale=1, border=3, omitsize=True, light="#fff")
-        own = {a.address for addresses in psutil.net_if_addrs().values() for a in addresses
-               if a.family == socket.AF_INET and not ipaddress.ip_address(a.address).is_loopback}
+        own = {
+            a.address
+            for addresses in psutil.net_if_addrs().values()
+            for a in addresses
+            if a.family == socket.AF_INET and not ipaddress.ip_address(a.address).is_loopback
+        }
         alert = page.locator('[data-testid="stAlert"]')
         name = teacher_browser.PUBLIC_URL_ENV
         if not own:
-            expect(alert.filter(has_text=plain_start(strings.t("follow_local_no_network", host="localhost",
-                                                               name=name)))).to_be_visible()
+            expect(
+                alert.filter(has_text=plain_start(strings.t("follow_local_no_network", host="localhost", name=name)))
+            ).to_be_visible()
             return
         link_to = urlparse(href)
         assert link_to.hostname in own and link_to.port == port and "follow" in parse_qs(link_to.query)
@@ -250,8 +261,12 @@ def test_nothing_the_projector_shows_lets_a_student_lead(server, pages):
     host = urlparse(server).hostname
     warning = strings.t("follow_local_only", host=host, name=teacher_browser.PUBLIC_URL_ENV)
     expect(teacher.locator('[data-testid="stAlert"]', has_text=plain_start(warning))).to_be_visible()
-    shown_anywhere = [teacher.inner_text("body"), teacher.url, qr,
-                      *teacher.eval_on_selector_all("a[href], img[src]", "els => els.map(e => e.href || e.src)")]
+    shown_anywhere = [
+        teacher.inner_text("body"),
+        teacher.url,
+        qr,
+        *teacher.eval_on_selector_all("a[href], img[src]", "els => els.map(e => e.href || e.src)"),
+    ]
     assert not [where for where in shown_anywhere if secret in where]
     teacher.locator(".st-key-follow-share summary").click()  # closed: the panel lies over the page when open
 

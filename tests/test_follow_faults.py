@@ -75,11 +75,16 @@ def timed_next(leader, step: int) -> tuple[float, dict]:
     started = time.perf_counter()
     leader.locator(".st-key-b_next button").click()
     try:
-        leader.wait_for_function(f"() => new URL(location.href).searchParams.get('step') === '{step}' && "
-                                 f"document.querySelector('{IDLE}') !== null", timeout=WAIT_MS)
+        leader.wait_for_function(
+            f"() => new URL(location.href).searchParams.get('step') === '{step}' && "
+            f"document.querySelector('{IDLE}') !== null",
+            timeout=WAIT_MS,
+        )
     except PlaywrightTimeout:  # seen once (CI): the leader two steps on (`ui.page.step.move`); what it showed tells why
-        raise AssertionError(f"the leader did not show step {step}, its run finished: it is at {leader.url} and "
-                             f"showed {record(leader)[-20:]}") from None
+        raise AssertionError(
+            f"the leader did not show step {step}, its run finished: it is at {leader.url} and "
+            f"showed {record(leader)[-20:]}"
+        ) from None
     return time.perf_counter() - started, shown(leader)
 
 
@@ -107,8 +112,10 @@ def test_a_paused_redis_never_slows_the_teacher_and_followers_come_back_by_thems
     counts it and reveals both answers, each once (answers through a Redis killed and started empty:
     tests/test_class_answers.py)."""
     leader, *followers = pages
-    with redis_process(tmp_path) as (store_url, store), \
-            running_server(tmp_path / "log.txt", env={"KVSCOPE_STORE": store_url}) as (server, _):
+    with (
+        redis_process(tmp_path) as (store_url, store),
+        running_server(tmp_path / "log.txt", env={"KVSCOPE_STORE": store_url}) as (server, _),
+    ):
         open_class(server, leader, followers)
         for step in (2, 3):
             followed(leader, followers, step)
@@ -153,8 +160,9 @@ def test_followers_follow_again_by_themselves_after_an_app_server_restart(tmp_pa
         expected = shown(leader)
         restart_at = leader.evaluate("Date.now()")
         with restarted_server(server, process, tmp_path / "log-after-restart.txt"):
-            leader.wait_for_function(f"() => window.__shown.some(e => e[0] >= {restart_at} && e[1] === 'running')",
-                                     timeout=WAIT_MS)  # the page lost its server and runs again on the new one
+            leader.wait_for_function(
+                f"() => window.__shown.some(e => e[0] >= {restart_at} && e[1] === 'running')", timeout=WAIT_MS
+            )  # the page lost its server and runs again on the new one
             leader.wait_for_selector(IDLE, timeout=WAIT_MS)
             published = drawn(record(leader), restart_at)
             for follower in followers:
@@ -163,8 +171,15 @@ def test_followers_follow_again_by_themselves_after_an_app_server_restart(tmp_pa
                 entries = record(follower)
                 up = max(published, drawn(entries, restart_at))
                 following = (strings.t("follow_following"), strings.t("follow_rejoined"))
-                back = first(seen_from(entries, up), lambda e: e[1] == "notRunning" and e[2] == expected["counter"]
-                             and any(text in (e[3] or "") for text in following), up)
+                back = first(
+                    seen_from(entries, up),
+                    lambda e: (
+                        e[1] == "notRunning"
+                        and e[2] == expected["counter"]
+                        and any(text in (e[3] or "") for text in following)
+                    ),
+                    up,
+                )
                 assert back is not None, [(t - up, *rest) for t, *rest in entries]
             followed(leader, followers, 3)  # and they follow the teacher's next move
             leader.reload()  # on the new server, a reload resumes the room from the browser's cookie

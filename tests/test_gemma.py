@@ -27,8 +27,12 @@ def test_model_card_names_each_layers_kind_window_and_norms(gemma, tiny_model_di
     kinds = tuple({"sliding_attention": "local", "full_attention": "global"}[t] for t in config.layer_types)
     assert gemma.info.layer_kinds == kinds and "local" in kinds and "global" in kinds
     assert gemma.info.sliding_window == config.sliding_window == W
-    assert gemma.info.layer_norms == ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-                                      "post_feedforward_layernorm")
+    assert gemma.info.layer_norms == (
+        "input_layernorm",
+        "post_attention_layernorm",
+        "pre_feedforward_layernorm",
+        "post_feedforward_layernorm",
+    )
     local, total = kinds.count("local"), len(kinds)
     element = gemma.info.element_bytes * 2 * gemma.info.kv_heads * gemma.info.head_dim
     assert gemma.info.kv_bytes(3 * W) == element * ((total - local) * 3 * W + local * W)
@@ -71,8 +75,9 @@ def test_rebuilt_steps_equal_the_run_while_their_window_is_held_and_after(gemma)
     session, traces = decode(gemma, list(range(1000, 1006)), 2 * W, block_size=4, max_new_tokens=2 * W + 1)
     last = session.rebuild(len(traces) - 1)
     assert torch.allclose(last.logits, traces[-1].logits, atol=1e-5, rtol=0)
-    assert torch.equal(last.attention, traces[-1].attention) or torch.allclose(last.attention, traces[-1].attention,
-                                                                               atol=1e-6, rtol=0)
+    assert torch.equal(last.attention, traces[-1].attention) or torch.allclose(
+        last.attention, traces[-1].attention, atol=1e-6, rtol=0
+    )
     assert session.table.window.first_position > traces[1].positions[0] - W + 1  # its window was handed back:
     early = session.rebuild(1)  # rebuilt by a replay (tests/test_sliding_window.py), equal to the run's
     assert torch.equal(early.logits, traces[1].logits) and torch.equal(early.attention, traces[1].attention)

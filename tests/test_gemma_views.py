@@ -77,8 +77,10 @@ def test_the_kv_view_shows_each_layers_cached_length_and_the_bytes_saved(gemma_p
         return {int(x): int(y) for trace in lengths["data"] for x, y in zip(matrix(trace["x"]), matrix(trace["y"]))}
 
     def kept_by_hand(length):  # a local layer keeps at most its window, a global one everything
-        return {i: min(length, GEMMA_WINDOW) if kind == "sliding_attention" else length
-                for i, kind in enumerate(config.layer_types)}
+        return {
+            i: min(length, GEMMA_WINDOW) if kind == "sliding_attention" else length
+            for i, kind in enumerate(config.layer_types)
+        }
 
     shown = 4 * GEMMA_WINDOW  # the picture opens four windows long, past where the window slid
     assert bars(at) == kept_by_hand(shown)
@@ -98,8 +100,9 @@ def test_the_kv_view_shows_each_layers_cached_length_and_the_bytes_saved(gemma_p
     assert f"holds positions {first}–{n - 1}" in text
 
 
-def test_the_model_card_carries_the_gemma_licence_notice_for_a_gemma_model_only(gemma_page, monkeypatch,
-                                                                                 tiny_model_dir):
+def test_the_model_card_carries_the_gemma_licence_notice_for_a_gemma_model_only(
+    gemma_page, monkeypatch, tiny_model_dir
+):
     notice = "Gemma is provided under and subject to the Gemma Terms of Use"
     at = start(model=gemma_page, prompt=PROMPT, step=1)
     assert_clean(at)

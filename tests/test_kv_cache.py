@@ -151,8 +151,13 @@ def test_trace_memory_stays_bounded_over_500_steps(tiny_model):
     session.prefill()
 
     def held_bytes() -> int:
-        return sum(t.numel() * t.element_size() for trace in session.traces for name in trace.HEAVY
-                   for t in [getattr(trace, name)] if isinstance(t, torch.Tensor))
+        return sum(
+            t.numel() * t.element_size()
+            for trace in session.traces
+            for name in trace.HEAVY
+            for t in [getattr(trace, name)]
+            if isinstance(t, torch.Tensor)
+        )
 
     for _ in range(100):
         session.step()
@@ -168,13 +173,22 @@ def test_trace_memory_stays_bounded_over_500_steps(tiny_model):
 
 # -- rebuilding an old step from the cache ------------------------------------------------------
 
+
 def pool_state(session) -> tuple:
     """Everything a rebuild must leave as it was: K/V bytes (unwritten slots too), ref counts, free
     order, the block table, the tokens and which traces are slim."""
     pool = session.pool
-    return (pool.k.view(torch.uint8).clone(), pool.v.view(torch.uint8).clone(), list(pool.block_manager.ref_count),
-            list(pool.block_manager.free), list(session.table.blocks), session.table.length, list(session.generated),
-            [trace.is_slim for trace in session.traces], session.text)
+    return (
+        pool.k.view(torch.uint8).clone(),
+        pool.v.view(torch.uint8).clone(),
+        list(pool.block_manager.ref_count),
+        list(pool.block_manager.free),
+        list(session.table.blocks),
+        session.table.length,
+        list(session.generated),
+        [trace.is_slim for trace in session.traces],
+        session.text,
+    )
 
 
 def assert_same_state(before: tuple, after: tuple) -> None:
@@ -202,8 +216,15 @@ def counting_forwards(monkeypatch) -> list:
 
 @pytest.mark.parametrize("kv_splits", [1, 3])
 def test_rebuilding_an_old_step_is_one_forward_pass_equal_to_the_original(kv_splits, tiny_model, monkeypatch):
-    session = engine.DecodeSession(tiny_model("llama"), PROMPT, sampling=engine.Sampling(temperature=1.0, seed=7),
-                                   block_size=4, kv_splits=kv_splits, keep_full_traces=4, max_new_tokens=40)
+    session = engine.DecodeSession(
+        tiny_model("llama"),
+        PROMPT,
+        sampling=engine.Sampling(temperature=1.0, seed=7),
+        block_size=4,
+        kv_splits=kv_splits,
+        keep_full_traces=4,
+        max_new_tokens=40,
+    )
     originals = [copy.copy(session.prefill())] + [copy.copy(session.step()) for _ in range(29)]  # keep the tensors
     assert session.traces[5].is_slim and session.traces[0].is_slim
     before = pool_state(session)
@@ -239,8 +260,13 @@ def test_rebuilding_a_prefill_after_a_prefix_hit_reads_the_reused_kv(tiny_model,
     cache = engine.PrefixCache(model, policy="radix", block_size=4, capacity_blocks=64)
     with engine.DecodeSession(model, PROMPT, prefix_cache=cache) as first:
         first.prefill()
-    session = engine.DecodeSession(model, PROMPT + " and reads them back", prefix_cache=cache, keep_full_traces=1,
-                                   sampling=engine.Sampling(temperature=0.8, seed=3))
+    session = engine.DecodeSession(
+        model,
+        PROMPT + " and reads them back",
+        prefix_cache=cache,
+        keep_full_traces=1,
+        sampling=engine.Sampling(temperature=0.8, seed=3),
+    )
     prefill = copy.copy(session.prefill())
     assert prefill.prefix.reused_tokens > 0 and prefill.positions[0] == prefill.prefix.reused_tokens
     for _ in range(3):

@@ -21,8 +21,13 @@ def package(module: str) -> str | None:
 
 def upward_arrows(graph: dict[str, set[str]]) -> list[str]:
     rank = {name: i for i, name in enumerate(LAYERS)}
-    return sorted(f"{module} -> {target}" for module, targets in graph.items() if package(module) in rank
-                  for target in targets if package(target) in rank and rank[package(target)] > rank[package(module)])
+    return sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if package(module) in rank
+        for target in targets
+        if package(target) in rank and rank[package(target)] > rank[package(module)]
+    )
 
 
 def test_every_ui_module_is_in_a_package_of_the_layers():
@@ -36,12 +41,14 @@ def test_no_import_runs_back_up_a_layer():
 
 
 def test_the_check_finds_an_arrow_up():
-    assert upward_arrows({"ui.runs.runner": {"ui.page.step"}, "ui.page.step": {"ui.runs.runner"}}) == \
-        ["ui.runs.runner -> ui.page.step"]
+    assert upward_arrows({"ui.runs.runner": {"ui.page.step"}, "ui.page.step": {"ui.runs.runner"}}) == [
+        "ui.runs.runner -> ui.page.step"
+    ]
 
 
 def test_the_link_counts_the_lessons_chapters():
     """The link's chapter bound is counted in lesson.toml (the link sits below the lesson's code)."""
     from ui.lesson.chapters import CHAPTERS
     from ui.state.link import CHAPTER_COUNT, RANGES
+
     assert CHAPTER_COUNT == len(CHAPTERS) == RANGES["chapter"][2]

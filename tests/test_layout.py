@@ -85,8 +85,9 @@ def test_each_view_is_laid_out_for_its_screen(server, browser, lang, screen, req
             if view != views[0]:
                 page.locator(".st-key-w_view label", has_text=strings.t("view_" + view, lang)).click()
                 until_link(page, view=view, step="8")
-                page.evaluate("() => { window.scrollTo(0, 0); document.querySelector('[data-testid=stMain]')"
-                              ".scrollTo(0, 0); }")
+                page.evaluate(
+                    "() => { window.scrollTo(0, 0); document.querySelector('[data-testid=stMain]').scrollTo(0, 0); }"
+                )
             try:
                 assert_the_views_radio_clear_of_the_stream(page)
                 if view == "serving":
@@ -111,8 +112,10 @@ def assert_the_views_radio_clear_of_the_stream(page) -> None:
     if page.locator(".st-key-token-stream").count() == 0:  # the Serving view's requests are its own stream
         return
     stream = box(page, ".st-key-token-stream .kv-stream-box")
-    tops = page.evaluate("() => [...document.querySelectorAll('.st-key-w_view label')].slice(1)"
-                         ".map(label => label.getBoundingClientRect().top)")  # the first label is the radio's own
+    tops = page.evaluate(
+        "() => [...document.querySelectorAll('.st-key-w_view label')].slice(1)"
+        ".map(label => label.getBoundingClientRect().top)"
+    )  # the first label is the radio's own
     assert tops and min(tops) >= stream["y"] + stream["height"] - 1, (stream, tops)
 
 
@@ -140,8 +143,9 @@ def assert_next_and_the_step_buttons_fit_the_phone(page) -> None:
 def assert_figures_laid_out(page) -> None:
     # Every view draws at least one titled figure (in CI a page's first view once had none yet when measured).
     page.wait_for_selector(".kv-figure-title", timeout=WAIT_MS)
-    page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')]"
-                           ".every(p => p.querySelector('.main-svg'))")
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.js-plotly-plot')].every(p => p.querySelector('.main-svg'))"
+    )
     found = page.evaluate(MEASURE)
     assert found["titles"] >= 1, found  # every view draws at least one titled figure
     assert not found["cut"] and not found["plotly_titles"], found
@@ -153,8 +157,9 @@ def assert_step_counter(page, lang: str, model) -> None:
     output named. Step 1 is the prefill of positions 0…n−1; step k ≥ 2 feeds the token at position n + k − 2."""
     chat = parse_query({"lang": lang})[0].chat  # the language's default (off for the Chinese base model)
     prompt_tokens = len(engine.DecodeSession(model, default_prompt(lang), chat=chat).prompt_ids)
-    assert page.locator(".kv-counter").inner_text() == strings.t("counter_decode", lang, step=8,
-                                                                  position=prompt_tokens + 6)
+    assert page.locator(".kv-counter").inner_text() == strings.t(
+        "counter_decode", lang, step=8, position=prompt_tokens + 6
+    )
     header = page.locator(".kv-header").inner_text()
     assert strings.t("io_input", lang) in header and strings.t("io_output", lang) in header
 
@@ -174,7 +179,8 @@ def assert_pass_counter(page, lang: str, model) -> None:
     chat = parse_query({"lang": lang})[0].chat
     passes = reference_passes(model, lang, chat)[:8]
     assert page.locator(".kv-counter").inner_text() == strings.t(
-        "spec_counter", lang, step=len(passes), n=len(passes[-1].added), tokens=sum(len(p.added) for p in passes))
+        "spec_counter", lang, step=len(passes), n=len(passes[-1].added), tokens=sum(len(p.added) for p in passes)
+    )
 
 
 @pytest.mark.parametrize(("viewport", "lang"), [(PROJECTOR, "en"), (PROJECTOR, "zh"), (PHONE, "en")])
@@ -191,6 +197,7 @@ def test_a_banner_under_the_title_leaves_the_title_whole(server, browser, viewpo
 
 
 # -- the lesson on a projector ----------------------------------------------------------------------------------
+
 
 def test_a_tapped_token_shows_its_position_id_and_bytes_on_a_touch_screen(server, browser):
     """Touch screens have no hover: a tap on a chip shows its hover text in a bar at the foot of the screen."""

@@ -107,8 +107,9 @@ class Run:
         info = self.info
         element = self.model.weights.embed_tokens.element_size()
         windows = info.layer_windows or (None,) * info.layers
-        return 2 * info.kv_heads * info.head_dim * element * sum(length if w is None else min(length, w)
-                                                                 for w in windows)
+        return (
+            2 * info.kv_heads * info.head_dim * element * sum(length if w is None else min(length, w) for w in windows)
+        )
 
     def scores(self, length: int) -> int:
         """Attention scores a prefill of `length` computes: each query against the keys its layer reads, counted."""
@@ -126,11 +127,23 @@ def run_of(chapter, model: engine.Model, lang: str, prompt: str | None = None) -
         tokenizer = model.tokenizer
         cached, new = tokenizer.encode(CASE_CACHED), tokenizer.encode(CASES[chapter.case])
         return Run(model, len(new), len(new), None, new, reuse=case_reuse(model, chapter.case), cached=cached)
-    session, trace = own_trace(model, prompt or chapter_prompt(chapter, model, lang), chapter.step,
-                               chapter.settings["block_size"], chapter.settings["kv_splits"], page_chat(model, lang))
+    session, trace = own_trace(
+        model,
+        prompt or chapter_prompt(chapter, model, lang),
+        chapter.step,
+        chapter.settings["block_size"],
+        chapter.settings["kv_splits"],
+        page_chat(model, lang),
+    )
     n, context = len(session.prompt_ids), trace.context_length
-    return Run(model, n, context, trace, session.prompt_ids + session.generated[:context - n],
-               shown=session.prompt_ids + session.generated[:chapter.step])
+    return Run(
+        model,
+        n,
+        context,
+        trace,
+        session.prompt_ids + session.generated[: context - n],
+        shown=session.prompt_ids + session.generated[: chapter.step],
+    )
 
 
 def chapter_prompt(chapter, model: engine.Model, lang: str) -> str:
@@ -160,27 +173,39 @@ def expected_numbers(chapter, run: Run, at) -> list[str]:
         "tokens": lambda: [f"{info.vocab:,}", info.hidden, n],
         "prefill": lambda: [n, info.layers, f"{kv:,}", f"id {trace.token_id}", f"{kv_at(context) / 1024:,.1f}", *past],
         "decode": lambda: [info.layers, f"{info.hidden} × {info.vocab:,}", trace.token_id, trace.positions[-1]],
-        "two_paths": lambda: [trace.token_id, info.hidden] + (  # Gemma scales its embeddings by √hidden
-            [f"√{info.hidden} ≈ {math.sqrt(info.hidden):.1f}"] if info.family == "gemma3_text" else []),
+        "two_paths": lambda: (
+            [trace.token_id, info.hidden]
+            + (  # Gemma scales its embeddings by √hidden
+                [f"√{info.hidden} ≈ {math.sqrt(info.hidden):.1f}"] if info.family == "gemma3_text" else []
+            )
+        ),
         "residual": lambda: [info.layers, 2 * info.layers] + ([len(info.layer_norms)] if post_norms(run) else []),
         "attention": lambda: [f"q·k_j/√{round(1 / run.model.attention_scales[layer] ** 2):,}", f"{context:,}"],
-        "gqa": lambda: [f"{info.q_heads} × {info.head_dim} = {info.q_heads * info.head_dim:,}",
-                        f"{2 * info.layers * info.q_heads * info.head_dim * element:,}", info.kv_heads],
-        "kv_cache": lambda: [f"2 × {info.layers} × {info.kv_heads} × {info.head_dim} × {element} = {kv:,}",
-                             f"{kv_at(context) / 1024:,.1f}", *past],
+        "gqa": lambda: [
+            f"{info.q_heads} × {info.head_dim} = {info.q_heads * info.head_dim:,}",
+            f"{2 * info.layers * info.q_heads * info.head_dim * element:,}",
+            info.kv_heads,
+        ],
+        "kv_cache": lambda: [
+            f"2 × {info.layers} × {info.kv_heads} × {info.head_dim} × {element} = {kv:,}",
+            f"{kv_at(context) / 1024:,.1f}",
+            *past,
+        ],
         "paging": lambda: [len(trace.block_table), context, "0 → ", math.ceil(n / chapter.settings["block_size"])],
-        "long_context": lambda: [f"{kv_at(context) / 2**20:,.2f}", context, info.layers, *past,
-                                 *crossovers(info, context, kv_at)]
-                                + ([] if kv_at(2 * context) == 2 * kv_at(context)
-                                   else [f"{kv_at(2 * context) / 2**20:,.2f}"]),
+        "long_context": lambda: (
+            [f"{kv_at(context) / 2**20:,.2f}", context, info.layers, *past, *crossovers(info, context, kv_at)]
+            + ([] if kv_at(2 * context) == 2 * kv_at(context) else [f"{kv_at(2 * context) / 2**20:,.2f}"])
+        ),
         "split_kv": lambda: [len(trace.split.ranges), f"{trace.split.max_abs_diff.max().item():.1e}"],
         "context_window": lambda: growth_numbers(run),
         "sliding_window": lambda: window_numbers(run, chapter.settings["block_size"], at.session_state["w_lang"]),
-        "evicting": lambda: eviction_numbers(run.model, run.shown[:run.n], chapter.step),
-        "serving": lambda: serving_numbers(run.model, at.session_state["w_lang"], at.session_state["w_chat"],
-                                           chapter.step),
-        "speculative": lambda: speculative_numbers(run.model, at.session_state["w_lang"], at.session_state["w_chat"],
-                                                   chapter.step),
+        "evicting": lambda: eviction_numbers(run.model, run.shown[: run.n], chapter.step),
+        "serving": lambda: serving_numbers(
+            run.model, at.session_state["w_lang"], at.session_state["w_chat"], chapter.step
+        ),
+        "speculative": lambda: speculative_numbers(
+            run.model, at.session_state["w_lang"], at.session_state["w_chat"], chapter.step
+        ),
         "contexts": lambda: contexts_numbers(run.model, at.session_state["w_model"], at.session_state["w_lang"])[0],
     }[chapter.key]()
     return [str(x) for x in numbers]
@@ -200,20 +225,29 @@ def contexts_numbers(model: engine.Model, spec: str, lang: str) -> tuple[list[st
     ends = []
     for sentence in (first, second):
         ids = tokenize_prompt(model, sentence, chat=False)
-        head = tokenize_prompt(model, sentence[:sentence.index(word) + len(word)], chat=False)
-        assert ids[:len(head)] == head
-        ends.append((ids[:len(head)], len(head) - 1))
+        head = tokenize_prompt(model, sentence[: sentence.index(word) + len(word)], chat=False)
+        assert ids[: len(head)] == head
+        ends.append((ids[: len(head)], len(head) - 1))
     hf = AutoModelForCausalLM.from_pretrained(resolve_source(spec), dtype=model.dtype).eval()
     per_context = []
     for ids, index in ends:
         cache, unrotated = hf_keys_before_rotation(hf, ids)
         before = [token_row(keys, len(ids), index) for keys in unrotated]
-        per_context.append(dict(unrotated=before,
-                                keys=[layer.keys[0, :, -1].float().flatten() for layer in cache.layers],
-                                values=[layer.values[0, :, -1].float().flatten() for layer in cache.layers]))
+        per_context.append(
+            dict(
+                unrotated=before,
+                keys=[layer.keys[0, :, -1].float().flatten() for layer in cache.layers],
+                values=[layer.values[0, :, -1].float().flatten() for layer in cache.layers],
+            )
+        )
     a, b = per_context
-    cos = {name: [torch.nn.functional.cosine_similarity(x.double(), y.double(), dim=0).item()
-                  for x, y in zip(a[name], b[name])] for name in a}
+    cos = {
+        name: [
+            torch.nn.functional.cosine_similarity(x.double(), y.double(), dim=0).item()
+            for x, y in zip(a[name], b[name])
+        ]
+        for name in a
+    }
     id_ = ends[0][0][ends[0][1]]
     position, layer = ("position {}", "layer {}") if lang == "en" else ("位置 {}", "第 {} 层")
     return [str(id_), position.format(ends[0][1]), position.format(ends[1][1]), layer.format(len(cos["keys"]) - 1)], cos
@@ -236,22 +270,36 @@ def growth_numbers(run: Run) -> list[str]:
     them): K/V and attention scores at the limit, and with a sliding window where and how the K/V bends; and what
     keeping the last half of the prompt keeps (the truncation slider's first position)."""
     info, kv_at, limit, window = run.info, run.kv_at, run.info.context_limit, run.window
-    out = [f"{limit:,}", f"{info.kv_bytes_per_token:,}", f"{kv_at(limit) / 2**20:,.1f}",
-           f"{run.scores(limit) / 1e6:,.0f}"]
+    out = [
+        f"{limit:,}",
+        f"{info.kv_bytes_per_token:,}",
+        f"{kv_at(limit) / 2**20:,.1f}",
+        f"{run.scores(limit) / 1e6:,.0f}",
+    ]
     if window:
-        out += [f"{window:,}", f"{kv_at(window) / 2**20:,.1f}", f"{kv_at(window + 1) - kv_at(window):,}",
-                f"{limit * info.kv_bytes_per_token / 2**20:,.1f}",
-                f"{info.layers * info.q_heads * limit * (limit + 1) / 2 / 1e6:,.0f}"]
+        out += [
+            f"{window:,}",
+            f"{kv_at(window) / 2**20:,.1f}",
+            f"{kv_at(window + 1) - kv_at(window):,}",
+            f"{limit * info.kv_bytes_per_token / 2**20:,.1f}",
+            f"{info.layers * info.q_heads * limit * (limit + 1) / 2 / 1e6:,.0f}",
+        ]
     if run.n >= 2:
         n, keep = run.n, run.keep
-        out += [f"{kv_at(keep) / 1024:,.1f}", f"{kv_at(n) / 1024:,.1f}", f"{100 * kv_at(keep) / kv_at(n):.0f}%",
-                f"{100 * run.scores(keep) / run.scores(n):.0f}%"]
+        out += [
+            f"{kv_at(keep) / 1024:,.1f}",
+            f"{kv_at(n) / 1024:,.1f}",
+            f"{100 * kv_at(keep) / kv_at(n):.0f}%",
+            f"{100 * run.scores(keep) / run.scores(n):.0f}%",
+        ]
     return out
 
 
 # How the window chapter writes them.
-WINDOW_WORDS = {"en": ("{} to {}", "{} blocks of {}", "**{} blocks**", "in {} blocks."),
-                "zh": ("{} 至 {}", "{} 个块，每块 {} 个", "**{} 个块**", "共 {} 个块。")}
+WINDOW_WORDS = {
+    "en": ("{} to {}", "{} blocks of {}", "**{} blocks**", "in {} blocks."),
+    "zh": ("{} 至 {}", "{} 个块，每块 {} 个", "**{} 个块**", "共 {} 个块。"),
+}
 
 
 def window_numbers(run: Run, size: int, lang: str) -> list[str]:
@@ -265,32 +313,55 @@ def window_numbers(run: Run, size: int, lang: str) -> list[str]:
     every = f"{context * info.layers * per_layer / 1024:,.1f}"
     if window is None:
         limit = info.context_limit
-        return [f"{context:,}", in_blocks.format(blocks, size), every, f"{info.layers * per_layer:,}", f"{limit:,}",
-                fmt_size(limit * info.layers * per_layer), str(info.layers)]
+        return [
+            f"{context:,}",
+            in_blocks.format(blocks, size),
+            every,
+            f"{info.layers * per_layer:,}",
+            f"{limit:,}",
+            fmt_size(limit * info.layers * per_layer),
+            str(info.layers),
+        ]
     local = sum(w is not None for w in info.layer_windows)
     start = max(0, context - window + 1) // size * size  # the first position the local layers still hold
     reads = max(0, position - window + 1)
     global_layers = ", ".join(str(i) for i, w in enumerate(info.layer_windows) if w is None)
     if not start:
         return [f"{context:,}", in_blocks.format(blocks, size), every, f"{reads:,}", global_layers]
-    return [f"{context:,}", span.format(f"{reads:,}", f"{position:,}"), span.format(f"{start:,}", f"{position:,}"),
-            f"{context - start:,}", in_blocks.format(blocks - start // size, size), returned.format(start // size),
-            span.format(0, f"{start - 1:,}"), f"{start * local * per_layer / 1024:,.1f}",
-            global_blocks.format(blocks), global_layers, f"{(context - start) * local * per_layer / 1024:,.1f}",
-            f"{context * (info.layers - local) * per_layer / 1024:,.1f}", every]
+    return [
+        f"{context:,}",
+        span.format(f"{reads:,}", f"{position:,}"),
+        span.format(f"{start:,}", f"{position:,}"),
+        f"{context - start:,}",
+        in_blocks.format(blocks - start // size, size),
+        returned.format(start // size),
+        span.format(0, f"{start - 1:,}"),
+        f"{start * local * per_layer / 1024:,.1f}",
+        global_blocks.format(blocks),
+        global_layers,
+        f"{(context - start) * local * per_layer / 1024:,.1f}",
+        f"{context * (info.layers - local) * per_layer / 1024:,.1f}",
+        every,
+    ]
 
 
 def crossovers(info, context: int, kv_at) -> list[str]:
     """Chapter 10: where one step's K/V passes its weights (the embedded model's are tied: all are read), by brute
     force: the batch at this context and at the limit, the context of one request; Qwen3-0.6B's from its card
     (596,049,920 parameters in bfloat16, 114,688 B of K/V per position)."""
+
     def first(passes):
         return f"{next(x for x in range(1, 10**6) if passes(x)):,}"
 
     weights, qwen, qwen_kv = info.parameters * info.element_bytes, 596_049_920 * 2, 114_688
-    return [first(lambda b: b * kv_at(context) > weights), first(lambda b: b * kv_at(info.context_limit) > weights),
-            first(lambda n: kv_at(n) > weights), first(lambda n: n * qwen_kv > qwen),
-            first(lambda b: b * context * qwen_kv > qwen), f"{weights / 2**20:,.0f}"]
+    return [
+        first(lambda b: b * kv_at(context) > weights),
+        first(lambda b: b * kv_at(info.context_limit) > weights),
+        first(lambda n: kv_at(n) > weights),
+        first(lambda n: n * qwen_kv > qwen),
+        first(lambda b: b * context * qwen_kv > qwen),
+        f"{weights / 2**20:,.0f}",
+    ]
 
 
 def causal(run: Run, at) -> bool:
@@ -309,58 +380,85 @@ def premises(chapter, run: Run, at) -> dict[tuple[str, str | None], bool]:
     every model)."""
     info, n, context, window, kv_at = run.info, run.n, run.context, run.window, run.kv_at
     if chapter.key == "evicting":  # its question asks why a layer looks so much at position 0
-        strong = strong_sink(run.model, run.shown[:run.n], chapter.step)
+        strong = strong_sink(run.model, run.shown[: run.n], chapter.step)
         return {(part, None): strong for part in ("question", "answer", "choices")} | {
-            (part, "weak_sink"): not strong for part in ("question", "answer", "choices")}
+            (part, "weak_sink"): not strong for part in ("question", "answer", "choices")
+        }
     if chapter.key == "contexts":  # layer 0 reads the embedding alone only where the position enters by RoPE
         rope = info.positions.startswith("RoPE")
         return {(part, None): rope for part in ("body", "look", "claim")} | {
-            (part, "learned"): not rope for part in ("body", "look", "claim")}
+            (part, "learned"): not rope for part in ("body", "look", "claim")
+        }
     if chapter.key == "prefill":
         return {(part, None): n >= 2 for part in ("question", "answer", "choices")} | {
-            (part, "one_token"): n == 1 for part in ("question", "answer", "choices")}
+            (part, "one_token"): n == 1 for part in ("question", "answer", "choices")
+        }
     if chapter.key == "residual":
         return {("body", None): not post_norms(run), ("body", "post_norms"): post_norms(run)}
     if chapter.key == "attention":
         return {("question", None): causal(run, at), ("answer", None): causal(run, at)}
     if chapter.key == "gqa":
         return {(part, None): info.q_heads > info.kv_heads for part in ("question", "answer", "choices")} | {
-            (part, "mha"): info.q_heads == info.kv_heads for part in ("question", "answer", "choices")}
+            (part, "mha"): info.q_heads == info.kv_heads for part in ("question", "answer", "choices")
+        }
     if chapter.key == "long_context":
         doubles = kv_at(2 * context) == 2 * kv_at(context)
         grows_less = kv_at(context) < kv_at(2 * context) < 2 * kv_at(context)
-        return {("answer", None): doubles, ("answer", "window_doubling"): not doubles,
-                ("choices", None): doubles, ("choices", "window_doubling"): grows_less}
+        return {
+            ("answer", None): doubles,
+            ("answer", "window_doubling"): not doubles,
+            ("choices", None): doubles,
+            ("choices", "window_doubling"): grows_less,
+        }
     if chapter.key == "prefix_case1":
         reuse, cached = run.reuse, len(run.cached)
         fewer = reuse["block"] < reuse["radix"]
         agree = reuse["whole"] == reuse["radix"] == reuse["block"] == cached
-        return {(part, None): fewer for part in ("question", "answer", "choices")} | {
-            (part, "all_agree"): agree for part in ("question", "answer", "choices")} | {
-            ("choices", "compare"): reuse["block"] == reuse["radix"] > reuse["whole"]}
+        return (
+            {(part, None): fewer for part in ("question", "answer", "choices")}
+            | {(part, "all_agree"): agree for part in ("question", "answer", "choices")}
+            | {("choices", "compare"): reuse["block"] == reuse["radix"] > reuse["whole"]}
+        )
     if chapter.key == "speculative":  # greedy: the answer is plain decoding's; the free answer guesses worse
         lang, chat = at.session_state["w_lang"], at.session_state["w_chat"]
         equal = plain_answer_equal(run.model, lang, chat, chapter.step)
         worse = free_guesses_worse(run.model, lang, chat)
-        return {("claim", None): equal and chapter.step > 1, ("claim", "prefill_only"): chapter.step == 1,
-                ("claim", "sampled"): False, ("question", None): worse, ("answer", None): worse}  # lessons are greedy
+        return {
+            ("claim", None): equal and chapter.step > 1,
+            ("claim", "prefill_only"): chapter.step == 1,
+            ("claim", "sampled"): False,
+            ("question", None): worse,
+            ("answer", None): worse,
+        }  # lessons are greedy
     if chapter.key == "context_window":
         past = window is not None and n > window
         halves = 40 <= 100 * kv_at(run.keep) / kv_at(n) <= 60 and 20 <= 100 * run.scores(run.keep) / run.scores(n) <= 35
-        return {("body", None): window is None, ("look", None): window is None,
-                ("body", "windowed"): window is not None, ("look", "windowed"): window is not None,
-                ("question", None): n >= 2, ("question", "one_token"): n < 2, ("answer", "one_token"): n < 2,
-                ("answer", None): n >= 2 and not past and halves, ("answer", "past_window"): n >= 2 and past,
-                ("answer", "rough"): n >= 2 and not past, ("choices", None): n >= 2 and not past,
-                ("choices", "one_token"): n < 2, ("choices", "past_window"): n >= 2 and past and (
-                    2 * kv_at(run.keep) > kv_at(n) and 2 * run.scores(run.keep) < run.scores(n))}
+        return {
+            ("body", None): window is None,
+            ("look", None): window is None,
+            ("body", "windowed"): window is not None,
+            ("look", "windowed"): window is not None,
+            ("question", None): n >= 2,
+            ("question", "one_token"): n < 2,
+            ("answer", "one_token"): n < 2,
+            ("answer", None): n >= 2 and not past and halves,
+            ("answer", "past_window"): n >= 2 and past,
+            ("answer", "rough"): n >= 2 and not past,
+            ("choices", None): n >= 2 and not past,
+            ("choices", "one_token"): n < 2,
+            ("choices", "past_window"): n >= 2
+            and past
+            and (2 * kv_at(run.keep) > kv_at(n) and 2 * run.scores(run.keep) < run.scores(n)),
+        }
     if chapter.key == "sliding_window":  # its own text once a local block went back to the pool
         has = window is not None
         handed_back = has and context - window + 1 >= chapter.settings["block_size"]
-        return {(part, None): handed_back for part in ("body", "look", "claim")} | {
-            (part, "inside_window"): has and not handed_back for part in ("body", "look", "claim")} | {
-            (part, None): has for part in ("question", "answer", "choices")} | {
-            (part, "no_window"): not has for part in ("body", "look", "claim", "question", "answer", "choices")}
+        return (
+            {(part, None): handed_back for part in ("body", "look", "claim")}
+            | {(part, "inside_window"): has and not handed_back for part in ("body", "look", "claim")}
+            | {(part, None): has for part in ("question", "answer", "choices")}
+            | {(part, "no_window"): not has for part in ("body", "look", "claim", "question", "answer", "choices")}
+        )
     return {}
 
 
@@ -373,7 +471,7 @@ def shown_parts(at, lang: str) -> dict[str, str]:
     for part, key in labels.items():
         prefix = f"**{strings.t(key, lang)}** "
         assert shown[part].startswith(prefix), (part, shown[part])
-        shown[part] = shown[part][len(prefix):]
+        shown[part] = shown[part][len(prefix) :]
     return shown
 
 
@@ -387,8 +485,9 @@ def shown_choices(chapter, lang: str, choices: str, answer: str) -> list[str | N
         templates = own[variant]["choices"] if variant else own["choices"]
         order = chapter.choice_order(len(templates))
         if len(lines) == len(templates) and all(
-                template_pattern(f"**{LETTERS[k]}** · {templates[i]}").fullmatch(line)
-                for k, (i, line) in enumerate(zip(order, lines))):
+            template_pattern(f"**{LETTERS[k]}** · {templates[i]}").fullmatch(line)
+            for k, (i, line) in enumerate(zip(order, lines))
+        ):
             assert answer.startswith(f"**{LETTERS[order.index(0)]}** · "), (answer, variant)
             found.append(variant)
     return found
@@ -413,9 +512,10 @@ def split_note_holds(run: Run, answer: str) -> None:
     if quoted is None:
         return  # the run has no such token: the answer says nothing of it
     text, count = quoted.group(1), int(quoted.group(2))
-    cells = token_cells(run.model.tokenizer, run.shown[:run.n], run.shown[run.n:])
+    cells = token_cells(run.model.tokenizer, run.shown[: run.n], run.shown[run.n :])
     assert any(c.group.text == text and c.group.size == count for c in cells) or any(
-        c.text.strip() == text and len(text) == count for c in cells), (text, count)
+        c.text.strip() == text and len(text) == count for c in cells
+    ), (text, count)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: f"{p[0]}-{p[1]}")
@@ -433,7 +533,11 @@ def test_every_chapter_tells_the_truth_of_its_run(chapter, page, request):
     assert not problems and state.chapter == chapter.number
     block_size = CASE_BLOCK_SIZE if chapter.case else chapter.settings["block_size"]
     assert (state.view, state.step, state.block_size, state.kv_splits) == (
-        chapter.view, chapter.step, block_size, chapter.settings["kv_splits"])
+        chapter.view,
+        chapter.step,
+        block_size,
+        chapter.settings["kv_splits"],
+    )
     if chapter.case:
         assert state.prompt == CASES[chapter.case] and not state.chat
     assert strings.t(VIEW_TITLES[chapter.view], lang) in [s.value for s in at.subheader]
@@ -479,8 +583,13 @@ def test_the_fixed_weights_chapter_quotes_and_draws_the_cosines_transformers_com
     assert cos["keys"][0] < 1 - 1e-4  # turned by two positions
     assert max(cos["unrotated"][1:]) < 1 - 1e-4 and max(cos["values"][1:]) < 1 - 1e-4  # then differing
     quoted = [float(x) for x in re.findall(r"(?<![\d.])[01]\.\d{3}(?![\d])", plain(lesson_text(at)))]
-    expected = [cos["keys"][0], min(cos["unrotated"][1:]), min(cos["values"][1:]), cos["unrotated"][-1],
-                cos["values"][-1]]
+    expected = [
+        cos["keys"][0],
+        min(cos["unrotated"][1:]),
+        min(cos["values"][1:]),
+        cos["unrotated"][-1],
+        cos["values"][-1],
+    ]
     close = 1e-2 if model.dtype == torch.bfloat16 else 1e-3
     assert quoted == pytest.approx(expected, abs=close), (quoted, expected)
     same = [float(x) for x in re.findall(r"(?<![\d.])[01]\.\d{5}(?![\d])", plain(lesson_text(at)))]
@@ -491,8 +600,9 @@ def test_the_fixed_weights_chapter_quotes_and_draws_the_cosines_transformers_com
         np.testing.assert_allclose(line, cos[name], atol=close / 10 if model.dtype == torch.float32 else close)
 
 
-def test_on_a_model_with_learned_positions_the_fixed_weights_chapter_says_layer_0_differs(tiny_model, tiny_model_dir,
-                                                                                          monkeypatch):
+def test_on_a_model_with_learned_positions_the_fixed_weights_chapter_says_layer_0_differs(
+    tiny_model, tiny_model_dir, monkeypatch
+):
     """GPT-2 adds a position's row to the embedding: the chapter's variant for it is shown (not "the same at layer
     0"), with the values' cosine at layer 0 that its figure draws, in both languages."""
     folder = tiny_model_dir("gpt2")
@@ -512,8 +622,9 @@ def test_on_a_model_with_learned_positions_the_fixed_weights_chapter_says_layer_
 LONG_PROMPT = "什么是 KV 缓存？KV 缓存是一种用来存放注意力键和值的结构。" * 36  # over 600 of Gemma 3's tokens
 
 
-@pytest.mark.parametrize("key", ["prefill", "attention", "kv_cache", "long_context", "context_window",
-                                 "sliding_window"])
+@pytest.mark.parametrize(
+    "key", ["prefill", "attention", "kv_cache", "long_context", "context_window", "sliding_window"]
+)
 def test_past_the_window_the_chapters_say_so(key, embedded_zh_model, monkeypatch):
     """With the host's limits raised (as a host may) and a prompt longer than Gemma 3's window of 512, the chapters
     that speak of what every layer keeps say which layers keep only their window, and their variants for a run
@@ -530,8 +641,11 @@ def test_past_the_window_the_chapters_say_so(key, embedded_zh_model, monkeypatch
     if chosen:  # the run past the window is the one these variants are for, its question's right choice too
         shown = shown_parts(at, "zh")
         unlettered = shown | {"answer": shown["answer"].split(" · ", 1)[1]}  # the answer after its choice's letter
-        assert any(template_pattern(chapter.text["zh"][chosen[0]][part]).fullmatch(text) for part, text in
-                   unlettered.items() if part != "choices" and part in chapter.text["zh"][chosen[0]]), key
+        assert any(
+            template_pattern(chapter.text["zh"][chosen[0]][part]).fullmatch(text)
+            for part, text in unlettered.items()
+            if part != "choices" and part in chapter.text["zh"][chosen[0]]
+        ), key
         assert shown_choices(chapter, "zh", shown["choices"], shown["answer"]) == [chosen[0]], key
 
 
@@ -543,7 +657,8 @@ def test_chapters_tell_different_things_and_cover_every_teaching_point():
         for variant in (None, *c.variants):
             texts = [c.text[lang][variant] if variant else c.text[lang] for lang in ("en", "zh")]
             assert {k for k, v in texts[0].items() if isinstance(v, str)} == {
-                k for k, v in texts[1].items() if isinstance(v, str)}, (c.key, variant)  # the same parts
+                k for k, v in texts[1].items() if isinstance(v, str)
+            }, (c.key, variant)  # the same parts
             for part in ("body", "look", "claim", "question", "answer"):
                 if part not in texts[0]:
                     continue
@@ -554,22 +669,31 @@ def test_chapters_tell_different_things_and_cover_every_teaching_point():
 def test_counts_are_grouped_by_thousands_and_ids_are_not():
     """A Qwen3-shaped model's 1024-wide vectors read "1,024" wherever a chapter quotes them, formatted or not; a token
     id stays as the vocabulary writes it, and a number the run lacks is a dash."""
-    assert fill("{hidden} × {vocab:,}; position {position}, id {id}; {missing}",
-                {"hidden": 1024, "vocab": 151936, "position": 12345, "id": 15234}) == (
-        "1,024 × 151,936; position 12,345, id 15234; –")
+    assert fill(
+        "{hidden} × {vocab:,}; position {position}, id {id}; {missing}",
+        {"hidden": 1024, "vocab": 151936, "position": 12345, "id": 15234},
+    ) == ("1,024 × 151,936; position 12,345, id 15234; –")
     assert fill("{adds} adds, {ratio:.1f}, {layers:>3}", {"adds": 56, "ratio": 0.25, "layers": 1}) == (
-        "56 adds, 0.2,   1")
+        "56 adds, 0.2,   1"
+    )
 
 
 def test_every_variant_is_checked_against_its_run():
     """A chapter's variant replaces its own text only where the run calls for it: each one that says something
     about the run (its question's premise) has that premise in `premises`, so a new variant comes with its check."""
     unchecked = {"prefix_case1": set()}
-    checked = {"prefill": {"one_token"}, "residual": {"post_norms"}, "gqa": {"mha"},
-               "long_context": {"window_doubling"}, "prefix_case1": {"all_agree", "compare"},
-               "context_window": {"windowed", "rough", "past_window", "one_token"},
-               "sliding_window": {"inside_window", "no_window"}, "evicting": {"weak_sink"}, "contexts": {"learned"},
-               "speculative": {"prefill_only", "sampled"}}
+    checked = {
+        "prefill": {"one_token"},
+        "residual": {"post_norms"},
+        "gqa": {"mha"},
+        "long_context": {"window_doubling"},
+        "prefix_case1": {"all_agree", "compare"},
+        "context_window": {"windowed", "rough", "past_window", "one_token"},
+        "sliding_window": {"inside_window", "no_window"},
+        "evicting": {"weak_sink"},
+        "contexts": {"learned"},
+        "speculative": {"prefill_only", "sampled"},
+    }
     for c in CHAPTERS:
         assert set(c.variants) == checked.get(c.key, set()) | unchecked.get(c.key, set()), c.key
 
@@ -628,8 +752,10 @@ def test_an_engine_error_is_in_the_pages_language_and_the_lesson_stays(embedded_
     page's language with its numbers, and one press puts the lesson's own prompt back."""
     from ui.host.limits import load_limits, model_limits
 
-    for lang, prompt, model in (("zh", "什么是 KV 缓存？" * 300, embedded_zh_model),
-                                ("en", "What is a KV cache? " * 300, embedded_model)):
+    for lang, prompt, model in (
+        ("zh", "什么是 KV 缓存？" * 300, embedded_zh_model),
+        ("en", "What is a KV cache? " * 300, embedded_model),
+    ):
         allowed = model_limits(load_limits(), model.info).max_prompt_tokens  # each model its own
         window = CHAPTERS[number_of("sliding_window") - 1]
         at = start(chapter=window.number, lang=lang, prompt=prompt)
@@ -701,11 +827,9 @@ def test_leaving_the_lesson_keeps_the_page_as_it_is(embedded_model):
 # -- in a real browser ----------------------------------------------------------------------------------
 
 
-
 def chapter_in_link(page, number: int | None) -> None:
     expected = "null" if number is None else f"'{number}'"
-    page.wait_for_function(f"() => new URL(location.href).searchParams.get('chapter') === {expected}",
-                           timeout=WAIT_MS)
+    page.wait_for_function(f"() => new URL(location.href).searchParams.get('chapter') === {expected}", timeout=WAIT_MS)
     settled_text(page)
 
 
@@ -858,8 +982,13 @@ def test_the_split_chapter_quotes_the_head_its_figure_shows(link, embedded_model
     layer, head = at.number_input(key="w_layer").value, at.number_input(key="w_head").value
     if link:
         assert (layer, head) == (link["layer"], link["head"])
-    _, trace = own_trace(embedded_model, default_prompt("en"), chapter.step, chapter.settings["block_size"],
-                         chapter.settings["kv_splits"])
+    _, trace = own_trace(
+        embedded_model,
+        default_prompt("en"),
+        chapter.step,
+        chapter.settings["block_size"],
+        chapter.settings["kv_splits"],
+    )
     diffs = (trace.split.merged - trace.split.unsplit).abs().amax(dim=-1)  # (layers, heads)
     shown = f"{diffs[layer, head].item():.1e}"
     assert [m.value for m in at.metric if m.label == strings.t("max_diff")] == [shown]  # the view beside it
@@ -877,5 +1006,6 @@ def test_the_split_chapter_quotes_the_head_its_figure_shows(link, embedded_model
     scores = [sum(k * q for k, q in zip(key, EXAMPLE_QUERY)) / math.sqrt(2) for key in EXAMPLE_KEYS]
     weights = [math.exp(s) / sum(math.exp(x) for x in scores) for s in scores]
     out = [sum(w * v[d] for w, v in zip(weights, EXAMPLE_VALUES)) for d in range(2)]
-    assert (f"unsplit [{out[0]:.3f}, {out[1]:.3f}]" in text
-            and "example in the whole view below is our own" in text), text
+    assert f"unsplit [{out[0]:.3f}, {out[1]:.3f}]" in text and "example in the whole view below is our own" in text, (
+        text
+    )

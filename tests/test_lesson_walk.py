@@ -59,16 +59,26 @@ LAST = len(CHAPTERS)
 REVISITED = range(number_of("contexts"), LAST + 1)
 # The lesson's problems; not the teacher's strip, which says the test server listens on loopback only (phones could
 # not reach it: tests/test_follow_browser.py checks that warning).
-SHOWN_PROBLEMS = (':is([data-testid="stAlertContentWarning"], [data-testid="stAlertContentError"])'
-                  ':not(.st-key-follow-lead *)')
+SHOWN_PROBLEMS = (
+    ':is([data-testid="stAlertContentWarning"], [data-testid="stAlertContentError"]):not(.st-key-follow-lead *)'
+)
 # model → the page's language (a page in Chinese opens on Gemma 3 270M, one in English on SmolLM2)
 MODELS = {"smollm2": "en", "gemma3": "zh"}
 # Chapter key → whole words Gemma's tokenizer keeps as one token, each a chip of the Chinese page's stream.
-WHOLE_WORDS = {"tokens": ["什么是", "缓存"], "attention": ["什么是", "缓存"], "paging": ["什么是", "缓存"],
-               "prefix_case2": ["解释", "什么是", "语言", "模型"]}
+WHOLE_WORDS = {
+    "tokens": ["什么是", "缓存"],
+    "attention": ["什么是", "缓存"],
+    "paging": ["什么是", "缓存"],
+    "prefix_case2": ["解释", "什么是", "语言", "模型"],
+}
 STRIP = ".st-key-follow-share"  # the leader's panel, collapsed in the header
-UNDER_STRIP = ("h1", ".st-key-b_chapter_next button", ".st-key-b_chapter_back button", ".st-key-b_next button",
-               ".st-key-chapter-figure")
+UNDER_STRIP = (
+    "h1",
+    ".st-key-b_chapter_next button",
+    ".st-key-b_chapter_back button",
+    ".st-key-b_next button",
+    ".st-key-chapter-figure",
+)
 
 
 class Walk:
@@ -171,8 +181,9 @@ def whole_characters(page, key: str) -> None:
         assert word in chips, (key, word, chips)  # a whole word is one chip
     if key != "prefix_case2":
         expect(page.locator(".st-key-chapter-figure [data-testid='stPlotlyChart']").first).to_be_visible()
-    everything = page.evaluate("() => document.body.textContent + [...document.querySelectorAll('[title]')]"
-                               ".map(e => e.title).join(' ')")
+    everything = page.evaluate(
+        "() => document.body.textContent + [...document.querySelectorAll('[title]')].map(e => e.title).join(' ')"
+    )
     assert REPLACEMENT not in everything, key
 
 
@@ -185,8 +196,9 @@ def controls_then_arrow(page, number: int, lang: str) -> None:
     if number == number_of("long_context"):  # the costs view: the batch slider under the chapter's chart
         click_then_key(page, *batch_slider(page, 0.25), "ArrowRight", chapter=chapter, step=str(step + 1))
     elif number == number_of("kv_cache"):  # the KV view: the whole view's expander, then its K/V radio
-        click_then_key(page, lambda: open_whole_view_in(page), nothing, "ArrowRight", chapter=chapter,
-                       step=str(step + 1))
+        click_then_key(
+            page, lambda: open_whole_view_in(page), nothing, "ArrowRight", chapter=chapter, step=str(step + 1)
+        )
         click_then_key(page, *kv_radio(page, lang), "ArrowRight", chapter=chapter, step=str(step + 2))
         close_whole_view(page)
     elif number == number_of("attention"):  # the attention view: the layer picker and the scores toggle

@@ -69,8 +69,10 @@ def test_a_class_at_once_each_page_gets_its_own_text_and_nothing_leaks(browser, 
     try:
         pages = [context.new_page() for context in contexts]
         for i, page in enumerate(pages):  # every page opens before any is waited for: the server has them all at once
-            page.goto(f"{url}/?prompt={quote(prompt_for(i))}&step=1&view={['flow', 'attention', 'kv'][i % 3]}",
-                      wait_until="commit")
+            page.goto(
+                f"{url}/?prompt={quote(prompt_for(i))}&step=1&view={['flow', 'attention', 'kv'][i % 3]}",
+                wait_until="commit",
+            )
         first = [settled(page) for page in pages]
         for step in range(2, STEPS + 2):
             for page in pages:  # every page presses before any is waited for
@@ -79,8 +81,9 @@ def test_a_class_at_once_each_page_gets_its_own_text_and_nothing_leaks(browser, 
             for page in pages:
                 reaches_step(page, step)
         last = [settled(page) for page in pages]
-        errors = [page.locator('[data-testid="stException"], [data-testid="stAlertContentError"]').count()
-                  for page in pages]
+        errors = [
+            page.locator('[data-testid="stException"], [data-testid="stAlertContentError"]').count() for page in pages
+        ]
     finally:
         for context in contexts:
             context.close()

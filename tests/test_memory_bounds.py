@@ -31,8 +31,9 @@ def peak_bytes(run) -> int:
     """The most tensor memory alive at once while `run()` runs, in bytes (allocator events, in time order)."""
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         run()
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
+    events = sorted(
+        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns()
+    )
     alive = peak = 0
     for event in events:
         alive += event.nbytes()  # negative for a free
@@ -41,8 +42,9 @@ def peak_bytes(run) -> int:
 
 
 def prefill_peak(model, kv_splits: int) -> int:
-    session = engine.DecodeSession(model, PROMPT, kv_splits=kv_splits, max_new_tokens=2,
-                                   capture=engine.Capture(residuals=False))
+    session = engine.DecodeSession(
+        model, PROMPT, kv_splits=kv_splits, max_new_tokens=2, capture=engine.Capture(residuals=False)
+    )
     try:
         return peak_bytes(session.prefill)
     finally:
@@ -101,8 +103,16 @@ def test_heatmap_over_the_budget_is_refused_naming_the_limit(tiny_model, monkeyp
     model = tiny_model("llama-long")  # room for a prompt longer than the limit
     monkeypatch.setenv("KVSCOPE_STEP_MEMORY_MB", "16")
     limit = step_limits(load_limits(), model.info).max_attention_tokens
-    config = RunConfig(prompt=" ".join(["cat"] * (limit + 20)), chat=False, sampling=engine.Sampling(),
-                       block_size=16, kv_splits=1, policy="block", max_new_tokens=4, max_prompt_tokens=1000)
+    config = RunConfig(
+        prompt=" ".join(["cat"] * (limit + 20)),
+        chat=False,
+        sampling=engine.Sampling(),
+        block_size=16,
+        kv_splits=1,
+        policy="block",
+        max_new_tokens=4,
+        max_prompt_tokens=1000,
+    )
     runner = Runner(model, 512, 8, limits=load_limits())
     runner.configure(config)
     runner.advance_to(1)
@@ -156,8 +166,16 @@ def test_the_kernel_cache_is_bounded_before_a_model_loads_unless_the_host_set_it
     env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
     if host is not None:
         env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = host
-    code = "import os; from ui.host import memory; memory.tune_allocator(); " \
-           "print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])"
-    shown = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
-                           cwd=Path(__file__).parent.parent)
+    code = (
+        "import os; from ui.host import memory; memory.tune_allocator(); "
+        "print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).parent.parent,
+    )
     assert shown.stdout.strip() == expected

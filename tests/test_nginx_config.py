@@ -20,6 +20,10 @@ def test_nginx_accepts_the_filled_template(servers, tmp_path):
     config = tmp_path / "nginx.conf"
     config.write_text(serve_class.nginx_config(tmp_path, "127.0.0.1:18080", ports))
     assert not re.search(r"@[A-Z_]+@", config.read_text())
-    checked = subprocess.run([serve_class.NGINX, "-t", "-p", str(tmp_path), "-c", str(config),
-                              "-e", str(tmp_path / "error.log")], capture_output=True, text=True, check=False)
+    checked = subprocess.run(
+        [serve_class.NGINX, "-t", "-p", str(tmp_path), "-c", str(config), "-e", str(tmp_path / "error.log")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert checked.returncode == 0, checked.stderr

@@ -170,8 +170,7 @@ def test_recently_hit_blocks_are_evicted_last(tiny_model):
 
 alphabet_prompts = st.lists(st.sampled_from([3, 4, 5]), min_size=1, max_size=9)
 operation = st.one_of(
-    st.tuples(st.just("open"), alphabet_prompts, st.integers(0, 3)),
-    st.tuples(st.just("close"), st.integers(0, 5)),
+    st.tuples(st.just("open"), alphabet_prompts, st.integers(0, 3)), st.tuples(st.just("close"), st.integers(0, 5))
 )
 
 
@@ -209,8 +208,11 @@ def test_pool_stays_consistent_over_random_sessions(policy, ops, tiny_model):
         assert users == pool.block_manager.ref_count
         assert set(pool.block_manager.free) == {b for b in range(pool.num_blocks) if users[b] == 0}
         assert pool.block_manager.used + len(pool.block_manager.free) == pool.num_blocks
-        assert all(pool.block_manager.ref_count[b] for b in range(pool.num_blocks) if cache.holds(b)
-                   and b not in pool.block_manager.free), "a block the index finds is free or held"
+        assert all(
+            pool.block_manager.ref_count[b]
+            for b in range(pool.num_blocks)
+            if cache.holds(b) and b not in pool.block_manager.free
+        ), "a block the index finds is free or held"
     for session in open_sessions:
         session.close()
     assert pool.block_manager.used == 0
@@ -348,10 +350,15 @@ def check_pool(cache, sessions):
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(policy=st.sampled_from(["block", "radix", "whole"]), block_size=st.sampled_from([2, 4]),
-       capacity=st.integers(3, 10), ops=st.lists(session_operation, min_size=1, max_size=30))
-def test_forced_failures_never_yield_a_hit_that_differs_from_a_cold_run(policy, block_size, capacity, ops,
-                                                                         tiny_model, monkeypatch):
+@given(
+    policy=st.sampled_from(["block", "radix", "whole"]),
+    block_size=st.sampled_from([2, 4]),
+    capacity=st.integers(3, 10),
+    ops=st.lists(session_operation, min_size=1, max_size=30),
+)
+def test_forced_failures_never_yield_a_hit_that_differs_from_a_cold_run(
+    policy, block_size, capacity, ops, tiny_model, monkeypatch
+):
     model = tiny_model("llama")
     cold = {tuple(prompt): cold_run(model, tuple(prompt)) for prompt in FAULT_PROMPTS}  # before the faults
     cache = PrefixCache(model, policy=policy, block_size=block_size, capacity_blocks=capacity)
@@ -364,8 +371,11 @@ def test_forced_failures_never_yield_a_hit_that_differs_from_a_cold_run(policy, 
         for op in ops:
             if op[0] in ("open", "advance") and (sessions if op[0] == "advance" else len(sessions) < 3):
                 if op[0] == "open":
-                    sessions.append(engine.DecodeSession(model, FAULT_PROMPTS[op[1]], prefix_cache=cache,
-                                                         max_new_tokens=MAX_STEPS + 1))
+                    sessions.append(
+                        engine.DecodeSession(
+                            model, FAULT_PROMPTS[op[1]], prefix_cache=cache, max_new_tokens=MAX_STEPS + 1
+                        )
+                    )
                 session = sessions[-1] if op[0] == "open" else sessions[op[1] % len(sessions)]
                 for _ in range(2):  # a failed call is retried at once: it works, or is refused again
                     if session.finished or advanced(session, cold):
@@ -421,7 +431,10 @@ def test_predicted_reuse_gives_each_policy_its_hits_per_block_or_token():
     assert extended["block"].unit == "block" and extended["block"].hits == [True, True, False, False]
     edited = history.predicted_reuse(cached[:9] + [60, 61, 62], 4)
     assert {p: (r.reused_tokens, r.computed_tokens) for p, r in edited.items()} == {
-        "whole": (0, 12), "block": (8, 4), "radix": (9, 3)}
+        "whole": (0, 12),
+        "block": (8, 4),
+        "radix": (9, 3),
+    }
     assert edited["whole"].hits == [False] * 12 and edited["radix"].hits == [True] * 9 + [False] * 3
 
 

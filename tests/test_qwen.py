@@ -25,8 +25,9 @@ THINK_IDS = (151_667, 151_668)  # <think>, </think> at Qwen3's own ids
 
 def rendered_ids(tokenizer, prompt: str, **options) -> list[int]:
     """transformers' own rendering of the chat template, encoded whole: the independent reference."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                         add_generation_prompt=True, **options)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True, **options
+    )
     return tokenizer.encode(text, add_special_tokens=False)
 
 
@@ -37,9 +38,15 @@ def test_the_folder_holds_qwen3_0_6b_shapes_in_bfloat16(qwen3_shaped_dir):
     from safetensors import safe_open
 
     config = json.loads((Path(qwen3_shaped_dir) / "config.json").read_text())
-    assert (config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"],
-            config["num_hidden_layers"], config["vocab_size"], config["intermediate_size"]) == \
-        (1024, 16, 8, 128, 28, 151_936, 3072)
+    assert (
+        config["hidden_size"],
+        config["num_attention_heads"],
+        config["num_key_value_heads"],
+        config["head_dim"],
+        config["num_hidden_layers"],
+        config["vocab_size"],
+        config["intermediate_size"],
+    ) == (1024, 16, 8, 128, 28, 151_936, 3072)
     assert config["tie_word_embeddings"] is True
     with safe_open(str(Path(qwen3_shaped_dir) / "model.safetensors"), "pt") as weights:
         names = list(weights.keys())
@@ -56,8 +63,12 @@ def test_the_trained_tokenizer_has_chinese_merges_and_qwen3_ids(qwen3_shaped):
     pieces = [tokenizer.decode([i]) for i in tokenizer.encode("解释什么是")]
     assert pieces == list("解释什么是"), pieces  # one token per character: merged from its three UTF-8 bytes
     assert len(tokenizer.encode("龘", add_special_tokens=False)) == 3  # not in the corpus: three byte pieces
-    assert tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]) == \
-        [151_643, 151_644, 151_645, *THINK_IDS]
+    assert tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]) == [
+        151_643,
+        151_644,
+        151_645,
+        *THINK_IDS,
+    ]
     assert len(tokenizer) <= qwen3_shaped.info.vocab == 151_936
 
 
@@ -86,9 +97,10 @@ def test_it_steps_as_transformers_does(qwen3_shaped_dir, qwen3_shaped):
         ours = session.generated
     hf = AutoModelForCausalLM.from_pretrained(qwen3_shaped_dir, dtype=QWEN3_SHAPED_DTYPE).eval()
     with torch.no_grad():
-        out = hf.generate(torch.tensor([ids]), max_new_tokens=len(ours), do_sample=False,
-                          eos_token_id=None, pad_token_id=0)
-    assert ours == out[0, len(ids):].tolist()
+        out = hf.generate(
+            torch.tensor([ids]), max_new_tokens=len(ours), do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+    assert ours == out[0, len(ids) :].tolist()
 
 
 # -- the chat template: thinking off by default, typed markup stays text --------------------------------------
@@ -100,8 +112,8 @@ def test_thinking_is_off_by_default_and_the_switch_turns_it_on(qwen3_shaped):
     on = tokenize_prompt(qwen3_shaped, PROMPT, chat=True, think=True)
     assert off == rendered_ids(tokenizer, PROMPT, enable_thinking=False)
     assert on == rendered_ids(tokenizer, PROMPT, enable_thinking=True)
-    assert tokenizer.decode(off[len(on):]) == "<think>\n\n</think>\n\n"  # the closed, empty think block
-    assert off[:len(on)] == on
+    assert tokenizer.decode(off[len(on) :]) == "<think>\n\n</think>\n\n"  # the closed, empty think block
+    assert off[: len(on)] == on
     segments = prompt_segments(qwen3_shaped, PROMPT, chat=True)
     assert segments[-1].kind == "template" and segments[-1].text.endswith("<think>\n\n</think>\n\n")
 

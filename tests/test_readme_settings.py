@@ -58,12 +58,14 @@ def test_the_defaults_read_outside_limits(monkeypatch):
     assert table["KVSCOPE_LEAD_S"] == written(float(lead.group(1)))
 
     from engine import embedded
+
     monkeypatch.delenv("KVSCOPE_CACHE", raising=False)
     monkeypatch.setenv("HOME", "/home/someone")
     assert table["KVSCOPE_CACHE"] == "`~/.cache/kvscope`"
     assert embedded.cache_root() == Path("/home/someone/.cache/kvscope")
 
     from ui.follow import store
+
     assert table["KVSCOPE_STORE"] == "(none)"
     assert store.STORE_ENV == "KVSCOPE_STORE"
 

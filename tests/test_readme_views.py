@@ -12,9 +12,9 @@ HEADER = "| view | what it shows | lesson chapters |"
 
 
 def chapters_written(cell: str) -> list[int]:
-    """"1–5" → [1, 2, 3, 4, 5]; "8, 9, 15" → [8, 9, 15]; "—" (a view no chapter shows) → []."""
+    """ "1–5" → [1, 2, 3, 4, 5]; "8, 9, 15" → [8, 9, 15]; "—" (a view no chapter shows) → []."""
     numbers = []
-    for part in ([] if cell == "—" else cell.split(",")):
+    for part in [] if cell == "—" else cell.split(","):
         low, _, high = part.strip().partition("–")
         numbers += range(int(low), int(high or low) + 1)
     return numbers

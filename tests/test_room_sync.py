@@ -64,6 +64,7 @@ class Held:
                 self.inside.set()
                 self._go.wait()
             return operation(*args, **options)
+
         return held
 
 
@@ -116,6 +117,7 @@ def test_a_paused_redis_never_holds_up_a_publish_and_the_latest_state_lands_when
             for step in range(6, 24):
                 sync_on.publish("laptop", secret, {**STATE, "step": str(step)})
             answers.append(sync_on.watch(code, wait=2 * WAIT_S))  # were it to wait for a read: past the join
+
         pages = threading.Thread(target=page)
         pages.start()
         pages.join(WAIT_S)
@@ -164,6 +166,7 @@ class Counting:
         def counted(*args, **options):
             self.calls += 1
             return operation(*args, **options)
+
         return counted
 
 
@@ -209,6 +212,7 @@ class HandClock:
         def moved():
             self.now += seconds
             self._thread_lock.notify_all()
+
         self.ask(moved)
 
 
@@ -229,8 +233,9 @@ def test_a_failing_store_is_tried_once_a_try_with_a_backoff_that_doubles_up_to_i
         for tries in range(2, 7):
             assert clock.idle == pytest.approx(backoff), tries
             for _ in range(10):  # a follower's and a leader's page, far more often than the thread tries
-                clock.ask(lambda: answers.append(room_sync.watch(code)),
-                          lambda: room_sync.publish("laptop", secret, STATE))
+                clock.ask(
+                    lambda: answers.append(room_sync.watch(code)), lambda: room_sync.publish("laptop", secret, STATE)
+                )
             assert store.calls == tries - 1 and clock.idle == pytest.approx(backoff), tries
             clock.move(backoff / 2)  # not yet
             assert store.calls == tries - 1 and clock.idle == pytest.approx(backoff / 2), tries

@@ -16,7 +16,6 @@ MOVED = {**STATE, "step": "4"}
 WAIT_S = WAIT_MS / 1000  # a harness timeout: only keeps a hung test from hanging
 
 
-
 def everything_stored(store) -> list[str]:
     """Every key and value the store holds, read around the Store interface."""
     if isinstance(store, MemoryStore):

@@ -18,8 +18,16 @@ from ui.views.cases import CASE_BLOCK_SIZE, CASE_CACHED, CASES
 
 
 def config(prompt="Rows grow one step at a time", **changes):
-    values = dict(prompt=prompt, chat=False, sampling=engine.Sampling(temperature=1.0, seed=4), block_size=4,
-                  kv_splits=1, policy="radix", max_new_tokens=40, max_prompt_tokens=200)
+    values = dict(
+        prompt=prompt,
+        chat=False,
+        sampling=engine.Sampling(temperature=1.0, seed=4),
+        block_size=4,
+        kv_splits=1,
+        policy="radix",
+        max_new_tokens=40,
+        max_prompt_tokens=200,
+    )
     return RunConfig(**{**values, **changes})
 
 
@@ -76,7 +84,6 @@ def test_back_past_the_kept_traces_is_one_forward_pass(tiny_model, monkeypatch):
     assert_same_trace(prefill, keeps_all.trace(1))
 
 
-
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_the_busy_pool_goes_forward_one_pass_a_step_and_back_with_none(tiny_model, family, monkeypatch):
     """Every step's picture equals a replay made from scratch for that step (Gemma 3's window slides here), and
@@ -102,12 +109,16 @@ def test_the_busy_pool_goes_forward_one_pass_a_step_and_back_with_none(tiny_mode
         assert calls == []  # back: no forward pass
         monkeypatch.undo()
         passes = [(session.prompt_ids, list(range(len(session.prompt_ids))))]
-        passes += [(t.input_ids, t.positions) for t in session.traces[1:max(1, step)]]
+        passes += [(t.input_ids, t.positions) for t in session.traces[1 : max(1, step)]]
         length = sum(len(ids) for ids, _ in passes)
         capacity = len(session.prompt_ids) + runner.config.max_new_tokens  # the pool the runner's replay sized
         fresh = BusyPoolReplay(model, passes, 2, capacity).picture(lambda layer: runner.cached_kv(layer, length))
-        assert (picture.block_table, picture.length, picture.others, picture.freed) == \
-            (fresh.block_table, fresh.length, fresh.others, fresh.freed)
+        assert (picture.block_table, picture.length, picture.others, picture.freed) == (
+            fresh.block_table,
+            fresh.length,
+            fresh.others,
+            fresh.freed,
+        )
         assert picture.kv_max_diff == fresh.kv_max_diff == 0
 
 
@@ -260,8 +271,12 @@ def case_expectation(tokenizer, case: str) -> dict[str, int]:
     while first < min(len(cached), len(new)) and cached[first] == new[first]:
         first += 1
     shared = min(first, len(new) - 1)
-    return {"first": first, "whole": len(cached) if first == len(cached) else 0,
-            "block": shared - shared % CASE_BLOCK_SIZE, "radix": shared}
+    return {
+        "first": first,
+        "whole": len(cached) if first == len(cached) else 0,
+        "block": shared - shared % CASE_BLOCK_SIZE,
+        "radix": shared,
+    }
 
 
 def open_case(runner: Runner, case: str, policy: str) -> None:
@@ -287,7 +302,8 @@ def test_each_case_gives_the_articles_reuse_however_often_it_is_opened(tiny_mode
             want = expected[case]
             reuse = runner.policy_reuse()
             assert {p: reuse[p].reused_tokens for p in ("whole", "block", "radix")} == {
-                p: want[p] for p in ("whole", "block", "radix")}, (round_, case)
+                p: want[p] for p in ("whole", "block", "radix")
+            }, (round_, case)
             cached, first = runner.closest_cached()
             assert cached == model.tokenizer.encode(CASE_CACHED) and first == want["first"]
             assert runner.prefix_hit().reused_tokens == want[policy]  # the run's own cache did the same

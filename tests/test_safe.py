@@ -67,8 +67,10 @@ def test_t_shows_every_value_as_text_and_keeps_number_formats():
     from ui.text import strings
 
     assert "0.123" in strings.t("vectors_note", "en", diff=0.12345)
-    assert strings.t("link_problem", "en", param="step", value="`x`", fallback="0", reason="r") == \
-        "Link value “step=\\`x\\`” was not usable (r); using “0” instead."
+    assert (
+        strings.t("link_problem", "en", param="step", value="`x`", fallback="0", reason="r")
+        == "Link value “step=\\`x\\`” was not usable (r); using “0” instead."
+    )
     reason = strings.t("reason_below_floor")  # ours, with a dash: kept, not escaped twice
     assert strings.t("prompt_cleaned", "en", reason=reason) == f"The prompt was changed before running: {reason}."
     assert strings.t("bad_input", "en", error=ValueError(PHISHING)) == "Cannot run this: " + safe.text(PHISHING)
@@ -77,8 +79,10 @@ def test_t_shows_every_value_as_text_and_keeps_number_formats():
 def test_a_chapter_shows_its_text_facts_as_text():
     from ui.lesson.chapters import fill
 
-    assert fill("{name} has {layers} layers{missing:.1f}", {"name": PHISHING, "layers": 30}) == \
-        safe.text(PHISHING) + " has 30 layers–"
+    assert (
+        fill("{name} has {layers} layers{missing:.1f}", {"name": PHISHING, "layers": 30})
+        == safe.text(PHISHING) + " has 30 layers–"
+    )
 
 
 # -- the page uses it wherever user or model text meets Markdown ------------------------------

@@ -16,7 +16,8 @@ from tests.runs import decode
 
 # Few distinct values over a small vocabulary, so ties at the filter boundaries are common.
 tied_logits = st.lists(st.integers(-4, 4), min_size=2, max_size=40).map(
-    lambda xs: torch.tensor(xs, dtype=torch.float32) / 2)
+    lambda xs: torch.tensor(xs, dtype=torch.float32) / 2
+)
 
 
 def hf_filter(logits, temperature, top_k, top_p):
@@ -84,8 +85,9 @@ def test_drawn_token_is_inside_the_filtered_set_and_candidates_add_up(embedded_m
         raw = torch.softmax(trace.logits, dim=-1)
         for c in trace.candidates[:10]:
             assert abs(c.p_raw - raw[c.token_id].item()) < 1e-7
-        assert [c.logit for c in trace.candidates[:10]] == sorted((c.logit for c in trace.candidates[:10]),
-                                                                  reverse=True)
+        assert [c.logit for c in trace.candidates[:10]] == sorted(
+            (c.logit for c in trace.candidates[:10]), reverse=True
+        )
 
 
 def test_greedy_is_argmax_and_ignores_filters(embedded_model):

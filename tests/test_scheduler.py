@@ -36,8 +36,9 @@ def test_a_shared_prefix_is_stored_once_and_freed_at_its_last_owner():
     assert second.cached == [8] and second.tokens == [2], "the system prompt's two blocks are reused, not computed"
     shared = a.block_table[:2]
     assert b.status == FINISHED and b.block_table == []
-    assert all(scheduler.block_manager.ref_count[i] == 1 for i in shared), \
+    assert all(scheduler.block_manager.ref_count[i] == 1 for i in shared), (
         "a block b shared is freed while a still holds it"
+    )
     while not scheduler.finished:
         run_step(scheduler)
     manager = scheduler.block_manager
@@ -64,8 +65,7 @@ def test_only_the_first_waiting_request_is_chunked():
 
 def test_a_full_pool_preempts_the_latest_admitted_and_recomputes_it_to_the_same_tokens():
     def answers(num_blocks):
-        scheduler = Scheduler(BlockManager(num_blocks, 2), max_num_seqs=8, max_num_batched_tokens=64,
-                              eos_ids={EOS})
+        scheduler = Scheduler(BlockManager(num_blocks, 2), max_num_seqs=8, max_num_batched_tokens=64, eos_ids={EOS})
         requests = [Request(i, [40 + i, 41, 42], max_tokens=4, ignore_eos=True) for i in range(2)]
         for request in requests:
             scheduler.add(request)
@@ -78,22 +78,27 @@ def test_a_full_pool_preempts_the_latest_admitted_and_recomputes_it_to_the_same_
     tight, tight_steps = answers(4)
     assert not any(s.preempted for s in ample_steps)
     preempting = next(s for s in tight_steps if s.preempted)
-    assert [r.id for r in preempting.preempted] == [1] and [r.id for r in preempting.requests] == [0], \
+    assert [r.id for r in preempting.preempted] == [1] and [r.id for r in preempting.requests] == [0], (
         "the most recently admitted request is the one preempted"
-    later = tight_steps[tight_steps.index(preempting) + 1:]
+    )
+    later = tight_steps[tight_steps.index(preempting) + 1 :]
     back = next(s for s in later if any(r.id == 1 for r in s.requests))
     assert back.prefill and back.requests[0].id == 1, "it comes back first, as a prefill"
     assert back.cached[0] + back.tokens[0] == 3 + 2, "it reads its prompt and its answer so far again"
     assert tight == ample
 
 
-@pytest.mark.parametrize("make", [
-    lambda: Request(0, [], max_tokens=1),
-    lambda: Request(0, [5], max_tokens=0),
-    lambda: Scheduler(BlockManager(0, 4), max_num_seqs=1, max_num_batched_tokens=8, eos_ids=set()),
-    lambda: Scheduler(BlockManager(2, 4), max_num_seqs=1, max_num_batched_tokens=8, eos_ids=set()).add(
-        Request(0, list(range(9)), max_tokens=1)),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Request(0, [], max_tokens=1),
+        lambda: Request(0, [5], max_tokens=0),
+        lambda: Scheduler(BlockManager(0, 4), max_num_seqs=1, max_num_batched_tokens=8, eos_ids=set()),
+        lambda: Scheduler(BlockManager(2, 4), max_num_seqs=1, max_num_batched_tokens=8, eos_ids=set()).add(
+            Request(0, list(range(9)), max_tokens=1)
+        ),
+    ],
+)
 def test_bad_settings_raise_a_clear_error(make):
     with pytest.raises(InvalidSettingError):
         make()

@@ -18,7 +18,8 @@ def prompts(model) -> list[list[int]]:
     encode = lambda text: model.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     system = encode(SYSTEM)
     return [system + encode(q) for q in (" What is a cache?", " Why page memory?", " What is decode?")] + [
-        encode("Keys and values, position by position")]
+        encode("Keys and values, position by position")
+    ]
 
 
 def alone(model, ids: list[int], steps: int):
@@ -49,7 +50,7 @@ def test_each_served_request_equals_its_run_alone(family, num_blocks, budget, ti
         for rid, row in server.logits.items():
             logits[rid].append(row)
     for request in requests:
-        tokens, expected = alone(model, request.token_ids[:request.prompt_length], 6)
+        tokens, expected = alone(model, request.token_ids[: request.prompt_length], 6)
         assert request.generated == tokens, (family, request.id)
         for got, want in zip(logits[request.id], expected, strict=True):
             torch.testing.assert_close(got, want, atol=LOGIT_ATOL, rtol=0)
@@ -68,7 +69,7 @@ def test_shared_prefix_blocks_are_held_once_and_freed_at_the_last_owner(tiny_mod
     second = server.add(prompts(model)[1], max_tokens=8)
     report = server.step()
     shared = [b for b, owners in report.owners.items() if set(owners) == {first.id, second.id}]
-    assert shared and shared == list(first.block_table[:len(shared)]) == list(second.block_table[:len(shared)])
+    assert shared and shared == list(first.block_table[: len(shared)]) == list(second.block_table[: len(shared)])
     assert report.ran[0][2] == 4 * len(shared), "the second request recomputed the shared blocks"
     while first.status != "finished":
         report = server.step()
@@ -78,14 +79,17 @@ def test_shared_prefix_blocks_are_held_once_and_freed_at_the_last_owner(tiny_mod
     assert report.owners == {}
 
 
-@pytest.mark.parametrize("make", [
-    lambda server, model: server.add([model.info.vocab], max_tokens=2),
-    lambda server, model: server.add([5] * (model.info.context_limit - 1), max_tokens=2),
-    lambda server, model: server.add([], max_tokens=2),
-    lambda server, model: server.add([5, 6], max_tokens="2"),
-    lambda server, model: server.add(["5"], max_tokens=2),
-    lambda server, model: server.step(),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda server, model: server.add([model.info.vocab], max_tokens=2),
+        lambda server, model: server.add([5] * (model.info.context_limit - 1), max_tokens=2),
+        lambda server, model: server.add([], max_tokens=2),
+        lambda server, model: server.add([5, 6], max_tokens="2"),
+        lambda server, model: server.add(["5"], max_tokens=2),
+        lambda server, model: server.step(),
+    ],
+)
 def test_bad_requests_raise_a_clear_error(make, tiny_model):
     model = tiny_model("llama")
     with pytest.raises(InvalidSettingError):

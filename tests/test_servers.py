@@ -95,11 +95,23 @@ def descendants(pid: int) -> set[int]:
 def deployment(tmp_path_factory):
     folder = tmp_path_factory.mktemp("servers")
     ports, redis_port = {"app1": free_port(), "app2": free_port()}, free_port()
-    command = [sys.executable, str(ROOT / "scripts" / "serve_class.py"), "--port", str(free_port()),
-               "--servers", "2", "--app-ports", *map(str, ports.values()), "--redis-port", str(redis_port),
-               "--run-dir", str(folder / "run")]
-    script = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT)
+    command = [
+        sys.executable,
+        str(ROOT / "scripts" / "serve_class.py"),
+        "--port",
+        str(free_port()),
+        "--servers",
+        "2",
+        "--app-ports",
+        *map(str, ports.values()),
+        "--redis-port",
+        str(redis_port),
+        "--run-dir",
+        str(folder / "run"),
+    ]
+    script = subprocess.Popen(
+        command, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     output = Output(script, folder / "script.txt")
     started = set()
     try:
@@ -251,8 +263,9 @@ def test_a_killed_redis_is_started_again_on_its_port_and_every_app_goes_on_servi
     now = deployment.started()
     assert now["redis"] == again
     assert not alive(before["redis"]) and alive(now["redis"])
-    assert {name: pid for name, pid in now.items() if name != "redis"} == \
-           {name: pid for name, pid in before.items() if name != "redis"}
+    assert {name: pid for name, pid in now.items() if name != "redis"} == {
+        name: pid for name, pid in before.items() if name != "redis"
+    }
     assert all(alive(pid) for pid in now.values())
     assert_every_app_serves(deployment)
 

@@ -123,8 +123,9 @@ def expected_sentence_parts(report, total: int) -> list[str]:
         parts += [str(sum(t for _, t, _ in report.ran)), str(sum(c for _, _, c in report.ran))]
     if report.preempted:
         parts.append(names(report.preempted))
-    waiting = [s.id for s in report.requests if s.id not in ran and s.id not in report.preempted
-               and s.status != "finished"]  # not admitted, preempted earlier, or running past max_num_seqs
+    waiting = [
+        s.id for s in report.requests if s.id not in ran and s.id not in report.preempted and s.status != "finished"
+    ]  # not admitted, preempted earlier, or running past max_num_seqs
     if waiting:
         parts.append(names(waiting))
     if all(s.status == "finished" for s in report.requests) and len(report.requests) == total:
@@ -147,14 +148,24 @@ def test_the_views_sentence_counter_pool_and_table_are_the_servers_steps(page_se
         counter = strings.t("serve_counter_ready", lang)
         if step:
             report = reference[step - 1]
-            sentence = next(t for t in texts if t.startswith("**" + strings.t(
-                "serve_did_prefill" if report.prefill else "serve_did_decode", lang).split("{")[0][2:]))
+            sentence = next(
+                t
+                for t in texts
+                if t.startswith(
+                    "**"
+                    + strings.t("serve_did_prefill" if report.prefill else "serve_did_decode", lang).split("{")[0][2:]
+                )
+            )
             for part in expected_sentence_parts(report, len(setup.prompts)):
                 assert part in sentence, (step, part, sentence)
             title = strings.t("serve_pool_title", lang, step=step, used=len(report.owners), blocks=setup.num_blocks)
             assert any(title in t for t in texts), (step, title)
-            counter = strings.t("serve_counter_prefill" if report.prefill else "serve_counter_decode", lang,
-                                step=step, n=len(report.ran))
+            counter = strings.t(
+                "serve_counter_prefill" if report.prefill else "serve_counter_decode",
+                lang,
+                step=step,
+                n=len(report.ran),
+            )
             column = strings.figure_words(lang)["serve_col_request"]
             table = next(d.value for d in at.dataframe if list(d.value.columns)[:1] == [column])
             arrived = {s.id for s in report.requests}
@@ -177,14 +188,12 @@ def test_past_the_last_step_the_page_shows_the_last_and_next_is_off(embedded_mod
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
-def test_a_pool_too_small_for_one_request_is_a_message_in_the_pages_language(lang, embedded_model,
-                                                                               embedded_zh_model):
+def test_a_pool_too_small_for_one_request_is_a_message_in_the_pages_language(lang, embedded_model, embedded_zh_model):
     model = embedded_model if lang == "en" else embedded_zh_model
     needed = setup_of(model, lang, lang == "en").fewest_blocks()
     at = start(view="serving", step=3, serve_blocks=needed - 1, lang=lang)
     assert_clean(at)
-    assert [w.value for w in at.warning] == [strings.t("serve_pool_too_small", lang, needed=needed,
-                                                       blocks=needed - 1)]
+    assert [w.value for w in at.warning] == [strings.t("serve_pool_too_small", lang, needed=needed, blocks=needed - 1)]
     assert at.button(key="b_next").disabled
     at.number_input(key="w_serve_blocks").set_value(needed).run()  # the fix the message names
     assert_clean(at)
@@ -215,8 +224,15 @@ def serving_numbers(model, lang: str, chat: bool, step: int) -> list[str]:
     setup = setup_of(model, lang, chat)
     reports = reference_steps(model, setup)[:step]
     report = reports[-1]
-    numbers = [len(setup.prompts), setup.num_blocks, BLOCK, step, names(r for r, _, _ in report.ran),
-               len(report.owners), sum(1 for s in report.requests if s.blocks)]
+    numbers = [
+        len(setup.prompts),
+        setup.num_blocks,
+        BLOCK,
+        step,
+        names(r for r, _, _ in report.ran),
+        len(report.owners),
+        sum(1 for s in report.requests if s.blocks),
+    ]
     if report.prefill:
         numbers += [sum(t for _, t, _ in report.ran), sum(c for _, _, c in report.ran)]
     shared = [owners for owners in report.owners.values() if len(owners) > 1]

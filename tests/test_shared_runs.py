@@ -174,6 +174,7 @@ def test_two_browser_sessions_on_one_link_share_one_run(monkeypatch):
 def test_the_store_keeps_no_build_lock_for_keys_read_before_or_failed():
     """A key's build lock lives while the key is being asked for: a server that re-reads thousands of runs over a
     term does not keep a lock for each (hits, builds and failed builds alike), even with pages asking at once."""
+
     class Sized:
         nbytes = 1
 
@@ -241,6 +242,7 @@ def test_the_sweep_forgets_closed_tabs_sessions_then_runs_the_clean_ups(monkeypa
     now = [0.0]
     storage = MemorySessionStorage()
     storage._cache = TTLCache(maxsize=128, ttl=120, timer=lambda: now[0])  # Streamlit's TTL on a clock we move
+
     class Session:  # what a kept session holds: its page's run, among the rest
         id = "closed tab"
 

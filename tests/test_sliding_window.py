@@ -37,8 +37,15 @@ def same_step(rebuilt: engine.StepTrace, original: engine.StepTrace) -> None:
 def test_a_step_past_the_window_is_rebuilt_equal_to_the_run(tiny_model, kv_splits):
     """Steps whose window the run has handed back, oldest and newest, in any order: each equals the run's own."""
     model = tiny_model("gemma3")
-    session, traces = decode(model, list(range(1000, 1006)), 4 * W, block_size=4, kv_splits=kv_splits,
-                             max_new_tokens=4 * W + 1, keep_full_traces=10**6)
+    session, traces = decode(
+        model,
+        list(range(1000, 1006)),
+        4 * W,
+        block_size=4,
+        kv_splits=kv_splits,
+        max_new_tokens=4 * W + 1,
+        keep_full_traces=10**6,
+    )
     window = session.table.window
     gone = [t for t in traces if t.positions[0] - W + 1 < window.first_position]
     assert len(gone) > W, "the window has handed back what most steps read"
@@ -59,8 +66,9 @@ def test_a_reused_prefix_past_the_window_is_rebuilt_from_what_was_reused(tiny_mo
     first = engine.DecodeSession(model, list(range(2000, 2007)), prefix_cache=cache, max_new_tokens=2)
     first.prefill()
     first.close()
-    session = engine.DecodeSession(model, list(range(2000, 2007)) + [5, 6, 7], prefix_cache=cache,
-                                   max_new_tokens=3 * W, keep_full_traces=10**6)
+    session = engine.DecodeSession(
+        model, list(range(2000, 2007)) + [5, 6, 7], prefix_cache=cache, max_new_tokens=3 * W, keep_full_traces=10**6
+    )
     traces = [session.prefill()]
     assert traces[0].prefix.reused_tokens > 0
     while not session.finished:
@@ -76,8 +84,7 @@ def long_run(embedded_zh_model):
     """Gemma 3 270M (as the app holds it) on 500 positions of prompt, then decoding past its window of 512; after
     each step, the blocks its window pool has in use (what the pool says, not the session)."""
     prompt = [embedded_zh_model.tokenizer.bos_token_id] + list(range(1000, 1499))
-    session = engine.DecodeSession(embedded_zh_model, prompt, block_size=16, max_new_tokens=57,
-                                   keep_full_traces=10**6)
+    session = engine.DecodeSession(embedded_zh_model, prompt, block_size=16, max_new_tokens=57, keep_full_traces=10**6)
     traces, in_use = [session.prefill()], []
     in_use.append(session.pool.window.block_manager.used)
     while not session.finished:
@@ -86,8 +93,7 @@ def long_run(embedded_zh_model):
     return session, traces, in_use
 
 
-def test_gemma_local_layers_stop_at_the_window_and_hand_blocks_back_while_global_ones_grow(long_run,
-                                                                                          embedded_zh_model):
+def test_gemma_local_layers_stop_at_the_window_and_hand_blocks_back_while_global_ones_grow(long_run, embedded_zh_model):
     session, traces, in_use = long_run
     info = embedded_zh_model.info
     window, size = info.sliding_window, 16
@@ -98,8 +104,9 @@ def test_gemma_local_layers_stop_at_the_window_and_hand_blocks_back_while_global
         assert len(trace.block_table) == -(-length // size), "a global layer keeps a block for every position"
         assert trace.window_start == max(0, (length - window + 1) // size * size)
         assert min(length, window - 1) <= held <= window - 1 + size - 1
-        assert len(trace.window_block_table) == -(-length // size) - trace.window_start // size == used, \
+        assert len(trace.window_block_table) == -(-length // size) - trace.window_start // size == used, (
             "every block the local layers' table no longer holds is back in the window pool"
+        )
     crossed = [t for t in traces if t.window_start > 0]
     assert crossed and crossed[0].context_length > window, "blocks go back only once the run passed its window"
     assert traces[-1].window_start >= 2 * size and len(traces[-1].block_table) > len(traces[0].block_table)
@@ -121,6 +128,7 @@ def test_gemma_steps_before_the_window_are_rebuilt_equal_to_the_run(long_run):
 
 # -- the lesson's chapter on it, on the page -----------------------------------------------------------------------
 
+
 def reach_rows(at) -> np.ndarray:
     """The chapter's figure as drawn: (layers, positions) of the newest query's attention, NaN where not read."""
     heatmaps = [c for c in charts(at) if c["data"][0]["type"] == "heatmap"]
@@ -136,7 +144,8 @@ def expected_rows(trace: engine.StepTrace, head: int) -> np.ndarray:
 
 
 def test_the_window_chapter_on_gemma_shows_local_rows_lose_their_oldest_columns_and_rebuilds_back_past_it(
-        embedded_zh_model):
+    embedded_zh_model,
+):
     """Chapter 15 on Gemma 3 (zh): its run passes the window; the figure's local rows are blank exactly before the
     newest query's window and its global rows reach position 0, equal to an engine run of our own; stepping on, the
     blank part grows and the local layers' oldest blocks go back to the page's pool while the global table grows;
@@ -148,8 +157,9 @@ def test_the_window_chapter_on_gemma_shows_local_rows_lose_their_oldest_columns_
     glob = [i for i, kind in enumerate(info.layer_kinds) if kind == "global"]
     further = 2 * size  # steps past the chapter's own: two more blocks leave the window
     torch.set_num_threads(load_limits().threads)  # as the page computes (a bfloat16 sum may round otherwise)
-    _, traces = decode(embedded_zh_model, WINDOW_PROMPTS["zh"], chapter.step + further - 1, block_size=size,
-                       keep_full_traces=10**6)
+    _, traces = decode(
+        embedded_zh_model, WINDOW_PROMPTS["zh"], chapter.step + further - 1, block_size=size, keep_full_traces=10**6
+    )
     at = start(chapter=chapter.number, lang="zh")
     assert_clean(at)
     head = int(at.session_state["w_head"]) if "w_head" in at.session_state else 0
@@ -205,15 +215,18 @@ def test_each_models_limits_let_gemma_pass_its_window_in_the_bytes_smollm2_had(e
     assert gemma.max_prompt_tokens >= longest
     budget = host.step_memory_mb * 10**6
     assert 2 * embedded_zh_model.info.attention_bytes(gemma.max_prompt_tokens, gemma.max_prompt_tokens) <= budget
-    per_page = {m.info.name: limits.cache_tokens * m.info.kv_bytes_per_token
-                for m, limits in ((embedded_model, smol), (embedded_zh_model, gemma))}
+    per_page = {
+        m.info.name: limits.cache_tokens * m.info.kv_bytes_per_token
+        for m, limits in ((embedded_model, smol), (embedded_zh_model, gemma))
+    }
     assert per_page[embedded_zh_model.info.name] <= per_page[embedded_model.info.name]
     raised = Limits(max_prompt_tokens=2000, cache_tokens=4096)
     assert model_limits(raised, embedded_model.info).max_prompt_tokens == 2000
     assert model_limits(raised, embedded_zh_model.info).max_prompt_tokens == 2000
     # the full heatmap of the run's last step (the longest prompt and every new token) fits too, not the prompt's only
-    assert (step_limits(gemma, embedded_zh_model.info).max_attention_tokens
-            >= gemma.max_prompt_tokens + host.max_new_tokens)
+    assert (
+        step_limits(gemma, embedded_zh_model.info).max_attention_tokens >= gemma.max_prompt_tokens + host.max_new_tokens
+    )
 
 
 def test_the_window_chapter_keeps_its_own_prompt_in_the_pages_language_and_model(embedded_model, embedded_zh_model):

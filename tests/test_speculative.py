@@ -15,11 +15,15 @@ from tests.conftest import FAMILIES
 
 # Repeats itself, so prompt lookup has something to find even on a random model's answer.
 LOOPING = "one two three four five one two three four five one two three"
-CODE_EDIT = ("Rewrite this function so that the variable x is called count. Reply with the code only.\n```python\n"
-             "def total(items):\n    x = 0\n    for item in items:\n        x += item.price * item.quantity\n"
-             "    return x\n```")
-ZH_CODE_EDIT = ("把下面函数里的变量 x 改名为 count：\n```python\ndef total(items):\n    x = 0\n    for item in items:\n"
-                "        x += item\n    return x\n```\n改名之后：\n```python\n")
+CODE_EDIT = (
+    "Rewrite this function so that the variable x is called count. Reply with the code only.\n```python\n"
+    "def total(items):\n    x = 0\n    for item in items:\n        x += item.price * item.quantity\n"
+    "    return x\n```"
+)
+ZH_CODE_EDIT = (
+    "把下面函数里的变量 x 改名为 count：\n```python\ndef total(items):\n    x = 0\n    for item in items:\n"
+    "        x += item\n    return x\n```\n改名之后：\n```python\n"
+)
 
 
 def plain_greedy(model, prompt, max_new_tokens, chat=False) -> list[int]:
@@ -41,6 +45,7 @@ def pool_used(table) -> int:
 
 # -- prompt lookup --------------------------------------------------------------------------------------------------
 
+
 def test_prompt_lookup_continues_the_first_earlier_occurrence_of_the_longest_tail():
     ids = [5, 1, 2, 3, 9, 1, 2, 4, 7, 1, 2]
     assert prompt_lookup(ids, 3, 2) == [3, 9, 1], "the tail 1 2 first occurs at index 1: what followed it there"
@@ -55,18 +60,21 @@ def test_prompt_lookup_continues_the_first_earlier_occurrence_of_the_longest_tai
 
 # -- the rejection rule ---------------------------------------------------------------------------------------------
 
+
 def seed_with_uniform(low: float, high: float) -> int:
     """A seed whose generator's first uniform draw lies in [low, high)."""
-    return next(s for s in range(10_000)
-                if low <= float(torch.rand(1, generator=torch.Generator().manual_seed(s))) < high)
+    return next(
+        s for s in range(10_000) if low <= float(torch.rand(1, generator=torch.Generator().manual_seed(s))) < high
+    )
 
 
 def test_the_acceptance_and_the_residual_on_hand_cases():
     assert acceptance(0.3, 0.6) == pytest.approx(0.5)
     assert acceptance(0.6, 0.3) == 1.0, "a guess the model likes more than the draft is always kept"
     assert residual(torch.tensor([0.5, 0.3, 0.2]), torch.tensor([0.2, 0.6, 0.2])).tolist() == pytest.approx([1, 0, 0])
-    assert residual(torch.tensor([0.4, 0.4, 0.2]), torch.tensor([0.1, 0.3, 0.6])).tolist() == \
-        pytest.approx([0.75, 0.25, 0.0]), "(p − q)+ normalised: (0.3, 0.1, 0) / 0.4"
+    assert residual(torch.tensor([0.4, 0.4, 0.2]), torch.tensor([0.1, 0.3, 0.6])).tolist() == pytest.approx(
+        [0.75, 0.25, 0.0]
+    ), "(p − q)+ normalised: (0.3, 0.1, 0) / 0.4"
 
 
 def test_a_guess_is_kept_when_the_uniform_draw_is_under_p_over_q():
@@ -79,8 +87,9 @@ def test_a_guess_is_kept_when_the_uniform_draw_is_under_p_over_q():
     assert rejected.accepted == 0
     assert rejected.token_id == 0, "after a rejection only (p − q)+ = (0.3, 0, 0, 0) is left: token 0"
     one_hot = judge_sampled(p, [3], None, lambda i: torch.Generator().manual_seed(seed_with_uniform(0.11, 0.9)))
-    assert one_hot.accepted == 0 and one_hot.token_id != 3, "a deterministic draft: kept with p(x) = 0.1, and the " \
-                                                            "replacement never the rejected guess"
+    assert one_hot.accepted == 0 and one_hot.token_id != 3, (
+        "a deterministic draft: kept with p(x) = 0.1, and the replacement never the rejected guess"
+    )
 
 
 @pytest.mark.parametrize("draft_q", [torch.tensor([0.4, 0.3, 0.2, 0.1]), None], ids=["drawn", "deterministic"])
@@ -95,8 +104,9 @@ def test_the_first_token_is_distributed_as_the_models_own_draw(draft_q):
         else:
             guess = int(torch.multinomial(draft_q, 1, generator=torch.Generator().manual_seed(10**6 + seed)))
             q = draft_q[None]
-        verdict = judge_sampled(torch.stack([p, p]), [guess], q,
-                                lambda i, seed=seed: torch.Generator().manual_seed(seed * 7 + i))
+        verdict = judge_sampled(
+            torch.stack([p, p]), [guess], q, lambda i, seed=seed: torch.Generator().manual_seed(seed * 7 + i)
+        )
         counts[guess if verdict.accepted else verdict.token_id] += 1
     shares = counts / counts.sum()
     assert torch.allclose(shares, p, atol=0.025), shares.tolist()
@@ -109,6 +119,7 @@ def test_greedy_keeps_guesses_while_they_equal_the_argmax():
 
 
 # -- the run --------------------------------------------------------------------------------------------------------
+
 
 def check_blocks(session: SpeculativeSession) -> None:
     """The pool holds exactly the table's blocks, and the table as many as its positions need."""
@@ -162,8 +173,10 @@ class OtherMisses:
     def guess(self, model, table, ids, room, sampling) -> Guesses:
         done = self.passes[self.index]
         self.index += 1
-        other = [g if i < done.accepted else next(t for t in range(g + 1, g + 50) if t != done.top[i]) % self.vocab
-                 for i, g in enumerate(done.guesses)]
+        other = [
+            g if i < done.accepted else next(t for t in range(g + 1, g + 50) if t != done.top[i]) % self.vocab
+            for i, g in enumerate(done.guesses)
+        ]
         return Guesses(other)
 
 
@@ -176,8 +189,9 @@ def test_rejected_rows_leave_no_trace_in_the_cache(tiny_model, family):
     first = SpeculativeSession(model, LOOPING, PromptLookup(6), block_size=4, max_new_tokens=24)
     first.run()
     assert any(p.rows_discarded for p in first.passes), "no pass rejected a guess: nothing to check"
-    second = SpeculativeSession(model, LOOPING, OtherMisses(first.passes, model.info.vocab), block_size=4,
-                                max_new_tokens=24)
+    second = SpeculativeSession(
+        model, LOOPING, OtherMisses(first.passes, model.info.vocab), block_size=4, max_new_tokens=24
+    )
     second.run()
     assert second.generated == first.generated
     assert [p.accepted for p in second.passes] == [p.accepted for p in first.passes]
@@ -193,7 +207,7 @@ def test_rejected_rows_leave_no_trace_in_the_cache(tiny_model, family):
         for layer in range(model.info.layers):
             k1, v1, start = first.table.read(layer)
             k0, v0, _ = plain.table.read(layer, length)
-            assert torch.allclose(k1, k0[-len(k1):], atol=1e-5) and torch.allclose(v1, v0[-len(v1):], atol=1e-5)
+            assert torch.allclose(k1, k0[-len(k1) :], atol=1e-5) and torch.allclose(v1, v0[-len(v1) :], atol=1e-5)
     first.close(), second.close()
 
 
@@ -206,7 +220,7 @@ def test_a_block_only_rejected_rows_used_goes_back_to_the_pool(tiny_model):
             check_blocks(session)
             manager = pool.block_manager
             assert all(manager.ref_count[b] == 0 and b in manager.free for b in done.blocks_returned)
-            assert {b for b, _ in done.slots[:done.kept_rows]} <= set(done.block_table), "a kept row's block left"
+            assert {b for b, _ in done.slots[: done.kept_rows]} <= set(done.block_table), "a kept row's block left"
         assert any(p.blocks_returned for p in session.passes), "no pass handed a block back: nothing checked"
 
 
@@ -222,12 +236,21 @@ def test_sampled_speculative_runs_repeat_with_their_seed(tiny_model):
         assert answer(draft) == answer(draft), draft.name
 
 
-@pytest.mark.parametrize("make", [
-    lambda m: PromptLookup(0), lambda m: PromptLookup(17), lambda m: PromptLookup(2.0), lambda m: PromptLookup(True),
-    lambda m: PromptLookup(3, max_ngram=0), lambda m: EarlyExit(3, m.info.layers, m.info.layers),
-    lambda m: EarlyExit(3, 0, m.info.layers), lambda m: EarlyExit(3, "1", m.info.layers),
-    lambda m: make_draft("medusa", 3, 1, m),
-], ids=["k0", "k17", "k-float", "k-bool", "ngram0", "n-all-layers", "n0", "n-str", "unknown"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda m: PromptLookup(0),
+        lambda m: PromptLookup(17),
+        lambda m: PromptLookup(2.0),
+        lambda m: PromptLookup(True),
+        lambda m: PromptLookup(3, max_ngram=0),
+        lambda m: EarlyExit(3, m.info.layers, m.info.layers),
+        lambda m: EarlyExit(3, 0, m.info.layers),
+        lambda m: EarlyExit(3, "1", m.info.layers),
+        lambda m: make_draft("medusa", 3, 1, m),
+    ],
+    ids=["k0", "k17", "k-float", "k-bool", "ngram0", "n-all-layers", "n0", "n-str", "unknown"],
+)
 def test_bad_draft_settings_are_refused(tiny_model, make):
     with pytest.raises(engine.InvalidSettingError):
         make(tiny_model("llama"))

@@ -25,8 +25,9 @@ CHAPTER = next(c for c in CHAPTERS if c.key == "speculative")
 @functools.cache
 def reference_passes(model, lang: str, chat: bool, which: str = "edit", k: int = 5):
     """The view's prompt decoded by the engine's speculative session directly, with prompt lookup (once a test run)."""
-    with SpeculativeSession(model, PROMPTS[(which, lang, chat)], PromptLookup(k), chat=chat,
-                            max_new_tokens=MAX_TOKENS) as session:
+    with SpeculativeSession(
+        model, PROMPTS[(which, lang, chat)], PromptLookup(k), chat=chat, max_new_tokens=MAX_TOKENS
+    ) as session:
         session.run()
         return session.passes
 
@@ -50,9 +51,17 @@ def speculative_numbers(model, lang: str, chat: bool, step: int) -> list[str]:
     done = passes[-1]
     tokens = sum(len(p.added) for p in passes)
     spec, plain = bytes_per_token(model, passes)
-    numbers = [5, done.rows_written, str(strings.t("count_tokens", lang, n=len(done.added))),
-               len(done.fed) - done.kept_rows, tokens, len(passes), f"{tokens / len(passes):.2f}",
-               f"{spec:,.1f}", f"{plain:,.1f}"]
+    numbers = [
+        5,
+        done.rows_written,
+        str(strings.t("count_tokens", lang, n=len(done.added))),
+        len(done.fed) - done.kept_rows,
+        tokens,
+        len(passes),
+        f"{tokens / len(passes):.2f}",
+        f"{spec:,.1f}",
+        f"{plain:,.1f}",
+    ]
     return [str(x) for x in numbers]
 
 
@@ -61,8 +70,9 @@ def plain_answer_equal(model, lang: str, chat: bool, step: int) -> bool:
     import engine
 
     ids = [t for p in reference_passes(model, lang, chat)[:step] for t in p.added]
-    with engine.DecodeSession(model, PROMPTS[("edit", lang, chat)], chat=chat, max_new_tokens=len(ids),
-                              capture=engine.NO_RECORD) as session:
+    with engine.DecodeSession(
+        model, PROMPTS[("edit", lang, chat)], chat=chat, max_new_tokens=len(ids), capture=engine.NO_RECORD
+    ) as session:
         session.prefill()
         while not session.finished:
             session.step()
@@ -71,9 +81,11 @@ def plain_answer_equal(model, lang: str, chat: bool, step: int) -> bool:
 
 def free_guesses_worse(model, lang: str, chat: bool) -> bool:
     """The question's premise: the free answer makes fewer tokens a pass than the code edit."""
+
     def per_pass(which):
         passes = reference_passes(model, lang, chat, which)
         return sum(len(p.added) for p in passes) / len(passes)
+
     return per_pass("free") < per_pass("edit")
 
 
@@ -88,8 +100,12 @@ def test_each_pass_says_and_draws_what_the_engine_did(page, request):
     for step in (2, 3, 2):  # forward a pass, then ← back
         done = reference[step - 1]
         text = " ".join(m.value for m in at.markdown)
-        assert strings.t("spec_added", lang, n=len(done.added), discarded=done.rows_discarded,
-                         blocks=len(done.blocks_returned)) in text, step
+        assert (
+            strings.t(
+                "spec_added", lang, n=len(done.added), discarded=done.rows_discarded, blocks=len(done.blocks_returned)
+            )
+            in text
+        ), step
         assert strings.t("spec_pass_title", lang, step=step, rows=done.rows_written, kept=done.kept_rows) in text, step
         figure = at.get("plotly_chart")[0].proto.spec  # each guess and the model's tokens in the hover
         assert all(f"guess {i + 1}:" in figure or f"猜测 {i + 1}：" in figure for i in range(len(done.guesses))), step
@@ -112,10 +128,16 @@ def test_the_measurement_times_plain_decoding_and_both_drafts(embedded_model):
     assert passes[1] < passes[0], "prompt lookup on the code edit makes several tokens a pass"
 
 
-@pytest.mark.parametrize("link, problem", [
-    (dict(draft_k="0"), "out_of_range"), (dict(draft_k="x"), "bad_number"), (dict(draft="medusa"), "unknown_choice"),
-    (dict(draft="early_exit", draft_n="30"), "out_of_range"), (dict(spec_prompt="<b>"), "unknown_choice"),
-])
+@pytest.mark.parametrize(
+    "link, problem",
+    [
+        (dict(draft_k="0"), "out_of_range"),
+        (dict(draft_k="x"), "bad_number"),
+        (dict(draft="medusa"), "unknown_choice"),
+        (dict(draft="early_exit", draft_n="30"), "out_of_range"),
+        (dict(spec_prompt="<b>"), "unknown_choice"),
+    ],
+)
 def test_bad_settings_are_a_message_and_the_view_still_runs(link, problem, embedded_model):
     at = start(view="speculate", step=2, **link)
     assert_clean(at)

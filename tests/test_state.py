@@ -12,28 +12,58 @@ from ui.state.link import AppState, clamp, clean_prompt, default_prompt, link_ho
 
 
 def test_default_state_round_trips_through_a_link():
-    state = AppState(prompt="解释什么是Transformer 🤖", chat=False, temperature=0.7, top_k=40, top_p=0.9, seed=3,
-                     block_size=4, kv_splits=5, policy="whole", step=12, view="prefix", layer=3, head=7, lang="zh",
-                     large=True)
+    state = AppState(
+        prompt="解释什么是Transformer 🤖",
+        chat=False,
+        temperature=0.7,
+        top_k=40,
+        top_p=0.9,
+        seed=3,
+        block_size=4,
+        kv_splits=5,
+        policy="whole",
+        step=12,
+        view="prefix",
+        layer=3,
+        head=7,
+        lang="zh",
+        large=True,
+    )
     parsed, problems = parse_query(to_query(state))
     assert parsed == state and problems == []
     assert to_query(AppState()) == {"step": "0"}
 
 
-@pytest.mark.parametrize("param, raw, fallback, reason", [
-    ("step", "abc", 0, "bad_number"), ("step", "-4", 0, "out_of_range"), ("step", "2.5", 0, "bad_number"),
-    ("temperature", "nan", 0.0, "bad_number"), ("temperature", "inf", 0.0, "bad_number"),
-    ("temperature", "-1", 0.0, "out_of_range"), ("temperature", "99", 5.0, "out_of_range"),
-    ("temperature", "1e-38", 0.01, "below_floor"), ("temperature", "0.009", 0.01, "below_floor"),
-    ("seed", str(2**70), 2**31 - 1, "out_of_range"),
-    ("top_p", "0", 0.01, "out_of_range"), ("top_p", "1.5", 1.0, "out_of_range"), ("top_k", "-5", 0, "out_of_range"),
-    ("seed", "1e99", 0, "bad_number"),
-    ("block_size", "0", 1, "out_of_range"), ("block_size", "4096", 256, "out_of_range"),
-    ("kv_splits", "0", 1, "out_of_range"), ("kv_splits", "1000", 64, "out_of_range"),
-    ("layer", "x", 0, "bad_number"), ("head", "-1", 0, "out_of_range"),
-    ("view", "bogus", "flow", "unknown_choice"), ("lang", "fr", "en", "unknown_choice"),
-    ("policy", "lru", "block", "unknown_choice"), ("chat", "yes", True, "bad_flag"), ("large", "2", False, "bad_flag"),
-])
+@pytest.mark.parametrize(
+    "param, raw, fallback, reason",
+    [
+        ("step", "abc", 0, "bad_number"),
+        ("step", "-4", 0, "out_of_range"),
+        ("step", "2.5", 0, "bad_number"),
+        ("temperature", "nan", 0.0, "bad_number"),
+        ("temperature", "inf", 0.0, "bad_number"),
+        ("temperature", "-1", 0.0, "out_of_range"),
+        ("temperature", "99", 5.0, "out_of_range"),
+        ("temperature", "1e-38", 0.01, "below_floor"),
+        ("temperature", "0.009", 0.01, "below_floor"),
+        ("seed", str(2**70), 2**31 - 1, "out_of_range"),
+        ("top_p", "0", 0.01, "out_of_range"),
+        ("top_p", "1.5", 1.0, "out_of_range"),
+        ("top_k", "-5", 0, "out_of_range"),
+        ("seed", "1e99", 0, "bad_number"),
+        ("block_size", "0", 1, "out_of_range"),
+        ("block_size", "4096", 256, "out_of_range"),
+        ("kv_splits", "0", 1, "out_of_range"),
+        ("kv_splits", "1000", 64, "out_of_range"),
+        ("layer", "x", 0, "bad_number"),
+        ("head", "-1", 0, "out_of_range"),
+        ("view", "bogus", "flow", "unknown_choice"),
+        ("lang", "fr", "en", "unknown_choice"),
+        ("policy", "lru", "block", "unknown_choice"),
+        ("chat", "yes", True, "bad_flag"),
+        ("large", "2", False, "bad_flag"),
+    ],
+)
 def test_malformed_values_fall_back_with_a_problem(param, raw, fallback, reason):
     state, problems = parse_query({param: raw})
     assert getattr(state, param) == fallback
@@ -41,11 +71,16 @@ def test_malformed_values_fall_back_with_a_problem(param, raw, fallback, reason)
 
 
 @settings(max_examples=300, deadline=None)
-@given(temperature=st.floats(allow_nan=True, allow_infinity=True), top_p=st.floats(), top_k=st.integers(),
-       seed=st.integers(-2**80, 2**80))
+@given(
+    temperature=st.floats(allow_nan=True, allow_infinity=True),
+    top_p=st.floats(),
+    top_k=st.integers(),
+    seed=st.integers(-(2**80), 2**80),
+)
 def test_every_sampling_setting_a_link_yields_is_one_the_engine_accepts(temperature, top_p, top_k, seed):
-    state, _ = parse_query({"temperature": repr(temperature), "top_p": repr(top_p), "top_k": str(top_k),
-                            "seed": str(seed)})
+    state, _ = parse_query(
+        {"temperature": repr(temperature), "top_p": repr(top_p), "top_k": str(top_k), "seed": str(seed)}
+    )
     engine.Sampling(temperature=state.temperature, top_k=state.top_k, top_p=state.top_p, seed=state.seed)
 
 
@@ -83,8 +118,13 @@ def test_layer_and_head_are_fitted_to_the_model():
 
 
 def test_host_limits_come_from_the_environment():
-    limits = load_limits({"KVSCOPE_MODELS": "Qwen/Qwen3-0.6B, embedded", "KVSCOPE_MAX_NEW_TOKENS": "32",
-                          "KVSCOPE_MAX_PROMPT_TOKENS": "oops"})
+    limits = load_limits(
+        {
+            "KVSCOPE_MODELS": "Qwen/Qwen3-0.6B, embedded",
+            "KVSCOPE_MAX_NEW_TOKENS": "32",
+            "KVSCOPE_MAX_PROMPT_TOKENS": "oops",
+        }
+    )
     assert limits.models == ("embedded", "embedded-zh", "Qwen/Qwen3-0.6B")  # both embedded models always
     assert limits.max_new_tokens == 32 and limits.max_prompt_tokens == 384
     assert limits.model_allowed("Qwen/Qwen3-0.6B") and not limits.model_allowed("/etc")

@@ -44,8 +44,9 @@ def runs(tiny_model, embedded_model):
 def shapes_in(text: str) -> list[tuple[int, ...]]:
     """Every parenthesised shape in a label: "(1, 1536) → (1, 576)" → [(1, 1536), (1, 576)]; "Q (1, 9×64)" →
     [(1, 9, 64)] (heads × head_dim read as two sizes)."""
-    return [tuple(int(n) for n in re.split(r"[,×]", group) if n.strip())
-            for group in re.findall(r"\(([\d,× ]+)\)", text)]
+    return [
+        tuple(int(n) for n in re.split(r"[,×]", group) if n.strip()) for group in re.findall(r"\(([\d,× ]+)\)", text)
+    ]
 
 
 def shape_labels(fig) -> dict[str, list[str]]:
@@ -180,8 +181,10 @@ def test_the_picture_fits_a_projectors_first_screen_in_readable_text(runs):
     13 px, and larger with large text."""
     model, _, traces = runs("embedded")
     for trace in (traces[0], traces[2]):
-        normal, large = step_figure(trace, model.info, title="Step"), step_figure(trace, model.info, title="Step",
-                                                                                    large=True)
+        normal, large = (
+            step_figure(trace, model.info, title="Step"),
+            step_figure(trace, model.info, title="Step", large=True),
+        )
         assert normal.layout.height <= 380, normal.layout.height
         sizes = [a.font.size for a in normal.layout.annotations if a.text]
         large_sizes = [a.font.size for a in large.layout.annotations if a.text]
@@ -216,8 +219,10 @@ def plot_page(browser):
     the figure: each test draws its figure anew in it."""
     font = base64.b64encode(APP_FONT.read_bytes()).decode()
     page = browser.new_page(viewport={"width": MIN_WIDTH + 20, "height": 900})
-    page.set_content(f"<style>@font-face {{font-family: App; src: url(data:font/woff2;base64,{font})}}"
-                     "body {margin: 0}</style><div id=f></div>")
+    page.set_content(
+        f"<style>@font-face {{font-family: App; src: url(data:font/woff2;base64,{font})}}"
+        "body {margin: 0}</style><div id=f></div>"
+    )
     page.add_script_tag(path=str(PLOTLY_JS))
     page.evaluate("() => document.fonts.load('13px App')")
     yield page
@@ -230,9 +235,10 @@ def drawn_boxes(page, fig, width: int) -> tuple[list[dict], list[dict], dict]:
     rect}, rects as {left, top, right, bottom} in px."""
     spec = fig.to_plotly_json()
     spec["layout"] = {**spec["layout"], "width": width, "font": {**spec["layout"]["font"], "family": "App"}}
-    page.evaluate("async spec => { Plotly.purge('f');"
-                  " await Plotly.newPlot('f', spec.data, spec.layout, {staticPlot: true}); }",
-                  json.loads(json.dumps(spec, default=str)))
+    page.evaluate(
+        "async spec => { Plotly.purge('f'); await Plotly.newPlot('f', spec.data, spec.layout, {staticPlot: true}); }",
+        json.loads(json.dumps(spec, default=str)),
+    )
     return page.evaluate("""() => {
         const rect = el => { const r = el.getBoundingClientRect();
                              return {left: r.left, top: r.top, right: r.right, bottom: r.bottom}; };
@@ -245,22 +251,32 @@ def drawn_boxes(page, fig, width: int) -> tuple[list[dict], list[dict], dict]:
 
 
 def overlap(a: dict, b: dict, slack: float = 0.5) -> bool:
-    return min(a["right"], b["right"]) - max(a["left"], b["left"]) > slack and \
-        min(a["bottom"], b["bottom"]) - max(a["top"], b["top"]) > slack
+    return (
+        min(a["right"], b["right"]) - max(a["left"], b["left"]) > slack
+        and min(a["bottom"], b["bottom"]) - max(a["top"], b["top"]) > slack
+    )
 
 
 def inside(inner: dict, outer: dict, slack: float = 1.0) -> bool:
-    return inner["left"] >= outer["left"] - slack and inner["right"] <= outer["right"] + slack and \
-        inner["top"] >= outer["top"] - slack and inner["bottom"] <= outer["bottom"] + slack
+    return (
+        inner["left"] >= outer["left"] - slack
+        and inner["right"] <= outer["right"] + slack
+        and inner["top"] >= outer["top"] - slack
+        and inner["bottom"] <= outer["bottom"] + slack
+    )
 
 
 def containing_box(fig, annotation, boxes: list[dict]) -> dict | None:
     """The smallest rectangle or circle on the canvas holding the annotation's anchor; of a deck, the front one
     (drawn last)."""
+
     def holds(box: dict) -> bool:
         shape = fig.layout.shapes[box["index"]]
-        return shape.type in ("rect", "circle") and shape.x0 <= annotation.x <= shape.x1 and \
-            shape.y0 <= annotation.y <= shape.y1
+        return (
+            shape.type in ("rect", "circle")
+            and shape.x0 <= annotation.x <= shape.x1
+            and shape.y0 <= annotation.y <= shape.y1
+        )
 
     def size(box: dict) -> tuple[float, int]:
         shape = fig.layout.shapes[box["index"]]
@@ -270,35 +286,53 @@ def containing_box(fig, annotation, boxes: list[dict]) -> dict | None:
 
 
 @pytest.mark.browser
-@pytest.mark.parametrize("family, index", [("embedded", 0), ("embedded", 2), ("gpt2", 0)],
-                         ids=["prefill", "decode", "gpt2-prefill"])
+@pytest.mark.parametrize(
+    "family, index", [("embedded", 0), ("embedded", 2), ("gpt2", 0)], ids=["prefill", "decode", "gpt2-prefill"]
+)
 @pytest.mark.parametrize("large", [False, True], ids=["normal", "large"])
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_no_word_overlaps_another_or_leaves_its_box(runs, plot_page, family, index, large, lang):
     """At the narrowest width the page gives the picture, every word stays inside the figure and inside the box
     it names, no two words overlap, and no word runs into a box it does not belong to (a deck's rows included)."""
     model, _, traces = runs(family)
-    fig = step_figure(traces[index], model.info, title="Step 3 (decode): id 659 in → id 70 out", large=large,
-                      words=strings.figure_words(lang))
+    fig = step_figure(
+        traces[index],
+        model.info,
+        title="Step 3 (decode): id 659 in → id 70 out",
+        large=large,
+        words=strings.figure_words(lang),
+    )
     words, boxes, figure = drawn_boxes(plot_page, fig, MIN_WIDTH)
     assert len(words) == len([a for a in fig.layout.annotations if a.text])
-    filled = [b for b in boxes if fig.layout.shapes[b["index"]].type in ("rect", "circle")
-              and fig.layout.shapes[b["index"]].name != FRAME]
+    filled = [
+        b
+        for b in boxes
+        if fig.layout.shapes[b["index"]].type in ("rect", "circle") and fig.layout.shapes[b["index"]].name != FRAME
+    ]
     for k, word in enumerate(words):
         annotation = fig.layout.annotations[word["index"]]
         assert inside(word["rect"], figure), annotation.text
         home = containing_box(fig, annotation, boxes)
         if home is not None:
             assert inside(word["rect"], home["rect"]), (annotation.text, word["rect"], home["rect"])
-        for other in words[k + 1:]:
-            assert not overlap(word["rect"], other["rect"]), (annotation.text,
-                                                              fig.layout.annotations[other["index"]].text)
-        own = [b for b in filled if home is not None and overlap(b["rect"], home["rect"]) and
-               fig.layout.shapes[b["index"]].name == fig.layout.shapes[home["index"]].name]  # its box and its deck
+        for other in words[k + 1 :]:
+            assert not overlap(word["rect"], other["rect"]), (
+                annotation.text,
+                fig.layout.annotations[other["index"]].text,
+            )
+        own = [
+            b
+            for b in filled
+            if home is not None
+            and overlap(b["rect"], home["rect"])
+            and fig.layout.shapes[b["index"]].name == fig.layout.shapes[home["index"]].name
+        ]  # its box and its deck
         for box in filled:
             if box not in own:
-                assert not overlap(word["rect"], box["rect"], slack=1.5), (annotation.text,
-                                                                           fig.layout.shapes[box["index"]].name)
+                assert not overlap(word["rect"], box["rect"], slack=1.5), (
+                    annotation.text,
+                    fig.layout.shapes[box["index"]].name,
+                )
 
 
 def test_gemma_layers_are_drawn_with_their_four_norms_and_windowed_reads(tiny_model):

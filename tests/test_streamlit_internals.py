@@ -32,10 +32,14 @@ class Server:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.runtime = Runtime(RuntimeConfig(
-            script_path=str(script), media_file_storage=MemoryMediaFileStorage("/media"),
-            uploaded_file_manager=MemoryUploadedFileManager("/upload"),
-            session_storage=MemorySessionStorage(ttl_seconds=0)))
+        self.runtime = Runtime(
+            RuntimeConfig(
+                script_path=str(script),
+                media_file_storage=MemoryMediaFileStorage("/media"),
+                uploaded_file_manager=MemoryUploadedFileManager("/upload"),
+                session_storage=MemorySessionStorage(ttl_seconds=0),
+            )
+        )
         self.on_loop(self.runtime.start())
 
     def on_loop(self, coroutine):
@@ -44,6 +48,7 @@ class Server:
     def call(self, function, *args):
         async def called():
             return function(*args)
+
         return self.on_loop(called())
 
     def connect(self) -> str:
@@ -54,6 +59,7 @@ class Server:
 
         async def stopped():
             await self.runtime.stopped
+
         self.on_loop(stopped())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(30)
@@ -83,8 +89,9 @@ def test_a_session_is_asked_to_run_its_page_with_its_last_link(server, reruns):
     assert streamlit_internals.can_ask_sessions()
     assert streamlit_internals.ask_to_run(session_id, "a fragment it does not hold") is True
     server.call(lambda: None)  # the loop ran what was asked before this
-    assert [(asked_id, state.query_string, state.fragment_id, state.is_auto_rerun)
-            for asked_id, state in reruns] == [(session_id, "follow=abc&step=3", "", False)]
+    assert [(asked_id, state.query_string, state.fragment_id, state.is_auto_rerun) for asked_id, state in reruns] == [
+        (session_id, "follow=abc&step=3", "", False)
+    ]
 
 
 def test_a_session_gone_is_said_to_be_gone(server, reruns):

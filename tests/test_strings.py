@@ -14,8 +14,10 @@ from viz.words import LANGUAGES, TRANSLATIONS, read_words
 SINGULAR = strings.SINGULAR  # an English-only variant of a string, for a count of 1
 ENGLISH, OTHERS = strings.STRINGS[LANGUAGES[0]], [strings.STRINGS[lang] for lang in LANGUAGES[1:]]
 # "1 tokens", "1 positions": a count of one before a plural noun
-ONE_PLURAL = re.compile(r"(?<![\d.,])1 (tokens|positions|ids|steps|blocks|splits|layers|heads"
-                        r"|prompt tokens|prompt ids)\b")
+ONE_PLURAL = re.compile(
+    r"(?<![\d.,])1 (tokens|positions|ids|steps|blocks|splits|layers|heads"
+    r"|prompt tokens|prompt ids)\b"
+)
 
 
 def placeholders(text: str) -> set[str]:
@@ -46,11 +48,14 @@ def test_every_language_has_its_name_in_its_own_words():
     assert set(strings.LANGUAGE_NAMES) == set(LANGUAGES) and strings.LANGUAGE_NAMES["zh"] == "简体中文"
 
 
-@pytest.mark.parametrize("table, problem", [
-    ("key,en\nx,y\n", "first line"),  # a language's column missing
-    ("key,en,zh\nx,y\n", "line 2"),  # a row short of a language
-    ("key,en,zh\nx,y,z\nx,v,w\n", "line 3"),  # a key twice: the later row would silently win
-])
+@pytest.mark.parametrize(
+    "table, problem",
+    [
+        ("key,en\nx,y\n", "first line"),  # a language's column missing
+        ("key,en,zh\nx,y\n", "line 2"),  # a row short of a language
+        ("key,en,zh\nx,y,z\nx,v,w\n", "line 3"),  # a key twice: the later row would silently win
+    ],
+)
 def test_a_table_in_another_shape_is_refused_by_line(tmp_path, table, problem):
     path = tmp_path / "words.csv"
     path.write_text(table, encoding="utf-8")
@@ -72,9 +77,14 @@ def filled(text: str, count: int) -> str:
 
 def test_no_english_string_says_one_tokens():
     """Every English string that counts with `n`, given n = 1 (its other numbers 2), as the page formats it."""
-    bad = [key for key, text in ENGLISH.items() if "n" in placeholders(text) and not key.endswith(SINGULAR)
-           and not key.startswith("fig_")  # figure words: below
-           and ONE_PLURAL.search(strings.t(key, "en", **{name: 2 for name in placeholders(text)} | {"n": 1}))]
+    bad = [
+        key
+        for key, text in ENGLISH.items()
+        if "n" in placeholders(text)
+        and not key.endswith(SINGULAR)
+        and not key.startswith("fig_")  # figure words: below
+        and ONE_PLURAL.search(strings.t(key, "en", **{name: 2 for name in placeholders(text)} | {"n": 1}))
+    ]
     assert not bad, bad
 
 
@@ -83,8 +93,9 @@ def test_no_english_string_says_one_tokens():
 ALWAYS_SEVERAL = {"tip_group", "decode_per_token"}
 
 
-@pytest.mark.parametrize("key", [k for k, text in TRANSLATIONS["en"].items()
-                                 if "{n}" in text and k not in ALWAYS_SEVERAL])
+@pytest.mark.parametrize(
+    "key", [k for k, text in TRANSLATIONS["en"].items() if "{n}" in text and k not in ALWAYS_SEVERAL]
+)
 def test_no_figure_word_says_one_tokens(key):
     """A viz function picks a `_one` word where there is one; the others must read right with 1."""
     words = TRANSLATIONS["en"]
@@ -100,8 +111,9 @@ COUNTS_THAT_CAN_BE_ONE = ("n", "inputs", "computed", "reused", "n_but_one")
 def test_chapters_never_put_a_count_that_can_be_one_before_a_plural_noun(chapter):
     for part in TEXT_PARTS:
         text = chapter.part(part, "en")
-        found = re.findall(r"{(" + "|".join(COUNTS_THAT_CAN_BE_ONE) + r")(?:[:!][^}]*)?} (tokens|positions|ids)\b",
-                           text)
+        found = re.findall(
+            r"{(" + "|".join(COUNTS_THAT_CAN_BE_ONE) + r")(?:[:!][^}]*)?} (tokens|positions|ids)\b", text
+        )
         assert not found, (part, found)  # such a count goes through {n_tokens} and the like ("1 token")
 
 

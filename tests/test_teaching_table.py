@@ -25,8 +25,9 @@ def settings_written(chapter: Chapter) -> str:
     if chapter.view == "serving":  # the Serving view's own pool, whether or not the chapter changes it
         parts.append(f"a pool of {settings['serve_blocks']} blocks, at most {settings['serve_seqs']} requests a step")
     if chapter.view == "speculate":  # the speculative view's draft and prompt, whether or not the chapter changes them
-        draft = {"lookup": "prompt lookup",
-                 "early_exit": f"early exit at layer {settings['draft_n']}"}[settings["draft"]]
+        draft = {"lookup": "prompt lookup", "early_exit": f"early exit at layer {settings['draft_n']}"}[
+            settings["draft"]
+        ]
         prompt = {"edit": "a code edit", "free": "a free answer", "page": "the page's prompt"}[settings["spec_prompt"]]
         parts.append(f"{draft}, k = {settings['draft_k']}, on {prompt}")
     if chapter.case:
@@ -37,8 +38,17 @@ def settings_written(chapter: Chapter) -> str:
 
 
 def lesson_rows() -> list[tuple[str, ...]]:
-    return [(str(c.number), c.part("title", "en"), strings.t("view_" + c.view), str(c.step), ", ".join(c.points),
-             settings_written(c)) for c in CHAPTERS]
+    return [
+        (
+            str(c.number),
+            c.part("title", "en"),
+            strings.t("view_" + c.view),
+            str(c.step),
+            ", ".join(c.points),
+            settings_written(c),
+        )
+        for c in CHAPTERS
+    ]
 
 
 def teaching_rows() -> list[tuple[str, ...]]:

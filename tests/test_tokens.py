@@ -27,8 +27,11 @@ TEXTS = [
 def any_tokenizer(request, tokenizer, tiny_model, trained_tokenizer):
     """The embedded model's tokenizer, a tiny conftest model's (saved and loaded from its folder) and a byte-level
     BPE trained here on a few sentences (other merges, so other splits)."""
-    return {"embedded": lambda: tokenizer, "tiny": lambda: tiny_model("qwen2").tokenizer,
-            "trained": lambda: trained_tokenizer}[request.param]()
+    return {
+        "embedded": lambda: tokenizer,
+        "tiny": lambda: tiny_model("qwen2").tokenizer,
+        "trained": lambda: trained_tokenizer,
+    }[request.param]()
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +42,9 @@ def trained_tokenizer():
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
     backend.train_from_iterator(["解释什么是大语言模型", "什么是注意力", "the model reads ids"] * 20, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=backend)
 
@@ -63,9 +67,9 @@ def check_grouping(tokenizer, ids: list[int]) -> list:
     assert groups[-1].stop == len(ids)
     for g in groups:
         assert g.whole
-        assert g.text == tokenizer.decode(ids[g.start:g.stop])  # the group's bytes are exactly its characters
+        assert g.text == tokenizer.decode(ids[g.start : g.stop])  # the group's bytes are exactly its characters
         for cut in range(g.start + 1, g.stop):  # and no smaller group would be: every inner cut splits a character
-            assert tokenizer.decode(ids[g.start:cut]).endswith(REPLACEMENT)
+            assert tokenizer.decode(ids[g.start : cut]).endswith(REPLACEMENT)
     assert "".join(g.text for g in groups) == tokenizer.decode(ids)
     assert not any(REPLACEMENT in position_label(c) or REPLACEMENT in c.text for c in cells)
     return groups
@@ -90,8 +94,13 @@ def test_the_articles_prompt_groups_into_its_characters(tokenizer):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.text(alphabet=st.sampled_from(list("解释什么是大语言模型注意力鬱龘 aZ,.\n") + ["😀", "🧬", "é", "ü", "€"]),
-               min_size=1, max_size=24))
+@given(
+    st.text(
+        alphabet=st.sampled_from(list("解释什么是大语言模型注意力鬱龘 aZ,.\n") + ["😀", "🧬", "é", "ü", "€"]),
+        min_size=1,
+        max_size=24,
+    )
+)
 def test_any_mixed_text_groups_exactly(tokenizer, text):
     check_grouping(tokenizer, tokenizer.encode(text, add_special_tokens=False))
 
@@ -110,7 +119,7 @@ def test_a_run_stopped_mid_character_shows_bytes_not_u_fffd(any_tokenizer, text)
         assert not tail.group.whole and tail.group.stop == stop
         shown = bytes.fromhex(re.sub(r"\s", "", tail.group.text.strip("⟨⟩")))
         assert last.startswith(shown) and 0 < len(shown) < len(last)  # the unfinished character's first bytes
-        assert shown == bytes.fromhex("".join(c.bytes_hex.replace(" ", "") for c in cells[tail.group.start:]))
+        assert shown == bytes.fromhex("".join(c.bytes_hex.replace(" ", "") for c in cells[tail.group.start :]))
         assert not any(REPLACEMENT in reads_as(c) or REPLACEMENT in position_label(c) for c in cells)
         assert reads_as(cells[-1]).startswith("⟨")  # the newest token: its bytes, the truth of that step
         assert [c.token_id for c in cells] == ids[:stop]

@@ -48,8 +48,10 @@ class Page:
 def queued(role: str, count: int = 1) -> None:
     """Wait until `count` runs of `role` wait for a turn (the test's threads got there)."""
     with turns._changed:  # noqa: SLF001
-        assert turns._changed.wait_for(lambda: len(turns._queued[role]) + len(turns._resuming[role]) >= count,  # noqa: SLF001
-                                       WAIT)
+        assert turns._changed.wait_for(
+            lambda: len(turns._queued[role]) + len(turns._resuming[role]) >= count,  # noqa: SLF001
+            WAIT,
+        )
 
 
 def test_followers_draw_one_at_a_time():
@@ -265,7 +267,7 @@ def test_pages_waiting_for_a_turn_go_in_the_order_they_came(monkeypatch):
     first.done()
     for i, page in enumerate(waiting):
         assert page.began.wait(WAIT)
-        assert not any(later.began.is_set() for later in waiting[i + 1:])
+        assert not any(later.began.is_set() for later in waiting[i + 1 :])
         page.done()
 
 

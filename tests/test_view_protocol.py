@@ -22,8 +22,7 @@ OWNER = ROOT / "ui" / "state" / "session.py"
 READERS = sorted((ROOT / "ui" / "views").glob("*.py")) + sorted((ROOT / "ui" / "lesson").glob("*.py"))
 BEHIND_THE_WINDOW = {"model", "config", "session", "cache", "run", "runs", "lease", "store", "limits", "lock"}
 # What a view must not import: the page, the session's typed state, the room's link, the runs' owners.
-NOT_FOR_VIEWS = ("ui.page", "ui.state.session", "ui.follow.room_link", "ui.runs.runner", "ui.runs.run",
-                 "ui.runs.store")
+NOT_FOR_VIEWS = ("ui.page", "ui.state.session", "ui.follow.room_link", "ui.runs.runner", "ui.runs.run", "ui.runs.store")
 WIDGET_KEY = re.compile(r"""["'][wpv]_[a-z]""")  # a literal widget key of a setting or a page's or view's control
 
 
@@ -32,19 +31,32 @@ def session_state_uses(source: str) -> list[str]:
     as a string (`getattr(st, "session_state")`)."""
     found = []
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Attribute) and node.attr == "session_state" or \
-                isinstance(node, ast.Name) and node.id == "session_state" or \
-                isinstance(node, ast.Constant) and node.value == "session_state":
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr == "session_state"
+            or isinstance(node, ast.Name)
+            and node.id == "session_state"
+            or isinstance(node, ast.Constant)
+            and node.value == "session_state"
+        ):
             found.append(f"line {node.lineno}: {ast.unparse(node)}")
         if isinstance(node, ast.ImportFrom) and any(alias.name == "session_state" for alias in node.names):
             found.append(f"line {node.lineno}: imports session_state")
     return found
 
 
-@pytest.mark.parametrize("use", [
-    'st.session_state["x"] = 1', "x = st.session_state.get('x')", "ss = st.session_state", "'x' in st.session_state",
-    "from streamlit import session_state as s", "getattr(st, 'session_state')", "del st.session_state.x",
-])
+@pytest.mark.parametrize(
+    "use",
+    [
+        'st.session_state["x"] = 1',
+        "x = st.session_state.get('x')",
+        "ss = st.session_state",
+        "'x' in st.session_state",
+        "from streamlit import session_state as s",
+        "getattr(st, 'session_state')",
+        "del st.session_state.x",
+    ],
+)
 def test_the_check_finds_each_way_of_reaching_session_state(use):
     assert session_state_uses(f"import streamlit as st\n{use}\n")
 
@@ -65,17 +77,31 @@ def runner_reads(source: str) -> set[str]:
     tuple: `info, runner = ctx.info, ctx.runner`)."""
     tree = ast.parse(source)
     is_runner = lambda node: isinstance(node, ast.Attribute) and node.attr == "runner"  # noqa: E731
-    pairs = [(target, value) for node in ast.walk(tree) if isinstance(node, ast.Assign) for target in node.targets
-             for target, value in (zip(target.elts, node.value.elts) if isinstance(target, ast.Tuple)
-                                   and isinstance(node.value, ast.Tuple) else [(target, node.value)])]
+    pairs = [
+        (target, value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        for target, value in (
+            zip(target.elts, node.value.elts)
+            if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple)
+            else [(target, node.value)]
+        )
+    ]
     aliases = {target.id for target, value in pairs if isinstance(target, ast.Name) and is_runner(value)}
-    return {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
-            and (is_runner(node.value) or isinstance(node.value, ast.Name) and node.value.id in aliases)}
+    return {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and (is_runner(node.value) or isinstance(node.value, ast.Name) and node.value.id in aliases)
+    }
 
 
 def test_the_reads_check_follows_an_alias():
-    source = "def f(ctx):\n    a, runner = 1, ctx.runner\n    pool = ctx.runner.pool_state()\n" \
-             "    return ctx.runner.info, runner.model, pool.blocks\n"
+    source = (
+        "def f(ctx):\n    a, runner = 1, ctx.runner\n    pool = ctx.runner.pool_state()\n"
+        "    return ctx.runner.info, runner.model, pool.blocks\n"
+    )
     assert runner_reads(source) == {"info", "model", "pool_state"}
 
 
@@ -108,5 +134,8 @@ def imported(source: str) -> set[str]:
 def test_views_and_the_lesson_import_nothing_of_the_page_the_session_or_the_runs_owners(path):
     allowed = {"ui.state.session"} if path.name == "context.py" else set()  # the context hands out widget keys
     names = imported(path.read_text(encoding="utf-8"))
-    assert [n for n in sorted(names) if n.startswith(NOT_FOR_VIEWS) and n not in allowed
-            and not n.startswith(tuple(f"{a}." for a in allowed))] == []
+    assert [
+        n
+        for n in sorted(names)
+        if n.startswith(NOT_FOR_VIEWS) and n not in allowed and not n.startswith(tuple(f"{a}." for a in allowed))
+    ] == []

@@ -29,8 +29,11 @@ def test_the_session_holds_its_widgets_and_three_typed_states(embedded_model):
 
 
 def test_head_views_are_the_views_that_draw_the_layer_and_head_pickers():
-    drawing = {view for view, module in MODULES.items()
-               if "layer_head_pickers(" in (VIEWS_DIR / f"{module}.py").read_text(encoding="utf-8")}
+    drawing = {
+        view
+        for view, module in MODULES.items()
+        if "layer_head_pickers(" in (VIEWS_DIR / f"{module}.py").read_text(encoding="utf-8")
+    }
     assert drawing == HEAD_VIEWS
 
 

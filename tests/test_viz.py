@@ -23,16 +23,37 @@ from viz.style import OKABE_ITO, contrast_ratio, window
 from viz.tokens import token_stream_html
 from viz.words import ENGLISH
 
-QWEN3_06B = ModelInfo(name="Qwen/Qwen3-0.6B", family="qwen3", layers=28, hidden=1024, q_heads=16, kv_heads=8,
-                      head_dim=128, intermediate=3072, vocab=151936, tied_embeddings=True, context_limit=40960,
-                      dtype="bfloat16", parameters=596_049_920, norm="RMSNorm", positions="RoPE (default)")
+QWEN3_06B = ModelInfo(
+    name="Qwen/Qwen3-0.6B",
+    family="qwen3",
+    layers=28,
+    hidden=1024,
+    q_heads=16,
+    kv_heads=8,
+    head_dim=128,
+    intermediate=3072,
+    vocab=151936,
+    tied_embeddings=True,
+    context_limit=40960,
+    dtype="bfloat16",
+    parameters=596_049_920,
+    norm="RMSNorm",
+    positions="RoPE (default)",
+)
 
 
 @pytest.fixture(scope="module")
 def run(tiny_model):
     model = tiny_model("llama")
-    session, traces = decode(model, "Paged blocks hold K and V", 5, block_size=4, kv_splits=3, max_new_tokens=6,
-                             sampling=engine.Sampling(temperature=1.0, seed=2))
+    session, traces = decode(
+        model,
+        "Paged blocks hold K and V",
+        5,
+        block_size=4,
+        kv_splits=3,
+        max_new_tokens=6,
+        sampling=engine.Sampling(temperature=1.0, seed=2),
+    )
     return model, session, traces
 
 
@@ -100,8 +121,9 @@ def test_candidates_split_costs_and_prefix_tables(run):
     assert list(costs["K/V bytes read"]) == [t.context_length * model.info.kv_bytes_per_token for t in traces]
     growth = context_growth_frame(model.info, [10, 20])
     assert growth["KV cache MiB"][1] == 2 * growth["KV cache MiB"][0]
-    assert (growth["attention scores (millions)"][1] / growth["attention scores (millions)"][0]
-            == pytest.approx(210 / 55))
+    assert growth["attention scores (millions)"][1] / growth["attention scores (millions)"][0] == pytest.approx(
+        210 / 55
+    )
     align = alignment_frame([1, 2, 3], [1, 2, 4, 5], list("abc"), list("abde"), reused=2)
     assert list(align["same id"]) == [True, True, False, False] and list(align["reused"]) == [True, True, False, False]
     assert list(policy_frame({"block": 0, "radix": 9}, 17)["computed tokens"]) == [17, 8]
@@ -153,7 +175,7 @@ def test_all_heads_chart_gives_each_kv_head_its_own_colour_as_in_the_gqa_diagram
     grid = head_grid_figure(rows, [str(i) for i in range(12)], group)
     colours = [t.marker.color for t in grid.data]
     for kv in range(kv_heads):
-        assert len(set(colours[kv * group:(kv + 1) * group])) == 1  # the Q heads sharing a KV head match
+        assert len(set(colours[kv * group : (kv + 1) * group])) == 1  # the Q heads sharing a KV head match
     per_kv = [colours[kv * group] for kv in range(kv_heads)]
     assert len(set(per_kv)) == kv_heads  # KV0 and KV2 are no longer both blue
     assert set(per_kv) <= set(OKABE_ITO.values())  # colour-blind-safe palette
@@ -209,11 +231,14 @@ def test_candidates_table_shows_the_drawn_mark_first_and_percentages(run):
     drawn = table[table["drawn"] == "✓"]
     assert int(drawn["id"].item()) == trace.token_id
     for candidate, cell in zip(trace.candidates, table["softmax"]):
-        assert re.fullmatch(r"\d{1,3}\.\d{1,2}%", cell) and float(cell[:-1]) == pytest.approx(100 * candidate.p_raw,
-                                                                                             abs=0.01)
+        assert re.fullmatch(r"\d{1,3}\.\d{1,2}%", cell) and float(cell[:-1]) == pytest.approx(
+            100 * candidate.p_raw, abs=0.01
+        )
     # a stage column only where that stage changed a probability: a filter that is off repeats the one before
-    same = [all(getattr(c, a) == getattr(c, b) for c in trace.candidates)
-            for a, b in (("p_raw", "p_temperature"), ("p_temperature", "p_top_k"), ("p_top_k", "p_top_p"))]
+    same = [
+        all(getattr(c, a) == getattr(c, b) for c in trace.candidates)
+        for a, b in (("p_raw", "p_temperature"), ("p_temperature", "p_top_k"), ("p_top_k", "p_top_p"))
+    ]
     shown = [n for n, repeated in zip(("÷ temperature", "after top-k", "after top-p"), same) if not repeated]
     assert list(table.columns) == ["drawn", "token", "id", "softmax", *shown]
     filtered = replace(trace, candidates=[replace(c, p_top_k=c.p_top_k / 2) for c in trace.candidates])
@@ -264,7 +289,6 @@ def test_policies_side_by_side_show_each_block_or_token_as_hit_or_miss():
     assert set(whole.text) == {"未命中"}
 
 
-
 def ticks(axis, count: int) -> int:
     """How many ticks Plotly lays out on `axis` over `count` positions."""
     return -(-count // (axis.dtick or 1))
@@ -300,7 +324,7 @@ def test_the_limits_worst_case_draws_bounded_figures_that_still_place_every_posi
     for bar, result in zip(fig.data, reuse.values()):
         hit_at = [False] * prompt
         for start, width, color in zip(bar.base, bar.x, bar.marker.color):
-            hit_at[start:start + width] = [color == HIT_COLOR] * width
+            hit_at[start : start + width] = [color == HIT_COLOR] * width
         assert hit_at == result.hits and len(bar.x) <= 3  # the same hits, in runs
     assert ticks(fig.layout.xaxis, prompt) <= MOST_TICKS
 
@@ -314,8 +338,10 @@ def test_a_figure_without_its_title_keeps_its_plot_size(run):
 
     model, _, traces = run
     for large in (False, True):
-        for fig in (residual_figure(traces[1].residual.numpy(), "A title", large),
-                    step_figure(traces[1], model.info, title="A title", large=large)):
+        for fig in (
+            residual_figure(traces[1].residual.numpy(), "A title", large),
+            step_figure(traces[1], model.info, title="A title", large=large),
+        ):
             plot = lambda f: f.layout.height - f.layout.margin.t - f.layout.margin.b  # noqa: E731
             titled_plot, titled_top = plot(fig), fig.layout.margin.t
             assert fig.layout.title.text == "A title"

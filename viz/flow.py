@@ -31,24 +31,36 @@ def flow_rows(trace: StepTrace, info: ModelInfo) -> list[FlowRow]:
     concat = info.q_heads * info.head_dim
     per_token_kv = f"({info.kv_heads}, {info.head_dim})"
     rows = [
-        FlowRow("ids", "token_id", f"({t},)",
-                {"ids": str(trace.input_ids[:6]) + (" …" if t > 6 else ""), "positions": position_span(trace)}),
+        FlowRow(
+            "ids",
+            "token_id",
+            f"({t},)",
+            {"ids": str(trace.input_ids[:6]) + (" …" if t > 6 else ""), "positions": position_span(trace)},
+        ),
         FlowRow("embed", "embedding", f"({t}, {info.hidden})", {"vocab": info.vocab, "hidden": info.hidden}),
     ]
     if info.positions == "learned":
         rows.append(FlowRow("positions", "embedding", f"({t}, {info.hidden})", {}))
     rows += [
         FlowRow("norm", "attention", f"({t}, {info.hidden})", {"layers": info.layers, "norm": info.norm}),
-        FlowRow("q", "attention", f"Q ({t}, {info.q_heads}×{info.head_dim})",
-                {"q_heads": info.q_heads, "head_dim": info.head_dim}),
+        FlowRow(
+            "q",
+            "attention",
+            f"Q ({t}, {info.q_heads}×{info.head_dim})",
+            {"q_heads": info.q_heads, "head_dim": info.head_dim},
+        ),
         FlowRow("kv", "attention", f"K, V ({t}, {info.kv_heads}×{info.head_dim})", {"group": info.gqa_group}),
         FlowRow("write_kv", "kv_write", f"+{t} × {per_token_kv}", {"n": t}),
         FlowRow("read_kv", "kv_read", f"{length} × {per_token_kv}", {"n": length, "window": info.sliding_window}),
         FlowRow("attend", "attention", f"{info.q_heads} × ({t}, {info.head_dim})", {}),
         FlowRow("o_proj", "attention", f"({t}, {concat}) → ({t}, {info.hidden})", {}),
         FlowRow("mlp", "ffn", f"({t}, {info.intermediate}) → ({t}, {info.hidden})", {}),
-        FlowRow("residual", "residual", f"({t}, {info.hidden})",
-                {"layers": info.layers, "adds": 2 * info.layers, "norms": len(info.layer_norms)}),
+        FlowRow(
+            "residual",
+            "residual",
+            f"({t}, {info.hidden})",
+            {"layers": info.layers, "adds": 2 * info.layers, "norms": len(info.layer_norms)},
+        ),
         FlowRow("final_norm", "final_norm", f"({info.hidden},)", {}),
         FlowRow("lm_head", "lm_head", f"({info.vocab},)", {"tied": info.tied_embeddings}),
         FlowRow("sample", "sampling", f"({info.vocab},) → 1", {"id": trace.token_id}),
@@ -70,8 +82,9 @@ def layer_tick(layers: int) -> int | None:
     return 1 if layers <= 12 else 2 if layers <= 32 else None
 
 
-def residual_figure(residual: np.ndarray, title: str = "", large: bool = False, words: Words = ENGLISH,
-                    post_norms: bool = False) -> go.Figure:
+def residual_figure(
+    residual: np.ndarray, title: str = "", large: bool = False, words: Words = ENGLISH, post_norms: bool = False
+) -> go.Figure:
     """|x0|, |x1|, |x2| (vector lengths) per layer at the predicting position: two adds per layer, the
     second onto x1. Labels use plain "|x|": "‖" is missing from many fonts and draws as a box. `post_norms`: each
     branch's output is normalised before its add (Gemma 3's four norms a layer), and the legend says so."""
@@ -80,30 +93,54 @@ def residual_figure(residual: np.ndarray, title: str = "", large: bool = False, 
     fig = go.Figure()
     colors = {"x0": OKABE_ITO["grey"], "x1": OKABE_ITO["sky"], "x2": OKABE_ITO["vermillion"]}
     for i, (key, color) in enumerate(colors.items()):
-        fig.add_scatter(x=layers, y=norms[:, i], mode="lines+markers",
-                        name=words["residual_" + key + ("_post" if post_norms and key != "x0" else "")],
-                        line=dict(color=color), hovertemplate=words["layer"] + " %{x}: |" + key + "| = %{y:,.1f}")
-    fig.update_layout(xaxis=dict(title=words["layer"], dtick=layer_tick(len(layers))),
-                      yaxis=dict(title=words["norm_axis"]), legend=TOP_LEGEND)
+        fig.add_scatter(
+            x=layers,
+            y=norms[:, i],
+            mode="lines+markers",
+            name=words["residual_" + key + ("_post" if post_norms and key != "x0" else "")],
+            line=dict(color=color),
+            hovertemplate=words["layer"] + " %{x}: |" + key + "| = %{y:,.1f}",
+        )
+    fig.update_layout(
+        xaxis=dict(title=words["layer"], dtick=layer_tick(len(layers))),
+        yaxis=dict(title=words["norm_axis"]),
+        legend=TOP_LEGEND,
+    )
     return finish(fig, title, large, height=340)
 
 
-def vector_figure(vectors: dict[str, np.ndarray], title: str = "", large: bool = False,
-                  words: Words = ENGLISH) -> go.Figure:
+def vector_figure(
+    vectors: dict[str, np.ndarray], title: str = "", large: bool = False, words: Words = ENGLISH
+) -> go.Figure:
     """Vectors as colour strips, one row each (e.g. the final hidden state and the next input's embedding row).
 
     Each row has its own symmetric colour scale (±its largest |value|): the vectors differ in size by an
     order of magnitude, and on a shared scale the smaller one would look blank. Hover shows true values.
     """
     names = list(vectors)
-    fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, vertical_spacing=0.25 / max(1, len(names)),
-                        subplot_titles=[f"{n} (±{float(np.abs(vectors[n]).max()):,.2f})" for n in names])
+    fig = make_subplots(
+        rows=len(names),
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.25 / max(1, len(names)),
+        subplot_titles=[f"{n} (±{float(np.abs(vectors[n]).max()):,.2f})" for n in names],
+    )
     for i, name in enumerate(names):
         v = np.asarray(vectors[name], dtype=float)
         top = float(np.abs(v).max()) or 1.0
-        fig.add_trace(go.Heatmap(z=v[None, :], y=[""], colorscale=DIVERGING, zmin=-top, zmax=top, name=name,
-                                 showscale=False,
-                                 hovertemplate=name + "<br>" + words["dim"] + " %{x}: %{z:.3f}<extra></extra>"),
-                      row=i + 1, col=1)
+        fig.add_trace(
+            go.Heatmap(
+                z=v[None, :],
+                y=[""],
+                colorscale=DIVERGING,
+                zmin=-top,
+                zmax=top,
+                name=name,
+                showscale=False,
+                hovertemplate=name + "<br>" + words["dim"] + " %{x}: %{z:.3f}<extra></extra>",
+            ),
+            row=i + 1,
+            col=1,
+        )
     fig.update_xaxes(title=words["dimension"], row=len(names), col=1)
     return finish(fig, title, large, height=120 + 90 * len(names))

@@ -18,8 +18,15 @@ from viz.style import HIT_COLOR, NEWEST_COLOR, OKABE_ITO, PROMPT_COLOR, finish, 
 from viz.words import ENGLISH, Words
 
 # A guess and a cache row, as the pass left them
-STATUS_COLORS = {"kept": HIT_COLOR, "miss": NEWEST_COLOR, "unread": "#d9d9d9", "model": OKABE_ITO["orange"],
-                 "cached": PROMPT_COLOR, "discarded": "#f4c4b0", "empty": "#ffffff"}
+STATUS_COLORS = {
+    "kept": HIT_COLOR,
+    "miss": NEWEST_COLOR,
+    "unread": "#d9d9d9",
+    "model": OKABE_ITO["orange"],
+    "cached": PROMPT_COLOR,
+    "discarded": "#f4c4b0",
+    "empty": "#ffffff",
+}
 MOST_BLOCKS = 4  # blocks the cache's part shows: the last ones the pass wrote
 
 
@@ -43,8 +50,9 @@ def guess_cells(done: VerifyPass, token_text: Callable[[int], str], words: Words
         if i < len(done.guesses):
             status = "kept" if i < done.accepted else "miss" if i == done.accepted else "unread"
             text = token_text(done.guesses[i])
-            cells.append(Cell(x, 0, text, STATUS_COLORS[status],
-                              words[f"spec_guess_{status}"].format(n=i + 1, token=text)))
+            cells.append(
+                Cell(x, 0, text, STATUS_COLORS[status], words[f"spec_guess_{status}"].format(n=i + 1, token=text))
+            )
         else:
             cells.append(Cell(x, 0, "—", STATUS_COLORS["empty"], words["spec_no_guess"]))
         if i == done.accepted and i <= taken:
@@ -83,13 +91,26 @@ def cache_cells(done: VerifyPass, block_size: int, words: Words, top: float) -> 
             else:
                 status = "empty"
             text = "" if position is None or status == "empty" else str(position)
-            cells.append(Cell(offset, top + row, text, STATUS_COLORS[status],
-                              words[f"spec_row_{status}"].format(block=block, offset=offset, position=position)))
+            cells.append(
+                Cell(
+                    offset,
+                    top + row,
+                    text,
+                    STATUS_COLORS[status],
+                    words[f"spec_row_{status}"].format(block=block, offset=offset, position=position),
+                )
+            )
     return cells
 
 
-def pass_figure(done: VerifyPass, token_text: Callable[[int], str], block_size: int, title: str = "",
-                large: bool = False, words: Words = ENGLISH) -> go.Figure:
+def pass_figure(
+    done: VerifyPass,
+    token_text: Callable[[int], str],
+    block_size: int,
+    title: str = "",
+    large: bool = False,
+    words: Words = ENGLISH,
+) -> go.Figure:
     """The pass in one picture: its guesses and the model's tokens, then the cache's blocks it wrote."""
     columns = len(done.guesses) + 1
     wide = max(1.0, min(3.0, block_size / columns))  # a guess's column: up to three slots, for a word to fit
@@ -99,18 +120,36 @@ def pass_figure(done: VerifyPass, token_text: Callable[[int], str], block_size: 
     width = max(columns * wide, block_size)
     fig = go.Figure()
     size = 13 + (3 if large else 0)
-    labels = [(0, f"<b>{words['spec_row_draft']}</b>"), (1, f"<b>{words['spec_row_model']}</b>"),
-              (2.3, f"<b>{words['spec_row_cache']}</b>")] + [(c.y, c.text) for c in cache if c.x < 0]
+    labels = [
+        (0, f"<b>{words['spec_row_draft']}</b>"),
+        (1, f"<b>{words['spec_row_model']}</b>"),
+        (2.3, f"<b>{words['spec_row_cache']}</b>"),
+    ] + [(c.y, c.text) for c in cache if c.x < 0]
     for y, text in labels:
         fig.add_annotation(x=-0.6, y=y, text=text, showarrow=False, xanchor="right", font=dict(size=size))
     shown = guesses + [c for c in cache if c.x >= 0]
     for cell in shown:
         half = cell.width / 2 - 0.04
-        fig.add_shape(type="rect", x0=cell.x - half, x1=cell.x + half, y0=cell.y - 0.42, y1=cell.y + 0.42,
-                      fillcolor=cell.color, line=dict(color="#bbbbbb", width=1), layer="below")
-    fig.add_scatter(x=[c.x for c in shown], y=[c.y for c in shown], mode="text", text=[c.text for c in shown],
-                    textfont=dict(size=size, color=[text_color_on(c.color) for c in shown]),
-                    hovertext=[c.hover for c in shown], hoverinfo="text", showlegend=False)
+        fig.add_shape(
+            type="rect",
+            x0=cell.x - half,
+            x1=cell.x + half,
+            y0=cell.y - 0.42,
+            y1=cell.y + 0.42,
+            fillcolor=cell.color,
+            line=dict(color="#bbbbbb", width=1),
+            layer="below",
+        )
+    fig.add_scatter(
+        x=[c.x for c in shown],
+        y=[c.y for c in shown],
+        mode="text",
+        text=[c.text for c in shown],
+        textfont=dict(size=size, color=[text_color_on(c.color) for c in shown]),
+        hovertext=[c.hover for c in shown],
+        hoverinfo="text",
+        showlegend=False,
+    )
     fig.update_xaxes(visible=False, range=[-5, width - 0.5])
     fig.update_yaxes(visible=False, range=[3 + rows - 0.5, -0.6])
     height = 40 + (30 if title else 0) + (3 + rows) * (50 if large else 40)
@@ -140,47 +179,68 @@ def totals(passes: Sequence[VerifyPass], info: ModelInfo) -> Totals:
     spec = sum(decode_step_bytes(info, p.first_position + len(p.fed)) for p in decode)
     plain = sum(decode_step_bytes(info, p.first_position + 1 + i) for p in decode for i in range(len(p.added)))
     tokens = sum(len(p.added) for p in decode)
-    return Totals(len(passes), sum(len(p.added) for p in passes), len(decode), tokens,
-                  spec / tokens if tokens else 0.0, plain / tokens if tokens else 0.0)
+    return Totals(
+        len(passes),
+        sum(len(p.added) for p in passes),
+        len(decode),
+        tokens,
+        spec / tokens if tokens else 0.0,
+        plain / tokens if tokens else 0.0,
+    )
 
 
 def totals_table(done: Totals, words: Words = ENGLISH) -> pd.DataFrame:
     """Tokens per pass and MiB read per token after the prefill: this draft's against plain decoding's."""
-    frame = pd.DataFrame({
-        "spec_measure": [words["spec_tokens_per_pass"], words["spec_mib_per_token"]],
-        "spec_this_draft": [f"{done.tokens_per_pass:.2f}", f"{done.bytes_per_token / 2**20:,.1f}"
-                            if done.decode_tokens else "–"],
-        "spec_draft_none": ["1.00", f"{done.plain_bytes_per_token / 2**20:,.1f}" if done.decode_tokens else "–"],
-    })
+    frame = pd.DataFrame(
+        {
+            "spec_measure": [words["spec_tokens_per_pass"], words["spec_mib_per_token"]],
+            "spec_this_draft": [
+                f"{done.tokens_per_pass:.2f}",
+                f"{done.bytes_per_token / 2**20:,.1f}" if done.decode_tokens else "–",
+            ],
+            "spec_draft_none": ["1.00", f"{done.plain_bytes_per_token / 2**20:,.1f}" if done.decode_tokens else "–"],
+        }
+    )
     return readable(frame, words)
 
 
-def passes_table(passes: Sequence[VerifyPass], token_text: Callable[[int], str], words: Words = ENGLISH
-                 ) -> pd.DataFrame:
+def passes_table(
+    passes: Sequence[VerifyPass], token_text: Callable[[int], str], words: Words = ENGLISH
+) -> pd.DataFrame:
     """One row a pass: rows it fed, its guesses, how many the model kept, the tokens it added and the rows it
     discarded."""
-    frame = pd.DataFrame({
-        "spec_pass": [p.index + 1 for p in passes],
-        "spec_rows": [p.rows_written for p in passes],
-        "spec_guesses": [" ".join(token_text(t) for t in p.guesses) for p in passes],
-        "spec_kept": [p.accepted for p in passes],
-        "spec_added": [" ".join(token_text(t) for t in p.added) for p in passes],
-        "spec_discarded": [p.rows_discarded for p in passes],
-    })
+    frame = pd.DataFrame(
+        {
+            "spec_pass": [p.index + 1 for p in passes],
+            "spec_rows": [p.rows_written for p in passes],
+            "spec_guesses": [" ".join(token_text(t) for t in p.guesses) for p in passes],
+            "spec_kept": [p.accepted for p in passes],
+            "spec_added": [" ".join(token_text(t) for t in p.added) for p in passes],
+            "spec_discarded": [p.rows_discarded for p in passes],
+        }
+    )
     return readable(frame, words)
 
 
 def measured_table(rows, words: Words = ENGLISH) -> pd.DataFrame:
     """Plain decoding and each draft timed on this machine: passes, tokens, tokens a pass, ms a token, and whether
     its tokens are plain decoding's (`ui.runs.speculative.Measured.rows`)."""
-    frame = pd.DataFrame({
-        "spec_draft": [words[f"spec_draft_{r.draft}"] for r in rows],
-        "spec_passes": [r.passes for r in rows],
-        "spec_tokens": [r.tokens for r in rows],
-        "spec_tokens_per_pass": [r.tokens / r.passes for r in rows],
-        "spec_ms_per_token": [r.ms_per_token for r in rows],
-        "spec_same_tokens": [r.same_tokens for r in rows],
-    })
-    return readable(frame, words, {"spec_tokens_per_pass": lambda x: f"{x:.2f}",
-                                   "spec_ms_per_token": lambda x: f"{x:.1f}",
-                                   "spec_same_tokens": lambda x: "✓" if x else "✗"})
+    frame = pd.DataFrame(
+        {
+            "spec_draft": [words[f"spec_draft_{r.draft}"] for r in rows],
+            "spec_passes": [r.passes for r in rows],
+            "spec_tokens": [r.tokens for r in rows],
+            "spec_tokens_per_pass": [r.tokens / r.passes for r in rows],
+            "spec_ms_per_token": [r.ms_per_token for r in rows],
+            "spec_same_tokens": [r.same_tokens for r in rows],
+        }
+    )
+    return readable(
+        frame,
+        words,
+        {
+            "spec_tokens_per_pass": lambda x: f"{x:.2f}",
+            "spec_ms_per_token": lambda x: f"{x:.1f}",
+            "spec_same_tokens": lambda x: "✓" if x else "✗",
+        },
+    )

@@ -26,18 +26,38 @@ from viz.tokens import visible
 from viz.words import ENGLISH, Words
 
 # The stages of one step, in the order the token meets them; lesson chapters name the one they talk about.
-STAGES = ("token_id", "embedding", "attention", "kv_write", "kv_read", "ffn", "residual", "final_norm", "lm_head",
-          "sampling", "detokenize", "next_input")
+STAGES = (
+    "token_id",
+    "embedding",
+    "attention",
+    "kv_write",
+    "kv_read",
+    "ffn",
+    "residual",
+    "final_norm",
+    "lm_head",
+    "sampling",
+    "detokenize",
+    "next_input",
+)
 
 HIGHLIGHT = OKABE_ITO["vermillion"]
 LINE = "#555555"
 # Dimmed parts stay readable on a projector: dark grey text (contrast 6.7 on white), grey lines, paler fills.
 DIMMED_LINE, DIMMED_TEXT, DIMMED_OPACITY = "#8c8c8c", "#5c5c5c", 0.6
 FILLS = {  # a light fill per part of the model: input side, layers, cache, output side
-    "token_id": "#dcefff", "embedding": "#dcefff", "next_input": "#dcefff",
-    "attention": "#e3f4ec", "ffn": "#e3f4ec", "residual": "#ffffff",
-    "kv_write": "#fff6cc", "kv_read": "#fff6cc",
-    "final_norm": "#fde9d9", "lm_head": "#fde9d9", "sampling": "#fde9d9", "detokenize": "#fde9d9",
+    "token_id": "#dcefff",
+    "embedding": "#dcefff",
+    "next_input": "#dcefff",
+    "attention": "#e3f4ec",
+    "ffn": "#e3f4ec",
+    "residual": "#ffffff",
+    "kv_write": "#fff6cc",
+    "kv_read": "#fff6cc",
+    "final_norm": "#fde9d9",
+    "lm_head": "#fde9d9",
+    "sampling": "#fde9d9",
+    "detokenize": "#fde9d9",
 }
 FRAME = "frame"  # the layers' frame: part of no stage, never highlighted or dimmed
 TEXT, MIN_TEXT = 0.9, 13  # every word: this share of the page's figure text size, and never under 13 px
@@ -145,8 +165,14 @@ class Label:
     align: str = "center"  # which side of (x, y) the text starts: "left", "center" or "right"
 
 
-def step_figure(trace: StepTrace, info: ModelInfo, stage: str | None = None, title: str = "", large: bool = False,
-                words: Words = ENGLISH) -> go.Figure:
+def step_figure(
+    trace: StepTrace,
+    info: ModelInfo,
+    stage: str | None = None,
+    title: str = "",
+    large: bool = False,
+    words: Words = ENGLISH,
+) -> go.Figure:
     """The step of `trace` as one diagram; `stage` (one of STAGES, or None) is highlighted, the rest dimmed.
 
     Shapes on the arrows come from `flow_rows(trace, info)`: e.g. (1, 576) into the layers in decode,
@@ -160,8 +186,9 @@ def step_figure(trace: StepTrace, info: ModelInfo, stage: str | None = None, tit
     size = fig.layout.font.size  # the shared figure text size (larger for a projector)
     text = text_size(size)
     y = Rows(LINE_SPACING * text, 3 if rows["residual"].facts["norms"] == 4 else 2)
-    parts = input_band(trace, info, rows, words, y) + layer_band(rows, words, y) + \
-        output_band(trace, info, rows, words, y)
+    parts = (
+        input_band(trace, info, rows, words, y) + layer_band(rows, words, y) + output_band(trace, info, rows, words, y)
+    )
     deck = STACK_SHADOWS if len(trace.input_ids) > 1 else 0
     drawing = Drawing([], [])
     for part in parts:
@@ -169,8 +196,11 @@ def step_figure(trace: StepTrace, info: ModelInfo, stage: str | None = None, tit
     # Set at once: plotly re-checks the whole list on each add_shape/add_annotation (quadratic, ~0.4 s here).
     fig.update_layout(shapes=drawing.shapes, annotations=drawing.annotations)
     title_height = round(LINE_SPACING * (size + 3)) + 10 if title else 4  # finish() titles at size + 3
-    fig.update_layout(height=round(y.height) + title_height + 4, margin=dict(l=6, r=6, t=title_height, b=4),
-                      title=dict(y=1, yref="container", yanchor="top", pad=dict(t=6)))
+    fig.update_layout(
+        height=round(y.height) + title_height + 4,
+        margin=dict(l=6, r=6, t=title_height, b=4),
+        title=dict(y=1, yref="container", yanchor="top", pad=dict(t=6)),
+    )
     fig.update_xaxes(range=[0, 100], visible=False, fixedrange=True)
     fig.update_yaxes(range=[0, y.height], visible=False, fixedrange=True)
     fig.update_layout(showlegend=False, plot_bgcolor="white", hovermode=False)
@@ -192,10 +222,16 @@ def input_band(trace: StepTrace, info: ModelInfo, rows: dict[str, FlowRow], word
     t = len(trace.input_ids)
     shown = ", ".join(str(i) for i in trace.input_ids[:2]) + (", …" if t > 2 else "")
     positions = rows["ids"].facts["positions"]
-    ids_text = words["sp_token_ids" if t > 1 else "sp_token_id"].format(n=t, ids=shown) + "<br>" + \
-        words["sp_positions" if t > 1 else "sp_position"].format(positions=positions)
-    embed_text = words["sp_embedding"] + "<br>" + words["sp_embedding_rows"].format(
-        vocab=fmt_int(info.vocab), hidden=info.hidden)
+    ids_text = (
+        words["sp_token_ids" if t > 1 else "sp_token_id"].format(n=t, ids=shown)
+        + "<br>"
+        + words["sp_positions" if t > 1 else "sp_position"].format(positions=positions)
+    )
+    embed_text = (
+        words["sp_embedding"]
+        + "<br>"
+        + words["sp_embedding_rows"].format(vocab=fmt_int(info.vocab), hidden=info.hidden)
+    )
     learned = "positions" in rows  # GPT-2: a learned row per position is added (wpe), shown in the box
     token_bottom = y.layer_top - y.box(2)
     embed_bottom = y.layer_bottom + 4  # x0 leaves the box at y.mid, in its upper half
@@ -207,8 +243,11 @@ def input_band(trace: StepTrace, info: ModelInfo, rows: dict[str, FlowRow], word
         Box("embedding", 0.5, embed_bottom, 26, embed_top, embed_text, per_token=True, text_on_top=learned),
     ]
     if learned:  # the position table's name in GPT-2's weights, on the box's last line
-        parts.append(shape_label(rows["positions"], 13.25, embed_bottom + PAD + y.line / 2,
-                                 prefix=words["sp_position_rows"] + " "))
+        parts.append(
+            shape_label(
+                rows["positions"], 13.25, embed_bottom + PAD + y.line / 2, prefix=words["sp_position_rows"] + " "
+            )
+        )
     return parts
 
 
@@ -222,9 +261,13 @@ def layer_band(rows: dict[str, FlowRow], words: Words, y: Rows) -> list:
     post = "_post" if layers["norms"] == 4 else ""  # each branch's output normalised too, before its add
     return [
         Box(FRAME, 27.5, y.layer_bottom, 99.8, y.layer_top, ""),  # one layer drawn stands for all N
-        Label("residual", 99.3, y.layer_top - 3 - y.line,
-              words["sp_layers" + post].format(layers=layers["layers"], adds=layers["adds"],
-                                               norms=layers["norms"]), align="right"),
+        Label(
+            "residual",
+            99.3,
+            y.layer_top - 3 - y.line,
+            words["sp_layers" + post].format(layers=layers["layers"], adds=layers["adds"], norms=layers["norms"]),
+            align="right",
+        ),
         Arrow("embedding", ((26, mid), (36, mid))),
         shape_label(rows["embed"], 31.75, mid + 2 + y.line, prefix="x0<br>"),
         Box("attention", 36, low, 47, high, words["sp_norm_qkv"], per_token=True),
@@ -235,8 +278,15 @@ def layer_band(rows: dict[str, FlowRow], words: Words, y: Rows) -> list:
         Arrow("kv_write", ((41.5, high), (41.5, y.cache_bottom))),
         Box("kv_write", 36, y.cache_bottom, 52, y.cache_top, words["sp_cache_write"], text_on_top=True),
         shape_label(rows["write_kv"], 44, y.cache_bottom + PAD + y.line / 2),
-        Box("kv_read", 52, y.cache_bottom, 68, y.cache_top,
-            cache_read_text(rows["read_kv"].facts["n"], words, rows["read_kv"].facts["window"]), text_on_top=True),
+        Box(
+            "kv_read",
+            52,
+            y.cache_bottom,
+            68,
+            y.cache_top,
+            cache_read_text(rows["read_kv"].facts["n"], words, rows["read_kv"].facts["window"]),
+            text_on_top=True,
+        ),
         shape_label(rows["read_kv"], 60, y.cache_bottom + PAD + y.line / 2),
         Arrow("kv_read", ((63, y.cache_bottom), (63, high))),
         Arrow("attention", ((69, mid), (72, mid))),
@@ -278,19 +328,37 @@ def output_band(trace: StepTrace, info: ModelInfo, rows: dict[str, FlowRow], wor
         Box("final_norm", 0.5, mid - two, 11.5, mid + two, words["sp_final_norm"]),
         Arrow("final_norm", ((11.5, mid), (18.5, mid))),
         shape_label(rows["final_norm"], 15, mid + 2 + line / 2),
-        Box("lm_head", 18.5, mid - two, 31, mid + two,
-            words["sp_lm_head"].format(vocab=fmt_int(info.vocab), hidden=info.hidden)),
+        Box(
+            "lm_head",
+            18.5,
+            mid - two,
+            31,
+            mid + two,
+            words["sp_lm_head"].format(vocab=fmt_int(info.vocab), hidden=info.hidden),
+        ),
         Arrow("lm_head", ((31, mid), (40, mid))),
         shape_label(rows["lm_head"], 35.5, mid + 2 + line, prefix=words["sp_logits"] + "<br>"),
         Box("sampling", 40, mid - five, 59.5, mid + five, words["sp_sampling"] + chance),
         Arrow("sampling", ((59.5, mid), (63, mid))),
-        Box("sampling", 63, mid - three, 72, mid + three, words["sp_new_id"].format(id=trace.token_id) +
-            f"<br>“{piece}”"),
+        Box(
+            "sampling",
+            63,
+            mid - three,
+            72,
+            mid + three,
+            words["sp_new_id"].format(id=trace.token_id) + f"<br>“{piece}”",
+        ),
         Arrow("detokenize", ((72, mid + line / 2), (74.5, mid + line / 2), (74.5, text_mid), (77, text_mid))),
         Box("detokenize", 77, y.out_top - 2 * two, 99.8, y.out_top, words["sp_detokenize"].format(piece=piece)),
         Arrow("next_input", ((72, mid - line / 2), (74.5, mid - line / 2), (74.5, next_mid), (77, next_mid))),
-        Box("next_input", 77, 0, 99.8, 2 * three, words["sp_next_input"].format(
-            id=trace.token_id, position=trace.positions[-1] + 1)),
+        Box(
+            "next_input",
+            77,
+            0,
+            99.8,
+            2 * three,
+            words["sp_next_input"].format(id=trace.token_id, position=trace.positions[-1] + 1),
+        ),
         shape_label(rows["next_input"], 74, (mid - three) / 2, "right", prefix=words["sp_row"] + " "),
     ]
 
@@ -317,36 +385,76 @@ def draw(fig: Drawing, part, stage: str | None, text: int, size: int, deck: int)
     `size`); a per-token box gets `deck` copies behind it."""
     color, width, opacity, text_color = _style(part.stage, stage)
     if isinstance(part, Box):
-        draw_box(fig, part, color, width, opacity, text_color, size if part.round else text, stage == part.stage,
-                 deck)
+        draw_box(fig, part, color, width, opacity, text_color, size if part.round else text, stage == part.stage, deck)
     elif isinstance(part, Arrow):
         draw_arrow(fig, part, color, width, opacity)
     else:
         anchor = {"left": "left", "right": "right"}.get(part.align, "center")
-        fig.annotations.append(dict(x=part.x, y=part.y, text=part.text, showarrow=False, xanchor=anchor,
-                                    align=part.align, font=dict(size=text, color=text_color),
-                                    bgcolor="rgba(255,255,255,0.85)",
-                                    name=f"{part.stage}:shape:{part.key}" if part.key else part.stage))
+        fig.annotations.append(
+            dict(
+                x=part.x,
+                y=part.y,
+                text=part.text,
+                showarrow=False,
+                xanchor=anchor,
+                align=part.align,
+                font=dict(size=text, color=text_color),
+                bgcolor="rgba(255,255,255,0.85)",
+                name=f"{part.stage}:shape:{part.key}" if part.key else part.stage,
+            )
+        )
 
 
-def draw_box(fig: Drawing, box: Box, color: str, width: float, opacity: float, text_color: str, text: int,
-             lit: bool, deck: int) -> None:
+def draw_box(
+    fig: Drawing, box: Box, color: str, width: float, opacity: float, text_color: str, text: int, lit: bool, deck: int
+) -> None:
     """A box (or ⊕ circle) with its words (`text` px); `deck` copies behind it stand for the other rows of a
     prefill."""
     fill = "#ffd9bf" if lit else FILLS.get(box.stage, "white")
     kind = "circle" if box.round else "rect"
     if box.per_token:
         for k in range(deck, 0, -1):  # the rows behind the front one
-            fig.shapes.append(dict(type=kind, x0=box.x0 + SHADOW_X * k, x1=box.x1 + SHADOW_X * k,
-                                   y0=box.y0 + SHADOW_Y * k, y1=box.y1 + SHADOW_Y * k, line=dict(color=color, width=1),
-                                   fillcolor=fill, opacity=opacity, name=box.stage, layer="below"))
-    fig.shapes.append(dict(type=kind, x0=box.x0, x1=box.x1, y0=box.y0, y1=box.y1, line=dict(color=color, width=width),
-                           fillcolor=fill if box.text else "rgba(0,0,0,0)", opacity=opacity, name=box.stage,
-                           layer="below"))
+            fig.shapes.append(
+                dict(
+                    type=kind,
+                    x0=box.x0 + SHADOW_X * k,
+                    x1=box.x1 + SHADOW_X * k,
+                    y0=box.y0 + SHADOW_Y * k,
+                    y1=box.y1 + SHADOW_Y * k,
+                    line=dict(color=color, width=1),
+                    fillcolor=fill,
+                    opacity=opacity,
+                    name=box.stage,
+                    layer="below",
+                )
+            )
+    fig.shapes.append(
+        dict(
+            type=kind,
+            x0=box.x0,
+            x1=box.x1,
+            y0=box.y0,
+            y1=box.y1,
+            line=dict(color=color, width=width),
+            fillcolor=fill if box.text else "rgba(0,0,0,0)",
+            opacity=opacity,
+            name=box.stage,
+            layer="below",
+        )
+    )
     if box.text:
         y, anchor = (box.y1 - PAD, "top") if box.text_on_top else ((box.y0 + box.y1) / 2, "middle")
-        fig.annotations.append(dict(x=(box.x0 + box.x1) / 2, y=y, yanchor=anchor, text=box.text, showarrow=False,
-                                    font=dict(size=text, color=text_color), name=box.stage))
+        fig.annotations.append(
+            dict(
+                x=(box.x0 + box.x1) / 2,
+                y=y,
+                yanchor=anchor,
+                text=box.text,
+                showarrow=False,
+                font=dict(size=text, color=text_color),
+                name=box.stage,
+            )
+        )
 
 
 def draw_arrow(fig: Drawing, arrow: Arrow, color: str, width: float, opacity: float) -> None:
@@ -356,14 +464,25 @@ def draw_arrow(fig: Drawing, arrow: Arrow, color: str, width: float, opacity: fl
     points = arrow.points
     line_width = max(width - 1, 1.5)
     path = "M " + " L ".join(f"{x},{y}" for x, y in points)
-    fig.shapes.append(dict(type="path", path=path, line=dict(color=color, width=line_width), opacity=opacity,
-                           name=arrow.stage))
+    fig.shapes.append(
+        dict(type="path", path=path, line=dict(color=color, width=line_width), opacity=opacity, name=arrow.stage)
+    )
     (tail_x, tail_y), (head_x, head_y) = points[-2], points[-1]
     along = (1 if head_x > tail_x else -1, 0) if tail_y == head_y else (0, 1 if head_y > tail_y else -1)
     length, half = HEAD_LENGTH * line_width, HEAD_HALF_WIDTH * line_width  # px: as Plotly's arrowhead 2 at size 1.2
     base_x, base_y = -along[0] * length, -along[1] * length
     side_x, side_y = -along[1] * half, along[0] * half
-    fig.shapes.append(dict(type="path", xsizemode="pixel", ysizemode="pixel", xanchor=head_x, yanchor=head_y,
-                           path=f"M 0,0 L {base_x + side_x:g},{base_y + side_y:g} L {base_x - side_x:g},"
-                                f"{base_y - side_y:g} Z",
-                           fillcolor=color, line=dict(width=0), opacity=opacity, name=arrow.stage))
+    fig.shapes.append(
+        dict(
+            type="path",
+            xsizemode="pixel",
+            ysizemode="pixel",
+            xanchor=head_x,
+            yanchor=head_y,
+            path=f"M 0,0 L {base_x + side_x:g},{base_y + side_y:g} L {base_x - side_x:g},{base_y - side_y:g} Z",
+            fillcolor=color,
+            line=dict(width=0),
+            opacity=opacity,
+            name=arrow.stage,
+        )
+    )

@@ -11,8 +11,15 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 OKABE_ITO = {
-    "orange": "#E69F00", "sky": "#56B4E9", "green": "#009E73", "yellow": "#F0E442",
-    "blue": "#0072B2", "vermillion": "#D55E00", "purple": "#CC79A7", "grey": "#999999", "black": "#000000",
+    "orange": "#E69F00",
+    "sky": "#56B4E9",
+    "green": "#009E73",
+    "yellow": "#F0E442",
+    "blue": "#0072B2",
+    "vermillion": "#D55E00",
+    "purple": "#CC79A7",
+    "grey": "#999999",
+    "black": "#000000",
 }
 PROMPT_COLOR = OKABE_ITO["sky"]
 GENERATED_COLOR = OKABE_ITO["orange"]
@@ -111,9 +118,9 @@ def kv_head_color(kv_head: int) -> str:
 def relative_luminance(color: str) -> float:
     """WCAG relative luminance of "#rrggbb" or "rgb(r, g, b)", 0 (black) to 1 (white)."""
     if color.startswith("#"):
-        channels = [int(color[i:i + 2], 16) for i in (1, 3, 5)]
+        channels = [int(color[i : i + 2], 16) for i in (1, 3, 5)]
     else:
-        channels = [float(x) for x in color[color.index("(") + 1:color.index(")")].split(",")[:3]]
+        channels = [float(x) for x in color[color.index("(") + 1 : color.index(")")].split(",")[:3]]
     linear = [(c / 255) / 12.92 if c / 255 <= 0.03928 else ((c / 255 + 0.055) / 1.055) ** 2.4 for c in channels]
     return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
 
@@ -179,13 +186,15 @@ def fmt_bytes(n) -> str:
     return f"{n:,} B" if n < 2**10 else f"{n:,} B ({fmt_size(n)})"
 
 
-def readable(frame: pd.DataFrame, words: Mapping[str, str], formats: Mapping[str, Callable] | None = None
-             ) -> pd.DataFrame:
+def readable(
+    frame: pd.DataFrame, words: Mapping[str, str], formats: Mapping[str, Callable] | None = None
+) -> pd.DataFrame:
     """A table for people: each column's values through `formats[column]` (when given), and its header
     `words[column]` (the column's own name when the words have none)."""
     formats = formats or {}
-    out = pd.DataFrame({column: frame[column].map(formats[column]) if column in formats else frame[column]
-                        for column in frame.columns})
+    out = pd.DataFrame(
+        {column: frame[column].map(formats[column]) if column in formats else frame[column] for column in frame.columns}
+    )
     return out.rename(columns={c: words.get(c, c) for c in frame.columns})
 
 

@@ -22,7 +22,7 @@ SUBSCRIPT = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
 
 
 def part_marker(part: int, parts: int) -> str:
-    """"¹⁄₂": part 1 of 2, as a small fraction that sits on the character and stays one label wide."""
+    """ "¹⁄₂": part 1 of 2, as a small fraction that sits on the character and stays one label wide."""
     return str(part).translate(SUPERSCRIPT) + "⁄" + str(parts).translate(SUBSCRIPT)
 
 
@@ -85,16 +85,25 @@ def token_legend_html(labels: dict[str, str], note: str = "", explained: str = "
     "newest" to their words (escaped here); `note` follows in grey. With `explained` (plain text), the note is a
     disclosure that opens to that paragraph under the line: an explanation where it is needed that costs the
     projector's first screen no line of its own."""
-    kinds = {"prompt": "kv-prompt", "generated": "kv-generated", "input": "kv-generated kv-input",
-             "newest": "kv-newest"}
-    chips = " ".join(f'<span class="kv-chip {kinds[kind]}" style="font-family:inherit;font-size:0.8rem">'
-                     f"{html.escape(labels[kind])}</span>" for kind in kinds)
+    kinds = {
+        "prompt": "kv-prompt",
+        "generated": "kv-generated",
+        "input": "kv-generated kv-input",
+        "newest": "kv-newest",
+    }
+    chips = " ".join(
+        f'<span class="kv-chip {kinds[kind]}" style="font-family:inherit;font-size:0.8rem">'
+        f"{html.escape(labels[kind])}</span>"
+        for kind in kinds
+    )
     grey = f' <span style="color:#666;font-size:0.8rem">· {html.escape(note)}</span>' if note else ""
     if explained:
-        grey = (' <details class="kv-note" style="display:inline;color:#666;font-size:0.8rem">'
-                '<summary style="display:inline;cursor:pointer;text-decoration:underline dotted">'
-                f'· {html.escape(note)}</summary>'
-                f'<div style="margin-bottom:0.3rem">{html.escape(explained)}</div></details>')
+        grey = (
+            ' <details class="kv-note" style="display:inline;color:#666;font-size:0.8rem">'
+            '<summary style="display:inline;cursor:pointer;text-decoration:underline dotted">'
+            f'· {html.escape(note)}</summary>'
+            f'<div style="margin-bottom:0.3rem">{html.escape(explained)}</div></details>'
+        )
     return f'<div class="kv-legend" style="line-height:1.9">{chips}{grey}</div>'
 
 
@@ -102,16 +111,19 @@ def token_tip(cell: TokenCell, words: Words = ENGLISH) -> str:
     """A token's hover text in `words`' language: its position, what it reads as (the character and which part
     of it, for a token that is part of a character), its id and its bytes in hex. Never the tokenizer's
     byte-level piece ('æĺ¯' for 是): that is an encoding of the bytes, not text anyone reads."""
-    return words["tip_token"].format(position=cell.position, text=position_label(cell), id=cell.token_id,
-                                     bytes=cell.bytes_hex)
+    return words["tip_token"].format(
+        position=cell.position, text=position_label(cell), id=cell.token_id, bytes=cell.bytes_hex
+    )
 
 
 def token_chip_html(cell: TokenCell, inputs: range, words: Words = ENGLISH) -> str:
     """One token that is whole characters on its own (or a stray byte): one chip, one position."""
     kind = f"kv-{cell.kind} kv-input" if cell.position in inputs else f"kv-{cell.kind}"
-    return (f'<span class="kv-token kv-chip kv-tip {kind}" tabindex="0" '
-            f'title="{html.escape(token_tip(cell, words), quote=True)}">'
-            f"{html.escape(visible(cell.text))}</span>")
+    return (
+        f'<span class="kv-token kv-chip kv-tip {kind}" tabindex="0" '
+        f'title="{html.escape(token_tip(cell, words), quote=True)}">'
+        f"{html.escape(visible(cell.text))}</span>"
+    )
 
 
 def group_chip_html(cells: list[TokenCell], inputs: range, words: Words = ENGLISH) -> str:
@@ -122,18 +134,30 @@ def group_chip_html(cells: list[TokenCell], inputs: range, words: Words = ENGLIS
     last = cells[-1]
     kind = f"kv-{last.kind}" + (" kv-input" if any(c.position in inputs for c in cells) else "")
     unfinished = "" if group.whole else " kv-unfinished"
-    tip = "\n".join([words["tip_group"].format(text=visible(group.text), n=len(cells))] +
-                    [token_tip(c, words) for c in cells])
-    parts = "".join(f'<span class="kv-token kv-part kv-{c.kind}{" kv-input" if c.position in inputs else ""}" '
-                    f'title="{html.escape(token_tip(c, words), quote=True)}"></span>' for c in cells)
+    tip = "\n".join(
+        [words["tip_group"].format(text=visible(group.text), n=len(cells))] + [token_tip(c, words) for c in cells]
+    )
+    parts = "".join(
+        f'<span class="kv-token kv-part kv-{c.kind}{" kv-input" if c.position in inputs else ""}" '
+        f'title="{html.escape(token_tip(c, words), quote=True)}"></span>'
+        for c in cells
+    )
     tip = html.escape(tip, quote=True).replace("\n", "&#10;")  # as references: one line of HTML
-    return (f'<span class="kv-chip kv-group kv-tip {kind}{unfinished}" tabindex="0" title="{tip}">'
-            f'<span class="kv-char">{html.escape(visible(group.text))}</span>'
-            f'<span class="kv-parts">{parts}</span></span>')
+    return (
+        f'<span class="kv-chip kv-group kv-tip {kind}{unfinished}" tabindex="0" title="{tip}">'
+        f'<span class="kv-char">{html.escape(visible(group.text))}</span>'
+        f'<span class="kv-parts">{parts}</span></span>'
+    )
 
 
-def token_stream_html(cells: list[TokenCell], large: bool = False, inputs: range = range(0), legend: str = "",
-                      lines: int | None = None, words: Words = ENGLISH) -> str:
+def token_stream_html(
+    cells: list[TokenCell],
+    large: bool = False,
+    inputs: range = range(0),
+    legend: str = "",
+    lines: int | None = None,
+    words: Words = ENGLISH,
+) -> str:
     """Chips in reading order; hovering one shows its position, what it reads as, its id and bytes (`token_tip`,
     in `words`' language). All text escaped.
     Tokens that together make one character share one chip (`group_chip_html`). The positions in `inputs`
@@ -141,10 +165,12 @@ def token_stream_html(cells: list[TokenCell], large: bool = False, inputs: range
     column-reverse opens it scrolled to the end, where the newest tokens are. `legend` (HTML, from
     `token_legend_html`) goes above the box."""
     size = "1.05rem" if large else "0.95rem"  # the page's rem is already a quarter larger with large text
-    style = (f"<style>.kv-stream-box{{max-height:calc({lines or STREAM_LINES[large]} * 2.1 * {size} + 10px);"
-             "overflow-y:auto;display:flex;flex-direction:column-reverse;"
-             "border:1px solid #ddd;border-radius:6px;padding:0 4px}"
-             f".kv-stream{{line-height:2.1}}{token_chip_styles(size)}</style>")
+    style = (
+        f"<style>.kv-stream-box{{max-height:calc({lines or STREAM_LINES[large]} * 2.1 * {size} + 10px);"
+        "overflow-y:auto;display:flex;flex-direction:column-reverse;"
+        "border:1px solid #ddd;border-radius:6px;padding:0 4px}"
+        f".kv-stream{{line-height:2.1}}{token_chip_styles(size)}</style>"
+    )
     chips = []
     for _, grouped in groupby(cells, key=lambda c: c.group.start):
         grouped = list(grouped)
@@ -155,8 +181,13 @@ def token_stream_html(cells: list[TokenCell], large: bool = False, inputs: range
 
 def token_frame(cells: list[TokenCell]) -> pd.DataFrame:
     return pd.DataFrame(
-        {"position": [c.position for c in cells], "id": [c.token_id for c in cells],
-         "token": [c.token for c in cells], "text": [c.text for c in cells],
-         "reads as": [reads_as(c) for c in cells], "bytes": [c.bytes_hex for c in cells],
-         "kind": [c.kind for c in cells]}
+        {
+            "position": [c.position for c in cells],
+            "id": [c.token_id for c in cells],
+            "token": [c.token for c in cells],
+            "text": [c.text for c in cells],
+            "reads as": [reads_as(c) for c in cells],
+            "bytes": [c.bytes_hex for c in cells],
+            "kind": [c.kind for c in cells],
+        }
     )

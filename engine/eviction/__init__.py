@@ -6,5 +6,15 @@ from engine.eviction.nll import forced_nll, stream_nll
 from engine.eviction.policies import EVICTION_POLICIES, Policy, n_kept_for_ratio
 from engine.eviction.run import DecodeBudget, Eviction, EvictionRun, EvictionStep, StreamingWindow
 
-__all__ = ["EVICTION_POLICIES", "DecodeBudget", "Eviction", "EvictionRun", "EvictionStep", "Policy", "StreamingWindow",
-           "forced_nll", "n_kept_for_ratio", "stream_nll"]
+__all__ = [
+    "EVICTION_POLICIES",
+    "DecodeBudget",
+    "Eviction",
+    "EvictionRun",
+    "EvictionStep",
+    "Policy",
+    "StreamingWindow",
+    "forced_nll",
+    "n_kept_for_ratio",
+    "stream_nll",
+]

@@ -46,9 +46,17 @@ class Variant:
 class EvictionBatch:
     """`EvictionRun`s of one prompt, one per variant, prefilled once and stepped in one forward pass each step."""
 
-    def __init__(self, model: Model, prompt_ids: list[int], variants: Sequence[Variant], *,
-                 block_size: int = DEFAULT_BLOCK_SIZE, max_new_tokens: int = 32, keep_full_steps: int = 32,
-                 spare: int = 0):
+    def __init__(
+        self,
+        model: Model,
+        prompt_ids: list[int],
+        variants: Sequence[Variant],
+        *,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        max_new_tokens: int = 32,
+        keep_full_steps: int = 32,
+        spare: int = 0,
+    ):
         if not variants:
             raise InvalidSettingError("an eviction batch needs at least one variant")
         self.model = model
@@ -64,9 +72,18 @@ class EvictionBatch:
         self.runs = [self._run(v) for v in variants]
 
     def _run(self, v: Variant) -> EvictionRun:
-        return EvictionRun(self.model, self.prompt_ids, v.policy, compression_ratio=v.compression_ratio,
-                           budget=v.budget, block_size=self.block_size, max_new_tokens=self.max_new_tokens,
-                           keep_full_steps=self.keep_full_steps, pool=self.pool, rerotate=v.rerotate)
+        return EvictionRun(
+            self.model,
+            self.prompt_ids,
+            v.policy,
+            compression_ratio=v.compression_ratio,
+            budget=v.budget,
+            block_size=self.block_size,
+            max_new_tokens=self.max_new_tokens,
+            keep_full_steps=self.keep_full_steps,
+            pool=self.pool,
+            rerotate=v.rerotate,
+        )
 
     @property
     def finished(self) -> bool:
@@ -115,8 +132,9 @@ class EvictionBatch:
         observe = run.start_prefill(table)
         if observe is not None:  # the context's attention again, read from the K/V its prefill wrote
             n = len(self.prompt_ids) - 1
-            self.model.forward(self.prompt_ids[:-1], list(range(n)), BlockTable(self.pool), NO_RECORD, write=False,
-                               observe=observe)
+            self.model.forward(
+                self.prompt_ids[:-1], list(range(n)), BlockTable(self.pool), NO_RECORD, write=False, observe=observe
+            )
         run.table = table
         run.table.slide()
         return run
@@ -124,8 +142,11 @@ class EvictionBatch:
     def passes(self, runs: Sequence[EvictionRun]) -> list[EvictionStep | None]:
         """One batched pass of each of `runs` (of this batch or joining it) that has not finished: its next token,
         the last prompt token first (None for those that have finished)."""
-        opened = {run: run.open_pass(run.generated[-1] if run.steps else self.prompt_ids[-1], run.table.length)
-                  for run in runs if not (run.steps and run.finished)}
+        opened = {
+            run: run.open_pass(run.generated[-1] if run.steps else self.prompt_ids[-1], run.table.length)
+            for run in runs
+            if not (run.steps and run.finished)
+        }
         records = self.model.forward_batch(list(opened.values())) if opened else []
         done = {run: run.close_pass(p, record) for (run, p), record in zip(opened.items(), records)}
         return [done.get(run) for run in runs]

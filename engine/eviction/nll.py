@@ -30,8 +30,14 @@ from engine.model import Model, Pass
 from engine.trace import NO_RECORD
 
 
-def stream_nll(model: Model, ids: list[int], window: StreamingWindow | None = None, chunk: int = 256,
-               block_size: int = DEFAULT_BLOCK_SIZE, rerotate: bool = False) -> torch.Tensor:
+def stream_nll(
+    model: Model,
+    ids: list[int],
+    window: StreamingWindow | None = None,
+    chunk: int = 256,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    rerotate: bool = False,
+) -> torch.Tensor:
     """(len(ids) − 1,) float32, in nats: entry p is −log p(ids[p + 1]), from the logits of the pass at position p
     reading what `window` leaves it (None: the full cache). Passes of `chunk` positions each (the memory of one
     pass grows with chunk × len(ids)). `rerotate`: positions inside the cache, as the StreamingLLM paper numbers
@@ -39,8 +45,9 @@ def stream_nll(model: Model, ids: list[int], window: StreamingWindow | None = No
     if len(ids) < 2:
         raise InvalidSettingError(f"the NLL of a text needs at least 2 tokens, got {len(ids)}")
     if len(ids) - 1 > model.info.context_limit:
-        raise InvalidSettingError(f"{model.info.name} reads at most {model.info.context_limit} positions; the text "
-                                  f"needs {len(ids) - 1}")
+        raise InvalidSettingError(
+            f"{model.info.name} reads at most {model.info.context_limit} positions; the text needs {len(ids) - 1}"
+        )
     require_integer("chunk", chunk, 1)
     if rerotate and (window is None or model.info.positions == "learned"):
         raise InvalidSettingError("positions inside the cache need a streaming window and rotary positions")
@@ -69,9 +76,17 @@ def stream_nll(model: Model, ids: list[int], window: StreamingWindow | None = No
     return torch.cat(nll).cpu()
 
 
-def forced_nll(model: Model, prompt_ids: list[int], text_ids: list[int], policy: Policy | None = None, *,
-               compression_ratio: float = 0.0, budget: DecodeBudget | StreamingWindow | None = None,
-               rerotate: bool = False, one_pass: bool | None = None) -> torch.Tensor:
+def forced_nll(
+    model: Model,
+    prompt_ids: list[int],
+    text_ids: list[int],
+    policy: Policy | None = None,
+    *,
+    compression_ratio: float = 0.0,
+    budget: DecodeBudget | StreamingWindow | None = None,
+    rerotate: bool = False,
+    one_pass: bool | None = None,
+) -> torch.Tensor:
     """(len(text_ids),) float32, in nats: −log p of each of `text_ids` after `prompt_ids`, read through the cache an
     `EvictionRun` of the prompt holds under these settings, teacher forced (the given text, not the run's own): the
     prompt's context prefilled and evicted as the run does, its last token's pass predicting text_ids[0], then one
@@ -81,8 +96,16 @@ def forced_nll(model: Model, prompt_ids: list[int], text_ids: list[int], policy:
     comparison of two caches reads both the same way."""
     if not text_ids:
         raise InvalidSettingError("the NLL of a text needs at least 1 token after the prompt")
-    run = EvictionRun(model, prompt_ids, policy, compression_ratio=compression_ratio, budget=budget,
-                      max_new_tokens=len(text_ids), keep_full_steps=1, rerotate=rerotate)
+    run = EvictionRun(
+        model,
+        prompt_ids,
+        policy,
+        compression_ratio=compression_ratio,
+        budget=budget,
+        max_new_tokens=len(text_ids),
+        keep_full_steps=1,
+        rerotate=rerotate,
+    )
     try:
         rows = [run.prefill().logits[None]]
         if one_pass is None:
@@ -95,8 +118,9 @@ def forced_nll(model: Model, prompt_ids: list[int], text_ids: list[int], policy:
         else:
             rows += [run.step(input_id=token).logits[None] for token in text_ids[:-1]]
         with torch.inference_mode():
-            return F.cross_entropy(torch.cat(rows).float(), torch.tensor(text_ids, device=model.device),
-                                   reduction="none").cpu()
+            return F.cross_entropy(
+                torch.cat(rows).float(), torch.tensor(text_ids, device=model.device), reduction="none"
+            ).cpu()
     finally:
         run.close()
 
@@ -110,8 +134,9 @@ def _read_in_one_pass(run: EvictionRun, ids: list[int]) -> torch.Tensor:
     for rows in run.rows.values():
         rows.append(start, len(ids))
     kept = [run.rows[i].mask(length) if i in run.rows else None for i in range(model.info.layers)]
-    hidden = model.forward_batch([Pass(ids, list(range(start, length)), run.table, NO_RECORD, kept=kept)],
-                                 head=False)[0]
+    hidden = model.forward_batch([Pass(ids, list(range(start, length)), run.table, NO_RECORD, kept=kept)], head=False)[
+        0
+    ]
     run.table.slide()
     with torch.inference_mode():
         return model.logits(hidden)

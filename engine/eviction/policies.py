@@ -47,8 +47,18 @@ import torch.nn.functional as F
 from engine.checks import require_integer, require_number
 from engine.errors import InvalidSettingError
 
-EVICTION_POLICIES = ("streaming_llm", "knorm", "keydiff", "snapkv", "tova", "observed_attention", "pyramidkv", "adakv",
-            "lagkv", "expected_attention")
+EVICTION_POLICIES = (
+    "streaming_llm",
+    "knorm",
+    "keydiff",
+    "snapkv",
+    "tova",
+    "observed_attention",
+    "pyramidkv",
+    "adakv",
+    "lagkv",
+    "expected_attention",
+)
 SNAPKV_SCORES = ("snapkv", "pyramidkv", "adakv")  # the policies that score as SnapKV does
 PREFILL_ONLY = ("pyramidkv", "adakv")  # budgets per layer or per head of a prefill's ratio
 
@@ -73,16 +83,23 @@ class Policy:
 
     def __post_init__(self):
         if self.name not in EVICTION_POLICIES:
-            raise InvalidSettingError(f"unknown eviction policy {self.name!r}; the policies are "
-                                      f"{', '.join(EVICTION_POLICIES)}")
+            raise InvalidSettingError(
+                f"unknown eviction policy {self.name!r}; the policies are {', '.join(EVICTION_POLICIES)}"
+            )
         require_integer("n_sink", self.n_sink, 0)
         for name in ("window_size", "kernel_size", "beta", "lag_size", "n_future_positions"):
             require_integer(name, getattr(self, name), 1)
-        require_number("alpha_safeguard", self.alpha_safeguard, 0, 1,
-                       why=" (the share of the ratio's count every head keeps at least)")
+        require_number(
+            "alpha_safeguard",
+            self.alpha_safeguard,
+            0,
+            1,
+            why=" (the share of the ratio's count every head keeps at least)",
+        )
         if self.kernel_size % 2 == 0:
-            raise InvalidSettingError(f"kernel_size must be odd (one pooled score per position), "
-                                      f"got {self.kernel_size}")
+            raise InvalidSettingError(
+                f"kernel_size must be odd (one pooled score per position), got {self.kernel_size}"
+            )
 
     def query_rows(self, n: int) -> int:
         """How many of the last queries' attention rows the score reads when `n` queries ran (0: none)."""
@@ -102,11 +119,15 @@ class Policy:
     def check_rows(self, n: int, queries: int) -> None:
         """Raise unless `n` cached rows (scored from `queries` query rows) are enough for this policy."""
         if self.name in ("streaming_llm", "expected_attention") and n <= self.n_sink:
-            raise InvalidSettingError(f"{self.name} keeps {self.n_sink} sink positions: the cache must hold more "
-                                      f"than that to evict any, it holds {n}")
+            raise InvalidSettingError(
+                f"{self.name} keeps {self.n_sink} sink positions: the cache must hold more "
+                f"than that to evict any, it holds {n}"
+            )
         if self.name in SNAPKV_SCORES and queries <= self.window_size:
-            raise InvalidSettingError(f"{self.name} scores by the last {self.window_size} queries (window_size): "
-                                      f"more than that must have run since the last eviction, {queries} did")
+            raise InvalidSettingError(
+                f"{self.name} scores by the last {self.window_size} queries (window_size): "
+                f"more than that must have run since the last eviction, {queries} did"
+            )
         if n < 2:
             raise InvalidSettingError(f"eviction needs at least 2 cached positions, the cache holds {n}")
 
@@ -134,7 +155,7 @@ class Policy:
         kv_heads, n, _ = keys.shape
         if self.name == "streaming_llm":
             scores = torch.ones(kv_heads, n, dtype=keys.dtype, device=keys.device)
-            scores[:, self.n_sink:self.n_sink + n - n_kept] = 0
+            scores[:, self.n_sink : self.n_sink + n - n_kept] = 0
             return scores
         if self.name == "knorm":
             return -keys.norm(dim=-1)
@@ -143,12 +164,12 @@ class Policy:
             return -F.cosine_similarity(keys, anchor, dim=-1)
         if self.name in SNAPKV_SCORES:
             w = self.window_size
-            seen = probs[:, :, -w:, :n - w].mean(dim=-2)  # (kv_heads, group, n − w)
+            seen = probs[:, :, -w:, : n - w].mean(dim=-2)  # (kv_heads, group, n − w)
             pooled = F.avg_pool1d(seen, kernel_size=self.kernel_size, padding=self.kernel_size // 2, stride=1)
             scores = pooled.mean(dim=1)
             return F.pad(scores, (0, w), value=scores.max().item() + 1)
         if self.name == "tova":
-            last = probs[:, :, -1, :n - 1].reshape(-1, n - 1).mean(dim=0)  # over every Q head
+            last = probs[:, :, -1, : n - 1].reshape(-1, n - 1).mean(dim=0)  # over every Q head
             scores = last.expand(kv_heads, n - 1)
             return F.pad(scores, (0, 1), value=scores.max().item() + 1)
         if self.name == "lagkv":
@@ -170,7 +191,7 @@ class Policy:
         cos, sin = layer.future_rope  # (n_future_positions, D): the rotation at each future position
         d = cos.shape[1]
         swap = torch.zeros((d, d), dtype=cos.dtype)
-        swap[d // 2:, :d // 2], swap[:d // 2, d // 2:] = torch.eye(d // 2), -torch.eye(d // 2)
+        swap[d // 2 :, : d // 2], swap[: d // 2, d // 2 :] = torch.eye(d // 2), -torch.eye(d // 2)
         turn = (cos.unsqueeze(1) * torch.eye(d, dtype=cos.dtype) + sin.unsqueeze(1) * swap).mean(dim=0)
         mean = torch.matmul(mean.squeeze(2), turn.T)
         cov = torch.matmul(turn, torch.matmul(cov, turn.T))
@@ -209,8 +230,10 @@ def _lag_scores(keys: torch.Tensor, values: torch.Tensor, n_sink: int, lag: int)
         low, high = reference.min(dim=-2, keepdim=True).values, reference.max(dim=-2, keepdim=True).values
         return ((scored - low) / (high - low)).std(dim=-1).softmax(dim=-1)
 
-    parts = (stand_out(keys[:, n_sink:end].reshape(kv_heads, -1, lag, d))
-             + stand_out(values[:, n_sink:end].reshape(kv_heads, -1, lag, d))) / 2
+    parts = (
+        stand_out(keys[:, n_sink:end].reshape(kv_heads, -1, lag, d))
+        + stand_out(values[:, n_sink:end].reshape(kv_heads, -1, lag, d))
+    ) / 2
     ranks = (parts.argsort(dim=-1).argsort(dim=-1) / lag).to(keys.dtype)  # within each partition
     ones = lambda count: torch.ones(kv_heads, count, dtype=keys.dtype, device=keys.device)  # noqa: E731
     return torch.cat((ones(n_sink), ranks.reshape(kv_heads, -1), ones(lag + n - end)), dim=-1)

@@ -79,7 +79,7 @@ class StreamingWindow:
         if positions.shape[1] <= self.n_sink + self.window:
             return None
         order = positions.argsort(dim=1)  # rows by position
-        return torch.cat((order[:, :self.n_sink], order[:, -self.window:]), dim=1)
+        return torch.cat((order[:, : self.n_sink], order[:, -self.window :]), dim=1)
 
     def sink_turns(self, length: int) -> torch.Tensor:
         """(length,) long: how far the pass at position p moves the sinks up when positions are numbered inside the
@@ -137,15 +137,26 @@ class EvictionStep:
 class EvictionRun:
     """Greedy decoding of `prompt_ids` with an evicting KV cache (see the module docstring)."""
 
-    def __init__(self, model: Model, prompt_ids: list[int], policy: Policy | None = None, *,
-                 compression_ratio: float = 0.0, budget: DecodeBudget | StreamingWindow | None = None,
-                 block_size: int = DEFAULT_BLOCK_SIZE, max_new_tokens: int = 32, keep_full_steps: int = 32,
-                 pool: BlockPool | None = None, rerotate: bool = False):
+    def __init__(
+        self,
+        model: Model,
+        prompt_ids: list[int],
+        policy: Policy | None = None,
+        *,
+        compression_ratio: float = 0.0,
+        budget: DecodeBudget | StreamingWindow | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        max_new_tokens: int = 32,
+        keep_full_steps: int = 32,
+        pool: BlockPool | None = None,
+        rerotate: bool = False,
+    ):
         """`pool`: a pool shared with other runs of the prompt (`engine.eviction.batch`), which then give this run
         its table after their common prefill; by default a pool of its own. `rerotate`: kvpress's
         KeyRerotationPress around the policy (see the module docstring)."""
-        require_number("compression_ratio", compression_ratio, 0, 1, high_open=True,
-                       why=" (the share of positions evicted)")
+        require_number(
+            "compression_ratio", compression_ratio, 0, 1, high_open=True, why=" (the share of positions evicted)"
+        )
         if rerotate:
             _check_rerotation(model, policy, compression_ratio, budget)
         if policy is None and (compression_ratio > 0 or isinstance(budget, DecodeBudget)):
@@ -155,8 +166,10 @@ class EvictionRun:
         require_integer("max_new_tokens", max_new_tokens, 1)
         require_integer("keep_full_steps", keep_full_steps, 1)
         if len(prompt_ids) < 2:
-            raise InvalidSettingError("eviction needs a prompt of at least 2 tokens: the context it evicts from, "
-                                      "then the last prompt token that reads what was kept")
+            raise InvalidSettingError(
+                "eviction needs a prompt of at least 2 tokens: the context it evicts from, "
+                "then the last prompt token that reads what was kept"
+            )
         if isinstance(budget, DecodeBudget):
             check_budget(policy, budget)
         check_prompt_fits(list(prompt_ids), model)
@@ -194,9 +207,19 @@ class EvictionRun:
         return self._stops(ignore_eos=True)
 
     def _stops(self, ignore_eos: bool) -> bool:
-        return bool(self.generated) and stop_reason(
-            self.generated[-1], self.model.eos_ids, len(self.generated), self.max_new_tokens, self.table.length + 1,
-            self.model.info.context_limit, ignore_eos) is not None
+        return (
+            bool(self.generated)
+            and stop_reason(
+                self.generated[-1],
+                self.model.eos_ids,
+                len(self.generated),
+                self.max_new_tokens,
+                self.table.length + 1,
+                self.model.info.context_limit,
+                ignore_eos,
+            )
+            is not None
+        )
 
     def kept_positions(self, layer: int, kv_head: int) -> list[int]:
         """The positions (layer, KV head) holds now, ascending; every cached one for a sliding-window layer's
@@ -210,8 +233,12 @@ class EvictionRun:
         """Bytes of the K/V every (layer, KV head) holds: what a cache that drops evicted rows keeps."""
         info = self.model.info
         per_row = kv_bytes_per_token(1, 1, info.head_dim, info.element_bytes)  # K and V of one head, one position
-        held = sum(int(self.rows[i].counts.sum()) if i in self.rows
-                   else info.kv_heads * info.cached_positions(i, self.table.length) for i in range(info.layers))
+        held = sum(
+            int(self.rows[i].counts.sum())
+            if i in self.rows
+            else info.kv_heads * info.cached_positions(i, self.table.length)
+            for i in range(info.layers)
+        )
         return held * per_row
 
     def allocated_bytes(self) -> int:
@@ -220,8 +247,11 @@ class EvictionRun:
         for table in (self.table, self.table.window):
             if table is not None:
                 layers, _, size, kv_heads, head_dim = table.pool.k.shape
-                total += len(table.blocks) * size * kv_bytes_per_token(layers, kv_heads, head_dim,
-                                                                       table.pool.k.element_size())
+                total += (
+                    len(table.blocks)
+                    * size
+                    * kv_bytes_per_token(layers, kv_heads, head_dim, table.pool.k.element_size())
+                )
         return total
 
     def full_bytes(self) -> int:
@@ -231,6 +261,7 @@ class EvictionRun:
     def records_nbytes(self) -> int:
         """Bytes of what the run keeps about its passes: each step's masks, shares, latest attention and logits,
         and every eviction's rows and scores (the K/V are the pool's: `allocated_bytes`)."""
+
         def tensors(step: EvictionStep) -> list[torch.Tensor | None]:
             return [*(step.kept or ()), step.logits, step.attention, step.evicted_share]
 
@@ -300,19 +331,26 @@ class EvictionRun:
         if not self.rerotate:
             return Pass([token_id], [position], self.table, ONE_ROW, kept=kept, observe=self._decode_observer())
         shift, turns = self._rerotation()
-        return Pass([token_id], [position], self.table, ONE_ROW, kept=kept, rope_positions=[position + shift],
-                    key_turns=turns)
+        return Pass(
+            [token_id], [position], self.table, ONE_ROW, kept=kept, rope_positions=[position + shift], key_turns=turns
+        )
 
     def close_pass(self, opened: Pass, record: ForwardRecord) -> EvictionStep:
         """The step the opened pass made (`record`), and the evictions after it."""
         self.table.slide()
         token_id, position, kept = opened.ids[0], opened.positions[0], opened.kept
         probs, scores = record.attention[:, :, -1], record.scores[:, :, -1]  # (layers, q_heads, L)
-        step = EvictionStep(step=len(self.steps), position=position, input_id=token_id,
-                            token_id=int(record.logits.argmax()),
-                            kept=[m.cpu() if m is not None else None for m in kept], logits=record.logits,
-                            attention=probs, evicted_share=self._evicted_share(scores, kept),
-                            evictions=self._evict_after_pass(record.attention))
+        step = EvictionStep(
+            step=len(self.steps),
+            position=position,
+            input_id=token_id,
+            token_id=int(record.logits.argmax()),
+            kept=[m.cpu() if m is not None else None for m in kept],
+            logits=record.logits,
+            attention=probs,
+            evicted_share=self._evicted_share(scores, kept),
+            evictions=self._evict_after_pass(record.attention),
+        )
         self.generated.append(step.token_id)
         self.steps.append(step)
         if len(self.steps) > self.keep_full_steps:
@@ -324,8 +362,14 @@ class EvictionRun:
         """(layers, q_heads): softmax of the full scores (no eviction) summed over what `kept` hid."""
         full = torch.softmax(scores.float(), dim=-1)
         group = self.model.info.gqa_group
-        hidden = torch.stack([torch.zeros(scores.shape[1:], dtype=torch.bool) if m is None
-                              else ~m.cpu().repeat_interleave(group, dim=0) for m in kept])
+        hidden = torch.stack(
+            [
+                torch.zeros(scores.shape[1:], dtype=torch.bool)
+                if m is None
+                else ~m.cpu().repeat_interleave(group, dim=0)
+                for m in kept
+            ]
+        )
         return (full * hidden).sum(dim=-1)
 
     def _prefill_evictor(self, n: int, table: BlockTable) -> Observer:
@@ -369,15 +413,22 @@ class EvictionRun:
                     if self.rows[layer].count > budget.target_size:
                         self.policy.check_rows(self.rows[layer].count, queries)
                         probs = attention[layer].to(self.model.device)
-                        evictions[layer] = self._evict_by_score(layer, probs, budget.target_size, queries=(
-                            torch.cat(buffered, dim=1) if buffered else None))
+                        evictions[layer] = self._evict_by_score(
+                            layer, probs, budget.target_size, queries=(torch.cat(buffered, dim=1) if buffered else None)
+                        )
                 self.passes_since_eviction = 0
             for layer, buffered in self._queries.items():
                 del buffered[:-HIDDEN_STATES_BUFFER]
         return evictions
 
-    def _evict_by_score(self, layer: int, probs: torch.Tensor | None, n_kept: int, table: BlockTable | None = None,
-                        queries: torch.Tensor | None = None) -> Eviction:
+    def _evict_by_score(
+        self,
+        layer: int,
+        probs: torch.Tensor | None,
+        n_kept: int,
+        table: BlockTable | None = None,
+        queries: torch.Tensor | None = None,
+    ) -> Eviction:
         """Score layer `layer`'s rows by the policy and keep the `n_kept` best of each KV head (its K/V read from
         `table`, by default the run's own; `queries` (q_heads, t, D) before RoPE: the passes that score)."""
         rows, policy = self.rows[layer], self.policy
@@ -430,36 +481,51 @@ class EvictionRun:
         return eviction
 
 
-def _check_rerotation(model: Model, policy: Policy | None, compression_ratio: float,
-                      budget: DecodeBudget | StreamingWindow | None) -> None:
+def _check_rerotation(
+    model: Model, policy: Policy | None, compression_ratio: float, budget: DecodeBudget | StreamingWindow | None
+) -> None:
     """Re-rotation is kvpress's KeyRerotationPress: around a policy's eviction after the prefill, on a model whose
     every layer evicts (Gemma 3's sliding-window layers keep their own positions) and rotates its keys (RoPE)."""
     if policy is None or compression_ratio <= 0 or budget is not None:
-        raise InvalidSettingError("re-rotation turns the keys a policy keeps after the prefill: it needs a policy "
-                                  "and a compression ratio, and no decode budget or streaming window")
+        raise InvalidSettingError(
+            "re-rotation turns the keys a policy keeps after the prefill: it needs a policy "
+            "and a compression ratio, and no decode budget or streaming window"
+        )
     if policy.name in PREFILL_ONLY:
-        raise InvalidSettingError(f"re-rotation (kvpress's KeyRerotationPress) keeps one count on every layer and "
-                                  f"head: {policy.name}'s own budgets cannot be re-rotated")
+        raise InvalidSettingError(
+            f"re-rotation (kvpress's KeyRerotationPress) keeps one count on every layer and "
+            f"head: {policy.name}'s own budgets cannot be re-rotated"
+        )
     info = model.info
     if info.positions == "learned" or any(info.window(i) is not None for i in range(info.layers)):
-        raise InvalidSettingError(f"re-rotation needs rotary positions on every layer and no sliding-window layer; "
-                                  f"{info.name} has {info.positions} positions"
-                                  + (" and sliding-window layers" if info.sliding_window is not None else ""))
+        raise InvalidSettingError(
+            f"re-rotation needs rotary positions on every layer and no sliding-window layer; "
+            f"{info.name} has {info.positions} positions"
+            + (" and sliding-window layers" if info.sliding_window is not None else "")
+        )
 
 
 def check_budget(policy: Policy, budget: DecodeBudget) -> None:
     """Refuse a budget the policy cannot keep, before anything runs (kvpress asserts the same mid-run, or scores
     NaN)."""
     if policy.name in PREFILL_ONLY:
-        raise InvalidSettingError(f"{policy.name} shares a prefill's compression ratio between layers or heads and "
-                                  f"runs after the prefill only here; for a decode budget choose snapkv")
+        raise InvalidSettingError(
+            f"{policy.name} shares a prefill's compression ratio between layers or heads and "
+            f"runs after the prefill only here; for a decode budget choose snapkv"
+        )
     if policy.name == "expected_attention" and min(budget.interval, HIDDEN_STATES_BUFFER + 1) <= policy.n_sink:
-        raise InvalidSettingError(f"expected_attention models the queries since the last eviction less the first "
-                                  f"{policy.n_sink} (n_sink): the interval must be larger than that, got "
-                                  f"{budget.interval}")
+        raise InvalidSettingError(
+            f"expected_attention models the queries since the last eviction less the first "
+            f"{policy.n_sink} (n_sink): the interval must be larger than that, got "
+            f"{budget.interval}"
+        )
     if policy.name == "snapkv" and min(budget.interval, HIDDEN_STATES_BUFFER + 1) <= policy.window_size:
-        raise InvalidSettingError(f"snapkv scores by the last {policy.window_size} queries (window_size): during "
-                                  f"decode the interval must be larger than that, got {budget.interval}")
+        raise InvalidSettingError(
+            f"snapkv scores by the last {policy.window_size} queries (window_size): during "
+            f"decode the interval must be larger than that, got {budget.interval}"
+        )
     if policy.name == "streaming_llm" and budget.target_size <= policy.n_sink:
-        raise InvalidSettingError(f"streaming_llm keeps {policy.n_sink} sink positions: the budget's target_size must "
-                                  f"be larger, to keep recent ones too; got {budget.target_size}")
+        raise InvalidSettingError(
+            f"streaming_llm keeps {policy.n_sink} sink positions: the budget's target_size must "
+            f"be larger, to keep recent ones too; got {budget.target_size}"
+        )

@@ -129,13 +129,33 @@ def round_for(state: AppState, step: int, runner, question: Question | None, pre
     shown = reveal_of(state, step, runner) if revealed and not vote else None
     voted = vote_of(state, question) if revealed and vote else None
     if mine.role == "lead" and (shown is not None or voted is not None):
-        mine.asked[state.ask] = (export_rows(shown, state, step, runner) if shown is not None
-                                 else vote_rows(voted, question, state, step))
+        mine.asked[state.ask] = (
+            export_rows(shown, state, step, runner) if shown is not None else vote_rows(voted, question, state, step)
+        )
     can_ask = predicts and (not runner.finished or step < runner.generated)
     sends = partial(send_vote, len(question.choices)) if vote else send_guess
-    return AskRound(mine.role, state.ask, state.ask_kind, state.ask_phase, predicts, can_ask, question, mine_sent,
-                    message, error, shown, voted, open_round, open_vote, vote_again, close_round, show_round,
-                    hide_token, sends, export)
+    return AskRound(
+        mine.role,
+        state.ask,
+        state.ask_kind,
+        state.ask_phase,
+        predicts,
+        can_ask,
+        question,
+        mine_sent,
+        message,
+        error,
+        shown,
+        voted,
+        open_round,
+        open_vote,
+        vote_again,
+        close_round,
+        show_round,
+        hide_token,
+        sends,
+        export,
+    )
 
 
 def vote_of(state: AppState, question: Question) -> VoteReveal | None:
@@ -152,8 +172,9 @@ def reveal_of(state: AppState, step: int, runner) -> Reveal | None:
         return None
     trace = runner.trace(step + 1)
     counts = tally_of(state.ask_tally) or {}
-    return class_answers.reveal(trace.logits, runner.config.sampling, trace.token_id, counts,
-                                ids_of(state.ask_hide) or frozenset())
+    return class_answers.reveal(
+        trace.logits, runner.config.sampling, trace.token_id, counts, ids_of(state.ask_hide) or frozenset()
+    )
 
 
 def answered(room_sync, code: str, counting: tuple[int, str] | None) -> tuple[str, dict] | None:
@@ -170,21 +191,49 @@ def export_rows(shown: Reveal, state: AppState, step: int, runner) -> list[dict]
     drawn = {bar.token_id for bar in shown.bars}
     bars = list(shown.bars) + [bar for bar in shown.guesses if bar.token_id not in drawn]  # every guess, too
     cells = runner.candidate_cells(step + 1, [bar.token_id for bar in bars])
-    return [{"chapter": state.chapter or "", "round": number, "kind": "predict", "step": step,
-             "answer": "" if bar.hidden else cell.text, "token_id": bar.token_id, "count": bar.count,
-             "probability": f"{bar.probability:.6g}", "right": int(bar.picked)}
-            for bar, cell in zip(bars, cells, strict=True)]
+    return [
+        {
+            "chapter": state.chapter or "",
+            "round": number,
+            "kind": "predict",
+            "step": step,
+            "answer": "" if bar.hidden else cell.text,
+            "token_id": bar.token_id,
+            "count": bar.count,
+            "probability": f"{bar.probability:.6g}",
+            "right": int(bar.picked),
+        }
+        for bar, cell in zip(bars, cells, strict=True)
+    ]
 
 
 def vote_rows(voted: VoteReveal, question: Question, state: AppState, step: int) -> list[dict]:
     """A vote's rows for the export: one per choice, then, for a vote again, one per change of vote."""
     number = round_number(state.ask)
     kind = "vote again" if voted.before is not None else "vote"
-    rows = [{"chapter": state.chapter, "round": number, "kind": kind, "step": step,
-             "answer": f"{LETTERS[i]}. {choice}", "count": voted.counts[i], "right": int(i == question.right)}
-            for i, choice in enumerate(question.choices)]
-    return rows + [{"chapter": state.chapter, "round": number, "kind": "changed", "step": step,
-                    "answer": f"{LETTERS[a]} → {LETTERS[b]}", "count": n} for (a, b), n in voted.changed.items()]
+    rows = [
+        {
+            "chapter": state.chapter,
+            "round": number,
+            "kind": kind,
+            "step": step,
+            "answer": f"{LETTERS[i]}. {choice}",
+            "count": voted.counts[i],
+            "right": int(i == question.right),
+        }
+        for i, choice in enumerate(question.choices)
+    ]
+    return rows + [
+        {
+            "chapter": state.chapter,
+            "round": number,
+            "kind": "changed",
+            "step": step,
+            "answer": f"{LETTERS[a]} → {LETTERS[b]}",
+            "count": n,
+        }
+        for (a, b), n in voted.changed.items()
+    ]
 
 
 def round_number(ask: int) -> int:
@@ -201,12 +250,21 @@ def export() -> str:
 
 # -- the teacher's intents: changes of the leading page's own link, which its room publishes -----------------------
 
+
 def leads() -> bool:
     return follow_state().role == "lead"
 
 
-ENDED = {"ask": 0, "ask_kind": "predict", "ask_phase": "open", "ask_tally": "", "ask_hide": "", "ask_first": 0,
-         "ask_before": "", "ask_moves": ""}  # the link's fields of no round
+ENDED = {
+    "ask": 0,
+    "ask_kind": "predict",
+    "ask_phase": "open",
+    "ask_tally": "",
+    "ask_hide": "",
+    "ask_first": 0,
+    "ask_before": "",
+    "ask_moves": "",
+}  # the link's fields of no round
 
 
 def open_round(kind: str = "predict") -> None:
@@ -269,9 +327,11 @@ def end_round() -> None:
 
 # -- a student's send -------------------------------------------------------------------------------------------
 
+
 def send_guess() -> None:
     """A student's Send: the guess, checked, as the token it becomes, into the round's answers (this browser's one
     answer: a second send replaces it)."""
+
     def token() -> int:
         runner, step = page_session().runner, page_session().step
         text = class_answers.checked_guess(str(view_controls.get(GUESS, "")), control_texts(runner.model.tokenizer))
@@ -286,6 +346,7 @@ def send_guess() -> None:
 def send_vote(count: int) -> None:
     """A student's vote: the choice's place among the `count` this page shows (this browser's one vote: a second
     send replaces it)."""
+
     def choice() -> int:
         chosen = checked_vote(view_controls.get(VOTE), count)
         if chosen is None:

@@ -143,28 +143,36 @@ class Reveal:
             return "ask_nobody", {}
         if len(self.favourites) > MAX_TIED:
             return "ask_no_favourite", {"k": self.right, "n": self.answered, "tied": len(self.favourites)}
-        return ("ask_favourite" if len(self.favourites) == 1 else "ask_favourites",
-                {"k": self.right, "n": self.answered, "favourites": self.favourites})
+        return (
+            "ask_favourite" if len(self.favourites) == 1 else "ask_favourites",
+            {"k": self.right, "n": self.answered, "favourites": self.favourites},
+        )
 
 
-def reveal(logits: torch.Tensor, sampling: Sampling, picked: int, counts: dict[int, int],
-           hidden: frozenset[int]) -> Reveal:
+def reveal(
+    logits: torch.Tensor, sampling: Sampling, picked: int, counts: dict[int, int], hidden: frozenset[int]
+) -> Reveal:
     """The reveal of a prediction round from the step's logits (the step that picks token `picked`)."""
     probabilities = distribution(filter_logits(logits, sampling))
     top = [int(i) for i in torch.topk(probabilities, MODEL_TOP).indices if probabilities[i] > 0]  # what it may draw
     most = max(counts.values(), default=0)
     tied = [t for t, n in counts.items() if n == most and most > 0]
     shown = list(dict.fromkeys(top + [picked] + (tied if len(tied) <= MAX_TIED else [])))
-    shown += [t for t in counts if t not in shown][:max(0, MAX_SHOWN - len(shown))]  # the next most guessed
+    shown += [t for t in counts if t not in shown][: max(0, MAX_SHOWN - len(shown))]  # the next most guessed
 
     def bar(token: int) -> Bar:
-        return Bar(token, counts.get(token, 0), float(probabilities[token]), token == picked, token in hidden,
-                   top.index(token) if token in top else None)
+        return Bar(
+            token,
+            counts.get(token, 0),
+            float(probabilities[token]),
+            token == picked,
+            token in hidden,
+            top.index(token) if token in top else None,
+        )
 
     bars = tuple(sorted((bar(t) for t in shown), key=lambda b: (-b.probability, b.token_id)))
     favourites = tuple(bar(t) for t in tied)
-    return Reveal(sum(counts.values()), counts.get(picked, 0), picked, favourites, bars,
-                  tuple(bar(t) for t in counts))
+    return Reveal(sum(counts.values()), counts.get(picked, 0), picked, favourites, bars, tuple(bar(t) for t in counts))
 
 
 # answer: a token's text, a choice ("B. …") or a change of vote ("A → B"); token_id and probability: a prediction's;

@@ -100,6 +100,7 @@ class ClassPrompts:
 
     def remove(self, secret: str, sender: str) -> None:
         """The teacher (who holds the room's `secret`) takes `sender`'s prompt off the list (rounds served keep it)."""
+
         def change(raw: str | None) -> str | None:
             record = parse(raw)
             record["prompts"] = [p for p in record["prompts"] if p["sender"] != sender]
@@ -142,8 +143,10 @@ def parse(raw: str | None) -> dict:
         def prompts(items) -> list[dict[str, str]]:
             return [{"sender": str(p["sender"]), "text": str(p["text"])} for p in items]
 
-        rounds = {str(int(n)): {"lang": str(served["lang"]), "prompts": prompts(served["prompts"])}
-                  for n, served in record.get("rounds", {}).items()}
+        rounds = {
+            str(int(n)): {"lang": str(served["lang"]), "prompts": prompts(served["prompts"])}
+            for n, served in record.get("rounds", {}).items()
+        }
         return {"prompts": prompts(record.get("prompts", [])), "rounds": rounds}
     except (ValueError, KeyError, TypeError, AttributeError):
         return {"prompts": [], "rounds": {}}

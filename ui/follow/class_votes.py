@@ -84,8 +84,12 @@ class VoteReveal:
     @property
     def changed(self) -> dict[tuple[int, int], int]:
         """The moves of browsers that changed their vote, the most taken first."""
-        return dict(sorted(((pair, n) for pair, n in self.moves.items() if pair[0] != pair[1]),
-                           key=lambda item: (-item[1], item[0])))
+        return dict(
+            sorted(
+                ((pair, n) for pair, n in self.moves.items() if pair[0] != pair[1]),
+                key=lambda item: (-item[1], item[0]),
+            )
+        )
 
     @property
     def sentence(self) -> tuple[str, dict]:
@@ -93,12 +97,19 @@ class VoteReveal:
         k, n = self.counts[self.right], self.answered
         if self.before is None:
             return ("vote_nobody", {}) if n == 0 else ("vote_right", {"k": k, "n": n})
-        return "vote_moved", {"k0": self.before[self.right], "n0": sum(self.before), "k": k, "n": n,
-                              "changed": sum(self.changed.values()), "both": sum(self.moves.values())}
+        return "vote_moved", {
+            "k0": self.before[self.right],
+            "n0": sum(self.before),
+            "k": k,
+            "n": n,
+            "changed": sum(self.changed.values()),
+            "both": sum(self.moves.values()),
+        }
 
 
-def vote_reveal(right: int, count: int, counts: dict[int, int], before: dict[int, int] | None,
-                moves: dict[tuple[int, int], int]) -> VoteReveal:
+def vote_reveal(
+    right: int, count: int, counts: dict[int, int], before: dict[int, int] | None, moves: dict[tuple[int, int], int]
+) -> VoteReveal:
     """A vote's reveal from the counts its link carries (`before`: the round before's, when this is a vote again)."""
     kept = {pair: n for pair, n in moves.items() if max(pair) < count}
     return VoteReveal(right, vote_counts(counts, count), None if before is None else vote_counts(before, count), kept)

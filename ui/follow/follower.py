@@ -123,8 +123,7 @@ def banner(t: Callable[..., str]) -> None:
         message, button = st.columns([4, 1], vertical_alignment="center")
         if mine.mode == "following":
             rejoined = mine.rejoined_at is not None and clock() - mine.rejoined_at < REJOINED_SECONDS
-            message.info(t("follow_rejoined" if rejoined else "follow_following"),
-                         icon=":material/school:")
+            message.info(t("follow_rejoined" if rejoined else "follow_following"), icon=":material/school:")
             button.button(t("follow_leave"), key="b_follow_leave", on_click=leave, width="stretch")
         elif mine.mode == "alone":
             message.info(t("follow_alone"), icon=":material/explore:")

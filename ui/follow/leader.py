@@ -92,12 +92,15 @@ def panel(t: Callable[..., str]) -> None:
         if problem is not None:
             st.warning(t(problem[0], **problem[1]), icon=":material/wifi_off:")
         qr_column, text_column = st.columns([3, 2])
-        qr_column.html(f"{QR_CSS}<div class='kv-follow-qr'><img src='{html.escape(qr)}' "
-                       f"alt='{html.escape(t('follow_qr'))}'></div>")
+        qr_column.html(
+            f"{QR_CSS}<div class='kv-follow-qr'><img src='{html.escape(qr)}' alt='{html.escape(t('follow_qr'))}'></div>"
+        )
         with text_column:
             with st.container(key="follow-link"):
-                st.html(f"<div class='kv-follow-link'><a href='{html.escape(url)}' target='_blank'>"
-                        f"{html.escape(url)}</a></div>")
+                st.html(
+                    f"<div class='kv-follow-link'><a href='{html.escape(url)}' target='_blank'>"
+                    f"{html.escape(url)}</a></div>"
+                )
             st.markdown(t("follow_share_help"))
             st.button(t("follow_end"), key="b_follow_end", on_click=end_room)
 

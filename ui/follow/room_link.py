@@ -24,6 +24,7 @@ OWN = frozenset({"lang", "large"})  # a follower's own settings, never taken fro
 @dataclass
 class FollowState:
     """A browser session's part in following: its role, and each side's state."""
+
     role: str | None = None  # "lead" | "follow" | "" (neither); None until the page's first draw read its link
     error: str | None = None  # why the store could not be used
     code: str = ""  # the room's code (both sides)

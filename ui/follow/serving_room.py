@@ -72,8 +72,19 @@ def room_for(state: AppState) -> ServingRoom | None:
     except StoreError as failure:
         error = str(failure)
     message, mine.prompt_message = mine.prompt_message, None  # shown once
-    return ServingRoom(mine.role, prompts, served, bool(state.serve_round) and served is None and error is None,
-                       mine.prompt_sender, message, error, send_prompt, remove_prompt, serve_round, serve_samples)
+    return ServingRoom(
+        mine.role,
+        prompts,
+        served,
+        bool(state.serve_round) and served is None and error is None,
+        mine.prompt_sender,
+        message,
+        error,
+        send_prompt,
+        remove_prompt,
+        serve_round,
+        serve_samples,
+    )
 
 
 def served_round(state: AppState) -> ServedRound | None:

@@ -106,8 +106,13 @@ class RedisStore:
 
         self._errors = (redis.RedisError, OSError)
         try:
-            self._client = redis.Redis.from_url(url, decode_responses=True, socket_timeout=timeout_seconds,
-                                                socket_connect_timeout=timeout_seconds, retry=Retry(NoBackoff(), 0))
+            self._client = redis.Redis.from_url(
+                url,
+                decode_responses=True,
+                socket_timeout=timeout_seconds,
+                socket_connect_timeout=timeout_seconds,
+                retry=Retry(NoBackoff(), 0),
+            )
         except ValueError as error:
             raise StoreError(f"{STORE_ENV} is not a Redis URL") from error
 

@@ -64,9 +64,13 @@ class RoomSync:
     `idle(condition, seconds)` (None: until notified): injectable for tests, which move a clock by hand and see
     when the thread idles. The callers' own waits (`watch`, `settle`) are real time."""
 
-    def __init__(self, rooms: Rooms, on_change: Callable[[str], object] | None = None,
-                 clock: Callable[[], float] = time.monotonic,
-                 idle: Callable[[threading.Condition, float | None], object] = threading.Condition.wait):
+    def __init__(
+        self,
+        rooms: Rooms,
+        on_change: Callable[[str], object] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        idle: Callable[[threading.Condition, float | None], object] = threading.Condition.wait,
+    ):
         self.rooms = rooms
         self.on_change = on_change  # called on the thread with a watched room's code when its state changed
         self._clock, self._idle = clock, idle
@@ -227,8 +231,9 @@ class RoomSync:
         answers = {given: self._answers[given][0] for given in self._unsent}
         return jobs, list(self._watched), answers, list(self._tallies)
 
-    def _round(self, jobs: dict[str, Job], codes: list[str], answers: dict[tuple[str, str], str],
-               tallies: list[str]) -> StoreError | None:
+    def _round(
+        self, jobs: dict[str, Job], codes: list[str], answers: dict[tuple[str, str], str], tallies: list[str]
+    ) -> StoreError | None:
         """Send the jobs (each removed from `jobs` once done) and the answers, then read the rooms and the tallies;
         the store's error, if any."""
         try:
@@ -250,8 +255,11 @@ class RoomSync:
         except StoreError as error:
             return error
         with self._lock:
-            changed = [code for code, now in seen.items()
-                       if code in self._given_up or code in self._seen and shown(self._seen[code]) != shown(now)]
+            changed = [
+                code
+                for code, now in seen.items()
+                if code in self._given_up or code in self._seen and shown(self._seen[code]) != shown(now)
+            ]
             self._given_up.difference_update(seen)
             self._seen.update(seen)
             self._read_tallies.update(read)

@@ -21,8 +21,10 @@ COOKIE = "kvscope_lead"
 KEEP_SECONDS = 12 * 3600  # a school day: a room resumes from the cookie within it
 PUBLIC_URL_ENV = "KVSCOPE_PUBLIC_URL"
 LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
-HIDDEN = ('<style>[data-testid="stElementContainer"]:has(.kv-cookie) { display: none; }</style>'
-          '<span class="kv-cookie"></span>')
+HIDDEN = (
+    '<style>[data-testid="stElementContainer"]:has(.kv-cookie) { display: none; }</style>'
+    '<span class="kv-cookie"></span>'
+)
 
 
 def remembered() -> str | None:
@@ -43,8 +45,11 @@ def forget() -> None:
 def set_cookie(name: str, value: str, seconds: int) -> None:
     """A script that sets cookie `name` (its value URL-safe), in an element that takes no place (drawn in the leader's
     strip, it pushed the strip down over the page's title)."""
-    st.html(f"{HIDDEN}<script>document.cookie = '{name}={value}; path=/; max-age={seconds}; samesite=strict'"
-            " + (location.protocol === 'https:' ? '; secure' : '');</script>", unsafe_allow_javascript=True)
+    st.html(
+        f"{HIDDEN}<script>document.cookie = '{name}={value}; path=/; max-age={seconds}; samesite=strict'"
+        " + (location.protocol === 'https:' ? '; secure' : '');</script>",
+        unsafe_allow_javascript=True,
+    )
 
 
 def is_local(host: str) -> bool:

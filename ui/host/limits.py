@@ -117,11 +117,17 @@ def step_limits(limits: Limits, info: ModelInfo) -> StepLimits:
     budget = limits.step_memory_mb * 10**6
     kept = limits.full_traces + 2  # the kept traces, the step being computed and one rebuilt older step
     splits = (budget // 4) // (kept * info.split_record_bytes(1))
-    tokens = max(limits.cache_tokens, limits.shared_cache_tokens if limits.shared_prefix_cache else 0,
-                 limits.max_prompt_tokens + limits.max_new_tokens)
+    tokens = max(
+        limits.cache_tokens,
+        limits.shared_cache_tokens if limits.shared_prefix_cache else 0,
+        limits.max_prompt_tokens + limits.max_new_tokens,
+    )
     block = -(-tokens * BLOCK_BYTES // (budget // 8))
-    return StepLimits(max_kv_splits=max(1, min(APP_MAX_KV_SPLITS, splits)), min_block_size=max(1, block),
-                      max_attention_tokens=_largest(lambda n: 2 * info.attention_bytes(n, n) <= budget))
+    return StepLimits(
+        max_kv_splits=max(1, min(APP_MAX_KV_SPLITS, splits)),
+        min_block_size=max(1, block),
+        max_attention_tokens=_largest(lambda n: 2 * info.attention_bytes(n, n) <= budget),
+    )
 
 
 REFERENCE_KV_BYTES = 46_080  # K/V bytes a token of SmolLM2-135M in float32: the model the token limits are set for
@@ -151,8 +157,13 @@ def _largest(fits, high: int = 1 << 24) -> int:
 
 def fit_state(state: AppState, step: StepLimits) -> tuple[AppState, list[Problem]]:
     """Clamp kv_splits and block_size into what `step` allows; a Problem (reason "over_budget") for each."""
-    fitted = {"kv_splits": min(state.kv_splits, step.max_kv_splits),
-              "block_size": max(state.block_size, step.min_block_size)}
-    problems = [Problem(name, str(getattr(state, name)), str(value), "over_budget")
-                for name, value in fitted.items() if value != getattr(state, name)]
+    fitted = {
+        "kv_splits": min(state.kv_splits, step.max_kv_splits),
+        "block_size": max(state.block_size, step.min_block_size),
+    }
+    problems = [
+        Problem(name, str(getattr(state, name)), str(value), "over_budget")
+        for name, value in fitted.items()
+        if value != getattr(state, name)
+    ]
     return replace(state, **fitted), problems

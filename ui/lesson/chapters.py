@@ -26,8 +26,17 @@ TEXT_PARTS = ("title", "body", "look", "claim", "question", "answer")
 # Settings a chapter may set besides the view and step (others keep theirs); a chapter that names none of them runs
 # with the link's defaults. serve_*: the Serving view's pool (blocks) and batch limit; the speculative view's prompt,
 # draft, k and n.
-SETTINGS = ("block_size", "kv_splits", "pool", "serve_blocks", "serve_seqs", "spec_prompt", "draft", "draft_k",
-            "draft_n")
+SETTINGS = (
+    "block_size",
+    "kv_splits",
+    "pool",
+    "serve_blocks",
+    "serve_seqs",
+    "spec_prompt",
+    "draft",
+    "draft_k",
+    "draft_n",
+)
 DEFAULT_SETTINGS = {name: getattr(AppState(), name) for name in SETTINGS}
 
 
@@ -76,11 +85,21 @@ def read_chapters(path: Path = LESSON) -> tuple[Chapter, ...]:
     with open(path, "rb") as f:
         raw = tomllib.load(f)["chapter"]
     return tuple(
-        Chapter(number=i, key=c["key"], figure=c["figure"], points=tuple(c["points"]), view=c["view"], step=c["step"],
-                stage=c.get("stage"), settings={name: c.get(name, DEFAULT_SETTINGS[name]) for name in SETTINGS},
-                case=c.get("case"), window_prompt=c.get("window_prompt", False),
-                text={lang: c[lang] for lang in LANGUAGES})
-        for i, c in enumerate(raw, start=1))
+        Chapter(
+            number=i,
+            key=c["key"],
+            figure=c["figure"],
+            points=tuple(c["points"]),
+            view=c["view"],
+            step=c["step"],
+            stage=c.get("stage"),
+            settings={name: c.get(name, DEFAULT_SETTINGS[name]) for name in SETTINGS},
+            case=c.get("case"),
+            window_prompt=c.get("window_prompt", False),
+            text={lang: c[lang] for lang in LANGUAGES},
+        )
+        for i, c in enumerate(raw, start=1)
+    )
 
 
 def read_window_prompts(path: Path = LESSON) -> dict[str, str]:
@@ -123,6 +142,8 @@ class _Facts(dict):
 def fill(template: str, facts: dict) -> str:
     """A chapter's Markdown with this model's facts; text values show as text, as in `ui.text.strings.t`; whole numbers
     other than ids grouped by thousands."""
-    shown = {name: _Count(value) if type(value) is int and name not in NOT_COUNTS else value
-             for name, value in strings.as_text(facts).items()}
+    shown = {
+        name: _Count(value) if type(value) is int and name not in NOT_COUNTS else value
+        for name, value in strings.as_text(facts).items()
+    }
     return template.format_map(_Facts(shown))

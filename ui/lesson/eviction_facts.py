@@ -29,13 +29,19 @@ def facts(ctx: ViewContext) -> dict:
     share_layer, sink_layer = int(np.argmax(share)), int(np.argmax(sink_full))
     kinds = info.layer_kinds
     out = dict(
-        ev_policy=policy_label(ctx, data.settings), ev_token=data.passes, ev_length=record.position + 1,
+        ev_policy=policy_label(ctx, data.settings),
+        ev_token=data.passes,
+        ev_length=record.position + 1,
         ev_context=len(ctx.runner.prompt_ids) - 1,
         ev_kept=Shown(f"{low:,}" if low == high else f"{low:,}–{high:,}"),
-        ev_share_pct=100 * float(share[share_layer]), ev_share_layer=share_layer,
-        ev_sink_pct=100 * float(sink_full[sink_layer]), ev_sink_layer=sink_layer,
-        ev_sink_kept_pct=100 * float(sink_kept[sink_layer]), ev_strong_sink=bool(sink_full[sink_layer] >= STRONG_SINK),
-        ev_kept_kib=record.kept_bytes / 1024, ev_alloc_kib=record.allocated_bytes / 1024,
+        ev_share_pct=100 * float(share[share_layer]),
+        ev_share_layer=share_layer,
+        ev_sink_pct=100 * float(sink_full[sink_layer]),
+        ev_sink_layer=sink_layer,
+        ev_sink_kept_pct=100 * float(sink_kept[sink_layer]),
+        ev_strong_sink=bool(sink_full[sink_layer] >= STRONG_SINK),
+        ev_kept_kib=record.kept_bytes / 1024,
+        ev_alloc_kib=record.allocated_bytes / 1024,
         ev_full_kib=record.full_bytes / 1024,
         ev_text_note=text_note(ctx, data),
     )
@@ -45,9 +51,14 @@ def facts(ctx: ViewContext) -> dict:
     else:
         local = [i for i, k in enumerate(kinds) if k == "local"]
         first = record.position + 1 - info.cached_positions(local[0], record.position + 1)
-        out["ev_window_note"] = ctx.t("lesson_evict_window" if first else "lesson_evict_window_inside",
-                                      local=len(local), layers=info.layers, w=info.sliding_window, first=first,
-                                      global_=kinds.count("global"))
+        out["ev_window_note"] = ctx.t(
+            "lesson_evict_window" if first else "lesson_evict_window_inside",
+            local=len(local),
+            layers=info.layers,
+            w=info.sliding_window,
+            first=first,
+            global_=kinds.count("global"),
+        )
     return out
 
 

@@ -32,33 +32,68 @@ def facts(ctx: ViewContext) -> dict:
     info, trace, runner = ctx.info, ctx.trace, ctx.runner
     n = len(runner.prompt_ids)
     out = dict(
-        name=info.name, layers=info.layers, adds=2 * info.layers, hidden=info.hidden, vocab=info.vocab,
-        q_heads=info.q_heads, kv_heads=info.kv_heads, group=info.gqa_group, head_dim=info.head_dim,
-        concat=info.q_heads * info.head_dim, kv_bytes=info.kv_bytes_per_token, dtype=info.dtype,
+        name=info.name,
+        layers=info.layers,
+        adds=2 * info.layers,
+        hidden=info.hidden,
+        vocab=info.vocab,
+        q_heads=info.q_heads,
+        kv_heads=info.kv_heads,
+        group=info.gqa_group,
+        head_dim=info.head_dim,
+        concat=info.q_heads * info.head_dim,
+        kv_bytes=info.kv_bytes_per_token,
+        dtype=info.dtype,
         mha_bytes=kv_bytes_per_token(info.layers, info.q_heads, info.head_dim, info.element_bytes),
-        element=info.element_bytes, limit=info.context_limit, n=n, n_tokens=ctx.t("count_tokens", n=n),
-        n_but_one=n - 1, step=ctx.step, block_size=ctx.state.block_size, norms=len(info.layer_norms),
+        element=info.element_bytes,
+        limit=info.context_limit,
+        n=n,
+        n_tokens=ctx.t("count_tokens", n=n),
+        n_but_one=n - 1,
+        step=ctx.step,
+        block_size=ctx.state.block_size,
+        norms=len(info.layer_norms),
         positions_note=ctx.t("lesson_positions_learned" if info.positions == "learned" else "lesson_positions_rope"),
-        embed_note=embed_note(ctx), policy=ctx.t("policy_" + ctx.state.policy),
-        kv_half_heads=info.kv_heads // 2, kv_half_bytes=info.kv_bytes_per_token // 2,
+        embed_note=embed_note(ctx),
+        policy=ctx.t("policy_" + ctx.state.policy),
+        kv_half_heads=info.kv_heads // 2,
+        kv_half_bytes=info.kv_bytes_per_token // 2,
     )
     out.update(model_window_facts(info))
     out.update(growth_facts(ctx, n))
     if trace is not None:
         context = trace.context_length
-        out.update(id=trace.token_id, token=ctx.cells[-1].text, inputs=len(trace.input_ids),
-                   context=context, position=trace.positions[-1], blocks=len(trace.block_table),
-                   kv_kib=info.kv_bytes(context) / 1024, read_mib=info.kv_bytes(context) / 2**20,
-                   read_double_mib=info.kv_bytes(2 * context) / 2**20,
-                   kv_doubles=info.kv_bytes(2 * context) == 2 * info.kv_bytes(context),
-                   past_window=info.sliding_window is not None and context > info.sliding_window,
-                   split_note=split_note(ctx))
-        out.update({key: ctx.t("lesson_window_" + key.split("_")[1], local=out["local"], window=out["window"])
-                    if out["past_window"] else "" for key in ("window_clause", "window_reads")})
+        out.update(
+            id=trace.token_id,
+            token=ctx.cells[-1].text,
+            inputs=len(trace.input_ids),
+            context=context,
+            position=trace.positions[-1],
+            blocks=len(trace.block_table),
+            kv_kib=info.kv_bytes(context) / 1024,
+            read_mib=info.kv_bytes(context) / 2**20,
+            read_double_mib=info.kv_bytes(2 * context) / 2**20,
+            kv_doubles=info.kv_bytes(2 * context) == 2 * info.kv_bytes(context),
+            past_window=info.sliding_window is not None and context > info.sliding_window,
+            split_note=split_note(ctx),
+        )
+        out.update(
+            {
+                key: ctx.t("lesson_window_" + key.split("_")[1], local=out["local"], window=out["window"])
+                if out["past_window"]
+                else ""
+                for key in ("window_clause", "window_reads")
+            }
+        )
         out.update(cost_facts(info, context))
-        out.update(alone_note=ctx.t("lesson_alone_beyond" if out["cross_context"] > info.context_limit
-                                    else "lesson_alone_within", cross_context=out["cross_context"],
-                                    limit=info.context_limit, context=context))
+        out.update(
+            alone_note=ctx.t(
+                "lesson_alone_beyond" if out["cross_context"] > info.context_limit else "lesson_alone_within",
+                cross_context=out["cross_context"],
+                limit=info.context_limit,
+                context=context,
+            )
+        )
         out.update(window_facts(ctx, context))
         if ctx.state.pool == "busy":
             out.update(busy_facts(runner.busy_pool(ctx.step)))
@@ -74,9 +109,13 @@ def facts(ctx: ViewContext) -> dict:
     out.update(speculative_facts.facts(ctx) if ctx.state.view == "speculate" else {})  # its step is a verify pass
     hit = runner.prefix_hit()
     if hit is not None:
-        out.update(reused=hit.reused_tokens, computed=hit.computed_tokens,
-                   reuse_note=ctx.t("lesson_reuse_note", reused=hit.reused_tokens, computed=hit.computed_tokens)
-                   if hit.reused_tokens else "")
+        out.update(
+            reused=hit.reused_tokens,
+            computed=hit.computed_tokens,
+            reuse_note=ctx.t("lesson_reuse_note", reused=hit.reused_tokens, computed=hit.computed_tokens)
+            if hit.reused_tokens
+            else "",
+        )
     closest = runner.closest_cached()
     if closest is not None and hit is not None:
         out.update(prefix_facts(ctx, closest, hit))
@@ -106,9 +145,14 @@ def split_note(ctx: ViewContext) -> str:
 def model_window_facts(info) -> dict:
     """The model's sliding window: its size and its local and global layers (a model without one: 0 local)."""
     kinds = info.layer_kinds
-    return dict(window=info.sliding_window or 0, local=kinds.count("local"), global_=kinds.count("global"),
-                global_bytes=(info.kv_bytes(info.sliding_window + 1) - info.kv_bytes(info.sliding_window))
-                if info.sliding_window else info.kv_bytes_per_token)
+    return dict(
+        window=info.sliding_window or 0,
+        local=kinds.count("local"),
+        global_=kinds.count("global"),
+        global_bytes=(info.kv_bytes(info.sliding_window + 1) - info.kv_bytes(info.sliding_window))
+        if info.sliding_window
+        else info.kv_bytes_per_token,
+    )
 
 
 def growth_facts(ctx: ViewContext, n: int) -> dict:
@@ -119,14 +163,19 @@ def growth_facts(ctx: ViewContext, n: int) -> dict:
     frame = context_growth_frame(info, growth_lengths(info)).set_index("tokens")
     limit, window = info.context_limit, info.sliding_window
     keep = max(1, n // 2)
-    out = dict(kv_limit_mib=frame.loc[limit, "KV cache MiB"],
-               scores_limit=frame.loc[limit, "attention scores (millions)"],
-               all_limit_mib=limit * info.kv_bytes_per_token / 2**20,
-               all_scores_limit=info.layers * info.q_heads * limit * (limit + 1) / 2 / 1e6,
-               keep=keep, keep_tokens=ctx.t("count_tokens", n=keep), kv_n_kib=info.kv_bytes(n) / 1024,
-               kv_keep_kib=info.kv_bytes(keep) / 1024, kv_keep_pct=100 * info.kv_bytes(keep) / info.kv_bytes(n),
-               work_keep_pct=100 * attention_scores(info, keep) / attention_scores(info, n),
-               prompt_past_window=window is not None and n > window)
+    out = dict(
+        kv_limit_mib=frame.loc[limit, "KV cache MiB"],
+        scores_limit=frame.loc[limit, "attention scores (millions)"],
+        all_limit_mib=limit * info.kv_bytes_per_token / 2**20,
+        all_scores_limit=info.layers * info.q_heads * limit * (limit + 1) / 2 / 1e6,
+        keep=keep,
+        keep_tokens=ctx.t("count_tokens", n=keep),
+        kv_n_kib=info.kv_bytes(n) / 1024,
+        kv_keep_kib=info.kv_bytes(keep) / 1024,
+        kv_keep_pct=100 * info.kv_bytes(keep) / info.kv_bytes(n),
+        work_keep_pct=100 * attention_scores(info, keep) / attention_scores(info, n),
+        prompt_past_window=window is not None and n > window,
+    )
     if window is not None and window in frame.index:
         out.update(kv_window_mib=frame.loc[window, "KV cache MiB"])
     return out
@@ -140,9 +189,13 @@ def attention_facts(ctx: ViewContext, context: int) -> dict:
     square = 1 / scale**2
     divisor = f"/√{round(square):,}" if abs(square - round(square)) < 1e-3 * square else f" × {scale:.4g}"
     window = ctx.info.window(layer)
-    return dict(score_divisor=Shown(divisor), shown_layer=layer,
-                layer_window_note=ctx.t("lesson_layer_window", layer=layer, window=window, context=context)
-                if window is not None and context > window else "")
+    return dict(
+        score_divisor=Shown(divisor),
+        shown_layer=layer,
+        layer_window_note=ctx.t("lesson_layer_window", layer=layer, window=window, context=context)
+        if window is not None and context > window
+        else "",
+    )
 
 
 def prefix_facts(ctx: ViewContext, closest: tuple[list[int], int], hit) -> dict:
@@ -158,14 +211,31 @@ def prefix_facts(ctx: ViewContext, closest: tuple[list[int], int], hit) -> dict:
     if hit.reused_tokens >= radix:
         table_note = ctx.t("lesson_table_all", policy=policy, reused=hit.reused_tokens)
     else:  # the block policy (whole blocks only) or the whole-prompt rule (a whole cached prompt only)
-        table_note = ctx.t("lesson_table_less_" + ("block" if hit.policy == "block" else "whole"), policy=policy,
-                           reused=hit.reused_tokens, radix=radix, size=size, full_blocks=radix // size,
-                           full=radix // size * size)
-    extends = ctx.t("lesson_case1_extends", cached_n=len(cached)) if radix >= len(cached) else ctx.t(
-        "lesson_case1_joint", radix=radix)  # the tokenizer may cut the joint of the two texts differently
-    return dict(cached_n=len(cached), first=first, **reuse, extends_note=extends,
-                cached_tokens=" · ".join(cached_labels), shared_tokens=" · ".join(ctx.labels[:first]),
-                partial=radix - radix // size * size, full_blocks=radix // size, table_note=table_note)
+        table_note = ctx.t(
+            "lesson_table_less_" + ("block" if hit.policy == "block" else "whole"),
+            policy=policy,
+            reused=hit.reused_tokens,
+            radix=radix,
+            size=size,
+            full_blocks=radix // size,
+            full=radix // size * size,
+        )
+    extends = (
+        ctx.t("lesson_case1_extends", cached_n=len(cached))
+        if radix >= len(cached)
+        else ctx.t("lesson_case1_joint", radix=radix)
+    )  # the tokenizer may cut the joint of the two texts differently
+    return dict(
+        cached_n=len(cached),
+        first=first,
+        **reuse,
+        extends_note=extends,
+        cached_tokens=" · ".join(cached_labels),
+        shared_tokens=" · ".join(ctx.labels[:first]),
+        partial=radix - radix // size * size,
+        full_blocks=radix // size,
+        table_note=table_note,
+    )
 
 
 def cost_facts(info, context: int) -> dict:
@@ -174,12 +244,17 @@ def cost_facts(info, context: int) -> dict:
     qwen = reference_info("Qwen3-0.6B")
     batch = crossover_batch(info, context)
     return dict(
-        weights_mib=weight_bytes_read(info) / 2**20, cross_batch=batch,
+        weights_mib=weight_bytes_read(info) / 2**20,
+        cross_batch=batch,
         cross_batch_mib=decode_step_bytes(info, context, batch) / 2**20,
-        cross_batch_double=crossover_batch(info, 2 * context), cross_context=crossover_context(info, 1),
+        cross_batch_double=crossover_batch(info, 2 * context),
+        cross_context=crossover_context(info, 1),
         limit_batch=crossover_batch(info, info.context_limit),
-        qwen_weights_mib=weight_bytes_read(qwen) / 2**20, qwen_kv_kib=qwen.kv_bytes_per_token / 1024,
-        qwen_cross_context=crossover_context(qwen, 1), qwen_cross_batch=crossover_batch(qwen, context))
+        qwen_weights_mib=weight_bytes_read(qwen) / 2**20,
+        qwen_kv_kib=qwen.kv_bytes_per_token / 1024,
+        qwen_cross_context=crossover_context(qwen, 1),
+        qwen_cross_batch=crossover_batch(qwen, context),
+    )
 
 
 def window_facts(ctx: ViewContext, context: int) -> dict:
@@ -193,23 +268,34 @@ def window_facts(ctx: ViewContext, context: int) -> dict:
     per_layer = kv_bytes_per_token(1, info.kv_heads, info.head_dim, info.element_bytes)  # one position, one layer
     local, start, position = kinds.count("local"), trace.window_start, trace.positions[-1]
     held = context - start
-    return dict(reads_from=max(0, position - (info.sliding_window or context) + 1), local_from=start,
-                last=context - 1, local_held=held, local_blocks=len(trace.window_block_table),
-                returned=start // size, returned_last=start - 1, returned_kib=start * local * per_layer / 1024,
-                global_blocks=len(trace.block_table), local_kib=held * local * per_layer / 1024,
-                global_kib=context * (info.layers - local) * per_layer / 1024,
-                all_kib=context * info.kv_bytes_per_token / 1024,
-                global_layers=Shown(", ".join(str(i) for i, kind in enumerate(kinds) if kind == "global")),
-                limit_all=Shown(fmt_size(info.context_limit * info.kv_bytes_per_token)))
+    return dict(
+        reads_from=max(0, position - (info.sliding_window or context) + 1),
+        local_from=start,
+        last=context - 1,
+        local_held=held,
+        local_blocks=len(trace.window_block_table),
+        returned=start // size,
+        returned_last=start - 1,
+        returned_kib=start * local * per_layer / 1024,
+        global_blocks=len(trace.block_table),
+        local_kib=held * local * per_layer / 1024,
+        global_kib=context * (info.layers - local) * per_layer / 1024,
+        all_kib=context * info.kv_bytes_per_token / 1024,
+        global_layers=Shown(", ".join(str(i) for i, kind in enumerate(kinds) if kind == "global")),
+        limit_all=Shown(fmt_size(info.context_limit * info.kv_bytes_per_token)),
+    )
 
 
 def busy_facts(picture) -> dict:
     """This run replayed in a pool other requests used first (the paging chapter): where its first blocks landed."""
     table = picture.block_table
     shown = ", ".join(f"{logical} → {physical}" for logical, physical in enumerate(table[:4]))
-    return dict(busy_map=Shown(shown + (", …" if len(table) > 4 else "")),
-                busy_diff=Shown(difference_text(picture.kv_max_diff)), busy_others=picture.requests_before,
-                busy_finished=len(picture.freed))
+    return dict(
+        busy_map=Shown(shown + (", …" if len(table) > 4 else "")),
+        busy_diff=Shown(difference_text(picture.kv_max_diff)),
+        busy_others=picture.requests_before,
+        busy_finished=len(picture.freed),
+    )
 
 
 def split_facts(ctx: ViewContext) -> dict:
@@ -220,12 +306,21 @@ def split_facts(ctx: ViewContext) -> dict:
     diffs = split.max_abs_diff
     top_layer, top_head = divmod(int(diffs.argmax()), diffs.shape[1])
     sizes = dict(layers=diffs.shape[0], heads=diffs.shape[1])
-    note = (ctx.t("lesson_split_max_here", **sizes) if (top_layer, top_head) == (layer, head) else
-            ctx.t("lesson_split_max_elsewhere", **sizes, diff=diffs.max().item(), layer=top_layer, head=top_head))
+    note = (
+        ctx.t("lesson_split_max_here", **sizes)
+        if (top_layer, top_head) == (layer, head)
+        else ctx.t("lesson_split_max_elsewhere", **sizes, diff=diffs.max().item(), layer=top_layer, head=top_head)
+    )
     example = worked_example()
-    return dict(splits=len(split.ranges), layer=layer, head=head, diff=diffs[layer, head].item(), diff_all_note=note,
-                example_merged=Shown(vector_text(example.merged, 3)),
-                example_unsplit=Shown(vector_text(example.unsplit, 3)))
+    return dict(
+        splits=len(split.ranges),
+        layer=layer,
+        head=head,
+        diff=diffs[layer, head].item(),
+        diff_all_note=note,
+        example_merged=Shown(vector_text(example.merged, 3)),
+        example_unsplit=Shown(vector_text(example.unsplit, 3)),
+    )
 
 
 def current(ctx: ViewContext) -> Chapter | None:
@@ -245,10 +340,24 @@ def header(chapter: Chapter, lang: str) -> None:
 def chapter_buttons(chapter: Chapter, lang: str, go_to, back, forward) -> None:
     """The way to the chapters before and after (PageUp / PageDown), drawn in the places `back` and `forward`.
     `go_to(n)` is the navigation callback."""
-    back.button(strings.t("lesson_back", lang), key="b_chapter_back", on_click=go_to, args=(chapter.number - 1,),
-                disabled=chapter.number == 1, shortcut="PageUp", width="stretch")
-    forward.button(strings.t("lesson_next", lang), key="b_chapter_next", on_click=go_to, args=(chapter.number + 1,),
-                   disabled=chapter.number == len(CHAPTERS), shortcut="PageDown", width="stretch")
+    back.button(
+        strings.t("lesson_back", lang),
+        key="b_chapter_back",
+        on_click=go_to,
+        args=(chapter.number - 1,),
+        disabled=chapter.number == 1,
+        shortcut="PageUp",
+        width="stretch",
+    )
+    forward.button(
+        strings.t("lesson_next", lang),
+        key="b_chapter_next",
+        on_click=go_to,
+        args=(chapter.number + 1,),
+        disabled=chapter.number == len(CHAPTERS),
+        shortcut="PageDown",
+        width="stretch",
+    )
 
 
 def stalled(number: int, lang: str, message: str, go_to, use_lesson_prompt) -> None:
@@ -259,8 +368,12 @@ def stalled(number: int, lang: str, message: str, go_to, use_lesson_prompt) -> N
     back, forward = st.columns(2)
     chapter_buttons(chapter, lang, go_to, back, forward)
     st.error(message)
-    st.button(strings.t("lesson_use_prompt", lang), key="b_lesson_prompt", on_click=use_lesson_prompt,
-              help=strings.t("lesson_use_prompt_help", lang))
+    st.button(
+        strings.t("lesson_use_prompt", lang),
+        key="b_lesson_prompt",
+        on_click=use_lesson_prompt,
+        help=strings.t("lesson_use_prompt_help", lang),
+    )
 
 
 def chapter_text(ctx: ViewContext) -> tuple[Chapter, dict, list[str]] | None:
@@ -285,8 +398,11 @@ def question(ctx: ViewContext) -> Question | None:
     lang = ctx.state.lang
     templates = chapter.choices(lang, chosen)
     order = chapter.choice_order(len(templates))
-    return Question(fill(chapter.part("question", lang, chosen), numbers),
-                    tuple(fill(templates[i], numbers) for i in order), order.index(0))
+    return Question(
+        fill(chapter.part("question", lang, chosen), numbers),
+        tuple(fill(templates[i], numbers) for i in order),
+        order.index(0),
+    )
 
 
 def panel(ctx: ViewContext) -> None:
@@ -324,15 +440,27 @@ def sidebar(number: int, lang: str, go_to) -> None:
     in the link, 0 for none)."""
     t = lambda key, **values: strings.t(key, lang, **values)  # noqa: E731
     if not number:
-        st.button(t("lesson_start"), key="b_lesson_start", on_click=go_to, args=(1,), width="stretch",
-                  help=t("lesson_start_help"))
+        st.button(
+            t("lesson_start"),
+            key="b_lesson_start",
+            on_click=go_to,
+            args=(1,),
+            width="stretch",
+            help=t("lesson_start_help"),
+        )
         return
     # Buttons, not a radio marking the chapter shown: a chapter that keeps the sidebar's settings redraws the step
     # alone, and a radio would go on marking the chapter left (a press on it would then change nothing).
     st.markdown(f"**{t('lesson_chapters')}**")
     with st.container(key="chapter_toc"):
         for chapter in CHAPTERS:
-            st.button(f"{chapter.number}. {chapter.part('title', lang)}", key=f"b_toc_{chapter.number}",
-                      on_click=go_to, args=(chapter.number,), type="tertiary")
-    st.button(t("lesson_leave"), key="b_lesson_leave", on_click=go_to, args=(0,), width="stretch",
-              help=t("lesson_leave_help"))
+            st.button(
+                f"{chapter.number}. {chapter.part('title', lang)}",
+                key=f"b_toc_{chapter.number}",
+                on_click=go_to,
+                args=(chapter.number,),
+                type="tertiary",
+            )
+    st.button(
+        t("lesson_leave"), key="b_lesson_leave", on_click=go_to, args=(0,), width="stretch", help=t("lesson_leave_help")
+    )

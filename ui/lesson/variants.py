@@ -28,8 +28,15 @@ def _prefix_case1(f: dict) -> tuple[str | None, ...]:
 def _context_window(f: dict) -> tuple[str | None, ...]:
     """The growth chapter: its chart bends at a sliding window; its answer's "halves" and "about a quarter" only
     where the truncation slider's first position (the last half kept) shows them."""
-    halving = ("one_token" if f["n"] < 2 else "past_window" if f["prompt_past_window"] else
-               None if 40 <= f["kv_keep_pct"] <= 60 and 20 <= f["work_keep_pct"] <= 35 else "rough")
+    halving = (
+        "one_token"
+        if f["n"] < 2
+        else "past_window"
+        if f["prompt_past_window"]
+        else None
+        if 40 <= f["kv_keep_pct"] <= 60 and 20 <= f["work_keep_pct"] <= 35
+        else "rough"
+    )
     return ("windowed" if f["window"] else None, halving)
 
 

@@ -119,8 +119,12 @@ def draw_page() -> None:
     torch.set_num_threads(limits.threads)
     settle_state(limits)
     # The lesson needs the whole projector's width: its chapters are in the sidebar, closed until asked for.
-    st.set_page_config(page_title="kvscope", page_icon="🔎", layout="wide",
-                       initial_sidebar_state="collapsed" if settings.get("chapter") else "auto")
+    st.set_page_config(
+        page_title="kvscope",
+        page_icon="🔎",
+        layout="wide",
+        initial_sidebar_state="collapsed" if settings.get("chapter") else "auto",
+    )
     st.html(CHROME_CSS)
     keys.release_focus_after_clicks()  # → / ← and PageDown / PageUp: the buttons' shortcuts, after any click
     chapter_top.open_chapters_at_the_top()  # a new chapter's figure on the first screen, wherever the last was scrolled
@@ -260,8 +264,11 @@ def runner_for(model: engine.Model, limits: Limits) -> Runner:
         if runner is not None:
             runner.close()
         store = run_store(settings.model, limits.shared_runs_mb * 10**6)  # the eviction labs, the two-contexts K/V
-        runs = (classroom_cache(settings.model, limits.shared_cache_tokens, limits.lease_seconds)
-                if limits.shared_prefix_cache else store)
+        runs = (
+            classroom_cache(settings.model, limits.shared_cache_tokens, limits.lease_seconds)
+            if limits.shared_prefix_cache
+            else store
+        )
         runner = page.runner = Runner(model, limits.cache_tokens, limits.full_traces, runs, limits, store=store)
     return runner
 
@@ -300,8 +307,14 @@ def sidebar(limits: Limits, can_think: bool = False, can_chat: bool = True) -> N
     as the default, that change changes nothing."""
     with st.sidebar:
         lesson.sidebar(settings.get("chapter", 0), settings.lang, go_to_chapter)
-        st.selectbox(t("language"), LANGS, key=settings.key("lang"), index=LANGS.index(settings.lang),
-                     format_func=lambda code: strings.LANGUAGE_NAMES[code], on_change=page_state.switch_language)
+        st.selectbox(
+            t("language"),
+            LANGS,
+            key=settings.key("lang"),
+            index=LANGS.index(settings.lang),
+            format_func=lambda code: strings.LANGUAGE_NAMES[code],
+            on_change=page_state.switch_language,
+        )
         st.toggle(t("large_text"), **held("large"))
         if limits.allow_any_model:
             st.text_input(t("model"), **held("model"), help=t("model_help_any"))
@@ -309,26 +322,36 @@ def sidebar(limits: Limits, can_think: bool = False, can_chat: bool = True) -> N
             options = list(limits.models)
             if settings.model not in options:
                 settings.model = "embedded"
-            st.selectbox(t("model"), options, key=settings.key("model"), index=options.index(settings.model),
-                         help=t("model_help"))
+            st.selectbox(
+                t("model"),
+                options,
+                key=settings.key("model"),
+                index=options.index(settings.model),
+                help=t("model_help"),
+            )
         st.text_area(t("prompt"), **held("prompt"), height=120, max_chars=MAX_PROMPT_CHARS)
-        st.toggle(t("chat"), **held("chat"), help=t("chat_help" if can_chat else "chat_none_help"),
-                  disabled=not can_chat)
+        st.toggle(
+            t("chat"), **held("chat"), help=t("chat_help" if can_chat else "chat_none_help"), disabled=not can_chat
+        )
         if can_think:
             st.toggle(t("think"), **held("think"), help=t("think_help"), disabled=not settings.chat)
         st.markdown(f"**{t('sampling')}**")
-        st.slider(t("temperature"), *bounds("temperature"), **held("temperature"), step=0.05,
-                  help=t("temperature_help"))
+        st.slider(
+            t("temperature"), *bounds("temperature"), **held("temperature"), step=0.05, help=t("temperature_help")
+        )
         st.number_input("top-k", *bounds("top_k"), **held("top_k"), step=1, help=t("top_k_help"))
         st.slider("top-p", *bounds("top_p"), **held("top_p"), step=0.01, help=t("top_p_help"))
         st.number_input(t("seed"), *bounds("seed"), **held("seed"), step=1)
         st.markdown(f"**{t('cache')}**")
-        st.number_input(t("block_size"), *bounds("block_size"), **held("block_size"), step=1,
-                        help=t("block_size_help"))
-        st.number_input(t("kv_splits"), *bounds("kv_splits"), **held("kv_splits"), step=1,
-                        help=t("kv_splits_help"))
-        st.selectbox(t("policy"), REUSE_POLICIES, key=settings.key("policy"),
-                     index=REUSE_POLICIES.index(settings.policy), format_func=labels("policy_"))
+        st.number_input(t("block_size"), *bounds("block_size"), **held("block_size"), step=1, help=t("block_size_help"))
+        st.number_input(t("kv_splits"), *bounds("kv_splits"), **held("kv_splits"), step=1, help=t("kv_splits_help"))
+        st.selectbox(
+            t("policy"),
+            REUSE_POLICIES,
+            key=settings.key("policy"),
+            index=REUSE_POLICIES.index(settings.policy),
+            format_func=labels("policy_"),
+        )
 
 
 def held(name: str) -> dict:
@@ -339,7 +362,6 @@ def held(name: str) -> dict:
 def play_controls(limits: Limits) -> None:
     """The pace, with the settings in the sidebar; the Play toggle sits in the step buttons' row (`draw_step`)."""
     page_controls.setdefault("pace", max(limits.min_pace, 0.8))
-    st.sidebar.slider(t("pace"), limits.min_pace, 3.0, key=page_controls.key("pace"), value=page_controls.pace,
-                      step=0.1)  # value: see sidebar
-
-
+    st.sidebar.slider(
+        t("pace"), limits.min_pace, 3.0, key=page_controls.key("pace"), value=page_controls.pace, step=0.1
+    )  # value: see sidebar

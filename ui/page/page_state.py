@@ -112,8 +112,12 @@ def go_to_chapter(number: int) -> None:
         in_lesson, settings_before = bool(settings.get("chapter")), sidebar_settings()
         enter_chapter(number)
         lesson = lesson_session()
-        if (not (in_lesson and number) or sidebar_settings() != settings_before or lesson.pending_case
-                or lesson.pending_window_prompt):
+        if (
+            not (in_lesson and number)
+            or sidebar_settings() != settings_before
+            or lesson.pending_case
+            or lesson.pending_window_prompt
+        ):
             request_whole_page()
 
 
@@ -181,8 +185,6 @@ def use_lesson_prompt() -> None:
     """The lesson's own prompt and chat switch for the page's language, in place of one that cannot run."""
     defaults = language_defaults(settings.lang)
     settings.prompt, settings.chat = defaults.prompt, defaults.chat
-
-
 
 
 def current_state() -> AppState:
@@ -266,11 +268,17 @@ def measure_again() -> None:
 
 def run_config(state: AppState, limits: Limits) -> RunConfig:
     return RunConfig(
-        prompt=state.prompt, chat=state.chat, think=state.think,
-        sampling=engine.Sampling(temperature=float(state.temperature), top_k=int(state.top_k),
-                                 top_p=float(state.top_p), seed=int(state.seed)),
-        block_size=int(state.block_size), kv_splits=int(state.kv_splits), policy=state.policy,
-        max_new_tokens=limits.max_new_tokens, max_prompt_tokens=limits.max_prompt_tokens,
+        prompt=state.prompt,
+        chat=state.chat,
+        think=state.think,
+        sampling=engine.Sampling(
+            temperature=float(state.temperature), top_k=int(state.top_k), top_p=float(state.top_p), seed=int(state.seed)
+        ),
+        block_size=int(state.block_size),
+        kv_splits=int(state.kv_splits),
+        policy=state.policy,
+        max_new_tokens=limits.max_new_tokens,
+        max_prompt_tokens=limits.max_prompt_tokens,
     )
 
 
@@ -290,8 +298,11 @@ def chat_problem(can_chat: bool) -> None:
 # shows instead in its language (ui/text/strings.csv); the numbers and names in them are kept.
 ENGINE_ERRORS = (
     (r"the prompt is (?P<length>\d+) tokens; this app allows at most (?P<limit>\d+)$", "error_prompt_over_host"),
-    (r"the prompt is (?P<length>\d+) tokens; (?P<model>.+) reads at most (?P<limit>\d+) positions, "
-     r"so a prompt can have at most (?P<most>\d+) tokens to leave room for an answer$", "error_prompt_over_model"),
+    (
+        r"the prompt is (?P<length>\d+) tokens; (?P<model>.+) reads at most (?P<limit>\d+) positions, "
+        r"so a prompt can have at most (?P<most>\d+) tokens to leave room for an answer$",
+        "error_prompt_over_model",
+    ),
     (r"the prompt is empty; type some text$", "error_prompt_empty"),
     (r"the prompt has no token ids$", "error_prompt_no_ids"),
     (r"(?P<model>.+) has no chat template; switch the chat option off$", "error_no_chat_template"),
@@ -311,8 +322,15 @@ def engine_error(error: Exception) -> str:
 
 
 def show_problem(problem: Problem) -> None:
-    st.warning(t("link_problem", param=problem.param, value=problem.value, fallback=problem.fallback,
-                 reason=t("reason_" + problem.reason)))
+    st.warning(
+        t(
+            "link_problem",
+            param=problem.param,
+            value=problem.value,
+            fallback=problem.fallback,
+            reason=t("reason_" + problem.reason),
+        )
+    )
 
 
 def fit_to_budget(step: StepLimits) -> None:

@@ -131,8 +131,9 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
     side = layout_side()
     places = step_places(chapter, side)
     step_buttons(places.buttons, runner, busy=True)
-    places.play.toggle(t("play"), key=page_controls.key("playing"),
-                       on_change=request_whole_page)  # Play sets the fragment's timer
+    places.play.toggle(
+        t("play"), key=page_controls.key("playing"), on_change=request_whole_page
+    )  # Play sets the fragment's timer
     if page_controls.get("playing"):
         if at_end(runner):
             page.stop_playing = True
@@ -147,16 +148,27 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
     own = own_steps()  # the Serving and speculative views step a run of their own: a server's step, a verify pass
     catching_up = CatchUpNotice(places.controls, requested)
     room = serving_room.room_for(state) if state.view == "serving" else None
-    page.step = (own.advance_to(runner, state, requested, room.served if room else None) if own
-                 else runner.advance_to(requested, catching_up))
+    page.step = (
+        own.advance_to(runner, state, requested, room.served if room else None)
+        if own
+        else runner.advance_to(requested, catching_up)
+    )
     catching_up.clear()
     state = ask_round.at_step(replace(state, step=page.step), page.step)
     trace = None if own else runner.trace(page.step)
     if state.view in HEAD_VIEWS or chapter is not None and trace is not None and trace.split is not None:
         state = open_on_focused_head(state, trace)  # its pickers, or the chapter's split text, show a layer and head
-    ctx = ViewContext(runner=runner, state=state, step=page.step, trace=trace,
-                      stage=chapter.stage if chapter else None, measured_again=page.measured_again, room=room,
-                      load_case=load_case, measure_again=measure_again)
+    ctx = ViewContext(
+        runner=runner,
+        state=state,
+        step=page.step,
+        trace=trace,
+        stage=chapter.stage if chapter else None,
+        measured_again=page.measured_again,
+        room=room,
+        load_case=load_case,
+        measure_again=measure_again,
+    )
     if follow.leading() or follow.follows_a_room():  # the class's round: a prediction of the next token, or a vote
         question = lesson.question(ctx) if chapter is not None else None
         ctx.ask = ask = ask_round.round_for(state, page.step, runner, question, predicts=not own)
@@ -179,8 +191,14 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
             if follow.leading():  # beside the chapter's figure: the projector's first screen keeps the figure
                 ask_part.part(ctx, here=ask_beside)
             lesson.panel(ctx)
-    st.radio(t("view"), VIEWS, key=settings.key("view"), horizontal=True, format_func=labels("view_"),
-             label_visibility="collapsed")  # hidden in the lesson: the chapter sets the view
+    st.radio(
+        t("view"),
+        VIEWS,
+        key=settings.key("view"),
+        horizontal=True,
+        format_func=labels("view_"),
+        label_visibility="collapsed",
+    )  # hidden in the lesson: the chapter sets the view
     if chapter is None:
         view_place, details_place = fresh_place(st, side), st.container()
         placed = CHAPTER_FIGURE.set(None)
@@ -188,8 +206,9 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
         details_place = st.container()
         whole = opened(t("lesson_whole_view"), "x_whole_view")
         view_place = fresh_place(whole, side)
-        placed = CHAPTER_FIGURE.set(ChapterFigure(chapter.figure, *places.chapter_figure,
-                                                  CHAPTER_FIGURE_HEIGHT[ctx.large], whole.open))
+        placed = CHAPTER_FIGURE.set(
+            ChapterFigure(chapter.figure, *places.chapter_figure, CHAPTER_FIGURE_HEIGHT[ctx.large], whole.open)
+        )
     sent = None
     try:
         with details_place:  # sent before the view's figures: the step's text is on screen first
@@ -265,9 +284,14 @@ def step_places(chapter, side: bool) -> StepPlaces:
     if chapter is None:
         return StepPlaces(controls, counter, buttons, play_column, controls, None)
     figure_column, beside = st.columns([0.65, 0.35])  # the step picture needs 760 px
-    return StepPlaces(controls, counter, buttons, play_column, beside,
-                      (fresh_place(figure_column, side, "chapter-figure"),
-                       fresh_place(figure_column, side, "chapter-controls")))
+    return StepPlaces(
+        controls,
+        counter,
+        buttons,
+        play_column,
+        beside,
+        (fresh_place(figure_column, side, "chapter-figure"), fresh_place(figure_column, side, "chapter-controls")),
+    )
 
 
 def header_place(parent):
@@ -284,10 +308,12 @@ def step_buttons(place, runner: Runner, busy: bool = False) -> None:
     page = page_session()
     own = own_steps()
     next_label = own.next_label if own else "next"  # there a step is the view's run's
-    buttons = (("prefill", "b_prefill", (1, True), {"disabled": page.step >= 1}),
-               ("back", "b_back", (-1, False), {"shortcut": "Left", "disabled": page.step == 0}),
-               (next_label, "b_next", (1, False), {"shortcut": "Right", "disabled": not busy and at_end(runner)}),
-               ("reset", "b_reset", (0, True), {}))
+    buttons = (
+        ("prefill", "b_prefill", (1, True), {"disabled": page.step >= 1}),
+        ("back", "b_back", (-1, False), {"shortcut": "Left", "disabled": page.step == 0}),
+        (next_label, "b_next", (1, False), {"shortcut": "Right", "disabled": not busy and at_end(runner)}),
+        ("reset", "b_reset", (0, True), {}),
+    )
     # One row that never wraps (a phone keeps it): one element, where columns were five (each is a message to
     # every page of a class, twice a step). Next is the widest (page CSS), being pressed most.
     row = place.container(horizontal=True, wrap=False, key="step-buttons-busy" if busy else "step-buttons")

@@ -35,8 +35,14 @@ class ClassroomCache:
     returns, the lease rebuilds it from its settings.
     """
 
-    def __init__(self, model: engine.Model, tokens: int, lease_seconds: float = Limits.lease_seconds,
-                 max_caches: int = CLASSROOM_CACHES, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        model: engine.Model,
+        tokens: int,
+        lease_seconds: float = Limits.lease_seconds,
+        max_caches: int = CLASSROOM_CACHES,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.model = model
         self.tokens = tokens
         self.lease_seconds = lease_seconds
@@ -52,8 +58,9 @@ class ClassroomCache:
             key = (policy, block_size)
             cache = self._caches.pop(key, None)
             if cache is None:
-                cache = engine.PrefixCache(self.model, policy=policy, block_size=block_size,
-                                           capacity_blocks=-(-self.tokens // block_size))
+                cache = engine.PrefixCache(
+                    self.model, policy=policy, block_size=block_size, capacity_blocks=-(-self.tokens // block_size)
+                )
             self._caches[key] = cache
             while len(self._caches) > self.max_caches:
                 self._caches.popitem(last=False)

@@ -81,7 +81,7 @@ class RecordedVariant:
             if mask is not None:
                 kept[layer] = mask.numpy().astype(np.int8)
             else:  # a sliding-window layer (or no eviction): its window is what it reads
-                kept[layer, :, :length - info.cached_positions(layer, length)] = OUTSIDE_WINDOW
+                kept[layer, :, : length - info.cached_positions(layer, length)] = OUTSIDE_WINDOW
         kl = None
         if full_step is not None and self.agrees:
             kl = next_token_kl(full_step.logits, step.logits)
@@ -90,9 +90,20 @@ class RecordedVariant:
         evicted_share = step.evicted_share.float().numpy().copy()
         sink_share = step.attention[:, :, 0].float().numpy().copy()
         final = run.finished
-        self.passes.append(PassRecord(step.position, step.token_id, self.detokenizer.add(step.token_id, final=final),
-                                      kept, evicted_share, sink_share, run.kept_bytes(), run.allocated_bytes(),
-                                      run.full_bytes(), kl))
+        self.passes.append(
+            PassRecord(
+                step.position,
+                step.token_id,
+                self.detokenizer.add(step.token_id, final=final),
+                kept,
+                evicted_share,
+                sink_share,
+                run.kept_bytes(),
+                run.allocated_bytes(),
+                run.full_bytes(),
+                kl,
+            )
+        )
 
     @property
     def nbytes(self) -> int:
@@ -110,14 +121,16 @@ class EvictionLab:
     goes. So a lab computes what its pages look at, not every policy: a batched pass costs about one run's time per
     row."""
 
-    def __init__(self, model: engine.Model, prompt_ids: list[int], lab_settings: EvictionSettings, steps: int,
-                 budget_bytes: int):
+    def __init__(
+        self, model: engine.Model, prompt_ids: list[int], lab_settings: EvictionSettings, steps: int, budget_bytes: int
+    ):
         self.model = model  # held: the store's key names it by id, which stays its own while the lab lives
         self.lab_settings, self.prompt, self.steps = lab_settings, len(prompt_ids), steps
         self.budget_bytes = budget_bytes
         self.variants = lab_settings.variants(len(prompt_ids) - 1)  # every run it may hold (the full cache: None)
-        self.batch = EvictionBatch(model, prompt_ids, [self.variants[None]], max_new_tokens=steps, keep_full_steps=1,
-                                   spare=len(self.variants))  # every policy, and one twin at a time
+        self.batch = EvictionBatch(
+            model, prompt_ids, [self.variants[None]], max_new_tokens=steps, keep_full_steps=1, spare=len(self.variants)
+        )  # every policy, and one twin at a time
         self.runs = {None: RecordedVariant(model, self.batch.runs[0])}
         # name → (the twin, the policy's), catching up
         self.joining: dict[str, tuple[RecordedVariant, RecordedVariant]] = {}
@@ -211,8 +224,14 @@ class EvictionPair:
         return min(len(self.full.passes), len(self.evicting.passes))  # a lab decodes at most plan.steps
 
 
-def pair_for(store: RunStore, model: engine.Model, prompt_ids: list[int], settings: EvictionSettings, wanted: int,
-             step_memory_mb: int) -> EvictionPair:
+def pair_for(
+    store: RunStore,
+    model: engine.Model,
+    prompt_ids: list[int],
+    settings: EvictionSettings,
+    wanted: int,
+    step_memory_mb: int,
+) -> EvictionPair:
     """The pair for these settings, from the lab for their lab settings in `store` (built once); raises
     `InvalidSettingError` (the engine's, or a plan with no step that fits the host's step memory) before anything
     is held."""
@@ -233,8 +252,10 @@ class EvictionTooLarge(InvalidSettingError):
 
     def __init__(self, found: EvictionPlan):
         self.plan = found
-        super().__init__(f"eviction on this prompt needs about {found.estimated_bytes:,} bytes for one step, more than "
-                         f"this server's step memory allows")
+        super().__init__(
+            f"eviction on this prompt needs about {found.estimated_bytes:,} bytes for one step, more than "
+            f"this server's step memory allows"
+        )
 
 
 class EvictionLabFull(InvalidSettingError):

@@ -34,18 +34,26 @@ class ForcedReading:
             s = self.settings
             one_pass = s.at == "prefill"  # both read alike: in bfloat16 two ways of reading round apart
             self.full = forced_nll(self.model, self.prompt, self.answer, one_pass=one_pass).numpy()
-            self.evicting = forced_nll(self.model, self.prompt, self.answer, s.engine_policy(len(self.prompt) - 1),
-                                       compression_ratio=s.ratio if one_pass else 0.0, budget=s.engine_budget(),
-                                       one_pass=one_pass).numpy()
+            self.evicting = forced_nll(
+                self.model,
+                self.prompt,
+                self.answer,
+                s.engine_policy(len(self.prompt) - 1),
+                compression_ratio=s.ratio if one_pass else 0.0,
+                budget=s.engine_budget(),
+                one_pass=one_pass,
+            ).numpy()
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.full, self.evicting) if a is not None) + 8 * (len(self.prompt) + len(
-            self.answer))
+        return sum(a.nbytes for a in (self.full, self.evicting) if a is not None) + 8 * (
+            len(self.prompt) + len(self.answer)
+        )
 
 
-def forced_reading(store, model: engine.Model, prompt: list[int], answer: list[int],
-                   settings: EvictionSettings) -> ForcedReading:
+def forced_reading(
+    store, model: engine.Model, prompt: list[int], answer: list[int], settings: EvictionSettings
+) -> ForcedReading:
     """The reading for these settings, from `store` (one for every page); `compute` it before reading."""
     key = ("forced", id(model), tuple(prompt), tuple(answer), settings)
     return store.get(key, lambda: ForcedReading(model, prompt, answer, settings))

@@ -36,8 +36,14 @@ class EvictionSettings:
 
     @classmethod
     def of(cls, state: AppState) -> EvictionSettings:
-        return cls(state.evict, state.evict_at, float(state.ratio), int(state.budget), int(state.interval),
-                   int(state.stream_window))
+        return cls(
+            state.evict,
+            state.evict_at,
+            float(state.ratio),
+            int(state.budget),
+            int(state.interval),
+            int(state.stream_window),
+        )
 
     def engine_policy(self, context: int) -> Policy | None:
         """The engine's policy for a prompt whose context (all but its last token) is `context` positions. SnapKV's
@@ -116,8 +122,9 @@ def planned_runs(settings: EvictionSettings) -> int:
     return 2 if settings.at == "stream" else 3
 
 
-def lab_bytes(info: engine.ModelInfo, prompt: int, steps: int, settings: EvictionSettings, runs: int | None = None
-              ) -> int:
+def lab_bytes(
+    info: engine.ModelInfo, prompt: int, steps: int, settings: EvictionSettings, runs: int | None = None
+) -> int:
     """What a lab of `runs` runs decoding `steps` tokens after a `prompt`-token prompt holds at most, in bytes: one
     paged pool (the
     prompt's K/V once, each run's answer and a copied block of its own); per pass and run, the record's mask of what
@@ -136,8 +143,9 @@ def lab_bytes(info: engine.ModelInfo, prompt: int, steps: int, settings: Evictio
     return pool + masks + shares + evicted + latest + prefill
 
 
-def plan(info: engine.ModelInfo, prompt: int, wanted: int, settings: EvictionSettings, budget_bytes: int
-         ) -> EvictionPlan:
+def plan(
+    info: engine.ModelInfo, prompt: int, wanted: int, settings: EvictionSettings, budget_bytes: int
+) -> EvictionPlan:
     """The most steps (up to `wanted`) whose pair fits `budget_bytes` (0: not even one): a lab is planned for the
     pair and a joining run's twin; further policies join it while they fit (`EvictionLab`)."""
     fits = lambda s: lab_bytes(info, prompt, s, settings) <= budget_bytes  # noqa: E731 — grows with s

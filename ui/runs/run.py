@@ -55,29 +55,52 @@ class Run:
     (the prompts its page published before, in order).
     """
 
-    def __init__(self, model: engine.Model, config: RunConfig, keep_full_traces: int, pool_tokens: int,
-                 seeds: Seeds = (), cache: engine.PrefixCache | None = None):
+    def __init__(
+        self,
+        model: engine.Model,
+        config: RunConfig,
+        keep_full_traces: int,
+        pool_tokens: int,
+        seeds: Seeds = (),
+        cache: engine.PrefixCache | None = None,
+    ):
         self.model = model
         self.config = config
         self.seeds = seeds
         self.lock = turns.TurnLock()  # stepping; a shared pool has its own lock for bookkeeping
         if cache is None:
             tokens = max(pool_tokens, config.max_prompt_tokens + config.max_new_tokens)  # always one longest run
-            cache = engine.PrefixCache(model, policy=config.policy, block_size=config.block_size,
-                                       capacity_blocks=-(-tokens // config.block_size) + 2)
+            cache = engine.PrefixCache(
+                model,
+                policy=config.policy,
+                block_size=config.block_size,
+                capacity_blocks=-(-tokens // config.block_size) + 2,
+            )
             for ids in seeds:
-                with engine.DecodeSession(model, list(ids), prefix_cache=cache, max_new_tokens=1,
-                                          keep_full_traces=1, capture=engine.NO_RECORD) as seed:
+                with engine.DecodeSession(
+                    model, list(ids), prefix_cache=cache, max_new_tokens=1, keep_full_traces=1, capture=engine.NO_RECORD
+                ) as seed:
                     seed.prefill()  # it only fills the cache: closing publishes its prompt's K/V
         self.cache = cache
         session = engine.DecodeSession(
-            model, config.prompt, chat=config.chat, think=config.think, sampling=config.sampling,
-            block_size=config.block_size, max_new_tokens=config.max_new_tokens, kv_splits=config.kv_splits,
-            prefix_cache=cache, keep_full_traces=keep_full_traces, full_trace_bytes=TRACE_BYTES, capture=CAPTURE)
+            model,
+            config.prompt,
+            chat=config.chat,
+            think=config.think,
+            sampling=config.sampling,
+            block_size=config.block_size,
+            max_new_tokens=config.max_new_tokens,
+            kv_splits=config.kv_splits,
+            prefix_cache=cache,
+            keep_full_traces=keep_full_traces,
+            full_trace_bytes=TRACE_BYTES,
+            capture=CAPTURE,
+        )
         if len(session.prompt_ids) > config.max_prompt_tokens:
             session.close()
-            raise engine.PromptTooLongError(f"the prompt is {len(session.prompt_ids)} tokens; this app allows "
-                                            f"at most {config.max_prompt_tokens}")
+            raise engine.PromptTooLongError(
+                f"the prompt is {len(session.prompt_ids)} tokens; this app allows at most {config.max_prompt_tokens}"
+            )
         self.session = session
         self._rebuilt = Memo(MEMO)  # step → its rebuilt trace
         self._attention = Memo(MEMO)  # (layer, head) → (probs, scores)
@@ -128,15 +151,17 @@ class Run:
         draws this step (a class following one teacher), and only read by them."""
         session = self.session
         count = min(step, len(session.generated))  # a step not reached yet is never kept under its number
-        return self._cells.made(count, lambda: token_cells(self.model.tokenizer, session.prompt_ids,
-                                                           session.generated[:count]))
+        return self._cells.made(
+            count, lambda: token_cells(self.model.tokenizer, session.prompt_ids, session.generated[:count])
+        )
 
     def candidate_cells(self, step: int, candidate_ids: list[int]) -> list[TokenCell]:
         """The candidates for token `step` (1-based), each as the cell it would become after the tokens before it
         (see `engine.tokens.candidate_cells`); made once for every page that draws them, and only read."""
+
         def made() -> list[TokenCell]:
             session = self.session
-            context = (session.prompt_ids + session.generated)[:len(session.prompt_ids) + step - 1]
+            context = (session.prompt_ids + session.generated)[: len(session.prompt_ids) + step - 1]
             return candidate_cells(self.model.tokenizer, context, candidate_ids)
 
         return self._candidates.made((step, tuple(candidate_ids)), made)
@@ -189,8 +214,12 @@ class Run:
             session = self.session
             if self._busy is None:
                 prompt = session.prompt_ids
-                self._busy = BusyPoolReplay(self.model, [(prompt, list(range(len(prompt))))], self.config.block_size,
-                                            capacity=len(prompt) + self.config.max_new_tokens)
+                self._busy = BusyPoolReplay(
+                    self.model,
+                    [(prompt, list(range(len(prompt))))],
+                    self.config.block_size,
+                    capacity=len(prompt) + self.config.max_new_tokens,
+                )
             replay, pictures = self._busy, self._busy_pictures
             while len(pictures) < max(1, step):
                 if pictures:  # step 1's pass is the prefill, made with the replay

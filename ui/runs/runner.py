@@ -48,8 +48,15 @@ class Runner:
     server's run store; by default one of this page's own).
     """
 
-    def __init__(self, model: engine.Model, cache_tokens: int, keep_full_traces: int = Limits.full_traces,
-                 runs: RunSource | None = None, limits: Limits = Limits(), store: RunStore | None = None):
+    def __init__(
+        self,
+        model: engine.Model,
+        cache_tokens: int,
+        keep_full_traces: int = Limits.full_traces,
+        runs: RunSource | None = None,
+        limits: Limits = Limits(),
+        store: RunStore | None = None,
+    ):
         self.model = model
         self.cache_tokens = cache_tokens  # the pool's size in positions, whatever the block size
         self.keep_full_traces = keep_full_traces
@@ -157,8 +164,14 @@ class Runner:
         """The full cache's run and the policy's on this run's prompt (`ui.runs.eviction`: from the lab of the
         settings' timing, which every page shares), advanced to `step` answer tokens; and the passes both have.
         Raises InvalidSettingError where the settings cannot run."""
-        pair = pair_for(self.store, self.model, list(self.prompt_ids), settings, self.limits.max_new_tokens,
-                        self.limits.step_memory_mb)
+        pair = pair_for(
+            self.store,
+            self.model,
+            list(self.prompt_ids),
+            settings,
+            self.limits.max_new_tokens,
+            self.limits.step_memory_mb,
+        )
         passes = pair.advance_to(max(step, 1))
         self.store.trim()  # the lab may have grown past the store's bytes: older runs go first
         return pair, passes
@@ -186,6 +199,7 @@ class Runner:
         """The last token of `word` in two sentences, each read as a prompt without a chat template: its K and V in
         every layer of both (`engine.context_kv`), computed once for every page on this model (the store's entry).
         Raises InvalidSettingError where `word` is missing from a sentence or ends on different ids in the two."""
+
         def build() -> TokenInContexts:
             (a, i), (b, j) = (word_end(self.model, text, word) for text in (first, second))
             return token_in_contexts(self.model, a, i, b, j)
@@ -221,7 +235,8 @@ class Runner:
         if n > limit:
             raise engine.InvalidSettingError(
                 f"the full attention heatmap of {n} positions does not fit this server's step memory "
-                f"(KVSCOPE_STEP_MEMORY_MB): at most {limit} positions")
+                f"(KVSCOPE_STEP_MEMORY_MB): at most {limit} positions"
+            )
         return self.run.full_attention(step, layer, head)
 
     def cached_kv(self, layer: int, length: int):
@@ -296,7 +311,7 @@ class Runner:
 
     def prompt_tail_text(self, keep: int) -> str:
         """The text of the prompt's last `keep` tokens: what a truncated prompt would still say."""
-        return self.model.tokenizer.decode(self.session.prompt_ids[len(self.session.prompt_ids) - keep:])
+        return self.model.tokenizer.decode(self.session.prompt_ids[len(self.session.prompt_ids) - keep :])
 
     def prompt_segments(self) -> list[PromptSegment]:
         """The prompt as the model reads it, split into the chat template's text and the user's."""
@@ -329,8 +344,9 @@ class Runner:
     def pool_state(self) -> PoolState:
         """The KV pool this run's blocks come from (read under the pool's lock: it may be shared)."""
         pool = self.cache.pool
-        return PoolState(block_size=pool.block_size, blocks=pool.num_blocks,
-                         cached_free=self.cache.cached_free_blocks())
+        return PoolState(
+            block_size=pool.block_size, blocks=pool.num_blocks, cached_free=self.cache.cached_free_blocks()
+        )
 
     def prefix_hit(self) -> PrefixHit | None:
         """How this run's prefill used the prefix cache (None before the prefill)."""

@@ -31,16 +31,36 @@ BLOCK_SIZE = DEFAULT_BLOCK_SIZE
 
 # The samples: one opening every request shares, then its question; each arrives at a step and answers in at most
 # so many tokens. The first comes alone, so the three after it find the opening's blocks computed.
-OPENING = {"en": "You are answering a class of students who are learning how language models work. Answer each "
-                  "question in one short sentence. Question: ",
-           "zh": "你在回答一群正在学习大语言模型如何工作的学生。请用一句简短的话回答每个问题。问题："}
-FRAME = {"en": ("Questions from a class learning how language models work, each answered in one short sentence.\n\n"
-                "Q: ", "\nA:"),
-         "zh": ("下面是学习大语言模型的学生提的问题，每个问题用一句简短的话回答。\n\n问：", "\n答：")}
-QUESTIONS = {"en": ("What is a token?", "Why does a model need a KV cache?", "What does attention do?",
-                    "What is a GPU?", "Why is decoding slower than prefill?", "What is a prompt?"),
-             "zh": ("什么是 token？", "模型为什么需要 KV 缓存？", "注意力做什么？", "什么是 GPU？",
-                    "为什么解码比预填充慢？", "什么是提示词？")}
+OPENING = {
+    "en": "You are answering a class of students who are learning how language models work. Answer each "
+    "question in one short sentence. Question: ",
+    "zh": "你在回答一群正在学习大语言模型如何工作的学生。请用一句简短的话回答每个问题。问题：",
+}
+FRAME = {
+    "en": (
+        "Questions from a class learning how language models work, each answered in one short sentence.\n\nQ: ",
+        "\nA:",
+    ),
+    "zh": ("下面是学习大语言模型的学生提的问题，每个问题用一句简短的话回答。\n\n问：", "\n答："),
+}
+QUESTIONS = {
+    "en": (
+        "What is a token?",
+        "Why does a model need a KV cache?",
+        "What does attention do?",
+        "What is a GPU?",
+        "Why is decoding slower than prefill?",
+        "What is a prompt?",
+    ),
+    "zh": (
+        "什么是 token？",
+        "模型为什么需要 KV 缓存？",
+        "注意力做什么？",
+        "什么是 GPU？",
+        "为什么解码比预填充慢？",
+        "什么是提示词？",
+    ),
+}
 ARRIVALS = (0, 1, 1, 1, 5, 9)
 MAX_TOKENS = (20, 14, 24, 18, 16, 12)
 CLASS_MAX_TOKENS = 16  # each of a class's prompts: its first comes alone, the others at the next step
@@ -86,8 +106,9 @@ def wrapped(model: engine.Model, lang: str, chat: bool, question: str) -> list[i
 
 
 @functools.lru_cache(maxsize=32)
-def serving_setup(model: engine.Model, lang: str, chat: bool, num_blocks: int, max_num_seqs: int,
-                  class_texts: tuple[str, ...] = ()) -> ServingSetup:
+def serving_setup(
+    model: engine.Model, lang: str, chat: bool, num_blocks: int, max_num_seqs: int, class_texts: tuple[str, ...] = ()
+) -> ServingSetup:
     """The class's prompts (the first arriving alone, the rest a step later), then sample questions: all of them
     without a class, else as many as top the class up to a batch (`max_num_seqs`). Made once for every page of the
     process: a page asks for it several times a draw, and a room's pages all ask for the same."""
@@ -120,8 +141,9 @@ class ServedClass:
     def __init__(self, model: engine.Model, setup: ServingSetup):
         setup.check()
         self.model, self.setup = model, setup
-        self.server = Server(model, setup.num_blocks, setup.block_size, setup.max_num_seqs,
-                             setup.max_num_batched_tokens)
+        self.server = Server(
+            model, setup.num_blocks, setup.block_size, setup.max_num_seqs, setup.max_num_batched_tokens
+        )
         self.steps: list[ServedStep] = []
         self._texts = [""] * len(setup.prompts)
         self._detokenizers: list[IncrementalDetokenizer] = []

@@ -32,8 +32,17 @@ class Config:
 
 
 # The chapter's story first (a window alone, then four sinks), then the other counts.
-CONFIGS = (Config(0, False), Config(4, False), Config(4, True), Config(1, False), Config(1, True),
-           Config(2, False), Config(2, True), Config(8, False), Config(8, True))
+CONFIGS = (
+    Config(0, False),
+    Config(4, False),
+    Config(4, True),
+    Config(1, False),
+    Config(1, True),
+    Config(2, False),
+    Config(2, True),
+    Config(8, False),
+    Config(8, True),
+)
 SINKS = sorted({c.sinks for c in CONFIGS})
 
 
@@ -77,7 +86,7 @@ class SinkExperiment:
     @staticmethod
     def after_cache(nll: np.ndarray) -> float:
         """The mean over the passes that no longer read every position (past position CACHE)."""
-        return float(nll[CACHE + 1:].mean())
+        return float(nll[CACHE + 1 :].mean())
 
     @property
     def nbytes(self) -> int:

@@ -26,7 +26,7 @@ MAX_TOKENS = 48  # the answer's length: enough passes to see where guessing pays
 _CODE = "def total(items):\n    x = 0\n    for item in items:\n        x += item.price * item.count\n    return x\n"
 PROMPTS = {
     ("edit", "en", True): "Rename the variable x to total_price in this function. Reply with the whole function "
-                          f"only.\n\n```python\n{_CODE}```",
+    f"only.\n\n```python\n{_CODE}```",
     ("edit", "en", False): f"Before:\n```python\n{_CODE}```\nAfter renaming x to total_price:\n```python\n",
     ("edit", "zh", True): f"把这个函数里的变量 x 改名为 total_price，只回复整个函数。\n\n```python\n{_CODE}```",
     ("edit", "zh", False): f"改名之前：\n```python\n{_CODE}```\n把 x 改名为 total_price 之后：\n```python\n",
@@ -111,10 +111,16 @@ class SpeculativeRun:
         return pool.num_blocks * pool.block_size * pool.bytes_per_token + 1_000 * len(self.passes)
 
 
-def session_of(model: engine.Model, setup: SpeculativeSetup, draft: str, tokens: int = MAX_TOKENS
-               ) -> SpeculativeSession:
-    return SpeculativeSession(model, list(setup.prompt_ids), make_draft(draft, setup.k, setup.layers, model),
-                              sampling=setup.sampling, max_new_tokens=tokens)
+def session_of(
+    model: engine.Model, setup: SpeculativeSetup, draft: str, tokens: int = MAX_TOKENS
+) -> SpeculativeSession:
+    return SpeculativeSession(
+        model,
+        list(setup.prompt_ids),
+        make_draft(draft, setup.k, setup.layers, model),
+        sampling=setup.sampling,
+        max_new_tokens=tokens,
+    )
 
 
 @dataclass(frozen=True)
@@ -154,8 +160,12 @@ def measure(model: engine.Model, setup: SpeculativeSetup) -> Measured:
                     seconds[draft] += time.perf_counter() - start
                     turns.share()
         plain = sessions["none"].generated
-        return Measured(tuple(Timed(d, len(s.passes), len(s.generated), 1000 * seconds[d] / len(s.generated),
-                                    s.generated == plain) for d, s in sessions.items()))
+        return Measured(
+            tuple(
+                Timed(d, len(s.passes), len(s.generated), 1000 * seconds[d] / len(s.generated), s.generated == plain)
+                for d, s in sessions.items()
+            )
+        )
     finally:
         for session in sessions.values():
             session.close()

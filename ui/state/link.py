@@ -135,8 +135,16 @@ FLOORS = {"temperature": TEMPERATURE_FLOOR}
 POOLS = ("own", "busy")
 EVICT_AT = ("prefill", "decode", "stream")
 SPEC_PROMPTS = ("edit", "free", "page")  # a code edit (it quotes itself), a free answer, the page's own prompt
-CHOICES = {"view": VIEWS, "lang": LANGS, "policy": REUSE_POLICIES, "pool": POOLS, "evict": EVICTION_POLICIES,
-           "evict_at": EVICT_AT, "spec_prompt": SPEC_PROMPTS, "draft": DRAFTS}
+CHOICES = {
+    "view": VIEWS,
+    "lang": LANGS,
+    "policy": REUSE_POLICIES,
+    "pool": POOLS,
+    "evict": EVICTION_POLICIES,
+    "evict_at": EVICT_AT,
+    "spec_prompt": SPEC_PROMPTS,
+    "draft": DRAFTS,
+}
 FLAGS = ("chat", "think", "large")
 ASK_PHASES = ("open", "closed", "shown")
 ASK_KINDS = ("predict", "vote")
@@ -144,8 +152,12 @@ CHOICES["ask_phase"], CHOICES["ask_kind"] = ASK_PHASES, ASK_KINDS
 # Lists of numbers, in the link's own shape: "token:count,…" (at most 200 tokens), "token,…" (at most 50) and a vote's
 # moves "choice:choice:count,…" (at most 4 × 4)
 TALLY = re.compile(r"\d{1,7}:\d{1,5}(,\d{1,7}:\d{1,5}){0,199}")
-PATTERNS = {"ask_tally": TALLY, "ask_before": TALLY, "ask_hide": re.compile(r"\d{1,7}(,\d{1,7}){0,49}"),
-            "ask_moves": re.compile(r"\d:\d:\d{1,5}(,\d:\d:\d{1,5}){0,15}")}
+PATTERNS = {
+    "ask_tally": TALLY,
+    "ask_before": TALLY,
+    "ask_hide": re.compile(r"\d{1,7}(,\d{1,7}){0,49}"),
+    "ask_moves": re.compile(r"\d:\d:\d{1,5}(,\d:\d:\d{1,5}){0,15}"),
+}
 
 
 def parse_query(params: Mapping[str, str | list[str]]) -> tuple[AppState, list[Problem]]:

@@ -76,8 +76,11 @@ class Controls:
     def values(self) -> dict[str, Any]:
         """The controls set so far, by name (of those named at construction): one look-up each."""
         state = st.session_state
-        return {name: value for name, key in zip(self._names or (), self._keys)
-                if (value := state.get(key, _UNSET)) is not _UNSET}
+        return {
+            name: value
+            for name, key in zip(self._names or (), self._keys)
+            if (value := state.get(key, _UNSET)) is not _UNSET
+        }
 
 
 SETTING_NAMES = tuple(f.name for f in fields(AppState) if f.name != "step")  # the step is the page's (`PageSession`)
@@ -139,6 +142,7 @@ class PageSession(OneShot):
 @dataclass
 class LessonSession(OneShot):
     """What entering a chapter leaves for the run that draws it."""
+
     pending_case: str | None = None  # an article's case to load (`ui.views.cases`)
     chat_before_case: bool | None = None  # the chat switch before a case turned it off
     forget_published: bool = False  # the chapter's run starts from an empty prefix cache

@@ -22,4 +22,3 @@ def text(value: object) -> str:
     """`value` as Markdown that Streamlit renders literally, on one line (a newline shows as ↵)."""
     one_line = _BREAKS.sub("↵", str(value))
     return _PUNCTUATION.sub(r"\\\1", _ADDRESS_PARTS.sub("\u2060", one_line))
-

@@ -29,8 +29,10 @@ class Shown(str):
 def as_text(values: Mapping[str, object]) -> dict[str, object]:
     """`values` for a Markdown template: numbers keep their formats ("{n:,}"), strings from `t` stay as they are,
     anything else (link values, prompts, model names, tokens, errors) is escaped to show as text (`safe.text`)."""
-    return {name: value if isinstance(value, (Shown, numbers.Number)) else safe.text(value)
-            for name, value in values.items()}
+    return {
+        name: value if isinstance(value, (Shown, numbers.Number)) else safe.text(value)
+        for name, value in values.items()
+    }
 
 
 def t(key: str, lang: str = "en", **values) -> Shown:

@@ -59,28 +59,62 @@ def teachers_controls(ctx: ViewContext) -> None:
     row = st.container(horizontal=True, vertical_alignment="center")
     if not ask.number:
         if ask.predicts:
-            row.button(ctx.t("ask_open"), key="b_ask_open", on_click=ask.open, disabled=not ask.can_ask,
-                       icon=":material/quiz:", shortcut="Q",
-                       help=ctx.t("ask_open_help" if ask.can_ask else "ask_at_end"))
+            row.button(
+                ctx.t("ask_open"),
+                key="b_ask_open",
+                on_click=ask.open,
+                disabled=not ask.can_ask,
+                icon=":material/quiz:",
+                shortcut="Q",
+                help=ctx.t("ask_open_help" if ask.can_ask else "ask_at_end"),
+            )
         if ask.question is not None:
-            row.button(ctx.t("vote_open"), key="b_vote_open", on_click=ask.open_vote, icon=":material/ballot:",
-                       shortcut="B", help=ctx.t("vote_open_help"))
+            row.button(
+                ctx.t("vote_open"),
+                key="b_vote_open",
+                on_click=ask.open_vote,
+                icon=":material/ballot:",
+                shortcut="B",
+                help=ctx.t("vote_open_help"),
+            )
         return
     if ask.phase == "shown":
         if ask.kind == "vote":
-            row.button(ctx.t("vote_again"), key="b_vote_again", on_click=ask.vote_again, icon=":material/replay:",
-                       help=ctx.t("vote_again_help"))
+            row.button(
+                ctx.t("vote_again"),
+                key="b_vote_again",
+                on_click=ask.vote_again,
+                icon=":material/replay:",
+                help=ctx.t("vote_again_help"),
+            )
         else:
-            row.button(ctx.t("ask_again"), key="b_ask_again", on_click=ask.open, icon=":material/replay:",
-                       help=ctx.t("ask_again_help"))
-        row.download_button(ctx.t("ask_export"), ask.export, file_name="kvscope-class-answers.csv", mime="text/csv",
-                            key="dl_ask", icon=":material/download:")
+            row.button(
+                ctx.t("ask_again"),
+                key="b_ask_again",
+                on_click=ask.open,
+                icon=":material/replay:",
+                help=ctx.t("ask_again_help"),
+            )
+        row.download_button(
+            ctx.t("ask_export"),
+            ask.export,
+            file_name="kvscope-class-answers.csv",
+            mime="text/csv",
+            key="dl_ask",
+            icon=":material/download:",
+        )
         return
     row.markdown(ctx.t("ask_phase_" + ask.phase))  # how many answered: live in the leader's strip (`leader.py`)
     if ask.phase == "open":
         row.button(ctx.t("ask_close"), key="b_ask_close", on_click=ask.close, icon=":material/lock:")
-    row.button(ctx.t("ask_reveal"), key="b_ask_reveal", on_click=ask.show, type="primary",
-               icon=":material/visibility:", shortcut="V")
+    row.button(
+        ctx.t("ask_reveal"),
+        key="b_ask_reveal",
+        on_click=ask.show,
+        type="primary",
+        icon=":material/visibility:",
+        shortcut="V",
+    )
 
 
 def students_box(ctx: ViewContext) -> None:
@@ -94,8 +128,12 @@ def students_box(ctx: ViewContext) -> None:
         return
     with st.form("ask-form", clear_on_submit=False, border=False):
         st.markdown(f"**{ctx.t('ask_box_title')}**")
-        st.text_input(ctx.t("ask_box_label"), key=GUESS_KEY, max_chars=MAX_GUESS_CHARS,
-                      help=ctx.t("ask_box_help", most=MAX_GUESS_CHARS))
+        st.text_input(
+            ctx.t("ask_box_label"),
+            key=GUESS_KEY,
+            max_chars=MAX_GUESS_CHARS,
+            help=ctx.t("ask_box_help", most=MAX_GUESS_CHARS),
+        )
         st.form_submit_button(ctx.t("ask_send"), on_click=ask.send, icon=":material/send:")
 
 
@@ -114,8 +152,13 @@ def students_ballot(ctx: ViewContext) -> None:
         return
     with st.form("vote-form", clear_on_submit=False, border=False):
         st.markdown(f"**{ctx.t('vote_box_title')}** {ask.question.text}")
-        st.radio(ctx.t("vote_box_label"), range(len(ask.question.choices)), index=None, key=VOTE_KEY,
-                 format_func=lambda choice: choice_label(ask, choice))
+        st.radio(
+            ctx.t("vote_box_label"),
+            range(len(ask.question.choices)),
+            index=None,
+            key=VOTE_KEY,
+            format_func=lambda choice: choice_label(ask, choice),
+        )
         st.form_submit_button(ctx.t("ask_send"), on_click=ask.send, icon=":material/send:")
 
 
@@ -130,14 +173,19 @@ def revealed_vote(ctx: ViewContext) -> None:
         st.caption(ctx.t("vote_yours_revealed", choice=LETTERS[ask.mine[0]]))
     st.markdown("  \n".join(choice_label(ask, i) for i in range(len(shown.counts))))  # the figure names letters
     title = ctx.t("vote_reveal_title_again" if shown.before is not None else "vote_reveal_title")
-    letters = list(LETTERS[:len(shown.counts)])
-    figure(lambda: vote_figure(shown.counts, shown.before, shown.right, letters, title, ctx.large, words(ctx)),
-           "vote", memo_key(ctx, "vote"))
+    letters = list(LETTERS[: len(shown.counts)])
+    figure(
+        lambda: vote_figure(shown.counts, shown.before, shown.right, letters, title, ctx.large, words(ctx)),
+        "vote",
+        memo_key(ctx, "vote"),
+    )
     st.caption(ctx.t("vote_caption"))
     if shown.changed:
-        table = {ctx.t("vote_col_from"): [LETTERS[a] for a, _ in shown.changed],
-                 ctx.t("vote_col_to"): [LETTERS[b] for _, b in shown.changed],
-                 ctx.t("vote_col_count"): list(shown.changed.values())}
+        table = {
+            ctx.t("vote_col_from"): [LETTERS[a] for a, _ in shown.changed],
+            ctx.t("vote_col_to"): [LETTERS[b] for _, b in shown.changed],
+            ctx.t("vote_col_count"): list(shown.changed.values()),
+        }
         st.dataframe(pd.DataFrame(table), hide_index=True)
 
 
@@ -156,22 +204,38 @@ def revealed(ctx: ViewContext) -> None:
     st.markdown(f"**{ctx.t(key, **values)}**")
     mine = next((bar for bar in shown.guesses if ask.mine and bar.token_id == ask.mine[0]), None)
     if mine is not None:  # a student's own guess, among the class's
-        st.caption(ctx.t("ask_yours_revealed", token=labels(ctx, [mine])[0] or ctx.t("reveal_hidden_token"),
-                         n=mine.count, p=fmt_probability(mine.probability)))
+        st.caption(
+            ctx.t(
+                "ask_yours_revealed",
+                token=labels(ctx, [mine])[0] or ctx.t("reveal_hidden_token"),
+                n=mine.count,
+                p=fmt_probability(mine.probability),
+            )
+        )
     bar_labels = labels(ctx, shown.bars)
-    figure(lambda: reveal_figure(shown.bars, bar_labels, shown.answered, ctx.t("ask_reveal_title"), ctx.large,
-                                 words(ctx)), "reveal", memo_key(ctx, "reveal"))
+    figure(
+        lambda: reveal_figure(shown.bars, bar_labels, shown.answered, ctx.t("ask_reveal_title"), ctx.large, words(ctx)),
+        "reveal",
+        memo_key(ctx, "reveal"),
+    )
     st.caption(ctx.t("ask_reveal_caption"))
     with opened(ctx.t("ask_all_guesses", n=len(shown.guesses)), "x_ask_guesses") as box:
         if box.open:
             guessed = labels(ctx, shown.guesses)
-            table = {ctx.t("ask_col_token"): [g or ctx.t("reveal_hidden_token") for g in guessed],
-                     ctx.t("ask_col_count"): [bar.count for bar in shown.guesses],
-                     ctx.t("ask_col_p"): [fmt_probability(bar.probability) for bar in shown.guesses]}
+            table = {
+                ctx.t("ask_col_token"): [g or ctx.t("reveal_hidden_token") for g in guessed],
+                ctx.t("ask_col_count"): [bar.count for bar in shown.guesses],
+                ctx.t("ask_col_p"): [fmt_probability(bar.probability) for bar in shown.guesses],
+            }
             st.dataframe(pd.DataFrame(table), hide_index=True)
             if ask.role == "lead":
                 hide_row = st.container(horizontal=True)
                 for bar, name in zip(shown.guesses, guessed, strict=True):
                     if not bar.hidden:
-                        hide_row.button(f"✕ {name}", key=f"b_ask_hide_{bar.token_id}", on_click=ask.hide,
-                                        args=(bar.token_id,), help=ctx.t("ask_hide_help"))
+                        hide_row.button(
+                            f"✕ {name}",
+                            key=f"b_ask_hide_{bar.token_id}",
+                            on_click=ask.hide,
+                            args=(bar.token_id,),
+                            help=ctx.t("ask_hide_help"),
+                        )

@@ -31,11 +31,20 @@ def render(ctx: ViewContext) -> None:
         probs, scores = ctx.runner.full_attention(ctx.step, layer, head)
         matrix = (scores if show_scores else probs).float().numpy()  # bfloat16 widens exactly
         with main:
-            figure(lambda: heatmap_figure(matrix, labels, ctx.t("heatmap_title", layer=layer, head=head,
-                                                                kv=head // info.gqa_group),
-                                          ctx.large, value_name=value, zmin=None if show_scores else 0.0,
-                                          words=words(ctx), sliding_window=info.window(layer)),
-                   f"attention-L{layer}-H{head}", memo_key(ctx, "heatmap", layer, head, show_scores))
+            figure(
+                lambda: heatmap_figure(
+                    matrix,
+                    labels,
+                    ctx.t("heatmap_title", layer=layer, head=head, kv=head // info.gqa_group),
+                    ctx.large,
+                    value_name=value,
+                    zmin=None if show_scores else 0.0,
+                    words=words(ctx),
+                    sliding_window=info.window(layer),
+                ),
+                f"attention-L{layer}-H{head}",
+                memo_key(ctx, "heatmap", layer, head, show_scores),
+            )
             st.caption(ctx.t("heatmap_note", n=matrix.shape[0]))
     if info.sliding_window is not None:
         layer_kinds_note(ctx, layer)
@@ -43,20 +52,38 @@ def render(ctx: ViewContext) -> None:
     # (q_heads, L) as computed
     newest = (trace.scores if show_scores else trace.attention)[layer, :, -1].float().numpy()
     if shown():
-        figure(lambda: newest_row_figure(newest[head], labels[: newest.shape[1]], ctx.t("newest_title", head=head),
-                                         ctx.large, value),
-               f"newest-row-L{layer}-H{head}", memo_key(ctx, "newest", layer, head, show_scores))
+        figure(
+            lambda: newest_row_figure(
+                newest[head], labels[: newest.shape[1]], ctx.t("newest_title", head=head), ctx.large, value
+            ),
+            f"newest-row-L{layer}-H{head}",
+            memo_key(ctx, "newest", layer, head, show_scores),
+        )
     if shown("heads"):
         with Part("heads"):
-            figure(lambda: head_grid_figure(trace.attention[layer, :, -1].float().numpy(), labels[: newest.shape[1]],
-                                            info.gqa_group, ctx.t("heads_title", layer=layer), ctx.large),
-                   f"heads-L{layer}", memo_key(ctx, "heads", layer))
+            figure(
+                lambda: head_grid_figure(
+                    trace.attention[layer, :, -1].float().numpy(),
+                    labels[: newest.shape[1]],
+                    info.gqa_group,
+                    ctx.t("heads_title", layer=layer),
+                    ctx.large,
+                ),
+                f"heads-L{layer}",
+                memo_key(ctx, "heads", layer),
+            )
     if shown("gqa"):
         with Part("gqa"):
-            figure(lambda: gqa_figure(info.q_heads, info.kv_heads, ctx.t("gqa_title", q=info.q_heads,
-                                                                         kv=info.kv_heads, group=info.gqa_group),
-                                      ctx.large),
-                   "gqa", memo_key(ctx, "gqa", per_step=False))
+            figure(
+                lambda: gqa_figure(
+                    info.q_heads,
+                    info.kv_heads,
+                    ctx.t("gqa_title", q=info.q_heads, kv=info.kv_heads, group=info.gqa_group),
+                    ctx.large,
+                ),
+                "gqa",
+                memo_key(ctx, "gqa", per_step=False),
+            )
 
 
 def layer_kinds_note(ctx: ViewContext, layer: int) -> None:
@@ -66,5 +93,8 @@ def layer_kinds_note(ctx: ViewContext, layer: int) -> None:
     local = [str(i) for i, kind in enumerate(kinds) if kind == "local"]
     global_ = [str(i) for i, kind in enumerate(kinds) if kind == "global"]
     key = "layer_is_local" if kinds[layer] == "local" else "layer_is_global"
-    st.markdown(ctx.t(key, layer=layer, w=info.sliding_window) + " "
-                + ctx.t("layer_kinds_list", local=", ".join(local), global_=", ".join(global_), w=info.sliding_window))
+    st.markdown(
+        ctx.t(key, layer=layer, w=info.sliding_window)
+        + " "
+        + ctx.t("layer_kinds_list", local=", ".join(local), global_=", ".join(global_), w=info.sliding_window)
+    )

@@ -29,8 +29,14 @@ def where_mine_is(ctx: ViewContext, report: StepReport | None) -> None:
     else:
         own = [b for b in state.blocks if len(report.owners[b]) == 1]
         shared = [b for b in state.blocks if len(report.owners[b]) > 1]
-        st.info(ctx.t("class_mine_blocks" if shared else "class_mine_blocks_own", request=label,
-                      own=", ".join(map(str, own)) or "–", shared=", ".join(map(str, shared))))
+        st.info(
+            ctx.t(
+                "class_mine_blocks" if shared else "class_mine_blocks_own",
+                request=label,
+                own=", ".join(map(str, own)) or "–",
+                shared=", ".join(map(str, shared)),
+            )
+        )
 
 
 def room_part(ctx: ViewContext) -> None:
@@ -71,10 +77,15 @@ def teachers_list(ctx: ViewContext) -> None:
         for i, prompt in enumerate(room.prompts):
             text, remove = st.columns([12, 1], vertical_alignment="center")
             text.text(f"{i + 1}. {prompt.text}")
-            remove.button("✕", key=f"b_class_remove_{i}", on_click=room.remove, args=(prompt.sender,),
-                          help=ctx.t("class_remove_help"))
+            remove.button(
+                "✕",
+                key=f"b_class_remove_{i}",
+                on_click=room.remove,
+                args=(prompt.sender,),
+                help=ctx.t("class_remove_help"),
+            )
     row = st.container(horizontal=True)
-    row.button(ctx.t("class_serve", n=len(room.prompts)), key="b_class_serve", on_click=room.serve,
-               disabled=not room.prompts)
-    row.button(ctx.t("class_samples"), key="b_class_samples", on_click=room.samples,
-               disabled=not ctx.state.serve_round)
+    row.button(
+        ctx.t("class_serve", n=len(room.prompts)), key="b_class_serve", on_click=room.serve, disabled=not room.prompts
+    )
+    row.button(ctx.t("class_samples"), key="b_class_samples", on_click=room.samples, disabled=not ctx.state.serve_round)

@@ -27,11 +27,24 @@ class ContextsShown:
         later = range(1, len(keys))
         k_low = min(later, key=lambda i: content[i]) if later else 0
         v_low = min(later, key=lambda i: values[i]) if later else 0
-        out = dict(ctx_first=self.first, ctx_second=self.second, ctx_word=self.word, ctx_id=both.token_id,
-                   ctx_p1=both.positions[0], ctx_p2=both.positions[1], ctx_k0=keys[0], ctx_v0=values[0],
-                   ctx_k_low=content[k_low], ctx_k_low_layer=k_low, ctx_v_low=values[v_low],
-                   ctx_v_low_layer=v_low, ctx_k_last=content[-1], ctx_v_last=values[-1],
-                   ctx_last_layer=len(keys) - 1, ctx_rope=unrotated is not None)
+        out = dict(
+            ctx_first=self.first,
+            ctx_second=self.second,
+            ctx_word=self.word,
+            ctx_id=both.token_id,
+            ctx_p1=both.positions[0],
+            ctx_p2=both.positions[1],
+            ctx_k0=keys[0],
+            ctx_v0=values[0],
+            ctx_k_low=content[k_low],
+            ctx_k_low_layer=k_low,
+            ctx_v_low=values[v_low],
+            ctx_v_low_layer=v_low,
+            ctx_k_last=content[-1],
+            ctx_v_last=values[-1],
+            ctx_last_layer=len(keys) - 1,
+            ctx_rope=unrotated is not None,
+        )
         if unrotated is not None:
             out.update(ctx_k0_unrotated=unrotated[0])
         return out

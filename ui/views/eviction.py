@@ -50,8 +50,11 @@ def render(ctx: ViewContext) -> None:
         return
     try:
         runs = EvictionSettings.of(ctx.state).variants(len(ctx.runner.prompt_ids) - 1)
-        what = ctx.t("evict_computing_stream") if ctx.state.evict_at == "stream" else \
-            ctx.t("evict_computing_policies", count=len(runs) - 1)
+        what = (
+            ctx.t("evict_computing_stream")
+            if ctx.state.evict_at == "stream"
+            else ctx.t("evict_computing_policies", count=len(runs) - 1)
+        )
         with st.spinner(ctx.t("evict_computing", what=what)):
             data = shown_eviction(ctx)
     except InvalidSettingError as error:
@@ -76,33 +79,70 @@ def controls(ctx: ViewContext) -> bool:
     state = ctx.state
     left, right = st.columns(2)
     with left:
-        st.radio(ctx.t("evict_at"), EVICT_AT, key=ctx.setting_key("evict_at"), horizontal=True,
-                 format_func=lambda at: ctx.t("evict_at_" + at))
-        st.selectbox(ctx.t("evict_policy"), EVICTION_POLICIES, key=ctx.setting_key("evict"),
-                     format_func=lambda p: ctx.t("evict_policy_" + p), disabled=state.evict_at == "stream",
-                     help=ctx.t("evict_policy_help"))
+        st.radio(
+            ctx.t("evict_at"),
+            EVICT_AT,
+            key=ctx.setting_key("evict_at"),
+            horizontal=True,
+            format_func=lambda at: ctx.t("evict_at_" + at),
+        )
+        st.selectbox(
+            ctx.t("evict_policy"),
+            EVICTION_POLICIES,
+            key=ctx.setting_key("evict"),
+            format_func=lambda p: ctx.t("evict_policy_" + p),
+            disabled=state.evict_at == "stream",
+            help=ctx.t("evict_policy_help"),
+        )
     with right:
         if state.evict_at == "prefill":
-            st.slider(ctx.t("evict_ratio"), *bounds("ratio"), key=ctx.setting_key("ratio"), step=0.05,
-                      help=ctx.t("evict_ratio_help"))
+            st.slider(
+                ctx.t("evict_ratio"),
+                *bounds("ratio"),
+                key=ctx.setting_key("ratio"),
+                step=0.05,
+                help=ctx.t("evict_ratio_help"),
+            )
         elif state.evict_at == "decode":
-            st.number_input(ctx.t("evict_budget"), *bounds("budget"), key=ctx.setting_key("budget"), step=1,
-                            help=ctx.t("evict_budget_help"))
-            st.number_input(ctx.t("evict_interval"), *bounds("interval"), key=ctx.setting_key("interval"), step=1,
-                            help=ctx.t("evict_interval_help"))
+            st.number_input(
+                ctx.t("evict_budget"),
+                *bounds("budget"),
+                key=ctx.setting_key("budget"),
+                step=1,
+                help=ctx.t("evict_budget_help"),
+            )
+            st.number_input(
+                ctx.t("evict_interval"),
+                *bounds("interval"),
+                key=ctx.setting_key("interval"),
+                step=1,
+                help=ctx.t("evict_interval_help"),
+            )
         else:
-            st.number_input(ctx.t("evict_window"), *bounds("stream_window"), key=ctx.setting_key("stream_window"),
-                            step=1, help=ctx.t("evict_window_help"))
+            st.number_input(
+                ctx.t("evict_window"),
+                *bounds("stream_window"),
+                key=ctx.setting_key("stream_window"),
+                step=1,
+                help=ctx.t("evict_window_help"),
+            )
         own = st.toggle(ctx.t("evict_own_cache"), key="evict_own_cache", help=ctx.t("evict_own_cache_help"))
     return own
 
 
 def kept_map(ctx: ViewContext, data: EvictionShown, own_cache: bool, policy: str) -> None:
     record = data.full if own_cache else data.evicting
-    title = ctx.t("evict_kept_title_own" if own_cache else "evict_kept_title", policy=policy,
-                  token=data.passes, length=record.position + 1)
-    figure(lambda: kept_figure(record.kept, ctx.info.layer_kinds, title, ctx.large, words(ctx)),
-           "eviction-kept", memo_key(ctx, "kept", own_cache, data.passes))
+    title = ctx.t(
+        "evict_kept_title_own" if own_cache else "evict_kept_title",
+        policy=policy,
+        token=data.passes,
+        length=record.position + 1,
+    )
+    figure(
+        lambda: kept_figure(record.kept, ctx.info.layer_kinds, title, ctx.large, words(ctx)),
+        "eviction-kept",
+        memo_key(ctx, "kept", own_cache, data.passes),
+    )
 
 
 def notes(ctx: ViewContext, data: EvictionShown) -> None:
@@ -114,17 +154,30 @@ def notes(ctx: ViewContext, data: EvictionShown) -> None:
         st.caption(ctx.t("evict_ended", passes=data.passes, step=ctx.step))
     if data.capped:
         st.info(ctx.t("evict_capped", steps=data.pair.plan.steps, mb=ctx.runner.step_memory_mb))
-    st.caption(ctx.t("evict_masked_note", allocated=fmt_size(record.allocated_bytes), kept=fmt_size(record.kept_bytes),
-                     full=fmt_size(record.full_bytes)))
+    st.caption(
+        ctx.t(
+            "evict_masked_note",
+            allocated=fmt_size(record.allocated_bytes),
+            kept=fmt_size(record.kept_bytes),
+            full=fmt_size(record.full_bytes),
+        )
+    )
     st.caption(ctx.t("evict_positions_note"))
     budgets = budgets_note(ctx, data)
     if budgets:
         st.caption(budgets)
     if info.sliding_window is not None:
         kinds = info.layer_kinds
-        st.caption(ctx.t("evict_window_note", local=kinds.count("local"), layers=info.layers,
-                         w=info.sliding_window, global_=kinds.count("global"),
-                         global_layers=", ".join(str(i) for i, k in enumerate(kinds) if k == "global")))
+        st.caption(
+            ctx.t(
+                "evict_window_note",
+                local=kinds.count("local"),
+                layers=info.layers,
+                w=info.sliding_window,
+                global_=kinds.count("global"),
+                global_layers=", ".join(str(i) for i, k in enumerate(kinds) if k == "global"),
+            )
+        )
 
 
 def budgets_note(ctx: ViewContext, data: EvictionShown) -> str | None:
@@ -141,8 +194,9 @@ def budgets_note(ctx: ViewContext, data: EvictionShown) -> str | None:
     counts = {i: int((data.evicting.kept[i, 0] == KEPT).sum()) for i in layers}
     if len(set(counts.values())) == 1:
         return ctx.t("evict_pyramid_flat", count=counts[layers[0]])
-    return ctx.t("evict_pyramid_layers", first=layers[0], most=counts[layers[0]], last=layers[-1],
-                 least=counts[layers[-1]])
+    return ctx.t(
+        "evict_pyramid_layers", first=layers[0], most=counts[layers[0]], last=layers[-1], least=counts[layers[-1]]
+    )
 
 
 def text(ctx: ViewContext, data: EvictionShown, policy: str) -> None:
@@ -152,8 +206,11 @@ def text(ctx: ViewContext, data: EvictionShown, policy: str) -> None:
         st.markdown(f"**{ctx.t('evict_text_title')}**")
         common, full_rest, evicting_rest = data.texts()
         st.markdown(text_comparison_html(common, full_rest, evicting_rest, policy, words(ctx)), unsafe_allow_html=True)
-        st.caption(ctx.t("evict_text_same", n=data.passes) if data.difference is None
-                   else ctx.t("evict_text_differs", token=data.difference + 1))
+        st.caption(
+            ctx.t("evict_text_same", n=data.passes)
+            if data.difference is None
+            else ctx.t("evict_text_differs", token=data.difference + 1)
+        )
 
 
 def cost(ctx: ViewContext, data: EvictionShown, policy: str) -> None:
@@ -165,8 +222,11 @@ def cost(ctx: ViewContext, data: EvictionShown, policy: str) -> None:
         name = lambda run: ctx.t("evict_short_" + run, window=data.settings.window)  # noqa: E731 — legend's short
         lines = {name(run): values for run, values in data.costs().items()}
         chosen = name(data.settings.run_name)
-        figure(lambda: cost_figure(lines, chosen, ctx.t("evict_cost_title"), ctx.large, words(ctx)),
-               "eviction-cost", memo_key(ctx, "cost", data.passes, len(lines)))
+        figure(
+            lambda: cost_figure(lines, chosen, ctx.t("evict_cost_title"), ctx.large, words(ctx)),
+            "eviction-cost",
+            memo_key(ctx, "cost", data.passes, len(lines)),
+        )
         st.caption(cost_sentence(ctx, data, policy))
         if data.settings.at != "stream":  # the streaming window is its timing's one run
             st.caption(ctx.t("evict_cost_lab", count=len(lines), total=len(data.pair.lab.variants) - 1))
@@ -187,17 +247,29 @@ def forced(ctx: ViewContext, data: EvictionShown, policy: str) -> None:
 
 def forced_sentence(ctx: ViewContext, reading: ForcedReading, policy: str) -> str:
     full, evicting = round(float(reading.full.mean()), 3), round(float(reading.evicting.mean()), 3)  # as shown
-    return ctx.t("evict_forced_more" if evicting >= full else "evict_forced_less", n=len(reading.answer),
-                 policy=policy, evicting=f"{evicting:.3f}", full=f"{full:.3f}", delta=f"{abs(evicting - full):.3f}",
-                 ppl_evicting=f"{math.exp(evicting):.2f}", ppl_full=f"{math.exp(full):.2f}")
+    return ctx.t(
+        "evict_forced_more" if evicting >= full else "evict_forced_less",
+        n=len(reading.answer),
+        policy=policy,
+        evicting=f"{evicting:.3f}",
+        full=f"{full:.3f}",
+        delta=f"{abs(evicting - full):.3f}",
+        ppl_evicting=f"{math.exp(evicting):.2f}",
+        ppl_full=f"{math.exp(full):.2f}",
+    )
 
 
 def cost_sentence(ctx: ViewContext, data: EvictionShown, policy: str) -> str:
     token, kl, same = data.cost()
     if token < data.passes:  # the texts parted at an earlier token
         return ctx.t("evict_cost_parted", policy=policy, token=token, kl=f"{kl:.3g}")
-    return ctx.t("evict_cost_now", token=token, policy=policy, kl=f"{kl:.3g}",
-                 top=ctx.t("evict_cost_top_same" if same else "evict_cost_top_differs"))
+    return ctx.t(
+        "evict_cost_now",
+        token=token,
+        policy=policy,
+        kl=f"{kl:.3g}",
+        top=ctx.t("evict_cost_top_same" if same else "evict_cost_top_differs"),
+    )
 
 
 def share(ctx: ViewContext, data: EvictionShown) -> None:
@@ -205,9 +277,13 @@ def share(ctx: ViewContext, data: EvictionShown) -> None:
         return
     with Part("share"):
         values = data.evicting.evicted_share
-        figure(lambda: evicted_share_figure(values, ctx.info.gqa_group, ctx.t("evict_share_title", token=data.passes),
-                                            ctx.large, words(ctx)),
-               "eviction-share", memo_key(ctx, "share", data.passes))
+        figure(
+            lambda: evicted_share_figure(
+                values, ctx.info.gqa_group, ctx.t("evict_share_title", token=data.passes), ctx.large, words(ctx)
+            ),
+            "eviction-share",
+            memo_key(ctx, "share", data.passes),
+        )
 
 
 def sink(ctx: ViewContext, data: EvictionShown, policy: str) -> None:
@@ -215,9 +291,13 @@ def sink(ctx: ViewContext, data: EvictionShown, policy: str) -> None:
         return
     with Part("sink"):
         full, evicting = data.sink(data.full), data.sink(data.evicting)
-        figure(lambda: sink_figure(full, evicting, ctx.t("evict_sink_title", token=data.passes, policy=policy),
-                                   ctx.large, words(ctx)),
-               "eviction-sink", memo_key(ctx, "sink", data.passes))
+        figure(
+            lambda: sink_figure(
+                full, evicting, ctx.t("evict_sink_title", token=data.passes, policy=policy), ctx.large, words(ctx)
+            ),
+            "eviction-sink",
+            memo_key(ctx, "sink", data.passes),
+        )
 
 
 def streaming(ctx: ViewContext) -> None:
@@ -231,32 +311,59 @@ def streaming(ctx: ViewContext) -> None:
         experiment = ctx.runner.sink_experiment(ctx.state.lang)
         if not experiment.done:
             bar = st.progress(0.0)
-            experiment.compute(lambda done, total: bar.progress(
-                done / total, text=ctx.t("evict_streaming_computing", done=done, total=total)))
+            experiment.compute(
+                lambda done, total: bar.progress(
+                    done / total, text=ctx.t("evict_streaming_computing", done=done, total=total)
+                )
+            )
             bar.empty()
         draw_streaming(ctx, experiment)
 
 
 def draw_streaming(ctx: ViewContext, experiment: SinkExperiment) -> None:
     rest = CACHE - 4
-    lines = {ctx.t("evict_line_full"): experiment.full, ctx.t("evict_line_alone", cache=CACHE): experiment.of(0),
-             ctx.t("evict_line_sinks", rest=rest): experiment.of(4),
-             ctx.t("evict_line_sinks_inside", rest=rest): experiment.of(4, inside=True)}
-    figure(lambda: nll_by_position_figure(lines, CACHE, SMOOTH, ctx.t("evict_streaming_by_position_title",
-                                                                      smooth=SMOOTH, cache=CACHE),
-                                          ctx.large, words(ctx)),
-           "eviction-streaming", memo_key(ctx, "streaming", per_step=False))
+    lines = {
+        ctx.t("evict_line_full"): experiment.full,
+        ctx.t("evict_line_alone", cache=CACHE): experiment.of(0),
+        ctx.t("evict_line_sinks", rest=rest): experiment.of(4),
+        ctx.t("evict_line_sinks_inside", rest=rest): experiment.of(4, inside=True),
+    }
+    figure(
+        lambda: nll_by_position_figure(
+            lines,
+            CACHE,
+            SMOOTH,
+            ctx.t("evict_streaming_by_position_title", smooth=SMOOTH, cache=CACHE),
+            ctx.large,
+            words(ctx),
+        ),
+        "eviction-streaming",
+        memo_key(ctx, "streaming", per_step=False),
+    )
     mean = experiment.after_cache
     written = [mean(experiment.of(n)) for n in SINKS]
     inside = [mean(experiment.of(n, inside=True)) for n in SINKS]
     full = mean(experiment.full)
-    figure(lambda: sinks_figure(SINKS, written, inside, full, ctx.t("evict_streaming_sinks_title", cache=CACHE),
-                                ctx.large, words(ctx)),
-           "eviction-sinks-count", memo_key(ctx, "sinks-count", per_step=False))
+    figure(
+        lambda: sinks_figure(
+            SINKS, written, inside, full, ctx.t("evict_streaming_sinks_title", cache=CACHE), ctx.large, words(ctx)
+        ),
+        "eviction-sinks-count",
+        memo_key(ctx, "sinks-count", per_step=False),
+    )
     more = lambda nll: f"{mean(nll) - full:.2f}"  # noqa: E731 — nats a token over the full cache
-    st.markdown(ctx.t("evict_streaming_said", tokens=len(experiment.ids), cache=CACHE, full=f"{full:.2f}",
-                      alone=more(experiment.of(0)), one=more(experiment.of(1)), four=more(experiment.of(4)),
-                      four_inside=more(experiment.of(4, inside=True))))
+    st.markdown(
+        ctx.t(
+            "evict_streaming_said",
+            tokens=len(experiment.ids),
+            cache=CACHE,
+            full=f"{full:.2f}",
+            alone=more(experiment.of(0)),
+            one=more(experiment.of(1)),
+            four=more(experiment.of(4)),
+            four_inside=more(experiment.of(4, inside=True)),
+        )
+    )
 
 
 def held_bytes(ctx: ViewContext, data: EvictionShown) -> None:
@@ -264,9 +371,18 @@ def held_bytes(ctx: ViewContext, data: EvictionShown) -> None:
         return
     with Part("bytes"):
         r = data.evicting
-        figure(lambda: bytes_figure(r.full_bytes, r.allocated_bytes, r.kept_bytes,
-                                    ctx.t("evict_bytes_title", token=data.passes), ctx.large, words(ctx)),
-               "eviction-bytes", memo_key(ctx, "bytes", data.passes))
+        figure(
+            lambda: bytes_figure(
+                r.full_bytes,
+                r.allocated_bytes,
+                r.kept_bytes,
+                ctx.t("evict_bytes_title", token=data.passes),
+                ctx.large,
+                words(ctx),
+            ),
+            "eviction-bytes",
+            memo_key(ctx, "bytes", data.passes),
+        )
 
 
 def over_steps(ctx: ViewContext, data: EvictionShown) -> None:
@@ -279,6 +395,10 @@ def over_steps(ctx: ViewContext, data: EvictionShown) -> None:
     kv_head = head // ctx.info.gqa_group
     with place:
         history = data.history(layer, kv_head)
-        figure(lambda: kept_over_steps_figure(history, 1, ctx.t("evict_steps_title", layer=layer, kv=kv_head,
-                                                                  head=head), ctx.large, words(ctx)),
-               f"eviction-steps-L{layer}-KV{kv_head}", memo_key(ctx, "steps", layer, kv_head, data.passes))
+        figure(
+            lambda: kept_over_steps_figure(
+                history, 1, ctx.t("evict_steps_title", layer=layer, kv=kv_head, head=head), ctx.large, words(ctx)
+            ),
+            f"eviction-steps-L{layer}-KV{kv_head}",
+            memo_key(ctx, "steps", layer, kv_head, data.passes),
+        )

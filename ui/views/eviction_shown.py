@@ -48,8 +48,8 @@ class EvictionShown:
         """(passes, L) the states of one (layer, KV head) at each pass so far, NaN where a position did not exist."""
         length = self.evicting.position + 1
         out = np.full((self.passes, length), np.nan)
-        for i, record in enumerate(self.pair.evicting.passes[:self.passes]):
-            out[i, :record.position + 1] = record.kept[layer, kv_head]
+        for i, record in enumerate(self.pair.evicting.passes[: self.passes]):
+            out[i, : record.position + 1] = record.kept[layer, kv_head]
         return out
 
     @cached_property
@@ -61,23 +61,23 @@ class EvictionShown:
         """Each policy's run of the lab (the streaming window's alone at that timing): its KL from the full cache
         at each answer token up to the page's (None once its text parted), by run name."""
         runs = list(self.pair.lab.runs.items())  # a copy: another page's policy may join meanwhile
-        return {name: [p.kl for p in run.passes[:self.passes]] for name, run in runs if name is not None}
+        return {name: [p.kl for p in run.passes[: self.passes]] for name, run in runs if name is not None}
 
     def cost(self) -> tuple[int, float, bool]:
         """What evicting cost the policy's prediction, where the two runs still predict after the same text: (the
         answer token, 1-based, its next-token KL from the full cache's, whether the policy's token there is the
         full cache's too). The page's token while the texts agree so far, else the token where they parted."""
-        last = max(i for i, p in enumerate(self.pair.evicting.passes[:self.passes]) if p.kl is not None)
+        last = max(i for i, p in enumerate(self.pair.evicting.passes[: self.passes]) if p.kl is not None)
         ours, theirs = self.pair.evicting.passes[last], self.pair.full.passes[last]
         return last + 1, ours.kl, ours.token_id == theirs.token_id
 
     def token_ids(self, run) -> list[int]:
-        return [p.token_id for p in run.passes[:self.passes]]
+        return [p.token_id for p in run.passes[: self.passes]]
 
     def texts(self) -> tuple[str, str, str]:
         """The shared start, then the full cache's rest and the policy's (both "" while they agree)."""
         cut = self.passes if self.difference is None else self.difference
-        pieces = lambda run: [p.piece for p in run.passes[:self.passes]]  # noqa: E731
+        pieces = lambda run: [p.piece for p in run.passes[: self.passes]]  # noqa: E731
         full, evicting = pieces(self.pair.full), pieces(self.pair.evicting)
         return "".join(full[:cut]), "".join(full[cut:]), "".join(evicting[cut:])
 
@@ -109,8 +109,7 @@ def error_message(ctx: ViewContext, error: InvalidSettingError) -> str:
     if isinstance(error, EvictionLabFull):
         return ctx.t("evict_lab_full", policies=", ".join(str(ctx.t("evict_short_" + n)) for n in error.names))
     if isinstance(error, EvictionTooLarge):
-        return ctx.t("evict_too_large", need=error.plan.estimated_bytes / 10**6,
-                     mb=ctx.runner.step_memory_mb)
+        return ctx.t("evict_too_large", need=error.plan.estimated_bytes / 10**6, mb=ctx.runner.step_memory_mb)
     return ctx.t("evict_cannot_run", error=str(error))
 
 

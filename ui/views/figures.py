@@ -48,10 +48,14 @@ def figure(build: go.Figure | Callable[[], go.Figure], name: str, memo: tuple | 
     title, fig = made() if memo is None else _figures.made((*memo, limit), made)  # shared between pages: only read
     paint_first()
     if title:
-        st.markdown(f'<p class="kv-figure-title" style="font-weight:600;margin:0.4rem 0 1rem 0;line-height:1.35">'
-                    f"{html.escape(title)}</p>", unsafe_allow_html=True)
-    st.plotly_chart(fig, width="stretch", config={"toImageButtonOptions": {"format": "png", "filename": name},
-                                                   "displaylogo": False})
+        st.markdown(
+            f'<p class="kv-figure-title" style="font-weight:600;margin:0.4rem 0 1rem 0;line-height:1.35">'
+            f"{html.escape(title)}</p>",
+            unsafe_allow_html=True,
+        )
+    st.plotly_chart(
+        fig, width="stretch", config={"toImageButtonOptions": {"format": "png", "filename": name}, "displaylogo": False}
+    )
 
 
 def prepared(fig: go.Figure, limit: int | None) -> tuple[str, go.Figure]:

@@ -26,14 +26,24 @@ def render(ctx: ViewContext) -> None:
     trace = ctx.trace
     if shown("picture"):
         with Part("picture", key="main-figure"), st.container(key="step-picture"):  # the picture of the step first
-            figure(lambda: step_figure(trace, info, ctx.stage, picture_title(ctx), ctx.large, words(ctx)), "one-step",
-                   memo_key(ctx, "picture"))
+            figure(
+                lambda: step_figure(trace, info, ctx.stage, picture_title(ctx), ctx.large, words(ctx)),
+                "one-step",
+                memo_key(ctx, "picture"),
+            )
     if shown("residuals"):
         with Part("residuals"):
-            figure(lambda: residual_figure(trace.residual.float().numpy(),
-                                           ctx.t("residual_title", adds=2 * info.layers),
-                                           ctx.large, words(ctx), post_norms=len(info.layer_norms) == 4),
-                   "residual-stream", memo_key(ctx, "residuals"))
+            figure(
+                lambda: residual_figure(
+                    trace.residual.float().numpy(),
+                    ctx.t("residual_title", adds=2 * info.layers),
+                    ctx.large,
+                    words(ctx),
+                    post_norms=len(info.layer_norms) == 4,
+                ),
+                "residual-stream",
+                memo_key(ctx, "residuals"),
+            )
     if shown():
         dual_path(ctx)
     if shown("vectors"):
@@ -61,8 +71,13 @@ def stages_table(ctx: ViewContext) -> pd.DataFrame:
         facts = {k: ctx.t("yes" if v else "no") if isinstance(v, bool) else v for k, v in r.facts.items()}
         note = "flow_note_" + r.key
         note += "_post" if post and note + "_post" in strings.ENGLISH else ""
-        rows.append({ctx.t("flow_stage"): ctx.t("flow_stage_" + r.key, **facts), ctx.t("flow_shape"): r.shape,
-                     ctx.t("flow_note_col"): ctx.t(note, **facts)})
+        rows.append(
+            {
+                ctx.t("flow_stage"): ctx.t("flow_stage_" + r.key, **facts),
+                ctx.t("flow_shape"): r.shape,
+                ctx.t("flow_note_col"): ctx.t(note, **facts),
+            }
+        )
     return pd.DataFrame(rows).set_index(ctx.t("flow_stage"))
 
 
@@ -70,19 +85,27 @@ def vectors(ctx: ViewContext) -> None:
     """The last layer's output beside the next step's input: two different vectors."""
     info, trace = ctx.info, ctx.trace
     # GPT-2's next input is its token row plus a learned position row; RoPE families take the token row alone.
-    next_label = ctx.t("vec_next_learned" if info.positions == "learned" else "vec_next", id=trace.token_id,
-                       position=trace.positions[-1] + 1)
-    shown_vectors = {ctx.t("vec_final"): trace.final_hidden.float().numpy(),
-                     next_label: trace.next_input_embedding.float().numpy()}
+    next_label = ctx.t(
+        "vec_next_learned" if info.positions == "learned" else "vec_next",
+        id=trace.token_id,
+        position=trace.positions[-1] + 1,
+    )
+    shown_vectors = {
+        ctx.t("vec_final"): trace.final_hidden.float().numpy(),
+        next_label: trace.next_input_embedding.float().numpy(),
+    }
     with Part("vectors"):
-        figure(lambda: vector_figure(shown_vectors, ctx.t("vectors_title"), ctx.large, words(ctx)),
-               "final-vs-next-input", memo_key(ctx, "vectors"))
+        figure(
+            lambda: vector_figure(shown_vectors, ctx.t("vectors_title"), ctx.large, words(ctx)),
+            "final-vs-next-input",
+            memo_key(ctx, "vectors"),
+        )
         different = float(np.abs(shown_vectors[ctx.t("vec_final")] - shown_vectors[next_label]).max())
         st.caption(ctx.t("vectors_note", diff=different))
 
 
 def picture_title(ctx: ViewContext) -> str:
-    """"Step 5 (decode): id 1234 in → id 314 out" (prefill: how many prompt ids went in)."""
+    """ "Step 5 (decode): id 1234 in → id 314 out" (prefill: how many prompt ids went in)."""
     trace = ctx.trace
     if trace.phase == "prefill":
         return ctx.t("picture_title_prefill", step=ctx.step, n=len(trace.input_ids), output=trace.token_id)

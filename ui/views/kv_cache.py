@@ -39,8 +39,17 @@ def render(ctx: ViewContext) -> None:
     length = ctx.trace.context_length
     picture = Part("pool")  # the figure first; the choice of pool under it (the first screen is the figure's)
     with picture.under:
-        busy = st.radio(ctx.t("pool_choice"), POOLS, key=ctx.setting_key("pool"), horizontal=True,
-                        help=ctx.t("pool_choice_help"), format_func=lambda p: ctx.t("pool_" + p)) == "busy"
+        busy = (
+            st.radio(
+                ctx.t("pool_choice"),
+                POOLS,
+                key=ctx.setting_key("pool"),
+                horizontal=True,
+                help=ctx.t("pool_choice_help"),
+                format_func=lambda p: ctx.t("pool_" + p),
+            )
+            == "busy"
+        )
     if busy and ctx.runner.short_of_memory():  # the replay's pool is a second run's worth: the own pool instead
         st.info(ctx.t("short_of_memory", left_out=ctx.t("left_out_busy_pool")))
         busy = False
@@ -66,14 +75,30 @@ def blocks(ctx: ViewContext, block_table: list[int], pool, busy: bool) -> None:
     c1, c2, c3 = st.columns(3)
     c1.metric(ctx.t("cached_positions"), length)
     c2.metric(ctx.t("blocks_used"), f"{len(block_table)} × {size}")
-    c3.metric(ctx.t("bytes_total", dtype=info.dtype), fmt_size(info.kv_bytes(length)),
-              help=ctx.t("bytes_help", per=Shown(fmt_int(info.kv_bytes_per_token)), element=info.element_bytes))
+    c3.metric(
+        ctx.t("bytes_total", dtype=info.dtype),
+        fmt_size(info.kv_bytes(length)),
+        help=ctx.t("bytes_help", per=Shown(fmt_int(info.kv_bytes_per_token)), element=info.element_bytes),
+    )
     if not busy:
-        figure(lambda: occupancy_bar(len(block_table), pool.cached_free, pool.blocks,
-                                     ctx.t("pool_title", total=pool.blocks), ctx.large, words=words(ctx)),
-               "pool-occupancy", memo_key(ctx, "occupancy", len(block_table), pool.cached_free, pool.blocks))
-    table(shared_table(lambda: block_table_frame(block_table, length, size, ctx.labels, words(ctx)),
-                       memo_key(ctx, "block-table", busy)))
+        figure(
+            lambda: occupancy_bar(
+                len(block_table),
+                pool.cached_free,
+                pool.blocks,
+                ctx.t("pool_title", total=pool.blocks),
+                ctx.large,
+                words=words(ctx),
+            ),
+            "pool-occupancy",
+            memo_key(ctx, "occupancy", len(block_table), pool.cached_free, pool.blocks),
+        )
+    table(
+        shared_table(
+            lambda: block_table_frame(block_table, length, size, ctx.labels, words(ctx)),
+            memo_key(ctx, "block-table", busy),
+        )
+    )
     st.markdown(ctx.t("stored", layers=info.layers, kv=info.kv_heads, d=info.head_dim))
     st.markdown(ctx.t("not_stored"))
 
@@ -82,9 +107,20 @@ def own_pool(ctx: ViewContext, pool) -> list[int]:
     """The run's own pool: its blocks and slots. Returns the run's block table."""
     trace = ctx.trace
     with st.container(key="main-figure"):  # blocks and slots first, then the numbers about them
-        figure(lambda: pool_figure(trace.block_table, trace.context_length, pool.block_size, pool.blocks, ctx.labels,
-                                   ctx.t("blocks_title"), ctx.large, words=words(ctx)),
-               "kv-blocks", memo_key(ctx, "pool", pool.block_size, pool.blocks))
+        figure(
+            lambda: pool_figure(
+                trace.block_table,
+                trace.context_length,
+                pool.block_size,
+                pool.blocks,
+                ctx.labels,
+                ctx.t("blocks_title"),
+                ctx.large,
+                words=words(ctx),
+            ),
+            "kv-blocks",
+            memo_key(ctx, "pool", pool.block_size, pool.blocks),
+        )
     return trace.block_table
 
 
@@ -94,13 +130,32 @@ def busy_pool(ctx: ViewContext) -> list[int]:
     with st.spinner(ctx.t("busy_computing")):
         picture = ctx.runner.busy_pool(ctx.step)
     with st.container(key="main-figure"):
-        figure(lambda: busy_pool_figure(picture.block_table, picture.length, ctx.runner.pool_state().block_size,
-                                        picture.others, picture.num_blocks, ctx.t("busy_title"), ctx.large, words(ctx)),
-               "kv-busy-pool", memo_key(ctx, "busy"))
+        figure(
+            lambda: busy_pool_figure(
+                picture.block_table,
+                picture.length,
+                ctx.runner.pool_state().block_size,
+                picture.others,
+                picture.num_blocks,
+                ctx.t("busy_title"),
+                ctx.large,
+                words(ctx),
+            ),
+            "kv-busy-pool",
+            memo_key(ctx, "busy"),
+        )
     others = picture.requests_before
     freed = picture.freed if len(picture.freed) <= 6 else [*picture.freed[:4], "…", picture.freed[-1]]
-    st.caption(ctx.t("busy_note", others=others, last=others - 1, freed=", ".join(map(str, freed)),
-                     layers=ctx.info.layers, diff=difference_text(picture.kv_max_diff)))
+    st.caption(
+        ctx.t(
+            "busy_note",
+            others=others,
+            last=others - 1,
+            freed=", ".join(map(str, freed)),
+            layers=ctx.info.layers,
+            diff=difference_text(picture.kv_max_diff),
+        )
+    )
     return picture.block_table
 
 
@@ -115,15 +170,26 @@ def kv_values(ctx: ViewContext, layer: int, head: int, length: int) -> None:
     k, v, start = ctx.runner.cached_kv(layer, length)
     if info.window(layer) is not None and start:
         held = len(k)
-        st.caption(ctx.t("kv_window_held", layer=layer, first=start, last=start + held - 1, w=info.window(layer))
-                   if held else ctx.t("kv_window_empty", layer=layer))
+        st.caption(
+            ctx.t("kv_window_held", layer=layer, first=start, last=start + held - 1, w=info.window(layer))
+            if held
+            else ctx.t("kv_window_empty", layer=layer)
+        )
         if not held:
             return
     values = (k if which == "K" else v)[:, kv_head]
-    figure(lambda: kv_values_figure(values.float().cpu().numpy(), ctx.labels,
-                                    ctx.t("values_title", which=which, layer=layer, kv=kv_head, head=head), ctx.large,
-                                    words(ctx), start=start),
-           f"{which}-L{layer}-KV{kv_head}", memo_key(ctx, "values", layer, head, which))
+    figure(
+        lambda: kv_values_figure(
+            values.float().cpu().numpy(),
+            ctx.labels,
+            ctx.t("values_title", which=which, layer=layer, kv=kv_head, head=head),
+            ctx.large,
+            words(ctx),
+            start=start,
+        ),
+        f"{which}-L{layer}-KV{kv_head}",
+        memo_key(ctx, "values", layer, head, which),
+    )
 
 
 def layer_reach(ctx: ViewContext, head: int) -> None:
@@ -134,10 +200,20 @@ def layer_reach(ctx: ViewContext, head: int) -> None:
     if not place.shown:
         return
     with place:
-        figure(lambda: layer_reach_figure(
-            layer_reach_frame(trace.attention[:, head, -1].float().numpy(), trace.scores[:, head, -1].float().numpy()),
-            info.layer_kinds, trace.window_start, ctx.t("reach_title", head=head), ctx.large, words(ctx)),
-            f"reach-H{head}", memo_key(ctx, "reach", head))
+        figure(
+            lambda: layer_reach_figure(
+                layer_reach_frame(
+                    trace.attention[:, head, -1].float().numpy(), trace.scores[:, head, -1].float().numpy()
+                ),
+                info.layer_kinds,
+                trace.window_start,
+                ctx.t("reach_title", head=head),
+                ctx.large,
+                words(ctx),
+            ),
+            f"reach-H{head}",
+            memo_key(ctx, "reach", head),
+        )
 
 
 def contexts(ctx: ViewContext) -> None:
@@ -163,9 +239,18 @@ def draw_contexts(ctx: ViewContext, explained: bool = True) -> None:
         st.info(ctx.t("contexts_unavailable", error=str(error)))
         return
     both = shown.both
-    figure(lambda: contexts_figure(both.key_cosines(), both.unrotated_key_cosines(), both.value_cosines(),
-                                   ctx.t("contexts_title", word=shown.word), ctx.large, words(ctx)),
-           "kv-contexts", memo_key(ctx, "contexts", per_step=False))
+    figure(
+        lambda: contexts_figure(
+            both.key_cosines(),
+            both.unrotated_key_cosines(),
+            both.value_cosines(),
+            ctx.t("contexts_title", word=shown.word),
+            ctx.large,
+            words(ctx),
+        ),
+        "kv-contexts",
+        memo_key(ctx, "contexts", per_step=False),
+    )
     if explained:
         facts = shown.facts()
         st.markdown(ctx.t("contexts_where", **facts))
@@ -179,20 +264,42 @@ def layer_lengths(ctx: ViewContext, length: int) -> None:
     info = ctx.info
     place = Part("layers")  # the figure first; its slider under it
     with place.under:
-        at = st.slider(ctx.t("lengths_slider"), 1, info.context_limit, key=ctx.own_key("lengths_at"),
-                       value=lengths_default(info, length), help=ctx.t("lengths_slider_help", n=length))
+        at = st.slider(
+            ctx.t("lengths_slider"),
+            1,
+            info.context_limit,
+            key=ctx.own_key("lengths_at"),
+            value=lengths_default(info, length),
+            help=ctx.t("lengths_slider_help", n=length),
+        )
     if place.shown:
         with place:
-            figure(lambda: layer_lengths_figure(layer_lengths_frame(info, at), at, ctx.t("layer_lengths_title", n=at),
-                                                ctx.large, words(ctx)),
-                   "kv-layer-lengths", memo_key(ctx, "layers", at, per_step=False))
+            figure(
+                lambda: layer_lengths_figure(
+                    layer_lengths_frame(info, at), at, ctx.t("layer_lengths_title", n=at), ctx.large, words(ctx)
+                ),
+                "kv-layer-lengths",
+                memo_key(ctx, "layers", at, per_step=False),
+            )
             if info.sliding_window is None:
                 st.markdown(ctx.t("window_none", n=at))
             else:
                 kept, every = window_saving(info, at)
-                st.markdown(ctx.t("window_saved", n=at, all=fmt_size(every), w=info.sliding_window,
-                                  kept=fmt_size(kept), saved=fmt_size(every - kept),
-                                  percent=100 * (every - kept) / every))
+                st.markdown(
+                    ctx.t(
+                        "window_saved",
+                        n=at,
+                        all=fmt_size(every),
+                        w=info.sliding_window,
+                        kept=fmt_size(kept),
+                        saved=fmt_size(every - kept),
+                        percent=100 * (every - kept) / every,
+                    )
+                )
     if shown():
-        table(shared_table(lambda: layer_lengths_table(layer_lengths_frame(info, at), words(ctx)),
-                           memo_key(ctx, "layers", at, per_step=False)))
+        table(
+            shared_table(
+                lambda: layer_lengths_table(layer_lengths_frame(info, at), words(ctx)),
+                memo_key(ctx, "layers", at, per_step=False),
+            )
+        )

@@ -31,8 +31,11 @@ def render(ctx: ViewContext) -> None:
         with main:  # the headline: the three policies side by side
             ordered = policies_side_by_side(ctx)
     if shown():
-        st.caption(ctx.t("case_block_note", size=ctx.state.block_size, case_size=CASE_BLOCK_SIZE) + " "
-                   + ctx.t("policies_note"))
+        st.caption(
+            ctx.t("case_block_note", size=ctx.state.block_size, case_size=CASE_BLOCK_SIZE)
+            + " "
+            + ctx.t("policies_note")
+        )
         with st.expander(ctx.t("policies_title")):
             table(policy_table(policy_frame({p: r.reused_tokens for p, r in ordered.items()}, n), words(ctx)))
     if shown("alignment"):
@@ -57,8 +60,12 @@ def this_run(ctx: ViewContext, n: int) -> None:
     cached = closest[0]
     cached_labels = [position_label(c) for c in ctx.runner.prompt_cells(cached)]
     with Part("alignment"):  # the new prompt aligned with the closest published one
-        table(alignment_table(alignment_frame(cached, ctx.runner.prompt_ids, cached_labels, ctx.labels[:n],
-                                              hit.reused_tokens), words(ctx)))
+        table(
+            alignment_table(
+                alignment_frame(cached, ctx.runner.prompt_ids, cached_labels, ctx.labels[:n], hit.reused_tokens),
+                words(ctx),
+            )
+        )
 
 
 def policies_side_by_side(ctx: ViewContext) -> dict:
@@ -71,10 +78,19 @@ def policies_side_by_side(ctx: ViewContext) -> dict:
         with column.container(key=f"verdict_{result.policy}"):
             verdict = "verdict_hit" if result.reused_tokens else "verdict_miss"
             st.metric(ctx.t("policy_" + result.policy), ctx.t(verdict))
-            st.caption(ctx.t("policy_counts", reused=result.reused_tokens, computed=result.computed_tokens,
-                             first=result.reused_tokens))
-    figure(lambda: policies_figure(ordered, ctx.state.block_size, ctx.t("policies_fig"), ctx.large, words(ctx)),
-           "prefix-policies", memo_key(ctx, "policies", *[(r.policy, r.computed_tokens, tuple(r.hits))
-                                                           for r in ordered.values()], per_step=False))
+            st.caption(
+                ctx.t(
+                    "policy_counts",
+                    reused=result.reused_tokens,
+                    computed=result.computed_tokens,
+                    first=result.reused_tokens,
+                )
+            )
+    figure(
+        lambda: policies_figure(ordered, ctx.state.block_size, ctx.t("policies_fig"), ctx.large, words(ctx)),
+        "prefix-policies",
+        memo_key(
+            ctx, "policies", *[(r.policy, r.computed_tokens, tuple(r.hits)) for r in ordered.values()], per_step=False
+        ),
+    )
     return ordered
-

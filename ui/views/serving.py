@@ -65,8 +65,9 @@ def counter_html(ctx: ViewContext) -> str:
         text = ctx.t("serve_counter_ready")
     else:
         report = served.steps[step - 1].report
-        text = ctx.t("serve_counter_prefill" if report.prefill else "serve_counter_decode", step=step,
-                     n=len(report.ran))
+        text = ctx.t(
+            "serve_counter_prefill" if report.prefill else "serve_counter_decode", step=step, n=len(report.ran)
+        )
     return counter_line(text)
 
 
@@ -94,14 +95,30 @@ def render(ctx: ViewContext) -> None:
         st.info(step_sentence(ctx, served, step))
     class_questions.where_mine_is(ctx, served.steps[step - 1].report if step else None)
     if shown():
-        st.caption(ctx.t("serve_how", blocks=served.setup.num_blocks, size=served.setup.block_size,
-                         seqs=served.setup.max_num_seqs, budget=served.setup.max_num_batched_tokens) + " "
-                   + exactness_note(ctx))
+        st.caption(
+            ctx.t(
+                "serve_how",
+                blocks=served.setup.num_blocks,
+                size=served.setup.block_size,
+                seqs=served.setup.max_num_seqs,
+                budget=served.setup.max_num_batched_tokens,
+            )
+            + " "
+            + exactness_note(ctx)
+        )
     if shown("timeline"):
         with Part("timeline"):
-            figure(lambda: timeline_figure([s.report for s in served.steps[:step]], len(served.setup.prompts),
-                                           ctx.t("serve_timeline_title", step=step), ctx.large, words(ctx)),
-                   "serving-steps", memo_key(ctx, "timeline", *memo))
+            figure(
+                lambda: timeline_figure(
+                    [s.report for s in served.steps[:step]],
+                    len(served.setup.prompts),
+                    ctx.t("serve_timeline_title", step=step),
+                    ctx.large,
+                    words(ctx),
+                ),
+                "serving-steps",
+                memo_key(ctx, "timeline", *memo),
+            )
     if shown("requests"):
         with Part("requests"):
             requests(ctx, served, step, memo)
@@ -114,20 +131,34 @@ def render(ctx: ViewContext) -> None:
 
 def controls(ctx: ViewContext) -> None:
     left, right = st.columns(2)
-    left.number_input(ctx.t("serve_blocks"), *bounds("serve_blocks"), key=ctx.setting_key("serve_blocks"), step=1,
-                      help=ctx.t("serve_blocks_help"))
-    right.slider(ctx.t("serve_seqs"), *bounds("serve_seqs"), key=ctx.setting_key("serve_seqs"),
-                 help=ctx.t("serve_seqs_help"))
+    left.number_input(
+        ctx.t("serve_blocks"),
+        *bounds("serve_blocks"),
+        key=ctx.setting_key("serve_blocks"),
+        step=1,
+        help=ctx.t("serve_blocks_help"),
+    )
+    right.slider(
+        ctx.t("serve_seqs"), *bounds("serve_seqs"), key=ctx.setting_key("serve_seqs"), help=ctx.t("serve_seqs_help")
+    )
 
 
 def pool(ctx: ViewContext, served: ServedClass, step: int, memo: tuple) -> None:
     setup = served.setup
     report = served.steps[step - 1].report if step else None
     used = len(report.owners) if report else 0
-    figure(lambda: pool_figure(report, setup.num_blocks, setup.block_size,
-                               ctx.t("serve_pool_title", step=step, used=used, blocks=setup.num_blocks),
-                               ctx.large, words(ctx)),
-           "serving-pool", memo_key(ctx, "pool", *memo))
+    figure(
+        lambda: pool_figure(
+            report,
+            setup.num_blocks,
+            setup.block_size,
+            ctx.t("serve_pool_title", step=step, used=used, blocks=setup.num_blocks),
+            ctx.large,
+            words(ctx),
+        ),
+        "serving-pool",
+        memo_key(ctx, "pool", *memo),
+    )
 
 
 def step_sentence(ctx: ViewContext, served: ServedClass, step: int) -> Shown:
@@ -141,8 +172,15 @@ def step_sentence(ctx: ViewContext, served: ServedClass, step: int) -> Shown:
     if report.prefill:
         computed = sum(tokens for _, tokens, _ in report.ran)
         reused = sum(cached for _, _, cached in report.ran)
-        text = ctx.t("serve_did_prefill", step=step, n=len(ran), requests=request_names(ran), computed=computed,
-                     reused=reused, ms=done.seconds * 1000)
+        text = ctx.t(
+            "serve_did_prefill",
+            step=step,
+            n=len(ran),
+            requests=request_names(ran),
+            computed=computed,
+            reused=reused,
+            ms=done.seconds * 1000,
+        )
     else:
         text = ctx.t("serve_did_decode", step=step, n=len(ran), requests=request_names(ran), ms=done.seconds * 1000)
     waiting = waited(report)  # as the timeline marks them
@@ -170,8 +208,10 @@ def requests(ctx: ViewContext, served: ServedClass, step: int, memo: tuple) -> N
     if not count:
         st.caption(ctx.t("serve_none_yet"))
         return
-    frame = shared_table(lambda: requests_table(done.report, list(served.setup.questions), list(done.texts), count,
-                                                words(ctx)), memo_key(ctx, "requests", *memo))
+    frame = shared_table(
+        lambda: requests_table(done.report, list(served.setup.questions), list(done.texts), count, words(ctx)),
+        memo_key(ctx, "requests", *memo),
+    )
     st.dataframe(frame, hide_index=True, key="serving-requests")
 
 
@@ -181,8 +221,11 @@ def throughput(ctx: ViewContext, served: ServedClass, step: int, memo: tuple) ->
     if not rates:
         st.caption(ctx.t("serve_no_decode_yet"))
         return
-    figure(lambda: throughput_figure(rates, ctx.t("serve_throughput_title"), ctx.large, words(ctx)),
-           "serving-throughput", memo_key(ctx, "throughput", *memo))
+    figure(
+        lambda: throughput_figure(rates, ctx.t("serve_throughput_title"), ctx.large, words(ctx)),
+        "serving-throughput",
+        memo_key(ctx, "throughput", *memo),
+    )
     st.caption(throughput_note(ctx, rates))
 
 
@@ -192,5 +235,11 @@ def throughput_note(ctx: ViewContext, rates: dict[int, list[float]]) -> str:
     few_rate, many_rate = median(rates[few]), median(rates[many])
     if few == many:
         return ctx.t("serve_throughput_single_batch", many=many, many_rate=many_rate)
-    return ctx.t("serve_throughput_faster" if many_rate > few_rate else "serve_throughput_not_faster", few=few,
-                 few_rate=few_rate, many=many, many_rate=many_rate, per_request=many_rate / many)
+    return ctx.t(
+        "serve_throughput_faster" if many_rate > few_rate else "serve_throughput_not_faster",
+        few=few,
+        few_rate=few_rate,
+        many=many,
+        many_rate=many_rate,
+        per_request=many_rate / many,
+    )

@@ -51,8 +51,12 @@ def counter_html(ctx: ViewContext) -> str:
     if not step:
         text = ctx.t("spec_counter_ready")
     else:
-        text = ctx.t("spec_counter", step=step, n=len(run.passes[step - 1].added),
-                     tokens=sum(len(p.added) for p in run.passes[:step]))
+        text = ctx.t(
+            "spec_counter",
+            step=step,
+            n=len(run.passes[step - 1].added),
+            tokens=sum(len(p.added) for p in run.passes[:step]),
+        )
     return counter_line(text)
 
 
@@ -73,11 +77,18 @@ def render(ctx: ViewContext) -> None:
     done = run.passes[step - 1]
     if main.shown:
         with main:
-            figure(lambda: pass_figure(done, ctx.token_text, run.session.table.pool.block_size,
-                                       ctx.t("spec_pass_title", step=step, rows=done.rows_written,
-                                             kept=done.kept_rows),
-                                       ctx.large, words(ctx)),
-                   "speculative-pass", memo_key(ctx, "pass", weakref.ref(run), step))
+            figure(
+                lambda: pass_figure(
+                    done,
+                    ctx.token_text,
+                    run.session.table.pool.block_size,
+                    ctx.t("spec_pass_title", step=step, rows=done.rows_written, kept=done.kept_rows),
+                    ctx.large,
+                    words(ctx),
+                ),
+                "speculative-pass",
+                memo_key(ctx, "pass", weakref.ref(run), step),
+            )
     st.markdown(pass_sentence(ctx, run, step))
     if shown("totals"):
         with Part("totals"):
@@ -89,14 +100,30 @@ def render(ctx: ViewContext) -> None:
 
 def controls(ctx: ViewContext) -> None:
     left, middle, right = st.columns([1.2, 1, 1])
-    left.radio(ctx.t("spec_prompt"), SPEC_PROMPTS, key=ctx.setting_key("spec_prompt"),
-               format_func=lambda p: ctx.t(f"spec_prompt_{p}"), help=ctx.t("spec_prompt_help"))
-    middle.selectbox(ctx.t("spec_draft"), DRAFTS, key=ctx.setting_key("draft"),
-                     format_func=lambda d: ctx.t(f"fig_spec_draft_{d}"), help=ctx.t("spec_draft_help"))
+    left.radio(
+        ctx.t("spec_prompt"),
+        SPEC_PROMPTS,
+        key=ctx.setting_key("spec_prompt"),
+        format_func=lambda p: ctx.t(f"spec_prompt_{p}"),
+        help=ctx.t("spec_prompt_help"),
+    )
+    middle.selectbox(
+        ctx.t("spec_draft"),
+        DRAFTS,
+        key=ctx.setting_key("draft"),
+        format_func=lambda d: ctx.t(f"fig_spec_draft_{d}"),
+        help=ctx.t("spec_draft_help"),
+    )
     right.slider(ctx.t("spec_k"), *bounds("draft_k"), key=ctx.setting_key("draft_k"), help=ctx.t("spec_k_help"))
     if ctx.state.draft == "early_exit":
-        right.number_input(ctx.t("spec_n"), 1, max(1, ctx.info.layers - 1), key=ctx.setting_key("draft_n"), step=1,
-                           help=ctx.t("spec_n_help", layers=ctx.info.layers))
+        right.number_input(
+            ctx.t("spec_n"),
+            1,
+            max(1, ctx.info.layers - 1),
+            key=ctx.setting_key("draft_n"),
+            step=1,
+            help=ctx.t("spec_n_help", layers=ctx.info.layers),
+        )
 
 
 def pass_sentence(ctx: ViewContext, run: SpeculativeRun, step: int) -> Shown:
@@ -110,10 +137,16 @@ def pass_sentence(ctx: ViewContext, run: SpeculativeRun, step: int) -> Shown:
     elif done.accepted == len(done.guesses):
         text += " " + ctx.t("spec_all_kept", n=done.accepted, token=ctx.token_text(done.token_id))
     else:
-        text += " " + ctx.t("spec_miss", n=done.accepted, at=done.accepted + 1,
-                            guess=ctx.token_text(done.guesses[done.accepted]), token=ctx.token_text(done.token_id))
-    text += " " + ctx.t("spec_added", n=len(done.added), discarded=done.rows_discarded,
-                        blocks=len(done.blocks_returned))
+        text += " " + ctx.t(
+            "spec_miss",
+            n=done.accepted,
+            at=done.accepted + 1,
+            guess=ctx.token_text(done.guesses[done.accepted]),
+            token=ctx.token_text(done.token_id),
+        )
+    text += " " + ctx.t(
+        "spec_added", n=len(done.added), discarded=done.rows_discarded, blocks=len(done.blocks_returned)
+    )
     if done.stop_reason:
         text += " " + ctx.t("spec_ended", reason=done.stop_reason)
     return Shown(text)
@@ -136,11 +169,15 @@ def totals_part(ctx: ViewContext, run: SpeculativeRun, step: int) -> None:
     """Tokens per pass and bytes read per token so far, against plain decoding; then every pass in a row."""
     done = totals(run.passes[:step], ctx.info)
     st.markdown(f"**{ctx.t('spec_totals_title', tokens=done.tokens, passes=done.passes)}**")
-    table(shared_table(lambda: totals_table(done, words(ctx)), memo_key(ctx, "totals", weakref.ref(run), step)),
-          key="speculative-totals")
+    table(
+        shared_table(lambda: totals_table(done, words(ctx)), memo_key(ctx, "totals", weakref.ref(run), step)),
+        key="speculative-totals",
+    )
     st.caption(ctx.t("spec_bytes_help"))
-    frame = shared_table(lambda: passes_table(run.passes[:step], ctx.token_text, words(ctx)),
-                         memo_key(ctx, "passes", weakref.ref(run), step))
+    frame = shared_table(
+        lambda: passes_table(run.passes[:step], ctx.token_text, words(ctx)),
+        memo_key(ctx, "passes", weakref.ref(run), step),
+    )
     table(frame, key="speculative-passes")
 
 
@@ -157,5 +194,12 @@ def measured_part(ctx: ViewContext, run: SpeculativeRun) -> None:
     table(frame, key="speculative-measured")
     plain = measured.of("none")
     best = min(measured.rows[1:], key=lambda r: r.ms_per_token)
-    st.caption(ctx.t("spec_measured_note", plain=plain.ms_per_token, draft=ctx.t(f"fig_spec_draft_{best.draft}"),
-                     best=best.ms_per_token, ratio=plain.ms_per_token / best.ms_per_token))
+    st.caption(
+        ctx.t(
+            "spec_measured_note",
+            plain=plain.ms_per_token,
+            draft=ctx.t(f"fig_spec_draft_{best.draft}"),
+            best=best.ms_per_token,
+            ratio=plain.ms_per_token / best.ms_per_token,
+        )
+    )

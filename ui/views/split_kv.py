@@ -38,14 +38,15 @@ def render(ctx: ViewContext) -> None:
         table(shared_table(lambda: split_table(split, *at, words(ctx)), memo_key(ctx, "split-table", layer, head)))
     if main.shown:
         with main:
-            figure(lambda: split_figure(split, *at, ctx.t("split_fig", layer=layer, head=head), ctx.large,
-                                        words(ctx)),
-                   f"split-L{layer}-H{head}", memo_key(ctx, "split", layer, head))
+            figure(
+                lambda: split_figure(split, *at, ctx.t("split_fig", layer=layer, head=head), ctx.large, words(ctx)),
+                f"split-L{layer}-H{head}",
+                memo_key(ctx, "split", layer, head),
+            )
     if shown():
         with opened(ctx.t("merge_table"), "x_merge") as box:
             if box.open:
-                table(shared_table(lambda: merge_table(split, *at, words(ctx)),
-                                   memo_key(ctx, "merge", layer, head)))
+                table(shared_table(lambda: merge_table(split, *at, words(ctx)), memo_key(ctx, "merge", layer, head)))
 
 
 def introduction(ctx: ViewContext) -> None:
@@ -55,6 +56,11 @@ def introduction(ctx: ViewContext) -> None:
         example = worked_example()
         st.markdown(ctx.t("example_setup", q=example.query, keys=example.keys, values=example.values))
         table(shared_table(lambda: worked_example_frame(example, words(ctx)), memo_key(ctx, "example", per_step=False)))
-        st.markdown(ctx.t("example_result", merged=vector_text(example.merged, 3),
-                          unsplit=vector_text(example.unsplit, 3),
-                          diff=max(abs(a - b) for a, b in zip(example.merged, example.unsplit))))
+        st.markdown(
+            ctx.t(
+                "example_result",
+                merged=vector_text(example.merged, 3),
+                unsplit=vector_text(example.unsplit, 3),
+                diff=max(abs(a - b) for a, b in zip(example.merged, example.unsplit)),
+            )
+        )

@@ -64,13 +64,20 @@ def counter_html(ctx: ViewContext) -> str:
     inputs = input_positions(ctx)
     if inputs:  # a decode step feeds one token; the prefill, every prompt token not reused from the cache
         cell = ctx.cells[inputs[0]]
-        went_in = (f'<span class="kv-chip kv-{cell.kind} kv-input">{html.escape(position_label(cell))}</span>'
-                   if len(inputs) == 1 else html.escape(ctx.t("io_prompt_tokens", n=len(inputs))))
+        went_in = (
+            f'<span class="kv-chip kv-{cell.kind} kv-input">{html.escape(position_label(cell))}</span>'
+            if len(inputs) == 1
+            else html.escape(ctx.t("io_prompt_tokens", n=len(inputs)))
+        )
         out = ctx.cells[-1]
-        line += (f' &nbsp;·&nbsp; {html.escape(ctx.t("io_input"))} {went_in} → {html.escape(ctx.t("io_output"))} '
-                 f'<span class="kv-chip kv-newest">{html.escape(position_label(out))}</span>')
-    return (f"<style>.kv-header .kv-chip{{font-size:{size}}}{token_chip_styles(size)}</style>"
-            f'<div class="kv-header" style="font-size:{size};line-height:1.8">{line}</div>')
+        line += (
+            f' &nbsp;·&nbsp; {html.escape(ctx.t("io_input"))} {went_in} → {html.escape(ctx.t("io_output"))} '
+            f'<span class="kv-chip kv-newest">{html.escape(position_label(out))}</span>'
+        )
+    return (
+        f"<style>.kv-header .kv-chip{{font-size:{size}}}{token_chip_styles(size)}</style>"
+        f'<div class="kv-header" style="font-size:{size};line-height:1.8">{line}</div>'
+    )
 
 
 def render(ctx: ViewContext, lines: int | None = None) -> None:
@@ -80,7 +87,8 @@ def render(ctx: ViewContext, lines: int | None = None) -> None:
     if ctx.runner.finished and ctx.step == ctx.runner.generated:
         st.info(ctx.t("stopped_" + ctx.runner.stop_reason))
     labels = {kind: ctx.t("legend_" + kind) for kind in ("prompt", "generated", "input")} | {
-        "newest": ctx.t("legend_output")}
+        "newest": ctx.t("legend_output")
+    }
     if lines is not None:  # a strip of the newest tokens (the lesson's): no room for the legend
         legend = ""
     elif splits_characters(ctx.cells):  # byte-level BPE explained where a character made of several tokens shows
@@ -113,8 +121,11 @@ def details(ctx: ViewContext) -> None:
         st.dataframe(frame, hide_index=True, key="candidates", height=36 * (len(frame) + 1) + 4)
         with opened(ctx.t("candidates_fig"), "x_candidates") as box:
             if box.open:
-                figure(lambda: candidates_figure(ctx.trace, ctx.t("candidates_fig"), ctx.large, words(ctx), labels),
-                       "candidates", memo_key(ctx, "candidates"))
+                figure(
+                    lambda: candidates_figure(ctx.trace, ctx.t("candidates_fig"), ctx.large, words(ctx), labels),
+                    "candidates",
+                    memo_key(ctx, "candidates"),
+                )
         downloads(ctx)
 
 
@@ -144,7 +155,17 @@ def downloads(ctx: ViewContext) -> None:
     """The files are built only when clicked (a trace's JSON runs to megabytes)."""
     trace, cells = ctx.trace, ctx.cells
     row = st.container(horizontal=True)
-    row.download_button(ctx.t("download_trace"), lambda: json.dumps(trace.to_dict(), ensure_ascii=False),
-                         file_name=f"kvscope-step-{ctx.step}.json", mime="application/json", key="dl_trace")
-    row.download_button(ctx.t("download_tokens"), lambda: token_frame(cells).to_csv(index=False),
-                          file_name=f"kvscope-tokens-step-{ctx.step}.csv", mime="text/csv", key="dl_tokens")
+    row.download_button(
+        ctx.t("download_trace"),
+        lambda: json.dumps(trace.to_dict(), ensure_ascii=False),
+        file_name=f"kvscope-step-{ctx.step}.json",
+        mime="application/json",
+        key="dl_trace",
+    )
+    row.download_button(
+        ctx.t("download_tokens"),
+        lambda: token_frame(cells).to_csv(index=False),
+        file_name=f"kvscope-tokens-step-{ctx.step}.csv",
+        mime="text/csv",
+        key="dl_tokens",
+    )

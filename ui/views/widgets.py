@@ -44,8 +44,14 @@ def layer_head_pickers(ctx: ViewContext, heads: bool = True) -> tuple[int, int]:
     head = 0
     if heads:
         with columns[1]:
-            head = st.number_input(ctx.t("head"), 0, info.q_heads - 1, key=ctx.setting_key("head"), step=1,
-                                   help=ctx.t("head_help", group=info.gqa_group))
+            head = st.number_input(
+                ctx.t("head"),
+                0,
+                info.q_heads - 1,
+                key=ctx.setting_key("head"),
+                step=1,
+                help=ctx.t("head_help", group=info.gqa_group),
+            )
     return int(layer), int(head)
 
 
@@ -58,5 +64,7 @@ def shown_layer_head(ctx: ViewContext) -> tuple[int, int]:
 def counter_line(text: str) -> str:
     """The step's header line of a view whose step is its own run's (the Serving view's server steps, the speculative
     view's passes): `text` in bold, as the page's counter."""
-    return (f'<div class="kv-header" style="font-size:1rem;line-height:1.8">'
-            f'<b class="kv-counter">{html.escape(text)}</b></div>')
+    return (
+        f'<div class="kv-header" style="font-size:1rem;line-height:1.8">'
+        f'<b class="kv-counter">{html.escape(text)}</b></div>'
+    )

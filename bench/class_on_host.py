@@ -85,8 +85,10 @@ from streamlit.proto.BackMsg_pb2 import BackMsg  # noqa: E402
 from streamlit.proto.ForwardMsg_pb2 import ForwardMsg  # noqa: E402
 
 import engine  # noqa: E402
+from bench import press_parts  # noqa: E402
 from bench.browser_latency import SocketFollower, Wire, counter, press_step  # noqa: E402
 from bench.class_open import CpuSplit  # noqa: E402
+from bench.press_parts import Press  # noqa: E402
 from tests.server import ROOT, chromium, running_server, settled_text  # noqa: E402
 from ui.host.limits import APP_MAX_KV_SPLITS, load_limits  # noqa: E402
 from ui.state.link import LANGUAGE_DEFAULTS, default_prompt, parse_query  # noqa: E402
@@ -202,6 +204,8 @@ class Student(SocketFollower):
         self.error = ""  # the last error the page showed
         self.buttons_at = 0.0  # when the last live Next button arrived
         self.finished_at: list[float] = []  # when each run ended
+        self.session_id = ""  # the server's id of this browser session (its record of where presses went)
+        self.sizes: list[tuple[float, int]] = []  # when each message arrived, and its bytes
         self._timers: dict[str, tuple[float, float]] = {}  # fragment id → (interval, next rerun)
         self._scanned = 0
         self._scan_lock, self._send_lock, self._closed = threading.Lock(), threading.Lock(), threading.Event()
@@ -222,7 +226,8 @@ class Student(SocketFollower):
         with self._scan_lock, self._lock:
             for index in range(self._scanned, len(self.frames)):
                 at, data = self.frames[index]
-                if len(data) > self.SMALL:
+                self.sizes.append((at, len(data)))
+                if len(data) > self.SMALL and self.session_id:
                     found = COUNTER.search(data)
                     self.frames[index] = (at, found.group(0) if found else b"")
                     continue
@@ -239,6 +244,8 @@ class Student(SocketFollower):
             )
         elif shown == "exception" or (shown == "alert" and element.alert.format == Alert.ERROR):
             self.error = element.exception.message if shown == "exception" else element.alert.body
+        elif kind == "new_session":
+            self.session_id = msg.new_session.initialize.session_id
         elif kind == "page_info_changed":
             self.link = msg.page_info_changed.query_string
         elif kind == "script_finished" and msg.script_finished in FINISHED:
@@ -287,6 +294,11 @@ class Student(SocketFollower):
             if found and int(found.group(1)) == step:
                 return at
         return None
+
+    def bytes_between(self, start: float, end: float) -> int:
+        """The bytes of the messages that arrived from `start` to `end`."""
+        self._scan()
+        return sum(size for at, size in self.sizes if start <= at <= end)
 
     def shown_step(self) -> int | None:
         """The step of the last header it was sent."""
@@ -375,6 +387,8 @@ class ClassRun:
     greyed: int = 0  # explorers' presses not made: Next greyed (the answer ended)
     lost: int = 0  # explorers' presses whose step never came
     errors: list[str] = field(default_factory=list)  # why
+    presses: list[Press] = field(default_factory=list)  # each explorer's press, for where it went
+    press_log: Path | None = None  # the server's record of where presses went (`--explore`)
     cpu: tuple = ()  # CPU seconds during the presses: the server's, everything else's; and the seconds they took
 
 
@@ -454,6 +468,8 @@ def explore(student: Student, presses: int, first_at: float, pace: float, result
             result.errors.append(student.error or f"{student.seat} was not sent step {step + 1} in {WAIT_S} s")
             return
         result.explored[student.seat.role].append((1000 * (shown - sent), 1000 * (ended - sent)))
+        sent_bytes = student.bytes_between(sent, ended)
+        result.presses.append(Press(student.seat.role, student.session_id, sent, shown, sent_bytes))
         at = max(sent + pace, ended)
 
 
@@ -540,8 +556,11 @@ def run_exploring_class(root: Path, label: str, args, prompts: dict, late_step: 
     """`--explore`: the class opens its links at one moment (after one page per model loaded it) and explores."""
     result = ClassRun(label)
     log = Path(tempfile.gettempdir()) / f"kvscope-class-exploring-{label.split()[0]}.log"
+    result.press_log = log.with_suffix(".presses.jsonl")
+    result.press_log.unlink(missing_ok=True)
     print(f"{label}: app of {root} (server log {log})", flush=True)
-    with running_server(log, root=root) as (url, process), ServerMemory(process.pid) as memory:
+    press_env = {"KVSCOPE_PRESS_LOG": str(result.press_log)}
+    with running_server(log, press_env, root=root) as (url, process), ServerMemory(process.pid) as memory:
         memory.phase = "models load"
         for lang in args.langs:
             warm = Student(url, "step=1" + ("&lang=zh" if lang == "zh" else ""), Seat("warm-up", lang, 0))
@@ -597,6 +616,9 @@ def report_exploring(run: ClassRun) -> None:
         print(f"  lost: {error[:300]}")
     for name, value in exploring_rows(run).items():
         print(f"  {name:44s} {value}", flush=True)
+    if run.press_log is not None and run.press_log.exists():
+        print(f"  where presses went ({run.label}; ms, press → step sent):")
+        print(press_parts.table(press_parts.breakdown(run.presses, run.press_log)), flush=True)
 
 
 # -- the figures ----------------------------------------------------------------------------------------------

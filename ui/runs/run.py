@@ -17,6 +17,7 @@ import engine
 from engine.busy_pool import BusyPoolPicture, BusyPoolReplay
 from engine.tokens import TokenCell, candidate_cells, token_cells
 from engine.trace import StepTrace
+from ui.host import press_log
 from ui.runs import turns
 from ui.runs.memo import Memo
 
@@ -118,7 +119,8 @@ class Run:
         while True:
             with self.lock, engine.between_layers(turns.share):
                 if self._short_of(step):
-                    session.step() if session.traces else session.prefill()
+                    with press_log.timed("engine"):
+                        session.step() if session.traces else session.prefill()
                 if not self._short_of(step):  # no turn shared after the last pass: the page draws next
                     return min(step, len(session.generated))
             if progress is not None:

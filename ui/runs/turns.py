@@ -34,6 +34,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from ui.host import press_log
+
 LEADER, FOLLOWER, EXPLORER = "leader", "follower", "explorer"
 FOLLOWERS = 1  # followers drawing at once (2 and 3 were measured too: a later first follower, the last no sooner)
 EXPLORERS = 2  # explorers drawing at once, when the class is quiet: one per core
@@ -86,7 +88,7 @@ def _take(role: str, waiting: Callable[[bool], None] | None, ahead: bool = False
             return
         class_first = bool(_drawing[LEADER] or _drawing[FOLLOWER] or _waiting(FOLLOWER))
         _changed.notify_all()  # one more waiting (what `drawing`'s readers and the tests watch)
-    started = False
+    started, since = False, press_log.clock()
     try:
         if waiting is not None:
             waiting(class_first)  # outside the lock: it draws on the page
@@ -96,6 +98,7 @@ def _take(role: str, waiting: Callable[[bool], None] | None, ahead: bool = False
                 _changed.wait(left)
             _start(role, ticket)
             started = True
+        press_log.record("turn", since, press_log.clock() - since)
     finally:
         if not started:  # stopped while it waited (a newer run of the page: Streamlit stops a script at a call)
             with _changed:
@@ -184,10 +187,13 @@ class TurnLock:
         self._lock = threading.RLock()
 
     def __enter__(self) -> None:
-        while not self._lock.acquire(blocking=False):
-            with aside():  # the turn comes back ahead of the pages that queued meanwhile
-                with self._lock:  # free now; taken again below with the turn
-                    pass
+        if self._lock.acquire(blocking=False):
+            return
+        with press_log.timed("run lock"):
+            while not self._lock.acquire(blocking=False):
+                with aside():  # the turn comes back ahead of the pages that queued meanwhile
+                    with self._lock:  # free now; taken again below with the turn
+                        pass
 
     def __exit__(self, *exc) -> None:
         self._lock.release()

@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 import pyarrow as pa
 import streamlit as st
 
+from ui.host import press_log
 from ui.runs.memo import Memo
 from ui.views.chapter_part import height_limit
 from ui.views.context import ViewContext
@@ -43,7 +44,8 @@ def figure(build: go.Figure | Callable[[], go.Figure], name: str, memo: tuple | 
     limit = height_limit()
 
     def made() -> tuple[str, go.Figure]:
-        return prepared(build() if callable(build) else build, limit)
+        with press_log.timed("figures"):
+            return prepared(build() if callable(build) else build, limit)
 
     title, fig = made() if memo is None else _figures.made((*memo, limit), made)  # shared between pages: only read
     paint_first()
@@ -75,7 +77,12 @@ def prepared(fig: go.Figure, limit: int | None) -> tuple[str, go.Figure]:
 def shared_table(build: Callable[[], pd.DataFrame], memo: tuple) -> pa.Table:
     """`build()`'s table, made once for every page that shows it (`memo`: `memo_key`), as `figure` makes figures,
     and already in Arrow, as Streamlit would convert it for each page; shared between pages: only read."""
-    return _tables.made(memo, lambda: pa.Table.from_pandas(build()))
+
+    def made() -> pa.Table:
+        with press_log.timed("figures"):
+            return pa.Table.from_pandas(build())
+
+    return _tables.made(memo, made)
 
 
 def table(frame, key: str | None = None) -> None:

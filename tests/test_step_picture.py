@@ -18,7 +18,8 @@ from tests.app_helpers import assert_clean, start
 from tests.runs import decode
 from tests.test_app import english_left, figure_strings
 from ui.text import strings
-from viz.step_picture import FRAME, HIGHLIGHT, MIN_WIDTH, STAGES, step_figure
+from viz.step_drawing import FRAME, HIGHLIGHT
+from viz.step_picture import MIN_WIDTH, STAGES, step_figure
 from viz.style import contrast_ratio
 
 PROMPT = "Paged blocks hold K and V"

@@ -16,7 +16,8 @@ from viz.attention import focused_head, gqa_figure, head_grid_figure, heatmap_fi
 from viz.candidates import candidates_frame, candidates_table
 from viz.costs import context_growth_frame, steps_frame, steps_table
 from viz.flow import flow_rows, residual_figure, vector_figure
-from viz.kv_cache import block_table_frame, kv_bytes_frame, kv_bytes_table, pool_figure
+from viz.kv_bytes import kv_bytes_frame, kv_bytes_table
+from viz.kv_cache import block_table_frame, pool_figure
 from viz.prefix import alignment_frame, policies_figure, policy_frame, policy_table
 from viz.split_kv import split_frame, split_table
 from viz.style import OKABE_ITO, contrast_ratio, window

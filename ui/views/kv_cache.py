@@ -12,20 +12,22 @@ from ui.views.context import ViewContext
 from ui.views.contexts_shown import shown_contexts
 from ui.views.figures import figure, memo_key, shared_table, table
 from ui.views.widgets import layer_head_pickers, opened, titled, words
-from viz.kv_cache import (
-    block_table_frame,
-    busy_pool_figure,
-    contexts_figure,
-    difference_text,
+from viz.context_kv import contexts_figure
+from viz.kv_bytes import (
     kv_bytes_table,
-    kv_values_figure,
     layer_lengths_figure,
     layer_lengths_frame,
     layer_lengths_table,
     lengths_default,
+    window_saving,
+)
+from viz.kv_cache import (
+    block_table_frame,
+    busy_pool_figure,
+    difference_text,
+    kv_values_figure,
     occupancy_bar,
     pool_figure,
-    window_saving,
 )
 from viz.style import fmt_int, fmt_size
 from viz.window import layer_reach_figure, layer_reach_frame

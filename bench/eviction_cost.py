@@ -44,7 +44,7 @@ import engine  # noqa: E402
 from engine.errors import InvalidSettingError  # noqa: E402
 from engine.eviction import EVICTION_POLICIES, DecodeBudget, EvictionRun, Policy, StreamingWindow, stream_nll  # noqa: E402
 from engine.eviction.policies import SNAPKV_SCORES  # noqa: E402
-from engine.eviction.run import check_budget  # noqa: E402
+from engine.eviction.settings import check_budget  # noqa: E402
 from engine.loader import AUTO  # noqa: E402
 
 TEXT = Path(__file__).resolve().parent.parent / "ui" / "text" / "texts" / "one-token-at-a-time.en.txt"

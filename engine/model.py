@@ -1,10 +1,7 @@
 """Our own forward pass, layer by layer, over the loaded weights and the paged KV cache.
 
-Per layer (pre-norm, `DecoderLayer`):  x1 = x0 + attention(norm(x0))   then   x2 = x1 + mlp(norm(x1)).
-The second add is onto x1, not x0: a layer adds to the residual stream twice. Gemma 3 also normalises what
-each branch adds (four norms a layer): x1 = x0 + norm(attention(norm(x0))), x2 = x1 + norm(mlp(norm(x1))),
-and most of its layers attend over a sliding window of the latest positions only.
-After the last layer: final norm → lm_head → logits over the vocabulary.
+Each layer is a pre-norm `DecoderLayer` (`engine.decoder_layer`), over the rows of every sequence the pass holds
+(`engine.passes`). After the last layer: final norm → lm_head → logits over the vocabulary.
 The maths of norm, projections and MLP are in `engine.layers`; what a pass keeps for the trace is
 collected by `engine.recorder.StepRecorder`, beside the layers.
 """
@@ -14,20 +11,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
 
 import torch
 
-from engine.attention import AttentionResult, attend
+from engine.decoder_layer import DecoderLayer
 from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockPool, BlockTable
-from engine.layers import ROWS_AS_BATCH, linear, mlp, norm, project_qkv
+from engine.layers import ROWS_AS_BATCH, norm
 from engine.model_info import ModelInfo
+from engine.passes import Observer, PagedKV, Pass, PassContext
 from engine.recorder import ForwardRecord, StepRecorder
-from engine.rope import Rope, apply_rope
+from engine.rope import Rope
 from engine.trace import Capture
-from engine.weights import LayerWeights, Weights
+from engine.weights import Weights
 
-Observer = Callable[[int, AttentionResult, torch.Tensor], None]  # (layer, its attention, its queries before RoPE)
 # Called after each layer of every pass this thread runs inside `between_layers`: a server whose pages share one
 # interpreter lets other pages' work in during a long pass (a prefill of hundreds of tokens takes seconds).
 _BETWEEN_LAYERS: ContextVar[Callable[[], None] | None] = ContextVar("between_layers", default=None)
@@ -227,161 +223,3 @@ class Model:
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
         return logits.float()
-
-
-@dataclass
-class Pass:
-    """One sequence's part of a (batched) forward pass: `Model.forward`'s arguments, less the batch's own."""
-
-    ids: list[int]
-    positions: list[int]
-    table: BlockTable
-    capture: Capture
-    kv_splits: int = 1
-    write: bool = True
-    kept: list[torch.Tensor | None] | None = None
-    observe: Observer | None = None
-    # Re-rotated positions (kvpress's KeyRerotationPress): the positions the rows' q and k turn by, where they are
-    # not `positions` (the cache slots they take and the causal mask's order), and per layer (kv_heads, n) the
-    # turn of each of the first n cached keys as read (None: as written).
-    rope_positions: list[int] | None = None
-    key_turns: list[torch.Tensor | None] | None = None
-    # StreamingLLM's positions inside the cache over a teacher-forced pass (`engine.eviction.nll`): the first s keys
-    # (the sinks) read by each row turned on by its own turn (T,), on the layers that evict (`kept` not None).
-    sink_turns: tuple[int, torch.Tensor] | None = None
-
-
-@dataclass
-class PagedKV:
-    """One table's K/V in the pool as a pass sees it: its blocks, and where this pass's K/V go."""
-
-    pool: BlockPool
-    blocks: torch.Tensor  # (logical blocks held,) physical block of each
-    slots: torch.Tensor | None  # (T,) flat slots for this pass's K/V; None: write nothing
-    first_block: int | None  # the first block when the blocks are consecutive (read as a view)
-    start: int  # the first position the blocks hold (past 0 once a sliding window handed blocks back)
-    cached: int  # positions before this pass
-    length: int  # positions attended: cached + T
-
-    @classmethod
-    def of(cls, table: BlockTable, positions: list[int], write: bool) -> PagedKV:
-        return cls(
-            table.pool,
-            table.device_blocks(),
-            table.slots_at(positions) if write else None,
-            table.first_of_run(),
-            table.first_position,
-            positions[0],
-            positions[-1] + 1,
-        )
-
-    def store_and_read(self, row: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write this pass's k, v (T, kv_heads, D) for the pool's layer `row`; return K, V of positions
-        `start` … length − 1 (L − start, kv_heads, D). Without slots, the cached positions are read and k, v
-        appended in memory: the values a write then a read would give, with nothing written."""
-        if self.slots is None:
-            cached_k, cached_v = self.pool.read(row, self.blocks, self.cached - self.start, self.first_block)
-            return torch.cat((cached_k, k)), torch.cat((cached_v, v))
-        self.pool.write(row, self.slots, k, v)
-        return self.pool.read(row, self.blocks, self.length - self.start, self.first_block)
-
-
-@dataclass
-class PassContext:
-    """What every layer of a forward pass shares for one of its sequences."""
-
-    rows: slice  # this sequence's rows of the batch
-    positions: torch.Tensor  # (T,) the query positions
-    cos_sin: dict[str, tuple[torch.Tensor, torch.Tensor]]  # RoPE's (T, head_dim) each, per layer kind; {} if learned
-    kv: PagedKV  # the global layers' cache
-    local_kv: PagedKV | None  # the sliding-window layers' cache
-    kv_splits: int
-    kept: list[torch.Tensor | None] | None = None  # per layer, what eviction left each KV head (None: all)
-    key_turns: list[torch.Tensor | None] | None = None  # per layer, the cached keys' turns as read (`Pass`)
-    sink_turns: tuple[int, torch.Tensor] | None = None  # (s, (T,)): each row's turn of the first s keys (`Pass`)
-    observe: Observer | None = None  # sees each layer's attention result
-
-
-class DecoderLayer:
-    """One pre-norm decoder layer: attention, then the MLP, each added onto the residual stream."""
-
-    def __init__(
-        self, index: int, weights: LayerWeights, info: ModelInfo, attention_scale: float, rope: Rope | None = None
-    ):
-        self.index = index
-        self.rope = rope  # its kind's RoPE; None for learned positions
-        self.w = weights
-        self.q_heads, self.kv_heads, self.head_dim = info.q_heads, info.kv_heads, info.head_dim
-        self.scale = attention_scale
-        self.window = info.window(index)  # None: a global layer
-        self.kind = info.layer_kinds[index]
-
-    def __call__(self, x0: torch.Tensor, contexts: list[PassContext], recorders: list[StepRecorder]) -> torch.Tensor:
-        """x0 (T, hidden) → x2 (T, hidden), T the rows of every sequence. The second add is onto x1, not x0."""
-        x1 = x0 + self.output_norm(
-            self.attention(norm(x0, self.w.input_layernorm), contexts, recorders), self.w.attention_output_norm
-        )
-        x2 = x1 + self.output_norm(mlp(norm(x1, self.w.post_attention_layernorm), self.w), self.w.mlp_output_norm)
-        for context, recorder in zip(contexts, recorders):
-            rows = context.rows
-            recorder.residuals(self.index, x0[rows], x1[rows], x2[rows])
-        return x2
-
-    @staticmethod
-    def output_norm(branch: torch.Tensor, n) -> torch.Tensor:
-        """What a branch adds to the stream: its output, normalised first where the layer has that norm (Gemma)."""
-        return branch if n is None else norm(branch, n)
-
-    def attention(self, h: torch.Tensor, contexts: list[PassContext], recorders: list[StepRecorder]) -> torch.Tensor:
-        """h (T, hidden), normalised → o_proj of the concatenated head outputs (T, hidden).
-
-        Project q, k, v (every sequence's rows at once); normalise q and k per head (Qwen3, Gemma); then per
-        sequence: rotate them by position (RoPE, with the layer kind's base); write k, v to its paged table and
-        read back the cached positions this layer keeps; attend over them (within the window for a local layer;
-        in merged splits when asked).
-        """
-        t = h.shape[0]
-        q, k, v = project_qkv(h, self.w)
-        q = q.reshape(t, self.q_heads, self.head_dim)  # (T, q_heads, D)
-        k = k.reshape(t, self.kv_heads, self.head_dim)  # (T, kv_heads, D)
-        v = v.reshape(t, self.kv_heads, self.head_dim)
-        if self.w.q_norm is not None:
-            q, k = norm(q, self.w.q_norm), norm(k, self.w.k_norm)
-        outputs = [self.attend_one(q[c.rows], k[c.rows], v[c.rows], c, r) for c, r in zip(contexts, recorders)]
-        return linear(outputs[0] if len(outputs) == 1 else torch.cat(outputs), self.w.o_proj)
-
-    def attend_one(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: PassContext, recorder: StepRecorder
-    ) -> torch.Tensor:
-        """One sequence's rows: q (T, q_heads, D), k and v (T, kv_heads, D) → the head outputs (T, q_heads × D)."""
-        unrotated_q = q
-        if context.cos_sin:
-            cos_sin = context.cos_sin[self.kind]
-            q, k = apply_rope(q, *cos_sin), apply_rope(k, *cos_sin)
-        local, row = context.kv.pool.rows[self.index]  # the pool of this layer's kind, and its row there
-        kv = context.local_kv if local else context.kv
-        cached_k, cached_v = kv.store_and_read(row, k, v)  # (L − start, kv_heads, D)
-        turns = context.key_turns[self.index] if context.key_turns is not None else None
-        if turns is not None:
-            cached_k = self.rope.turned(cached_k, turns)
-        kept = context.kept[self.index] if context.kept is not None else None
-        sink_queries = None
-        if context.sink_turns is not None and kept is not None:
-            sinks, sink_turns = context.sink_turns
-            sink_queries = (sinks, self.rope.turned(q, -sink_turns.expand(q.shape[1], -1)))
-        result = attend(
-            q,
-            cached_k,
-            cached_v,
-            context.positions,
-            self.scale,
-            context.kv_splits,
-            self.window,
-            kv.start,
-            kept,
-            sink_queries,
-        )
-        recorder.attention(self.index, result)
-        if context.observe is not None:
-            context.observe(self.index, result, unrotated_q)
-        return result.output

@@ -23,7 +23,8 @@ import torch
 from engine.checks import is_integer
 from engine.errors import InvalidSettingError
 from engine.kv_cache import BlockTable
-from engine.model import Model, Pass
+from engine.model import Model
+from engine.passes import Pass
 from engine.scheduler import Request, Scheduler, Step
 from engine.trace import NO_RECORD
 

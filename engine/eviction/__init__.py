@@ -2,9 +2,11 @@
 defines it (`policies`), applied after the prefill or during decode (`run`), read through a mask (`rows`); a
 text's teacher-forced NLL through an evicting cache (`nll`)."""
 
+from engine.eviction.budgets import DecodeBudget, StreamingWindow
 from engine.eviction.nll import forced_nll, stream_nll
 from engine.eviction.policies import EVICTION_POLICIES, Policy, n_kept_for_ratio
-from engine.eviction.run import DecodeBudget, Eviction, EvictionRun, EvictionStep, StreamingWindow
+from engine.eviction.records import Eviction, EvictionStep
+from engine.eviction.run import EvictionRun
 
 __all__ = [
     "EVICTION_POLICIES",

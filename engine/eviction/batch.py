@@ -25,8 +25,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine.errors import InvalidSettingError, SessionStateError
+from engine.eviction.budgets import DecodeBudget, StreamingWindow
 from engine.eviction.policies import Policy
-from engine.eviction.run import DecodeBudget, EvictionRun, EvictionStep, StreamingWindow
+from engine.eviction.records import EvictionStep
+from engine.eviction.run import EvictionRun
 from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockTable
 from engine.model import Model
 from engine.trace import NO_RECORD

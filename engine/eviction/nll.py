@@ -23,10 +23,12 @@ import torch.nn.functional as F
 
 from engine.checks import require_integer
 from engine.errors import InvalidSettingError
+from engine.eviction.budgets import DecodeBudget, StreamingWindow
 from engine.eviction.policies import Policy
-from engine.eviction.run import DecodeBudget, EvictionRun, StreamingWindow
+from engine.eviction.run import EvictionRun
 from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockTable
-from engine.model import Model, Pass
+from engine.model import Model
+from engine.passes import Pass
 from engine.trace import NO_RECORD
 
 

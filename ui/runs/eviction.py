@@ -25,7 +25,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import InvalidSettingError
 from engine.eviction import DecodeBudget, EvictionRun
 from engine.eviction.batch import EvictionBatch
-from engine.eviction.run import check_budget
+from engine.eviction.settings import check_budget
 from ui.runs import turns
 from ui.runs.eviction_settings import EvictionPlan, EvictionSettings, lab_bytes, plan
 from ui.runs.store import RunStore

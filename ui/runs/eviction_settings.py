@@ -12,7 +12,7 @@ from engine.errors import InvalidSettingError
 from engine.eviction import EVICTION_POLICIES, DecodeBudget, Policy, StreamingWindow
 from engine.eviction.batch import Variant
 from engine.eviction.policies import SNAPKV_SCORES
-from engine.eviction.run import check_budget
+from engine.eviction.settings import check_budget
 from engine.kv_cache import DEFAULT_BLOCK_SIZE
 from ui.state.link import AppState
 

@@ -26,6 +26,7 @@ from engine.errors import InvalidSettingError
 from engine.eviction import DecodeBudget, EvictionRun
 from engine.eviction.batch import EvictionBatch
 from engine.eviction.settings import check_budget
+from ui.host import press_log
 from ui.runs import turns
 from ui.runs.eviction_settings import EvictionPlan, EvictionSettings, lab_bytes, plan
 from ui.runs.store import RunStore
@@ -141,11 +142,12 @@ class EvictionLab:
         other run of the lab, or as far as they go; the page's turn shared between two passes (`turns.share`), with
         the lab's lock let go."""
         while True:
-            with self.lock:
+            with press_log.held(self.lock):
                 work = self._next_work(count, name)
                 if work is None:  # no turn shared after the last pass: the page draws next
                     return
-                work()
+                with press_log.timed("engine"):
+                    work()
             turns.share()
 
     def _next_work(self, count: int, name: str | None):

@@ -1,7 +1,7 @@
 """The computations inside one decoder layer, as plain functions over the weights in `engine.weights`.
 
 Norm (RMSNorm or LayerNorm), the linear projections, the q/k/v projection and the MLP. The layer that
-strings them together is `engine.model.DecoderLayer`; attention itself is `engine.attention.attend`.
+strings them together is `engine.decoder_layer.DecoderLayer`; attention itself is `engine.attention.attend`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """KV eviction: which positions each (layer, KV head) keeps, by a policy defined as NVIDIA kvpress 0.5.5
-defines it (`policies`), applied after the prefill or during decode (`run`), read through a mask (`rows`); a
-text's teacher-forced NLL through an evicting cache (`nll`)."""
+defines it (`policies`), applied after the prefill or during decode to a budget (`run`, `budgets`, `evict`,
+`rerotation`, `settings`), read through a mask (`rows`); a text's teacher-forced NLL through an evicting cache
+(`nll`)."""
 
 from engine.eviction.budgets import DecodeBudget, StreamingWindow
 from engine.eviction.nll import forced_nll, stream_nll

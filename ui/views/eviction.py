@@ -1,38 +1,32 @@
 """KV eviction: which positions each (layer, KV head) keeps under a policy (after the prefill, or during decode),
-where full attention would have looked, the attention sink, the bytes held, and the text beside the full cache's."""
+where full attention would have looked, the attention sink, the bytes held, and the text beside the full cache's. What
+evicting cost: `ui.views.eviction_cost`; StreamingLLM's experiment: `ui.views.eviction_streaming`."""
 
 from __future__ import annotations
-
-import math
 
 import streamlit as st
 
 from engine.errors import InvalidSettingError
 from engine.eviction import EVICTION_POLICIES
-from ui.runs.eviction_forced import ForcedReading
 from ui.runs.eviction_settings import EvictionSettings
-from ui.runs.sink_experiment import CACHE, SINKS, SinkExperiment
 from ui.state.link import EVICT_AT, bounds
 from ui.views.chapter_part import Part, shown
 from ui.views.context import ViewContext
+from ui.views.eviction_cost import cost
 from ui.views.eviction_shown import EvictionShown, check, error_message, kept_counts, policy_label, shown_eviction
+from ui.views.eviction_streaming import streaming
 from ui.views.figures import figure, memo_key
-from ui.views.widgets import layer_head_pickers, opened, titled, words
+from ui.views.widgets import layer_head_pickers, titled, words
 from viz.eviction import (
     KEPT,
     bytes_figure,
-    cost_figure,
     evicted_share_figure,
     kept_figure,
     kept_over_steps_figure,
-    nll_by_position_figure,
     sink_figure,
-    sinks_figure,
     text_comparison_html,
 )
 from viz.style import fmt_size
-
-SMOOTH = 32  # positions each point of the NLL-by-position lines averages
 
 
 def render(ctx: ViewContext) -> None:
@@ -213,65 +207,6 @@ def text(ctx: ViewContext, data: EvictionShown, policy: str) -> None:
         )
 
 
-def cost(ctx: ViewContext, data: EvictionShown, policy: str) -> None:
-    """Every policy's next-token KL from the full cache, answer token by answer token, and the page's policy's in
-    words: what evicting cost the model's predictions."""
-    if not shown("cost"):
-        return
-    with Part("cost"):
-        name = lambda run: ctx.t("evict_short_" + run, window=data.settings.window)  # noqa: E731 — legend's short
-        lines = {name(run): values for run, values in data.costs().items()}
-        chosen = name(data.settings.run_name)
-        figure(
-            lambda: cost_figure(lines, chosen, ctx.t("evict_cost_title"), ctx.large, words(ctx)),
-            "eviction-cost",
-            memo_key(ctx, "cost", data.passes, len(lines)),
-        )
-        st.caption(cost_sentence(ctx, data, policy))
-        if data.settings.at != "stream":  # the streaming window is its timing's one run
-            st.caption(ctx.t("evict_cost_lab", count=len(lines), total=len(data.pair.lab.variants) - 1))
-        forced(ctx, data, policy)
-
-
-def forced(ctx: ViewContext, data: EvictionShown, policy: str) -> None:
-    """The full cache's answer so far read through both caches (`ui.runs.eviction_forced`), while its expander is
-    open."""
-    with opened(ctx.t("evict_forced_open"), "x_forced") as box:
-        if not box.open:
-            return
-        reading = ctx.runner.forced_reading(data.token_ids(data.pair.full), data.settings)
-        with st.spinner(ctx.t("evict_forced_computing")):
-            reading.compute()
-        st.markdown(forced_sentence(ctx, reading, policy))
-
-
-def forced_sentence(ctx: ViewContext, reading: ForcedReading, policy: str) -> str:
-    full, evicting = round(float(reading.full.mean()), 3), round(float(reading.evicting.mean()), 3)  # as shown
-    return ctx.t(
-        "evict_forced_more" if evicting >= full else "evict_forced_less",
-        n=len(reading.answer),
-        policy=policy,
-        evicting=f"{evicting:.3f}",
-        full=f"{full:.3f}",
-        delta=f"{abs(evicting - full):.3f}",
-        ppl_evicting=f"{math.exp(evicting):.2f}",
-        ppl_full=f"{math.exp(full):.2f}",
-    )
-
-
-def cost_sentence(ctx: ViewContext, data: EvictionShown, policy: str) -> str:
-    token, kl, same = data.cost()
-    if token < data.passes:  # the texts parted at an earlier token
-        return ctx.t("evict_cost_parted", policy=policy, token=token, kl=f"{kl:.3g}")
-    return ctx.t(
-        "evict_cost_now",
-        token=token,
-        policy=policy,
-        kl=f"{kl:.3g}",
-        top=ctx.t("evict_cost_top_same" if same else "evict_cost_top_differs"),
-    )
-
-
 def share(ctx: ViewContext, data: EvictionShown) -> None:
     if not shown("share"):
         return
@@ -298,72 +233,6 @@ def sink(ctx: ViewContext, data: EvictionShown, policy: str) -> None:
             "eviction-sink",
             memo_key(ctx, "sink", data.passes),
         )
-
-
-def streaming(ctx: ViewContext) -> None:
-    """StreamingLLM's experiment on the loaded model (`ui.runs.sink_experiment`), in an expander built only while open:
-    it reads a text through ten caches, seconds of work the first time on a server."""
-    if not shown():
-        return
-    with opened(ctx.t("evict_streaming_open", cache=CACHE), "x_streaming") as box:
-        if not box.open:
-            return
-        experiment = ctx.runner.sink_experiment(ctx.state.lang)
-        if not experiment.done:
-            bar = st.progress(0.0)
-            experiment.compute(
-                lambda done, total: bar.progress(
-                    done / total, text=ctx.t("evict_streaming_computing", done=done, total=total)
-                )
-            )
-            bar.empty()
-        draw_streaming(ctx, experiment)
-
-
-def draw_streaming(ctx: ViewContext, experiment: SinkExperiment) -> None:
-    rest = CACHE - 4
-    lines = {
-        ctx.t("evict_line_full"): experiment.full,
-        ctx.t("evict_line_alone", cache=CACHE): experiment.of(0),
-        ctx.t("evict_line_sinks", rest=rest): experiment.of(4),
-        ctx.t("evict_line_sinks_inside", rest=rest): experiment.of(4, inside=True),
-    }
-    figure(
-        lambda: nll_by_position_figure(
-            lines,
-            CACHE,
-            SMOOTH,
-            ctx.t("evict_streaming_by_position_title", smooth=SMOOTH, cache=CACHE),
-            ctx.large,
-            words(ctx),
-        ),
-        "eviction-streaming",
-        memo_key(ctx, "streaming", per_step=False),
-    )
-    mean = experiment.after_cache
-    written = [mean(experiment.of(n)) for n in SINKS]
-    inside = [mean(experiment.of(n, inside=True)) for n in SINKS]
-    full = mean(experiment.full)
-    figure(
-        lambda: sinks_figure(
-            SINKS, written, inside, full, ctx.t("evict_streaming_sinks_title", cache=CACHE), ctx.large, words(ctx)
-        ),
-        "eviction-sinks-count",
-        memo_key(ctx, "sinks-count", per_step=False),
-    )
-    more = lambda nll: f"{mean(nll) - full:.2f}"  # noqa: E731 — nats a token over the full cache
-    st.markdown(
-        ctx.t(
-            "evict_streaming_said",
-            tokens=len(experiment.ids),
-            cache=CACHE,
-            full=f"{full:.2f}",
-            alone=more(experiment.of(0)),
-            one=more(experiment.of(1)),
-            four=more(experiment.of(4)),
-            four_inside=more(experiment.of(4, inside=True)),
-        )
-    )
 
 
 def held_bytes(ctx: ViewContext, data: EvictionShown) -> None:

@@ -133,7 +133,7 @@ class PageSession(OneShot):
     play_clock: PlayClock | None = None  # Play's clock, while it plays
     counter_html: str | None = None  # the step's header as last drawn: it stays until the next replaces it
     drawn_layout: tuple | None = None  # the (chapter, view) last drawn
-    layout_side: bool = False  # the slot each place of the step's layout takes (`ui.page.step.fresh_place`)
+    layout_side: bool = False  # the slot each place of the step's layout takes (`ui.page.step_layout.fresh_place`)
     focused_head_chosen: bool = False  # the layer and head pickers were opened on a focused head
     focus_from_chapter: bool = False  # ... for a chapter: the head in the link is the last chapter's
     measured_again: int = 0  # presses of the costs view's "measure again"

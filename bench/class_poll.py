@@ -40,15 +40,7 @@ import psutil  # noqa: E402
 from streamlit.proto.BackMsg_pb2 import BackMsg  # noqa: E402
 from streamlit.proto.ForwardMsg_pb2 import ForwardMsg  # noqa: E402
 
-from bench.class_on_host import (  # noqa: E402
-    OPEN_S,
-    WAIT_S,
-    Seat,
-    Student,
-    open_teacher,
-    p50_p90,
-    wait_for,
-)
+from bench.class_on_host import OPEN_S, WAIT_S, Seat, Student, open_teacher, p50_p90, wait_for  # noqa: E402
 from tests.helpers import IDLE, press  # noqa: E402
 from tests.server import ROOT, chromium, running_server  # noqa: E402
 from ui.text import strings  # noqa: E402

@@ -3,7 +3,8 @@
 A teacher's page runs a timed fragment (its room's heartbeat, `KVSCOPE_LEAD_S`). When that fragment's run started
 as a chapter's run ended, Streamlit left the elements the old chapter had past the new one's last: the KV chapter
 showed the GQA chapter's chart under its own, pushed below the projector's first screen (CI, and 7 of 40 chapter
-changes here with a 0.1 s heartbeat). The step's places now change slot with the chapter (`ui.page.step_layout.fresh_place`).
+changes here with a 0.1 s heartbeat). The step's places now change slot with the chapter
+(`ui.page.step_layout.fresh_place`).
 
 The heartbeat's request also carries the browser's copy of every widget, which Streamlit takes over the page's: a
 tick sent while the paging chapter's run was under way carried the chapter before's blocks of 16 (the sidebar's

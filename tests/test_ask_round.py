@@ -13,8 +13,8 @@ from engine.sampler import distribution, filter_logits
 from engine.tokens import candidate_cells
 from tests.app_helpers import assert_clean, start
 from tests.test_follow import code_in, follow_link, settle
-from ui.follow import ask_round, class_answers
-from ui.follow.ask_round import GUESS_KEY, VOTE_KEY
+from ui.follow import ask_student, class_answers
+from ui.follow.ask_student import GUESS_KEY, VOTE_KEY
 from ui.follow.class_answers import tally_of
 from ui.follow.class_votes import LETTERS
 from ui.lesson.chapters import CHAPTERS, number_of
@@ -29,7 +29,7 @@ STEP = 2
 def asked(embedded_model, monkeypatch):
     """A teacher's page at step STEP with a round open, its follow code, and a hand clock for the students' sends."""
     now = [100.0]
-    monkeypatch.setattr(ask_round, "clock", lambda: now[0])
+    monkeypatch.setattr(ask_student, "clock", lambda: now[0])
     lead = start(lead=1, step=STEP)
     assert_clean(lead)
     lead.button(key="b_ask_open").click().run()
@@ -116,7 +116,7 @@ def test_every_bad_guess_is_a_message_in_the_pages_language_and_counts_nothing(a
     assert answered(lead) == 0
     now[0] += 0.5  # a flood: a send within the gap after the last try is refused, whatever it sends
     sent, refused = send(page, "fine", lang)
-    assert refused == [strings.t("ask_refused_too_fast", lang, seconds=ask_round.SEND_GAP_SECONDS)]
+    assert refused == [strings.t("ask_refused_too_fast", lang, seconds=ask_student.SEND_GAP_SECONDS)]
     assert answered(lead) == 0
     now[0] += 5
     sent, refused = send(page, "fine", lang)
@@ -154,7 +154,7 @@ def test_the_class_votes_on_the_chapters_question_then_again_and_every_page_coun
     it; three students vote (right, wrong, right), the teacher reveals, then after discussion a vote again (one
     moves to the right one, one away from it, one stays), and every page says so."""
     now = [100.0]
-    monkeypatch.setattr(ask_round, "clock", lambda: now[0])
+    monkeypatch.setattr(ask_student, "clock", lambda: now[0])
     chapter = CHAPTERS[number_of("gqa") - 1]
     right = chapter.choice_order(len(chapter.choices("en"))).index(0)
     wrong, other = [c for c in range(3) if c != right]

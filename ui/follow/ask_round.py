@@ -2,7 +2,8 @@
 `ui.follow.class_votes` hold the rules): a prediction of the next token, or a vote on the chapter's question. On the
 teacher's page, how many answered and the round's controls (ask, vote, close, reveal, hide a token, ask or vote
 again, export); on a student's, the box that sends their guess or vote and what it became; on every page of the room,
-the reveal once shown. The intents are the buttons' callbacks.
+the reveal once shown. The intents are the buttons' callbacks: the teacher's in `ask_teacher`, a student's send in
+`ask_student`.
 
 Only the leading page changes the round, and only through its own link, which its room publishes: a student's page
 holds no control that changes the room. A student's send is taken only while the room, as this server last read it,
@@ -11,42 +12,26 @@ has that round open.
 
 from __future__ import annotations
 
-import secrets
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 
-import streamlit as st
-
-from engine.prompt import control_texts
 from ui.follow import class_answers
-from ui.follow.class_answers import Reveal, answers_key, counts_of, ids_of, tally_of, tally_text
-from ui.follow.class_prompts import PromptRefused
-from ui.follow.class_votes import (
-    LETTERS,
-    Question,
-    VoteReveal,
-    checked_vote,
-    moves_from,
-    moves_of,
-    moves_text,
-    vote_reveal,
+from ui.follow.ask_student import browser_id, send_guess, send_vote
+from ui.follow.ask_teacher import (
+    ENDED,
+    close_round,
+    end_round,
+    hide_token,
+    open_round,
+    open_vote,
+    show_round,
+    vote_again,
 )
+from ui.follow.class_answers import Reveal, answers_key, ids_of, tally_of
+from ui.follow.class_votes import LETTERS, Question, VoteReveal, moves_from, vote_reveal
 from ui.follow.room_link import follow_state, sync
-from ui.follow.teacher_browser import set_cookie
 from ui.state.link import AppState
-from ui.state.session import page_session, settings, view_controls
-
-BROWSER_COOKIE = "kvscope_browser"
-BROWSER_KEEP_SECONDS = 12 * 3600  # a school day
-SEND_GAP_SECONDS = 1.0  # a page's guesses: one every so often; a flood is refused, not stored
-SEND_WAIT_SECONDS = 1.0  # a send waits this long for the store to take it before saying it could not yet
-GUESS = "ask_guess"  # the student's box (a view control)
-GUESS_KEY = view_controls.key(GUESS)
-VOTE = "ask_vote"  # the student's choice (a view control)
-VOTE_KEY = view_controls.key(VOTE)
-clock = time.monotonic  # tests move it by hand
 
 
 @dataclass(frozen=True)
@@ -71,20 +56,6 @@ class AskRound:
     hide: Callable[[int], None] = field(default=lambda token: None)
     send: Callable[[], None] = field(default=lambda: None)
     export: Callable[[], str] = field(default=lambda: "")
-
-
-def browser_id() -> str:
-    """This browser's id for its answers, from its cookie (made and kept there on a first visit)."""
-    mine = follow_state()
-    if not mine.browser:
-        given = st.context.cookies.get(BROWSER_COOKIE)
-        mine.browser = given if class_answers.is_browser_id(given) else class_answers.new_browser_id()
-    return mine.browser
-
-
-def keep_browser_id() -> None:
-    """Keep the id in the browser's cookie (the script `teacher_browser.set_cookie` draws)."""
-    set_cookie(BROWSER_COOKIE, browser_id(), BROWSER_KEEP_SECONDS)
 
 
 def at_step(state: AppState, step: int) -> AppState:
@@ -246,152 +217,3 @@ def export() -> str:
     """The lesson's revealed rounds as CSV, in the order they were asked."""
     asked = follow_state().asked
     return class_answers.export_csv([row for number in asked for row in asked[number]])
-
-
-# -- the teacher's intents: changes of the leading page's own link, which its room publishes -----------------------
-
-
-def leads() -> bool:
-    return follow_state().role == "lead"
-
-
-ENDED = {
-    "ask": 0,
-    "ask_kind": "predict",
-    "ask_phase": "open",
-    "ask_tally": "",
-    "ask_hide": "",
-    "ask_first": 0,
-    "ask_before": "",
-    "ask_moves": "",
-}  # the link's fields of no round
-
-
-def open_round(kind: str = "predict") -> None:
-    """Ask: a new round at this step, open for answers (a round asked again is a new round: its answers start empty)."""
-    if not leads():
-        return
-    end_round()  # the round before, if any, with what it kept
-    follow_state().ask_at = (page_session().step, settings.get("chapter", 0))
-    settings.ask, settings.ask_kind = secrets.randbelow(999_999) + 1, kind  # unguessable ahead of its asking
-
-
-def open_vote() -> None:
-    open_round("vote")
-
-
-def vote_again() -> None:
-    """Vote again, after a vote's reveal and the class's discussion: a new round that keeps the one before's number and
-    counts, to count at its reveal who changed their vote."""
-    if not leads() or settings.get("ask_kind") != "vote" or settings.get("ask_phase") != "shown":
-        return
-    first, before = settings.ask, settings.ask_tally
-    open_round("vote")
-    settings.ask_first, settings.ask_before = first, before
-
-
-def close_round() -> None:
-    if leads() and settings.get("ask"):
-        settings.ask_phase = "closed"
-
-
-def show_round() -> None:
-    """Reveal: the answers as the store has them now, counted per token into the link."""
-    mine, room_sync = follow_state(), sync()
-    if not leads() or not settings.get("ask") or room_sync is None:
-        return
-    keys = [answers_key(mine.code, number) for number in (settings.ask, settings.get("ask_first", 0)) if number]
-    for key in keys:
-        room_sync.tally(key)
-    room_sync.settle(timeout=SEND_WAIT_SECONDS)  # a read that started after the click
-    tallies = [room_sync.tally(key) for key in keys]
-    if None in tallies:
-        mine.ask_message = ("ask_store_down", {"error": room_sync.error or ""})
-        return
-    if len(tallies) == 2:  # a vote again: who moved from which choice, of those who voted both times
-        settings.ask_moves = moves_text(moves_of(tallies[1], tallies[0], len(LETTERS)))
-    settings.ask_tally, settings.ask_phase = tally_text(counts_of(tallies[0])), "shown"
-
-
-def hide_token(token: int) -> None:
-    if leads() and settings.get("ask"):
-        hidden = (ids_of(settings.get("ask_hide", "")) or frozenset()) | {token}
-        settings.ask_hide = ",".join(map(str, sorted(hidden)))
-
-
-def end_round() -> None:
-    for name, value in ENDED.items():
-        settings[name] = value
-    follow_state().ask_at = None
-
-
-# -- a student's send -------------------------------------------------------------------------------------------
-
-
-def send_guess() -> None:
-    """A student's Send: the guess, checked, as the token it becomes, into the round's answers (this browser's one
-    answer: a second send replaces it)."""
-
-    def token() -> int:
-        runner, step = page_session().runner, page_session().step
-        text = class_answers.checked_guess(str(view_controls.get(GUESS, "")), control_texts(runner.model.tokenizer))
-        ids = runner.prompt_ids + runner.session.generated[:step]
-        prompt, answer = runner.texts(step)
-        return class_answers.guess_token(runner.model.tokenizer, ids[-1], prompt + answer, text)
-
-    if send(token):
-        view_controls[GUESS] = ""
-
-
-def send_vote(count: int) -> None:
-    """A student's vote: the choice's place among the `count` this page shows (this browser's one vote: a second
-    send replaces it)."""
-
-    def choice() -> int:
-        chosen = checked_vote(view_controls.get(VOTE), count)
-        if chosen is None:
-            raise PromptRefused("no_choice")
-        return chosen
-
-    send(choice)
-
-
-def send(answer: Callable[[], int]) -> bool:
-    """This browser's answer to the open round (`answer()`: the page's token or choice, checked, or PromptRefused),
-    into the round's answers map through the process's RoomSync; the outcome is the page's message. One send a
-    `SEND_GAP_SECONDS`: a flood is refused, not stored."""
-    mine, room_sync = follow_state(), sync()
-    now, last = clock(), mine.ask_tried_at
-    mine.ask_tried_at = now
-    try:
-        if last is not None and now - last < SEND_GAP_SECONDS:
-            raise PromptRefused("too_fast", seconds=SEND_GAP_SECONDS)
-        number = open_round_number()
-        value = answer()
-        if room_sync is None:
-            raise PromptRefused("store_down", error=mine.error or "")
-        key = answers_key(mine.code, number)
-        room_sync.answer(key, browser_id(), str(value))
-        mine.answer = (number, value)
-        sent = room_sync.settle(timeout=SEND_WAIT_SECONDS) and room_sync.sent(key, browser_id())
-        mine.ask_message = ("ask_sent" if sent else "ask_kept", {})
-        return True
-    except PromptRefused as refused:
-        mine.ask_message = ("ask_refused_" + refused.reason, refused.values)
-        return False
-
-
-def open_round_number() -> int:
-    """The round the room has open, as this server last read it (while the store fails, as this page last followed
-    it: its send is kept until the store answers), and this page shows; else PromptRefused("closed")."""
-    mine, room_sync = follow_state(), sync()
-    seen = room_sync.watch(mine.code) if room_sync is not None and mine.tracking else None
-    query = {}
-    if seen is not None and seen.room is not None:
-        query = seen.room.query
-    elif seen is not None and seen.error and mine.seen is not None:
-        query = mine.seen[1]
-    number = int(query.get("ask", "0")) if query.get("ask", "0").isdigit() else 0
-    if not number or query.get("ask_phase", "open") != "open" or number != settings.get("ask"):
-        raise PromptRefused("closed")
-    return number

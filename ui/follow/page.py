@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import streamlit as st
 
-from ui.follow import ask_round, follower, leader, rooms, teacher_browser
+from ui.follow import ask_student, follower, leader, rooms, teacher_browser
 from ui.follow.room_link import OWN, follow_state
 
 # Clear of the title's descenders above (the page's one-line title sits tight on what follows it).
@@ -95,7 +95,7 @@ def show(t: Callable[..., str]) -> None:
             leader.panel(t)
             timed(leader.lead_status, leader.LEAD_SECONDS, t)
     elif role == "follow":
-        ask_round.keep_browser_id()
+        ask_student.keep_browser_id()
         timed(follower.banner, None if mine.mode == "alone" else follower.POLL_SECONDS, t)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from ui.follow.ask_round import GUESS_KEY, VOTE_KEY
+from ui.follow.ask_student import GUESS_KEY, VOTE_KEY
 from ui.follow.class_answers import MAX_GUESS_CHARS
 from ui.follow.class_votes import LETTERS
 from ui.views.context import ViewContext

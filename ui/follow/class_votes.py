@@ -7,7 +7,7 @@ vote again.
 - **Vote again** is a new round that remembers the one before: its number (`ask_first`, to read that round's map) and
   its counts (`ask_before`). Revealing it counts, over the browsers that voted both times, who went from which choice
   to which (`moves_of`), into the link (`ask_moves`), so every page draws both rounds side by side from its link.
-- The **right choice** is the question's (`ui.lesson.panel.Question.right`): the lesson file's first choice of those
+- The **right choice** is the question's (`Question.right`, below): the lesson file's first choice of those
   that hold on the run the page shows.
 """
 

@@ -1,7 +1,7 @@
 """The lesson: the chapters of ui/lesson/lesson.toml, in order, each the state it puts the page in.
 
 A chapter covers one or more teaching points (docs/teaching.md); its text (English and Chinese) quotes the
-loaded model's own numbers through placeholders that `ui.lesson.panel.facts` fills.
+loaded model's own numbers through placeholders that `ui.lesson.chapter_facts.facts` fills.
 
 A chapter's text may hold variants: a table under its language (`[chapter.en.all_agree]`) whose parts replace
 the chapter's own where the run makes them the true ones (e.g. on a model whose three prefix-cache policies agree,

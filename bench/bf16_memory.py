@@ -55,10 +55,10 @@ def measure(folder: str, dtype_name: str, steps: int) -> dict:
     model = engine.load_model(folder, device="cpu", dtype=getattr(torch, dtype_name))
     load_s = time.perf_counter() - start
     loaded = status_mb("VmRSS")
-    with engine.DecodeSession(model, PROMPT_IDS, max_new_tokens=steps + 1) as session:
-        session.prefill()
+    with engine.Generation(model, PROMPT_IDS, max_new_tokens=steps + 1) as generation:
+        generation.prefill()
         for _ in range(steps):
-            session.step()
+            generation.step()
     return {
         "dtype": model.info.dtype,
         "kv_bytes_per_token": model.info.kv_bytes_per_token,
@@ -68,7 +68,7 @@ def measure(folder: str, dtype_name: str, steps: int) -> dict:
         "loaded_mb": round(loaded),
         "peak_mb": round(status_mb("VmHWM")),
         "load_s": round(load_s, 1),
-        "tokens": session.generated,
+        "tokens": generation.generated,
     }
 
 

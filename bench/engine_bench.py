@@ -91,17 +91,17 @@ def run(spec: str, steps: int, context: int, device: str, dtype: torch.dtype = t
     hf = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(model.device).eval()
     generator = torch.Generator().manual_seed(1)
     prompt = torch.randint(10, min(model.info.vocab, len(model.tokenizer)), (context,), generator=generator).tolist()
-    sessions = {
-        "engine, full traces": engine.DecodeSession(model, prompt, max_new_tokens=steps + 2),
-        "engine, ids+text only": engine.DecodeSession(
+    generations = {
+        "engine, full traces": engine.Generation(model, prompt, max_new_tokens=steps + 2),
+        "engine, ids+text only": engine.Generation(
             model, prompt, max_new_tokens=steps + 2, capture=engine.Capture(attention=False, residuals=False)
         ),
     }
     prefill = {}
-    for name, session in sessions.items():
+    for name, generation in generations.items():
         sync(model.device)
         start = time.perf_counter()
-        session.prefill()
+        generation.prefill()
         sync(model.device)
         prefill[name] = context / (time.perf_counter() - start)
     with torch.inference_mode():
@@ -112,12 +112,12 @@ def run(spec: str, steps: int, context: int, device: str, dtype: torch.dtype = t
         prefill["transformers"] = context / (time.perf_counter() - start)
     cache = out.past_key_values
     token = int(out.logits[0, -1].argmax())
-    times: dict[str, list[float]] = {name: [] for name in (*sessions, "transformers")}
+    times: dict[str, list[float]] = {name: [] for name in (*generations, "transformers")}
     for _ in range(steps):  # interleaved, so all three see the same machine state
-        for name, session in sessions.items():
+        for name, generation in generations.items():
             sync(model.device)
             start = time.perf_counter()
-            session.step()
+            generation.step()
             sync(model.device)
             times[name].append(time.perf_counter() - start)
         with torch.inference_mode():

@@ -53,7 +53,7 @@ for policy in ["snapkv"] + [p for p in CHECKOUT_POLICIES if p != "snapkv"]:  # t
     assert pair.advance_to(step) == step
     times.append([policy, time.perf_counter() - wall, time.process_time() - cpu])
 wall, cpu = time.perf_counter(), time.process_time()
-alone = engine.DecodeSession(model, ids, max_new_tokens=step, capture=engine.NO_RECORD)
+alone = engine.Generation(model, ids, max_new_tokens=step, capture=engine.NO_RECORD)
 alone.prefill()
 while len(alone.generated) < step:
     alone.step()

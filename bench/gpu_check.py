@@ -32,8 +32,8 @@ def exactness(spec: str, steps: int) -> dict:
     hf = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, attn_implementation="eager")
     hf = hf.to(model.device).eval()
     prompt = list(range(100, 164))
-    session = engine.DecodeSession(model, prompt, max_new_tokens=steps + 1)
-    trace = session.prefill()
+    generation = engine.Generation(model, prompt, max_new_tokens=steps + 1)
+    trace = generation.prefill()
     with torch.inference_mode():
         out = hf(input_ids=torch.tensor([prompt], device=model.device), use_cache=True)
     worst_logits, worst_kv, same_tokens = 0.0, 0.0, True
@@ -42,7 +42,7 @@ def exactness(spec: str, steps: int) -> dict:
         worst_logits = max(worst_logits, (trace.logits - theirs).abs().max().item())
         same_tokens &= trace.token_id == int(theirs.argmax())
         for layer in range(model.info.layers):
-            k, v = session.pool.read(layer, session.table.device_blocks(), session.table.length)
+            k, v = generation.pool.read(layer, generation.table.device_blocks(), generation.table.length)
             cached = out.past_key_values.layers[layer]
             worst_kv = max(
                 worst_kv,
@@ -57,7 +57,7 @@ def exactness(spec: str, steps: int) -> dict:
                 past_key_values=out.past_key_values,
                 use_cache=True,
             )
-        trace = session.step()
+        trace = generation.step()
     ok = worst_logits <= 1e-4 and worst_kv <= 1e-4 and same_tokens
     return {
         "model": model.info.name,

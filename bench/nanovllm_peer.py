@@ -4,8 +4,8 @@
   traces of arrivals: every step's kind (prefill or decode), which requests it runs with how many tokens each and
   how many each had cached, and which it preempts, must be the same. Both are plain Python over token ids; no model
   runs: each request's next token is a function of its id and length, the same on both sides.
-- Prefix (`--prefix`): a decode session's prefix cache (engine.prefix_cache, block policy) over a pool of N blocks,
-  prompts one after another, each a real `DecodeSession` on a tiny random-weight Llama (prefill, one token, close),
+- Prefix (`--prefix`): a generation's prefix cache (engine.prefix_cache, block policy) over a pool of N blocks,
+  prompts one after another, each a real `Generation` on a tiny random-weight Llama (prefill, one token, close),
   against nano-vllm's BlockManager allocating, hashing and freeing the same prompts: per prompt, the tokens reused
   and the physical block table must be the same. Random traces (shared system prompts, repeats, edits; pools from
   the longest prompt's blocks to four times that), then 160 prompts through one 24-block pool.
@@ -180,7 +180,7 @@ def random_prompts(rng: random.Random, count: int, block_size: int) -> list[list
 
 def tiny_llama(folder: Path):
     """A tiny random-weight Llama with the embedded tokenizer, loaded by the engine (its outputs do not matter here:
-    only which blocks its sessions take)."""
+    only which blocks its generations take)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
@@ -210,10 +210,10 @@ def prefix_ours(model, prompts: list[list[int]], num_blocks: int, block_size: in
     cache = PrefixCache(model, policy="block", block_size=block_size, capacity_blocks=num_blocks)
     log = []
     for prompt in prompts:
-        session = engine.DecodeSession(model, prompt, prefix_cache=cache, max_new_tokens=1)
-        trace = session.prefill()
-        log.append((trace.prefix.reused_tokens, list(session.table.blocks)))
-        session.close()
+        generation = engine.Generation(model, prompt, prefix_cache=cache, max_new_tokens=1)
+        trace = generation.prefill()
+        log.append((trace.prefix.reused_tokens, list(generation.table.blocks)))
+        generation.close()
     return log
 
 

@@ -43,7 +43,7 @@ from bench.speculative_peer import MODELS, folder  # noqa: E402
 from engine.drafts import Draft, EarlyExit, NoDraft, PromptLookup  # noqa: E402
 from engine.errors import KvscopeError  # noqa: E402
 from engine.prompt import tokenize_prompt  # noqa: E402
-from engine.speculative import SpeculativeSession  # noqa: E402
+from engine.speculative import SpeculativeGeneration  # noqa: E402
 
 NEW_TOKENS = 48
 REPEATS = 3
@@ -88,11 +88,11 @@ class Run:
 
 
 def timed_run(model, ids: list[int], config: Config, tokens: int) -> Run:
-    with SpeculativeSession(model, ids, config.make(model), max_new_tokens=tokens) as session:
-        session.step()  # the prefill's pass: not timed
+    with SpeculativeGeneration(model, ids, config.make(model), max_new_tokens=tokens) as generation:
+        generation.step()  # the prefill's pass: not timed
         start = time.perf_counter()
-        session.run()
-        return Run(list(session.generated), list(session.passes), 1000 * (time.perf_counter() - start))
+        generation.run()
+        return Run(list(generation.generated), list(generation.passes), 1000 * (time.perf_counter() - start))
 
 
 def rounds(spec: str, lookup_k: tuple[int, ...], early_k: tuple[int, ...], deepest: bool) -> list[Config]:

@@ -208,12 +208,12 @@ def run_peer(spec: str, model_dir: str, ids_file: str | None, out: str) -> None:
 
 def ours_case(model, ids: list[int], case: Case):
     from engine.drafts import make_draft
-    from engine.speculative import SpeculativeSession
+    from engine.speculative import SpeculativeGeneration
 
     draft = make_draft(case.draft, case.k, case.layers or 1, model, max_ngram=MAX_NGRAM)
-    with SpeculativeSession(model, ids, draft, max_new_tokens=NEW_TOKENS) as session:
-        session.run()
-        return list(session.generated), list(session.passes)
+    with SpeculativeGeneration(model, ids, draft, max_new_tokens=NEW_TOKENS) as generation:
+        generation.run()
+        return list(generation.generated), list(generation.passes)
 
 
 def first_difference(ours: list, theirs: list) -> int | None:

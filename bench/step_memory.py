@@ -4,7 +4,7 @@
         [--steps 128] [--model embedded|qwen3-shape|FOLDER] [--one-link]
 
 Each measurement runs in a fresh subprocess (the resident high-water mark, `ru_maxrss`, only grows):
-load the embedded model, note the resident memory, then run `pages` browser-session runs at once in
+load the embedded model, note the resident memory, then run `pages` browser-generation runs at once in
 threads, as Streamlit does, each doing what a worst-case link asks: a 382-token prompt, the most KV
 splits and the smallest block size the limits allow, `steps` decode steps, then the attention
 view's full heatmap, the KV view's cached K/V and a step back past the kept traces (a replay).
@@ -78,7 +78,7 @@ def one_page(model, limits, splits: int, block_size: int, steps: int, runs=None)
     reached = runner.advance_to(steps)
     layer, head = model.info.layers - 1, model.info.q_heads - 1
     runner.full_attention(reached, layer, head)
-    runner.cached_kv(layer, runner.session.table.length)
+    runner.cached_kv(layer, runner.generation.table.length)
     runner.trace(max(1, reached - limits.full_traces - 1))  # a slimmed step: replayed
     runner.close()
 
@@ -102,7 +102,7 @@ def measure(
     step = step_limits(limits, model.info)
     splits = splits or step.max_kv_splits
     block_size = block_size or step.min_block_size
-    warm_up = engine.DecodeSession(model, prompt_of(model.tokenizer, 16), max_new_tokens=2)
+    warm_up = engine.Generation(model, prompt_of(model.tokenizer, 16), max_new_tokens=2)
     warm_up.prefill()  # the first pass touches every weight page: a cost of the loaded server, not of a page
     warm_up.step()
     warm_up.close()

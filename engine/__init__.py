@@ -4,20 +4,20 @@ from engine import split_kv
 from engine.errors import (
     CacheFullError,
     EmptyPromptError,
+    GenerationStateError,
     InvalidSettingError,
     KvscopeError,
     ModelNotFoundError,
     PromptTooLongError,
-    SessionStateError,
     UnsupportedModelError,
 )
+from engine.generation import Generation
 from engine.kv_cache import BlockPool, BlockTable
 from engine.loader import EMBEDDED, SUPPORTED_FAMILIES, load_model
 from engine.model import Model, between_layers
 from engine.model_info import ModelInfo
 from engine.prefix_cache import REUSE_POLICIES, PrefixCache
 from engine.sampler import Sampling
-from engine.session import DecodeSession
 from engine.trace import NO_RECORD, Candidate, Capture, PrefixHit, SplitKVTrace, StepTrace
 
 __all__ = [
@@ -30,7 +30,7 @@ __all__ = [
     "Candidate",
     "NO_RECORD",
     "Capture",
-    "DecodeSession",
+    "Generation",
     "PrefixCache",
     "PrefixHit",
     "SplitKVTrace",
@@ -43,7 +43,7 @@ __all__ = [
     "ModelNotFoundError",
     "PromptTooLongError",
     "Sampling",
-    "SessionStateError",
+    "GenerationStateError",
     "StepTrace",
     "UnsupportedModelError",
     "between_layers",

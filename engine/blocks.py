@@ -1,6 +1,6 @@
 """The one owner of a pool's blocks: how many holders each block has (its reference count), which blocks are free
 and in what order, and the full blocks by chained hash. A `BlockPool` (engine.kv_cache) stores the K/V and has one
-of these; the decode sessions' tables and prefix cache (engine.prefix_cache) and the server's scheduler
+of these; the generations' tables and prefix cache (engine.prefix_cache) and the server's scheduler
 (engine.scheduler) all take, share and give back blocks through it.
 
 The order is nano-vllm's (its engine/block_manager.py; bench/nanovllm_peer.py compares both uses with it): a block
@@ -50,7 +50,7 @@ class BlockManager:
         if count > available:
             raise CacheFullError(
                 f"the KV pool is full: {count} more blocks are needed and {available} of "
-                f"{self.num_blocks} are free; the others are in use by running sessions "
+                f"{self.num_blocks} are free; the others are in use by running generations "
                 "(or hold the cached prefix being reused)"
             )
 

@@ -2,7 +2,7 @@
 
 A bool is an int to Python (True == 1), but never a setting's count or share, so every check here refuses it.
 `require_integer` and `require_number` raise `InvalidSettingError` with a message that names the setting and
-its range; `is_integer` only answers, for a check that raises its own error (a list of token ids, a session's
+its range; `is_integer` only answers, for a check that raises its own error (a list of token ids, a generation's
 step). This module imports nothing of the engine but its errors, so any module can use it without an import
 circle.
 """

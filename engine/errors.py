@@ -29,8 +29,8 @@ class InvalidSettingError(KvscopeError, ValueError):
     """A sampling or cache setting is outside its allowed range."""
 
 
-class SessionStateError(KvscopeError, RuntimeError):
-    """A session method was called out of order (step before prefill, after close, after the end)."""
+class GenerationStateError(KvscopeError, RuntimeError):
+    """A generation method was called out of order (step before prefill, after close, after the end)."""
 
 
 class CacheFullError(KvscopeError, MemoryError):

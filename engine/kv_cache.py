@@ -25,8 +25,8 @@ Blocks: which are held, by how many, which are free and in what order, is the po
 (engine.blocks), the one owner of blocks; a table takes and gives back its blocks there.
 
 Threads: the block manager's `lock` guards the bookkeeping only (ref counts, the free list and, for a prefix
-cache's pool, the cache's index). Reading and writing K/V take no lock, so sessions sharing a pool run their
-forward passes at once. That is safe because a session writes only positions past its table's
+cache's pool, the cache's index). Reading and writing K/V take no lock, so generations sharing a pool run their
+forward passes at once. That is safe because a generation writes only positions past its table's
 length, which lie in blocks it allocated itself (ref count 1, dropped from any index on allocation);
 blocks it shares with others are full prompt blocks, below that length, so nobody writes them while
 anyone holds them, and a block returns to the free list (where it can be reallocated and overwritten)
@@ -91,7 +91,7 @@ class BlockPool:
         layers = counts[False]
         shape = (layers, num_blocks, block_size, kv_heads, head_dim)
         # Uninitialised: only written slots are ever read, and untouched pages cost no resident memory,
-        # so a large pool of which a session uses a little stays cheap.
+        # so a large pool of which a generation uses a little stays cheap.
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)
 

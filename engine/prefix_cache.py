@@ -10,14 +10,14 @@ Only an exact token-id match from position 0 can be reused, and only prompt toke
   entry that is a prefix of it, otherwise nothing.
 
 At most n−1 tokens of an n-token prompt are reused: the last one must be computed to get logits.
-Cached blocks live in the cache's `BlockPool`; when no session uses them they wait in its block manager's free
+Cached blocks live in the cache's `BlockPool`; when no generation uses them they wait in its block manager's free
 list (engine.blocks), still hittable, until the manager hands one out again: then the cache *reclaims* it (drops it
-from its index). The block policy's keys are the manager's own chained hashes, so a session's prompt reuses blocks
+from its index). The block policy's keys are the manager's own chained hashes, so a generation's prompt reuses blocks
 as nano-vllm's block manager would (bench/nanovllm_peer.py --prefix).
 
 Sliding-window layers (Gemma 3) keep their K/V in the pool's window pool, and hand blocks back as the
 window passes them. The rule, the simplest that stays exact: a published prompt block keeps its twin,
-the window layers' block of the same positions, if the session still held it when it closed (the cache
+the window layers' block of the same positions, if the generation still held it when it closed (the cache
 holds a reference to the twin until the block is evicted); a lookup reuses only positions whose block has
 a twin. So a prompt no longer than the window is reused as on any model, and the leading blocks of a
 longer one (handed back during its prefill) end every lookup there: nothing is reused.
@@ -58,7 +58,7 @@ class BlockReclaim:
 
 
 class PrefixCache:
-    """The one owner of prefix caching: a bounded pool of K/V blocks shared by the sessions that use
+    """The one owner of prefix caching: a bounded pool of K/V blocks shared by the generations that use
     this cache, and the prefix index over its blocks (a block its manager hands out again is first reclaimed:
     dropped from the index)."""
 
@@ -93,7 +93,7 @@ class PrefixCache:
         for gone in set(blocks) & self.twins.keys():
             self.pool.window.block_manager.release(self.twins.pop(gone))
 
-    # -- used by sessions (with the pool's lock held) -----------------------------------------------------
+    # -- used by generations (with the pool's lock held) -----------------------------------------------------
 
     def attach(self, ids: list[int], table: BlockTable) -> PrefixHit:
         """Start `table` (empty) from the cached K/V of `ids`'s longest reusable prefix: whole blocks are
@@ -169,8 +169,8 @@ class PrefixCache:
         return blocks[: reusable_tokens(self.policy, len(blocks), len(ids), self.block_size)]
 
     def publish(self, ids: list[int], table: BlockTable) -> None:
-        """Make a finished session's prompt K/V findable (its blocks stay put; nothing is copied); a block
-        the index now holds keeps its twin in the window layers, where the session still held it."""
+        """Make a finished generation's prompt K/V findable (its blocks stay put; nothing is copied); a block
+        the index now holds keeps its twin in the window layers, where the generation still held it."""
         self._release_twins(self.index.publish(ids, table.blocks))
         window = table.window
         if window is None:

@@ -1,21 +1,21 @@
-"""A session's past K/V, recomputed: what a sliding window handed back, for rebuilding an old step exactly.
+"""A generation's past K/V, recomputed: what a sliding window handed back, for rebuilding an old step exactly.
 
 A sliding-window layer hands its oldest blocks back to the pool as the sequence grows (`BlockTable.slide`), so a
-step whose window reached further back than what the session still holds cannot read its K/V from the session's
-cache. `Replay` computes them again: the session's passes (its prefill, then its decode steps), in the same
+step whose window reached further back than what the generation still holds cannot read its K/V from the generation's
+cache. `Replay` computes them again: the generation's passes (its prefill, then its decode steps), in the same
 order, on the same ids and positions and with the same split count, into a private pool whose window never
 slides. The same passes compute the same K/V bit for bit (on one machine with the same torch thread count, as a
 host's pages have: KVSCOPE_THREADS; a bfloat16 sum may round differently over another count); a local layer that
-reads more positions than the session's did reads them masked (probability 0), exactly as the session read its
+reads more positions than the generation's did reads them masked (probability 0), exactly as the generation read its
 handed-back ones (zeros, masked): see `engine.attention.attend`. So a step rebuilt over a replay equals the step
-the session ran.
+the generation ran.
 
-A prefill that reused a prefix from a prefix cache starts from those positions' K/V as the session took them,
-not recomputed: the session's own global blocks (held until it closes) and a copy of the local layers' ones
+A prefill that reused a prefix from a prefix cache starts from those positions' K/V as the generation took them,
+not recomputed: the generation's own global blocks (held until it closes) and a copy of the local layers' ones
 taken at its prefill (`reused_window_kv`), since the window may hand those back too.
 
 What it costs: one forward pass per replayed step (its layers only: no lm_head), once (a replay is extended, never
-redone, as older steps are asked for), and the K/V of every replayed position in every layer, freed with the session
+redone, as older steps are asked for), and the K/V of every replayed position in every layer, freed with the generation
 (Gemma 3 270M: 18,432 B a position).
 """
 
@@ -42,19 +42,19 @@ def reused_window_kv(table: BlockTable, length: int) -> list[tuple[torch.Tensor,
 
 
 class Replay:
-    """Every layer's K/V of a session's first passes, recomputed into a pool of its own (see the module)."""
+    """Every layer's K/V of a generation's first passes, recomputed into a pool of its own (see the module)."""
 
     def __init__(self, model: Model, block_size: int, capacity: int, kv_splits: int):
         self.model = model
         self.kv_splits = kv_splits
         self.table = BlockTable(model.new_pool(-(-capacity // block_size), block_size))
-        self.passes = 0  # the session's passes replayed so far
+        self.passes = 0  # the generation's passes replayed so far
 
     def start_from(
-        self, session_table: BlockTable, reused: int, window_kv: list[tuple[torch.Tensor, torch.Tensor]]
+        self, generation_table: BlockTable, reused: int, window_kv: list[tuple[torch.Tensor, torch.Tensor]]
     ) -> None:
         """Positions 0 … reused − 1 as a prefill after a prefix-cache hit took them: the global layers' K/V from the
-        session's table, the local layers' from `window_kv` (`reused_window_kv`)."""
+        generation's table, the local layers' from `window_kv` (`reused_window_kv`)."""
         if not reused:
             return
         table, pool = self.table, self.table.pool
@@ -66,11 +66,11 @@ class Replay:
                 k, v = window_kv[row]
                 pool.window.write(row, table.window.slots_at(positions), k, v)
             else:
-                k, v, _ = session_table.read(layer, reused)
+                k, v, _ = generation_table.read(layer, reused)
                 pool.write(row, table.slots_at(positions), k, v)
 
     def run_to(self, traces: list[StepTrace], count: int) -> None:
-        """Replay the session's passes up to (not including) pass `count`: `traces` are the session's."""
+        """Replay the generation's passes up to (not including) pass `count`: `traces` are the generation's."""
         for trace in traces[self.passes : count]:
             self.table.append(len(trace.input_ids))
             self.model.forward(

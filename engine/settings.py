@@ -1,4 +1,4 @@
-"""A decode session's settings, checked once when the session is made.
+"""A generation's settings, checked once when the generation is made.
 
 Each bad value raises `InvalidSettingError` (`PromptTooLongError` for a prompt that leaves no room)
 with a message that says what is allowed.
@@ -26,7 +26,7 @@ def check_settings(block_size: int, max_new_tokens: int, keep_full_traces: int, 
 
 
 def check_prefix_cache(prefix_cache: PrefixCache, model: Model, block_size: int) -> None:
-    """A session can share a prefix cache's pool only with the same model and block size."""
+    """A generation can share a prefix cache's pool only with the same model and block size."""
     if prefix_cache.model is not model:
         raise InvalidSettingError("the prefix cache belongs to another model")
     if block_size != prefix_cache.block_size:

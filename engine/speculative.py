@@ -39,7 +39,7 @@ import torch
 from engine.checks import require_integer
 from engine.detokenizer import IncrementalDetokenizer
 from engine.drafts import Draft
-from engine.errors import InvalidSettingError, SessionStateError
+from engine.errors import GenerationStateError, InvalidSettingError
 from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockTable
 from engine.model import Model
 from engine.prompt import tokenize_prompt
@@ -130,12 +130,12 @@ class VerifyPass:
         return len(self.slots) - self.kept_rows
 
 
-class SpeculativeSession:
+class SpeculativeGeneration:
     """Generation for one prompt, one verify pass a `step()`, with `draft` guessing (see the module's docstring).
 
-    session = SpeculativeSession(model, "def f(x): ...", PromptLookup(k=5))
-    while not session.finished:
-        done = session.step()      # done.accepted of done.guesses kept, then done.token_id
+    generation = SpeculativeGeneration(model, "def f(x): ...", PromptLookup(k=5))
+    while not generation.finished:
+        done = generation.step()      # done.accepted of done.guesses kept, then done.token_id
     """
 
     def __init__(
@@ -185,9 +185,9 @@ class SpeculativeSession:
     def step(self) -> VerifyPass:
         """One pass: the draft guesses, the model verifies every guess at once, the rejected rows are forgotten."""
         if self.closed:
-            raise SessionStateError("the session is closed")
+            raise GenerationStateError("the generation is closed")
         if self.finished:
-            raise SessionStateError(f"generation has ended ({self.stop_reason})")
+            raise GenerationStateError(f"generation has ended ({self.stop_reason})")
         model, table, ids, sampling = self.model, self.table, self.ids, self.sampling
         clock = Stopwatch()
         room = self.max_new_tokens - len(self.generated)
@@ -261,12 +261,12 @@ class SpeculativeSession:
         return list(self.generated)
 
     def close(self) -> None:
-        """Return the session's blocks to its pool."""
+        """Return the generation's blocks to its pool."""
         if not self.closed:
             self.table.free()
             self.closed = True
 
-    def __enter__(self) -> SpeculativeSession:
+    def __enter__(self) -> SpeculativeGeneration:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -1,5 +1,5 @@
-"""When decoding stops: the one rule every run that decodes token by token follows (a decode session, a speculative
-session, an eviction run, a request a server serves). Plain Python, so the scheduler uses it without a model."""
+"""When decoding stops: the one rule every run that decodes token by token follows (a generation, a speculative
+generation, an eviction run, a request a server serves). Plain Python, so the scheduler uses it without a model."""
 
 from __future__ import annotations
 

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.generation import Generation
 from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockTable
 from engine.model import Model
 from engine.model_info import ModelInfo
-from engine.session import DecodeSession
 from engine.trace import NO_RECORD
 
 WARM_UP_PROMPT_TOKENS = 24
@@ -241,14 +241,14 @@ def measure_decode(
 def warm_up(model: Model) -> Model:
     """One short prefill and a few decode steps in a scratch pool that is freed afterwards; returns `model`.
 
-    Runs the same code path as a real session (attention recorded), so the timed steps that follow are
+    Runs the same code path as a real generation (attention recorded), so the timed steps that follow are
     steady-state. Nothing is published or kept.
     """
     ids = list(range(1, min(WARM_UP_PROMPT_TOKENS, model.info.vocab - 1) + 1))
-    with DecodeSession(model, ids, max_new_tokens=WARM_UP_DECODE_STEPS + 1) as session:
-        session.prefill()
+    with Generation(model, ids, max_new_tokens=WARM_UP_DECODE_STEPS + 1) as generation:
+        generation.prefill()
         for _ in range(WARM_UP_DECODE_STEPS):
-            if session.finished:
+            if generation.finished:
                 break
-            session.step()
+            generation.step()
     return model

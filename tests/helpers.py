@@ -31,7 +31,7 @@ def expected(
     """The text a page shows at step `steps` (the prompt as the tokenizer decodes it, then the answer so far),
     computed by the engine directly with the page's settings (in bfloat16 a run in splits can draw other
     tokens than one unsplit: the merge rounds once where unsplit attention rounds its probabilities)."""
-    session = engine.DecodeSession(
+    generation = engine.Generation(
         model,
         prompt,
         chat=chat,
@@ -40,10 +40,10 @@ def expected(
         kv_splits=kv_splits,
         block_size=block_size,
     )
-    session.prefill()
+    generation.prefill()
     for _ in range(steps - 1):
-        session.step()
-    return model.tokenizer.decode(session.prompt_ids) + session.text
+        generation.step()
+    return model.tokenizer.decode(generation.prompt_ids) + generation.text
 
 
 def hf_keys_before_rotation(hf, ids: list[int]) -> tuple[object, list[torch.Tensor]]:

@@ -73,12 +73,12 @@ def test_students_guess_the_teacher_reveals_and_every_page_shows_the_samplers_ro
     lead.button(key="b_ask_reveal").click().run()
     assert_clean(lead)
 
-    session = engine.DecodeSession(embedded_model, "What is a KV cache?", chat=True, max_new_tokens=16)
-    session.prefill()
+    generation = engine.Generation(embedded_model, "What is a KV cache?", chat=True, max_new_tokens=16)
+    generation.prefill()
     for _ in range(STEP):
-        trace = session.step()
-    ids = session.prompt_ids + session.generated[:STEP]
-    before = embedded_model.tokenizer.decode(session.prompt_ids) + session.text_after(STEP)
+        trace = generation.step()
+    ids = generation.prompt_ids + generation.generated[:STEP]
+    before = embedded_model.tokenizer.decode(generation.prompt_ids) + generation.text_after(STEP)
     tokens = [class_answers.guess_token(embedded_model.tokenizer, ids[-1], before, g) for g in ["a", "a", "cache"]]
     assert tally_of(lead.query_params["ask_tally"]) == class_answers.counts_of(dict(enumerate(map(str, tokens))))
     p = float(distribution(filter_logits(trace.logits, engine.Sampling()))[tokens[0]])

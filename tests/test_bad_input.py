@@ -173,16 +173,16 @@ def test_allowed_local_model_loads(monkeypatch, tiny_model_dir):
 
 def test_exception_inside_a_step_is_shown_and_the_session_can_restart(monkeypatch, embedded_model):
     at = start(prompt="A fault is injected into step two of this run", step=1)  # its own run: step 2 is computed
-    real_step = engine.DecodeSession.step
+    real_step = engine.Generation.step
 
     def broken(self):
         raise RuntimeError("injected fault")
 
-    monkeypatch.setattr(engine.DecodeSession, "step", broken)
+    monkeypatch.setattr(engine.Generation, "step", broken)
     at.button(key="b_next").click().run()
     assert not at.exception
     assert any("injected fault" in e.value for e in at.error), messages(at)
-    monkeypatch.setattr(engine.DecodeSession, "step", real_step)
+    monkeypatch.setattr(engine.Generation, "step", real_step)
     at.button(key="b_reset_session").click().run()
     assert not at.exception and not at.error and step_of(at) == 0
     keeps_working(at)

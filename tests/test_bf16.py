@@ -51,11 +51,11 @@ def test_bf16_engine_matches_transformers_bf16_prefill_and_32_greedy_steps(famil
     model = bf16_model(family)
     hf = hf_model(tiny_model_dir(family), torch.bfloat16)
     assert model.weights.embed_tokens.dtype == hf.get_input_embeddings().weight.dtype == torch.bfloat16
-    session = engine.DecodeSession(model, PROMPT, block_size=5, max_new_tokens=DECODE_STEPS + 1)
-    assert session.pool.k.dtype == torch.bfloat16, "the KV cache keeps the weights' dtype, as transformers' does"
+    generation = engine.Generation(model, PROMPT, block_size=5, max_new_tokens=DECODE_STEPS + 1)
+    assert generation.pool.k.dtype == torch.bfloat16, "the KV cache keeps the weights' dtype, as transformers' does"
     with torch.inference_mode():
-        out = hf(input_ids=torch.tensor([session.prompt_ids]), use_cache=True, output_attentions=True)
-    trace = session.prefill()
+        out = hf(input_ids=torch.tensor([generation.prompt_ids]), use_cache=True, output_attentions=True)
+    trace = generation.prefill()
     for step in range(DECODE_STEPS + 1):
         what = f"{family} bf16 step {step}"
         assert_within_one_rounding(trace.logits, out.logits[0, -1], f"{what} logits")
@@ -65,7 +65,7 @@ def test_bf16_engine_matches_transformers_bf16_prefill_and_32_greedy_steps(famil
             ours = aligned_attention(trace.attention[layer], theirs, f"{what} L{layer}")
             assert_within_one_rounding(ours, theirs, f"{what} L{layer} attention")
             their_k, their_v = their_kv(out, layer)
-            k, v = cached_kv(session, layer, their_k.shape[-2] if model.info.window(layer) else None)
+            k, v = cached_kv(generation, layer, their_k.shape[-2] if model.info.window(layer) else None)
             assert_within_one_rounding(k, their_k, f"{what} L{layer} K")
             assert_within_one_rounding(v, their_v, f"{what} L{layer} V")
         if step == DECODE_STEPS:
@@ -77,8 +77,8 @@ def test_bf16_engine_matches_transformers_bf16_prefill_and_32_greedy_steps(famil
                 use_cache=True,
                 output_attentions=True,
             )
-        trace = session.step()
-    assert len(session.generated) == DECODE_STEPS + 1
+        trace = generation.step()
+    assert len(generation.generated) == DECODE_STEPS + 1
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3", "gpt2", "gemma3"])
@@ -119,7 +119,7 @@ def greedy_ids(folder: str, prompt: list[int], tokens: int) -> list[int]:
 
 
 def test_qwen3_shaped_bf16_loads_and_steps_within_the_peak_bound(qwen3_shaped_dir):
-    """The session's model of Qwen3-0.6B's exact shape, saved in bfloat16 (tests/qwen3_shaped.py), in a fresh
+    """The generation's model of Qwen3-0.6B's exact shape, saved in bfloat16 (tests/qwen3_shaped.py), in a fresh
     process: import, load, prefill 32 tokens, 8 steps; its high-water mark (VmHWM) ≤ 1.6 GiB, and its tokens are
     transformers' greedy ones. Before the stacked projections gave back their parts' pages, the peak was 2.26 GB;
     the bf16 weights alone are 1.19 GB."""

@@ -278,5 +278,5 @@ def test_link_equals_screen_after_fast_presses(server, page, embedded_model):
     asked.wait_until_answered(page)  # every press the page sent has been run: no run is to come
     step = int(parse_qs(asked.query)["step"][0])  # the link the last run wrote
     text = until_link(page, step=str(step))  # the page has drawn that run
-    prompt_tokens = len(engine.DecodeSession(embedded_model, prompt, chat=True).prompt_ids)
+    prompt_tokens = len(engine.Generation(embedded_model, prompt, chat=True).prompt_ids)
     assert (text, chips(page), url_step(page)) == (expected(embedded_model, prompt, step), prompt_tokens + step, step)

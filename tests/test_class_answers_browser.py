@@ -47,17 +47,17 @@ def expected_round(model, lang: str, answers: list[str]) -> str:
     from ui.state.link import language_defaults
 
     state = language_defaults(lang)
-    session = engine.DecodeSession(model, state.prompt, chat=state.chat, sampling=engine.Sampling(), max_new_tokens=16)
-    session.prefill()
-    trace = session.step()  # token STEP + 1
-    context = session.prompt_ids + session.generated[:STEP]
-    prompt_text = model.tokenizer.decode(session.prompt_ids)
-    before = session.text_after(STEP)
+    generation = engine.Generation(model, state.prompt, chat=state.chat, sampling=engine.Sampling(), max_new_tokens=16)
+    generation.prefill()
+    trace = generation.step()  # token STEP + 1
+    context = generation.prompt_ids + generation.generated[:STEP]
+    prompt_text = model.tokenizer.decode(generation.prompt_ids)
+    before = generation.text_after(STEP)
     tokens = [guess_token(model.tokenizer, context[-1], prompt_text + before, a) for a in answers]
     probabilities = distribution(filter_logits(trace.logits, engine.Sampling()))
     favourite = max(set(tokens), key=tokens.count)
     label = position_label(candidate_cells(model.tokenizer, context, [favourite])[0])
-    session.close()
+    generation.close()
     return plain(
         strings.t(
             "ask_favourite",

@@ -151,41 +151,41 @@ def test_sentencepiece_bytes_that_are_not_utf8_never_take_back_a_character_shown
 def test_session_text_pieces_equal_the_decode_of_generated_ids(tiny_model, tokenizer):
     prompt = encode(tokenizer, TEXT)
     for seed in range(3):
-        session = engine.DecodeSession(
+        generation = engine.Generation(
             tiny_model("llama"), prompt, max_new_tokens=48, sampling=engine.Sampling(temperature=1.0, seed=seed)
         )
-        pieces = [session.prefill().text]
-        while not session.finished:
-            pieces.append(session.step().text)
-        full = tokenizer.decode(session.generated)
-        assert "".join(pieces) == full == session.text
+        pieces = [generation.prefill().text]
+        while not generation.finished:
+            pieces.append(generation.step().text)
+        full = tokenizer.decode(generation.generated)
+        assert "".join(pieces) == full == generation.text
         for count in range(len(pieces) + 1):
-            assert session.text_after(count) == "".join(pieces[:count])
-            assert full.startswith(session.text_after(count))  # nothing shown is taken back
+            assert generation.text_after(count) == "".join(pieces[:count])
+            assert full.startswith(generation.text_after(count))  # nothing shown is taken back
 
 
 def test_text_after_a_count_the_answer_does_not_have_is_refused(tiny_model):
-    session = engine.DecodeSession(tiny_model("llama"), "Hello", max_new_tokens=4)
-    session.prefill()
+    generation = engine.Generation(tiny_model("llama"), "Hello", max_new_tokens=4)
+    generation.prefill()
     for count in (-1, 2, 1.0, True, "1"):
-        with pytest.raises(engine.SessionStateError, match="from 0 to 1"):
-            session.text_after(count)
+        with pytest.raises(engine.GenerationStateError, match="from 0 to 1"):
+            generation.text_after(count)
 
 
 def test_a_failed_step_leaves_the_held_bytes_as_they_were(tiny_model, tokenizer, monkeypatch):
     """A step that fails after its id reached the detokenizer is undone there too: the retry shows the
     text a run without the failure shows (the id is not held twice)."""
-    import engine.session
+    import engine.generation
 
     script = encode(tokenizer, " 🤖 ok")
     assert tokenizer.decode(script[:2]).endswith(REPLACEMENT)
     monkeypatch.setattr(
-        engine.session, "sample", lambda logits, sampling, step: (script[step], filter_logits(logits, sampling))
+        engine.generation, "sample", lambda logits, sampling, step: (script[step], filter_logits(logits, sampling))
     )
 
     def run(fail_at_call: int | None) -> list[str]:
         calls = []
-        real = engine.session.candidates
+        real = engine.generation.candidates
 
         def failing(*args, **kwargs):
             calls.append(None)
@@ -193,16 +193,16 @@ def test_a_failed_step_leaves_the_held_bytes_as_they_were(tiny_model, tokenizer,
                 raise RuntimeError("injected")
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(engine.session, "candidates", failing)
-        session = engine.DecodeSession(tiny_model("llama"), PROMPT, max_new_tokens=len(script))
-        pieces = [session.prefill().text]
-        while not session.finished:
+        monkeypatch.setattr(engine.generation, "candidates", failing)
+        generation = engine.Generation(tiny_model("llama"), PROMPT, max_new_tokens=len(script))
+        pieces = [generation.prefill().text]
+        while not generation.finished:
             try:
-                pieces.append(session.step().text)
+                pieces.append(generation.step().text)
             except RuntimeError:
                 pass
-        monkeypatch.setattr(engine.session, "candidates", real)
-        return pieces + [session.text]
+        monkeypatch.setattr(engine.generation, "candidates", real)
+        return pieces + [generation.text]
 
     clean = run(None)
     assert clean[-1] == " 🤖 ok"

@@ -47,9 +47,9 @@ def test_embedded_logits_match_transformers_reading_the_gguf(embedded_model):
     hf = AutoModelForCausalLM.from_pretrained(
         gguf.parent, gguf_file=gguf.name, dtype=torch.float32, attn_implementation="eager"
     ).eval()
-    session = engine.DecodeSession(embedded_model, "Explain what a KV cache is.", chat=True, max_new_tokens=8)
-    trace = session.prefill()
-    ids = list(session.prompt_ids)
+    generation = engine.Generation(embedded_model, "Explain what a KV cache is.", chat=True, max_new_tokens=8)
+    trace = generation.prefill()
+    ids = list(generation.prompt_ids)
     for _ in range(4):
         with torch.inference_mode():
             theirs = hf(input_ids=torch.tensor([ids])).logits[0, -1]
@@ -57,16 +57,16 @@ def test_embedded_logits_match_transformers_reading_the_gguf(embedded_model):
         assert diff <= 1e-3, f"max |engine − transformers(GGUF)| = {diff}"
         assert trace.token_id == int(theirs.argmax())
         ids.append(trace.token_id)
-        trace = session.step()
+        trace = generation.step()
 
 
 def test_embedded_model_answers_a_simple_chat_question(embedded_model):
-    session = engine.DecodeSession(embedded_model, "What is the capital of France?", chat=True, max_new_tokens=40)
-    session.prefill()
-    while not session.finished:
-        session.step()
-    assert "Paris" in session.text, session.text
-    assert session.stop_reason == "eos"
+    generation = engine.Generation(embedded_model, "What is the capital of France?", chat=True, max_new_tokens=40)
+    generation.prefill()
+    while not generation.finished:
+        generation.step()
+    assert "Paris" in generation.text, generation.text
+    assert generation.stop_reason == "eos"
 
 
 def test_missing_package_offline_says_how_to_install_it(monkeypatch):
@@ -108,8 +108,8 @@ def cache(tmp_path, monkeypatch, embedded_folder, gguf_read):
 
 
 def prefill_logits(model) -> torch.Tensor:
-    session = engine.DecodeSession(model, "Explain what a KV cache is.", chat=True, max_new_tokens=1)
-    return session.prefill().logits
+    generation = engine.Generation(model, "Explain what a KV cache is.", chat=True, max_new_tokens=1)
+    return generation.prefill().logits
 
 
 def weight_tensors(weights, name: str = "weights"):

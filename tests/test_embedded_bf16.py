@@ -58,16 +58,16 @@ def test_engine_equals_transformers_in_bfloat16_on_the_embedded_models(spec, bf1
     the same computation."""
     model = bf16_zh if spec == embedded.ZH else engine.load_model(spec, device="cpu", dtype=torch.bfloat16)
     hf = hf_model(SOURCES[spec](torch.bfloat16), torch.bfloat16)
-    session = engine.DecodeSession(model, PROMPTS[spec], max_new_tokens=STEPS + 1)
-    trace = session.prefill()
+    generation = engine.Generation(model, PROMPTS[spec], max_new_tokens=STEPS + 1)
+    trace = generation.prefill()
     with torch.inference_mode():
-        out = hf(input_ids=torch.tensor([session.prompt_ids]), use_cache=True)
+        out = hf(input_ids=torch.tensor([generation.prompt_ids]), use_cache=True)
         for step in range(STEPS):
             theirs = out.logits[0, -1]
             assert_within_one_rounding(trace.logits, theirs, f"{spec} step {step} logits")
             assert trace.token_id == int(theirs.argmax()), f"{spec} step {step}: greedy tokens differ"
             out = hf(input_ids=torch.tensor([[trace.token_id]]), cache=out.past_key_values, use_cache=True)
-            trace = session.step()
+            trace = generation.step()
 
 
 def test_auto_holds_smollm2_in_float32_and_gemma_in_bfloat16(bf16_zh):
@@ -100,11 +100,11 @@ def test_gemma_in_bfloat16_gives_a_prefix_hit_the_cold_runs_tokens(prompt, bf16_
     from engine.prefix_cache import PrefixCache
 
     cache = PrefixCache(bf16_zh, policy="radix", block_size=4)
-    first = engine.DecodeSession(bf16_zh, prompt, prefix_cache=cache, max_new_tokens=2)
+    first = engine.Generation(bf16_zh, prompt, prefix_cache=cache, max_new_tokens=2)
     first.prefill()
     first.close()
-    warm = engine.DecodeSession(bf16_zh, prompt, prefix_cache=cache, max_new_tokens=24)
-    cold = engine.DecodeSession(bf16_zh, prompt, max_new_tokens=24)
+    warm = engine.Generation(bf16_zh, prompt, prefix_cache=cache, max_new_tokens=24)
+    cold = engine.Generation(bf16_zh, prompt, max_new_tokens=24)
     assert warm.prefill().prefix.reused_tokens > 0
     cold.prefill()
     while not cold.finished:

@@ -53,11 +53,11 @@ def test_logits_equal_transformers_reading_the_gguf(zh_model, tmp_path):
 
     gguf = importlib.import_module(embedded.ZH_MODULE).assemble(tmp_path / "model.gguf")  # checks its SHA-256
     hf = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=gguf.name, dtype=torch.float32).eval()
-    session, traces = decode(zh_model, "什么是KV缓存？KV缓存是", STEPS, max_new_tokens=STEPS + 1)
-    ids = session.prompt_ids
+    generation, traces = decode(zh_model, "什么是KV缓存？KV缓存是", STEPS, max_new_tokens=STEPS + 1)
+    ids = generation.prompt_ids
     with torch.inference_mode():
         for i, trace in enumerate(traces):
-            logits = hf(input_ids=torch.tensor([ids + session.generated[:i]])).logits[0, -1]
+            logits = hf(input_ids=torch.tensor([ids + generation.generated[:i]])).logits[0, -1]
             diff = (trace.logits - logits).abs().max().item()
             assert diff <= 1e-4, f"step {i}: max |engine − transformers| = {diff:.3g}"
             assert trace.token_id == int(logits.argmax())
@@ -76,8 +76,8 @@ def test_logits_equal_transformers_reading_the_gguf(zh_model, tmp_path):
     ],
 )
 def test_greedy_answers_are_the_ones_transformers_gives(zh_model, prompt, answer):
-    session, _ = decode(zh_model, prompt, 24, max_new_tokens=25)
-    assert session.text.startswith(answer), session.text
+    generation, _ = decode(zh_model, prompt, 24, max_new_tokens=25)
+    assert generation.text.startswith(answer), generation.text
 
 
 def test_chinese_words_are_whole_tokens_shown_as_characters(zh_model):
@@ -86,8 +86,8 @@ def test_chinese_words_are_whole_tokens_shown_as_characters(zh_model):
     pieces = tokenizer.convert_ids_to_tokens(ids)
     for word in ("解释", "什么是", "例子"):
         assert word in pieces, pieces
-    session = engine.DecodeSession(zh_model, "解释什么是Transformer，举个例子", max_new_tokens=1)
-    cells = token_cells(zh_model.tokenizer, session.prompt_ids, [])
+    generation = engine.Generation(zh_model, "解释什么是Transformer，举个例子", max_new_tokens=1)
+    cells = token_cells(zh_model.tokenizer, generation.prompt_ids, [])
     assert all(cell.group.whole for cell in cells)
     assert "".join(cell.text for cell in cells).endswith("解释什么是Transformer，举个例子")
 

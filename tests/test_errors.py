@@ -11,28 +11,28 @@ from tests.conftest import CONTEXT
 @pytest.mark.parametrize("prompt", ["", "   ", "\n\t  \n", []])
 def test_empty_or_whitespace_prompt(prompt, tiny_model):
     with pytest.raises(engine.EmptyPromptError, match="empty|no token ids"):
-        engine.DecodeSession(tiny_model("llama"), prompt)
+        engine.Generation(tiny_model("llama"), prompt)
 
 
 def test_prompt_longer_than_the_context_limit(tiny_model):
     model = tiny_model("llama")
     with pytest.raises(engine.PromptTooLongError, match=f"at most {CONTEXT - 1} tokens"):
-        engine.DecodeSession(model, [5] * CONTEXT)
-    engine.DecodeSession(model, [5] * (CONTEXT - 1))  # one position left for the answer: allowed
+        engine.Generation(model, [5] * CONTEXT)
+    engine.Generation(model, [5] * (CONTEXT - 1))  # one position left for the answer: allowed
 
 
 def test_generation_stops_at_the_context_limit(tiny_model):
-    session = engine.DecodeSession(tiny_model("gpt2"), [7] * (CONTEXT - 4), max_new_tokens=100)
-    session.prefill()
-    while not session.finished:
-        session.step()
-    assert session.stop_reason == "context_limit"
-    assert len(session.ids) == CONTEXT
+    generation = engine.Generation(tiny_model("gpt2"), [7] * (CONTEXT - 4), max_new_tokens=100)
+    generation.prefill()
+    while not generation.finished:
+        generation.step()
+    assert generation.stop_reason == "context_limit"
+    assert len(generation.ids) == CONTEXT
 
 
 def test_token_ids_out_of_range(tiny_model):
     with pytest.raises(engine.InvalidSettingError, match="token ids"):
-        engine.DecodeSession(tiny_model("llama"), [1, 2, 10**9])
+        engine.Generation(tiny_model("llama"), [1, 2, 10**9])
 
 
 @pytest.mark.parametrize("spec", ["/no/such/folder", "nobody-here/no-such-model-xyz", "../../etc", "not a model", ""])
@@ -111,19 +111,19 @@ def test_bad_sampling_settings(kwargs, match):
 @pytest.mark.parametrize("block_size", [0, -3, 1.5, True])
 def test_bad_block_size(block_size, tiny_model):
     with pytest.raises(engine.InvalidSettingError, match="block_size"):
-        engine.DecodeSession(tiny_model("llama"), "hello", block_size=block_size)
+        engine.Generation(tiny_model("llama"), "hello", block_size=block_size)
 
 
 def test_steps_out_of_order(tiny_model):
-    session = engine.DecodeSession(tiny_model("llama"), "hello", max_new_tokens=1)
-    with pytest.raises(engine.SessionStateError, match="prefill"):
-        session.step()
-    session.prefill()
-    with pytest.raises(engine.SessionStateError, match="ended"):
-        session.step()
-    session.close()
-    with pytest.raises(engine.SessionStateError, match="closed"):
-        session.prefill()
+    generation = engine.Generation(tiny_model("llama"), "hello", max_new_tokens=1)
+    with pytest.raises(engine.GenerationStateError, match="prefill"):
+        generation.step()
+    generation.prefill()
+    with pytest.raises(engine.GenerationStateError, match="ended"):
+        generation.step()
+    generation.close()
+    with pytest.raises(engine.GenerationStateError, match="closed"):
+        generation.prefill()
 
 
 def test_every_error_is_a_kvscope_error():
@@ -133,7 +133,7 @@ def test_every_error_is_a_kvscope_error():
         engine.ModelNotFoundError,
         engine.UnsupportedModelError,
         engine.InvalidSettingError,
-        engine.SessionStateError,
+        engine.GenerationStateError,
     ):
         assert issubclass(cls, engine.KvscopeError)
 
@@ -141,19 +141,19 @@ def test_every_error_is_a_kvscope_error():
 @pytest.mark.parametrize("keep_full_traces", [0, -1, 1.5, True])
 def test_bad_keep_full_traces(keep_full_traces, tiny_model):
     with pytest.raises(engine.InvalidSettingError, match="keep_full_traces"):
-        engine.DecodeSession(tiny_model("llama"), "hello", keep_full_traces=keep_full_traces)
+        engine.Generation(tiny_model("llama"), "hello", keep_full_traces=keep_full_traces)
 
 
 @pytest.mark.parametrize("max_new_tokens", [0, -2, 3.0, False, "8"])
 def test_bad_max_new_tokens(max_new_tokens, tiny_model):
     with pytest.raises(engine.InvalidSettingError, match="max_new_tokens must be an integer ≥ 1"):
-        engine.DecodeSession(tiny_model("llama"), "hello", max_new_tokens=max_new_tokens)
+        engine.Generation(tiny_model("llama"), "hello", max_new_tokens=max_new_tokens)
 
 
 @pytest.mark.parametrize("kv_splits", [0, -1, 2.0, True])
 def test_bad_kv_splits(kv_splits, tiny_model):
     with pytest.raises(engine.InvalidSettingError, match="kv_splits"):
-        engine.DecodeSession(tiny_model("llama"), "hello", kv_splits=kv_splits)
+        engine.Generation(tiny_model("llama"), "hello", kv_splits=kv_splits)
 
 
 def test_bad_prefix_cache_settings(tiny_model):
@@ -166,6 +166,6 @@ def test_bad_prefix_cache_settings(tiny_model):
         engine.PrefixCache(model, block_size=0)
     cache = engine.PrefixCache(model, block_size=4)
     with pytest.raises(engine.InvalidSettingError, match="block size 4"):
-        engine.DecodeSession(model, "hello", block_size=8, prefix_cache=cache)
+        engine.Generation(model, "hello", block_size=8, prefix_cache=cache)
     with pytest.raises(engine.InvalidSettingError, match="another model"):
-        engine.DecodeSession(tiny_model("gpt2"), "hello", prefix_cache=cache)
+        engine.Generation(tiny_model("gpt2"), "hello", prefix_cache=cache)

@@ -5,7 +5,7 @@ product; and the batch's one prefill leaves every run's cache holding what its o
 import pytest
 import torch
 
-from engine.errors import SessionStateError
+from engine.errors import GenerationStateError
 from engine.eviction import DecodeBudget, EvictionRun, Policy, StreamingWindow
 from engine.eviction.batch import EvictionBatch, Variant
 
@@ -106,7 +106,7 @@ def test_runs_that_join_after_the_prefill_equal_each_run_alone(family, tiny_mode
     while not batch.finished:
         batch.step()
     assert_each_equals_its_run_alone(model, ids, VARIANTS, batch.runs)
-    with pytest.raises(SessionStateError):
+    with pytest.raises(GenerationStateError):
         EvictionBatch(model, ids, VARIANTS[:1]).join(VARIANTS[1])
     batch.close()
     assert batch.pool.block_manager.used == 0

@@ -121,7 +121,7 @@ def definition_holds(states: np.ndarray, model: engine.Model, s: dict, context: 
 def check_view(at, model: engine.Model, s: dict) -> None:
     assert_clean(at)
     assert strings.t("evict_title") in [h.value for h in at.subheader]
-    ids = engine.DecodeSession(model, PROMPT, chat=False).prompt_ids
+    ids = engine.Generation(model, PROMPT, chat=False).prompt_ids
     states = kept_map(at)
     run = engine_run(model, ids, s, STEP)
     step = run.steps[STEP - 1]
@@ -161,7 +161,7 @@ def test_the_view_draws_what_each_policy_kept_on_a_tiny_gemma(s, tiny_model, tin
 def test_a_pass_record_owns_its_arrays(embedded_model):
     """Each recorded pass holds arrays of its own, not views into the pass's tensors: a view of one position's
     attention kept every position's alive (a lab at step 64 on a 382-token prompt held about 300 MB more)."""
-    ids = engine.DecodeSession(embedded_model, PROMPT, chat=False).prompt_ids
+    ids = engine.Generation(embedded_model, PROMPT, chat=False).prompt_ids
     pair = pair_for(
         RunStore(10**9), embedded_model, ids, EvictionSettings("tova", "prefill", 0.5, 32, 8, 28), STEP, 2000
     )
@@ -177,7 +177,7 @@ def test_a_change_of_policy_reads_runs_the_lab_has_computed(embedded_model):
     from the prefill, each later one joining at the lab's step; a page switching to a policy the lab has reads passes
     already computed (none is computed again), the full cache's run is shared, and the runs equal each run made
     alone."""
-    ids = engine.DecodeSession(embedded_model, PROMPT, chat=False).prompt_ids
+    ids = engine.Generation(embedded_model, PROMPT, chat=False).prompt_ids
     store = RunStore(10**9)
     snapkv = EvictionSettings("snapkv", "prefill", 0.5, 32, 8, 28)
     pair = pair_for(store, embedded_model, ids, snapkv, STEP, 2000)
@@ -218,7 +218,7 @@ def test_a_change_of_policy_reads_runs_the_lab_has_computed(embedded_model):
 def test_a_policy_joins_the_lab_only_while_the_step_memory_holds_it(embedded_model):
     """A lab is planned for its pair and a joining twin: on a host whose step memory holds just that, the first
     page's policy runs and another is refused with the policies the lab compares, which still run."""
-    ids = engine.DecodeSession(embedded_model, PROMPT, chat=False).prompt_ids
+    ids = engine.Generation(embedded_model, PROMPT, chat=False).prompt_ids
     knorm = EvictionSettings("knorm", "prefill", 0.5, 32, 8, 28)
     assert (
         lab_bytes(embedded_model.info, len(ids), STEP, knorm, 4)
@@ -236,7 +236,7 @@ def test_a_policy_joins_the_lab_only_while_the_step_memory_holds_it(embedded_mod
 
 def test_pages_asking_at_once_build_one_lab(embedded_model):
     """Two pages asking for the same lab at the same moment: one builds it, the other waits and reads it."""
-    ids = engine.DecodeSession(embedded_model, PROMPT, chat=False).prompt_ids
+    ids = engine.Generation(embedded_model, PROMPT, chat=False).prompt_ids
     store = RunStore(10**9)
     settings = EvictionSettings("tova", "prefill", 0.5, 32, 8, 28)
     building, go = threading.Event(), threading.Event()
@@ -267,7 +267,7 @@ def test_pages_asking_at_once_build_one_lab(embedded_model):
 def test_labs_are_counted_and_swept_by_the_run_store(embedded_model):
     """A lab's bytes count in the store (it grows as it steps); older labs go when the store is over its bytes, and
     an idle one at the sweep."""
-    ids = engine.DecodeSession(embedded_model, PROMPT, chat=False).prompt_ids
+    ids = engine.Generation(embedded_model, PROMPT, chat=False).prompt_ids
     now = [0.0]
     store = RunStore(10**9, idle_seconds=60, clock=lambda: now[0])
     prefill = EvictionSettings("tova", "prefill", 0.5, 32, 8, 28)
@@ -303,7 +303,7 @@ def test_the_lab_records_each_policys_next_token_kl_from_the_full_cache(embedded
     """Each policy's KL(full cache ‖ policy) per answer token is the KL of the two runs made alone, while their texts
     agree; from the token after they part, none (the two predict after different texts)."""
     steps = 6
-    ids = engine.DecodeSession(embedded_model, PROMPT, chat=False).prompt_ids
+    ids = engine.Generation(embedded_model, PROMPT, chat=False).prompt_ids
     store = RunStore(10**9)
     pair = pair_for(store, embedded_model, ids, EvictionSettings("snapkv", "prefill", 0.5, 32, 8, 28), steps, 2000)
     assert pair.advance_to(steps) == steps
@@ -508,7 +508,7 @@ def test_settings_that_cannot_run_say_why_in_the_pages_language(lang, embedded_m
     assert_clean(at)
     assert strings.t("evict_snapkv_interval", lang) in [w.value for w in at.warning]
     for prompt, key in (("Hi there, you", "evict_too_few_for_sinks"), ("Hi", "evict_short_prompt")):
-        ids = engine.DecodeSession(embedded_model, prompt, chat=False).prompt_ids
+        ids = engine.Generation(embedded_model, prompt, chat=False).prompt_ids
         at = start(view="eviction", step=1, lang=lang, model="embedded", prompt=prompt, chat=0, evict="streaming_llm")
         assert_clean(at)
         n = len(ids) - 1 if key == "evict_too_few_for_sinks" else len(ids)
@@ -727,7 +727,7 @@ def test_the_forced_reading_quotes_both_caches_reading_the_full_answer(model_nam
     at.session_state["x_forced"] = True
     at = at.run(timeout=300)
     assert_clean(at)
-    ids = engine.DecodeSession(model, PROMPT, chat=False).prompt_ids
+    ids = engine.Generation(model, PROMPT, chat=False).prompt_ids
     full_run = EvictionRun(model, ids, max_new_tokens=STEP)
     full_run.prefill()
     while not full_run.finished:

@@ -15,10 +15,10 @@ def hf_model(folder: str, dtype: torch.dtype = torch.float32):
     return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="eager").eval()
 
 
-def cached_kv(session: engine.DecodeSession, layer: int, last: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def cached_kv(generation: engine.Generation, layer: int, last: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Our cache for one layer as (kv_heads, length, head_dim), the layout transformers caches; with `last`,
     its last positions only (a sliding-window layer: transformers keeps the latest window − 1 of them)."""
-    k, v, _ = session.table.read(layer)
+    k, v, _ = generation.table.read(layer)
     if last is not None:
         assert k.shape[0] >= last, f"layer {layer} holds {k.shape[0]} positions, fewer than transformers' {last}"
         k, v = k[-last:], v[-last:]
@@ -51,11 +51,11 @@ def assert_close(ours: torch.Tensor, theirs: torch.Tensor, atol: float, what: st
 def test_engine_matches_transformers_prefill_and_32_greedy_steps(family, block_size, tiny_model, tiny_model_dir):
     model = tiny_model(family)
     hf = hf_model(tiny_model_dir(family))
-    session = engine.DecodeSession(model, PROMPT, block_size=block_size, max_new_tokens=DECODE_STEPS + 1)
-    ids = torch.tensor([session.prompt_ids])
+    generation = engine.Generation(model, PROMPT, block_size=block_size, max_new_tokens=DECODE_STEPS + 1)
+    ids = torch.tensor([generation.prompt_ids])
     with torch.inference_mode():
         out = hf(input_ids=ids, use_cache=True, output_attentions=True)
-    trace = session.prefill()
+    trace = generation.prefill()
     for step in range(DECODE_STEPS + 1):
         what = f"{family} step {step}"
         assert_close(trace.logits, out.logits[0, -1], 1e-4, f"{what} logits")
@@ -67,12 +67,12 @@ def test_engine_matches_transformers_prefill_and_32_greedy_steps(family, block_s
             ours = aligned_attention(trace.attention[layer], theirs, f"{what} layer {layer}")
             assert_close(ours, theirs, 1e-5, f"{what} layer {layer} attention")
             their_k, their_v = their_kv(out, layer)
-            k, v = cached_kv(session, layer, their_k.shape[-2] if model.info.window(layer) else None)
+            k, v = cached_kv(generation, layer, their_k.shape[-2] if model.info.window(layer) else None)
             assert_close(k, their_k, 1e-5, f"{what} layer {layer} K")
             assert_close(v, their_v, 1e-5, f"{what} layer {layer} V")
         if step == DECODE_STEPS:
             break
-        assert not session.finished, f"{what}: stopped early ({session.stop_reason})"
+        assert not generation.finished, f"{what}: stopped early ({generation.stop_reason})"
         with torch.inference_mode():
             out = hf(
                 input_ids=torch.tensor([[trace.token_id]]),
@@ -80,18 +80,18 @@ def test_engine_matches_transformers_prefill_and_32_greedy_steps(family, block_s
                 use_cache=True,
                 output_attentions=True,
             )
-        trace = session.step()
-    assert session.stop_reason == "max_new_tokens"
-    assert len(session.generated) == DECODE_STEPS + 1
+        trace = generation.step()
+    assert generation.stop_reason == "max_new_tokens"
+    assert len(generation.generated) == DECODE_STEPS + 1
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_scores_are_the_scaled_dot_products_behind_the_probabilities(family, tiny_model):
     """The raw scores are q·k/√d with −inf on the causal mask; their softmax is the recorded attention."""
-    session = engine.DecodeSession(tiny_model(family), PROMPT, max_new_tokens=4)
-    trace = session.prefill()
+    generation = engine.Generation(tiny_model(family), PROMPT, max_new_tokens=4)
+    trace = generation.prefill()
     scores = trace.scores
-    t = len(session.prompt_ids)
+    t = len(generation.prompt_ids)
     future = torch.ones(t, t, dtype=torch.bool).triu(1)
     assert torch.isinf(scores[:, :, future]).all() and (scores[:, :, future] < 0).all()
     assert torch.isfinite(scores[:, :, ~future]).all()
@@ -105,15 +105,15 @@ def test_next_input_is_what_transformers_feeds_the_first_layer(family, tiny_mode
     a RoPE family's token row alone; the next decode step starts from exactly that vector."""
     model = tiny_model(family)
     hf = hf_model(tiny_model_dir(family))
-    session = engine.DecodeSession(model, PROMPT, max_new_tokens=3)
-    trace = session.prefill()
+    generation = engine.Generation(model, PROMPT, max_new_tokens=3)
+    trace = generation.prefill()
     with torch.inference_mode():
-        out = hf(input_ids=torch.tensor([session.prompt_ids + [trace.token_id]]), output_hidden_states=True)
+        out = hf(input_ids=torch.tensor([generation.prompt_ids + [trace.token_id]]), output_hidden_states=True)
     assert_close(trace.next_input_embedding, out.hidden_states[0][0, -1], 1e-6, f"{family} next input")
     if family == "gpt2":
         token_row = hf.get_input_embeddings().weight[trace.token_id]
         assert (trace.next_input_embedding - token_row).abs().max() > 1e-3, "GPT-2 adds the position row"
-    step = session.step()
+    step = generation.step()
     assert torch.equal(step.residual[0, 0], trace.next_input_embedding)
 
 
@@ -121,10 +121,10 @@ def test_residual_stream_and_dual_path_match_transformers(tiny_model, tiny_model
     """x0/x2 per layer equal transformers' hidden states; the next input is the new id's embedding row."""
     model = tiny_model("qwen3")
     hf = hf_model(tiny_model_dir("qwen3"))
-    session = engine.DecodeSession(model, PROMPT, max_new_tokens=3)
-    trace = session.prefill()
+    generation = engine.Generation(model, PROMPT, max_new_tokens=3)
+    trace = generation.prefill()
     with torch.inference_mode():
-        out = hf(input_ids=torch.tensor([session.prompt_ids]), output_hidden_states=True)
+        out = hf(input_ids=torch.tensor([generation.prompt_ids]), output_hidden_states=True)
     hidden = out.hidden_states  # embeddings, then after each layer (the last one after the final norm)
     for layer in range(model.info.layers):
         assert_close(trace.residual[layer, 0], hidden[layer][0, -1], 1e-5, f"x0 of layer {layer}")
@@ -133,9 +133,9 @@ def test_residual_stream_and_dual_path_match_transformers(tiny_model, tiny_model
     assert_close(trace.final_hidden, hidden[-1][0, -1], 1e-5, "final norm output")
     embedding = hf.get_input_embeddings().weight[trace.token_id]
     assert torch.equal(trace.next_input_embedding, embedding.detach())
-    step = session.step()
+    step = generation.step()
     assert step.input_ids == [trace.token_id]
-    assert step.positions == [len(session.prompt_ids)]
+    assert step.positions == [len(generation.prompt_ids)]
     assert torch.equal(step.residual[0, 0], embedding.detach()), (
         "decode input is the embedding row, not the last hidden"
     )
@@ -146,8 +146,8 @@ def test_a_pause_between_layers_comes_after_each_layer_and_changes_no_number(fam
     """`engine.between_layers`: the app lets other pages in during a long pass; the pass is the same pass."""
     model = tiny_model(family)
     prompt = "A pause between two layers changes nothing"
-    plain = engine.DecodeSession(model, prompt, max_new_tokens=3)
-    paused = engine.DecodeSession(model, prompt, max_new_tokens=3)
+    plain = engine.Generation(model, prompt, max_new_tokens=3)
+    paused = engine.Generation(model, prompt, max_new_tokens=3)
     pauses = []
     expected = [plain.prefill(), plain.step()]
     with engine.between_layers(lambda: pauses.append(1)):

@@ -42,8 +42,8 @@ def test_model_card_names_each_layers_kind_window_and_norms(gemma, tiny_model_di
 @pytest.mark.parametrize("block_size", [1, 4])
 def test_a_local_layer_keeps_at_most_its_window_and_hands_blocks_back(gemma, block_size):
     prompt = list(range(1000, 1005))  # shorter than the window: everything it drops, decoding dropped
-    session, traces = decode(gemma, prompt, 2 * W, block_size=block_size, max_new_tokens=2 * W + 1)
-    table, window, pool = session.table, session.table.window, session.pool.window
+    generation, traces = decode(gemma, prompt, 2 * W, block_size=block_size, max_new_tokens=2 * W + 1)
+    table, window, pool = generation.table, generation.table.window, generation.pool.window
     assert table.length == len(prompt) + 2 * W
     assert len(table.blocks) == -(-table.length // block_size), "a global layer keeps every position"
     held = window.length - window.first_position  # in whole blocks: one block may straddle the window's edge
@@ -59,27 +59,27 @@ def test_a_local_layer_keeps_at_most_its_window_and_hands_blocks_back(gemma, blo
         k, _, start = table.read(layer)
         assert start + k.shape[0] == table.length
         assert start == (window.first_position if gemma.info.window(layer) else 0)
-    session.close()
-    assert pool.block_manager.used == 0 and session.pool.block_manager.used == 0
+    generation.close()
+    assert pool.block_manager.used == 0 and generation.pool.block_manager.used == 0
 
 
 def test_a_prompt_longer_than_the_window_is_dropped_to_it_after_the_prefill(gemma):
-    session = engine.DecodeSession(gemma, list(range(1000, 1000 + 3 * W)), block_size=4, max_new_tokens=2)
-    session.prefill()
-    window = session.table.window
+    generation = engine.Generation(gemma, list(range(1000, 1000 + 3 * W)), block_size=4, max_new_tokens=2)
+    generation.prefill()
+    window = generation.table.window
     assert window.length - window.first_position <= W + 3
-    assert session.pool.window.block_manager.used == len(window.blocks) <= -(-(W - 1) // 4) + 1
+    assert generation.pool.window.block_manager.used == len(window.blocks) <= -(-(W - 1) // 4) + 1
 
 
 def test_rebuilt_steps_equal_the_run_while_their_window_is_held_and_after(gemma):
-    session, traces = decode(gemma, list(range(1000, 1006)), 2 * W, block_size=4, max_new_tokens=2 * W + 1)
-    last = session.rebuild(len(traces) - 1)
+    generation, traces = decode(gemma, list(range(1000, 1006)), 2 * W, block_size=4, max_new_tokens=2 * W + 1)
+    last = generation.rebuild(len(traces) - 1)
     assert torch.allclose(last.logits, traces[-1].logits, atol=1e-5, rtol=0)
     assert torch.equal(last.attention, traces[-1].attention) or torch.allclose(
         last.attention, traces[-1].attention, atol=1e-6, rtol=0
     )
-    assert session.table.window.first_position > traces[1].positions[0] - W + 1  # its window was handed back:
-    early = session.rebuild(1)  # rebuilt by a replay (tests/test_sliding_window.py), equal to the run's
+    assert generation.table.window.first_position > traces[1].positions[0] - W + 1  # its window was handed back:
+    early = generation.rebuild(1)  # rebuilt by a replay (tests/test_sliding_window.py), equal to the run's
     assert torch.equal(early.logits, traces[1].logits) and torch.equal(early.attention, traces[1].attention)
 
 
@@ -89,13 +89,13 @@ PROMPT = list(range(2000, 2007))  # within the window: its K/V are all still hel
 @pytest.mark.parametrize("policy", ["block", "radix", "whole"])
 def test_prefix_cache_is_exact_and_reuses_only_what_the_window_layers_still_hold(gemma, policy):
     cache = PrefixCache(gemma, policy=policy, block_size=4)
-    first = engine.DecodeSession(gemma, PROMPT, prefix_cache=cache, max_new_tokens=3)
+    first = engine.Generation(gemma, PROMPT, prefix_cache=cache, max_new_tokens=3)
     first.prefill()
     first.close()
     longer = list(range(5000, 5000 + 3 * W))  # its first blocks left the window during its own prefill
     for prompt, reused in ((PROMPT + [42, 43, 44], 4 if policy == "block" else len(PROMPT)), (longer, 0)):
-        warm = engine.DecodeSession(gemma, prompt, prefix_cache=cache, max_new_tokens=2 * W)
-        cold = engine.DecodeSession(gemma, prompt, max_new_tokens=2 * W)
+        warm = engine.Generation(gemma, prompt, prefix_cache=cache, max_new_tokens=2 * W)
+        cold = engine.Generation(gemma, prompt, max_new_tokens=2 * W)
         pairs = [(warm.prefill(), cold.prefill())]
         assert pairs[0][0].prefix.reused_tokens == reused
         while not cold.finished:
@@ -105,7 +105,7 @@ def test_prefix_cache_is_exact_and_reuses_only_what_the_window_layers_still_hold
             assert (w.logits - c.logits).abs().max().item() <= 1e-4
         warm.close()
         cold.close()
-    again = engine.DecodeSession(gemma, longer + [7], prefix_cache=cache, max_new_tokens=1)
+    again = engine.Generation(gemma, longer + [7], prefix_cache=cache, max_new_tokens=1)
     assert again.prefill().prefix.reused_tokens == 0, "no twin for the long prompt's first blocks: nothing reused"
     again.close()
     assert cache.pool.window.block_manager.used == len(cache.twins), "the cache alone holds the window blocks left"

@@ -38,35 +38,35 @@ def test_paged_equals_contiguous(block_size, tiny_model):
 
 
 def test_kv_slots_follow_the_block_table(tiny_model):
-    session, traces = run(tiny_model("llama"), PROMPT, block_size=4, steps=6)
+    generation, traces = run(tiny_model("llama"), PROMPT, block_size=4, steps=6)
     positions = [p for t in traces for p in t.positions]
     slots = [s for t in traces for s in t.kv_slots]
     assert positions == list(range(len(positions)))
     for position, (block, offset) in zip(positions, slots):
-        assert block == session.table.blocks[position // 4] and offset == position % 4
+        assert block == generation.table.blocks[position // 4] and offset == position % 4
 
 
 def test_incremental_decode_equals_a_fresh_prefill(tiny_model):
     model = tiny_model("qwen3")
-    session, traces = run(model, PROMPT, block_size=4, steps=9)
+    generation, traces = run(model, PROMPT, block_size=4, steps=9)
     # All tokens but the last sampled one have been processed; prefill them afresh in one pass.
-    fresh = engine.DecodeSession(model, session.ids[:-1], block_size=16, max_new_tokens=1)
+    fresh = engine.Generation(model, generation.ids[:-1], block_size=16, max_new_tokens=1)
     trace = fresh.prefill()
     torch.testing.assert_close(trace.logits, traces[-1].logits, atol=1e-5, rtol=0)
     assert trace.token_id == traces[-1].token_id
     torch.testing.assert_close(trace.attention[:, :, -1], traces[-1].attention[:, :, -1], atol=1e-6, rtol=0)
     for layer in range(model.info.layers):
-        ours = session.pool.read(layer, session.table.device_blocks(), session.table.length)
+        ours = generation.pool.read(layer, generation.table.device_blocks(), generation.table.length)
         theirs = fresh.pool.read(layer, fresh.table.device_blocks(), fresh.table.length)
         torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
 
 
 def test_close_returns_every_block_to_the_pool(tiny_model):
-    session, _ = run(tiny_model("llama"), PROMPT, block_size=4, steps=5)
-    assert session.pool.block_manager.used == len(session.table.blocks) > 0
-    session.close()
-    assert session.pool.block_manager.used == 0
-    assert len(session.pool.block_manager.free) == session.pool.num_blocks
+    generation, _ = run(tiny_model("llama"), PROMPT, block_size=4, steps=5)
+    assert generation.pool.block_manager.used == len(generation.table.blocks) > 0
+    generation.close()
+    assert generation.pool.block_manager.used == 0
+    assert len(generation.pool.block_manager.free) == generation.pool.num_blocks
 
 
 def test_pool_refuses_to_overflow_and_counts_bytes():
@@ -94,13 +94,13 @@ def test_a_table_that_cannot_grow_enough_takes_no_block():
 
 
 def test_long_runs_keep_only_recent_full_traces(tiny_model):
-    session = engine.DecodeSession(tiny_model("llama"), PROMPT, max_new_tokens=40, keep_full_traces=8)
-    session.prefill()
+    generation = engine.Generation(tiny_model("llama"), PROMPT, max_new_tokens=40, keep_full_traces=8)
+    generation.prefill()
     for _ in range(20):
-        session.step()
-    full = [t for t in session.traces if not t.is_slim]
-    assert len(full) == 8 and full == session.traces[-8:]
-    assert all(t.attention is None and t.logits is None and t.text is not None for t in session.traces[:-8])
+        generation.step()
+    full = [t for t in generation.traces if not t.is_slim]
+    assert len(full) == 8 and full == generation.traces[-8:]
+    assert all(t.attention is None and t.logits is None and t.text is not None for t in generation.traces[:-8])
 
 
 def test_prefill_attention_record_is_bounded_but_keeps_the_last_row(tiny_model):
@@ -108,20 +108,20 @@ def test_prefill_attention_record_is_bounded_but_keeps_the_last_row(tiny_model):
     info = model.info
     capture = engine.Capture(attention_budget=info.layers * info.q_heads * 60 * 3)  # three rows of 60
     prompt = list(range(100, 160))
-    trace = engine.DecodeSession(model, prompt, capture=capture, max_new_tokens=2).prefill()
+    trace = engine.Generation(model, prompt, capture=capture, max_new_tokens=2).prefill()
     assert trace.attention.shape == (info.layers, info.q_heads, 3, 60)
     assert trace.attention_rows == [57, 58, 59]
-    full = engine.DecodeSession(model, prompt, max_new_tokens=2).prefill()
+    full = engine.Generation(model, prompt, max_new_tokens=2).prefill()
     assert torch.equal(trace.attention, full.attention[:, :, -3:])
 
 
 def test_full_attention_recomputes_the_rows_decode_recorded(tiny_model):
     model = tiny_model("llama")
-    session, traces = run(model, PROMPT, block_size=4, steps=6)
-    probs, scores = model.full_attention(session.ids[:-1], layer=1)
-    n = len(session.ids) - 1
+    generation, traces = run(model, PROMPT, block_size=4, steps=6)
+    probs, scores = model.full_attention(generation.ids[:-1], layer=1)
+    n = len(generation.ids) - 1
     assert probs.shape == (model.info.q_heads, n, n)
-    prompt_len = len(session.prompt_ids)
+    prompt_len = len(generation.prompt_ids)
     torch.testing.assert_close(probs[:, :prompt_len, :prompt_len], traces[0].attention[1], atol=1e-6, rtol=0)
     for trace in traces[1:]:
         position = trace.positions[0]
@@ -134,7 +134,7 @@ def test_scattered_blocks_equal_consecutive_ones(tiny_model):
     model = tiny_model("qwen3")
     ordered, reference = run(model, PROMPT, block_size=2, steps=6)
     assert ordered.table.first_of_run() == 0
-    scattered = engine.DecodeSession(model, PROMPT, block_size=2, max_new_tokens=7)
+    scattered = engine.Generation(model, PROMPT, block_size=2, max_new_tokens=7)
     manager = scattered.pool.block_manager
     manager.free = OrderedDict.fromkeys(reversed(manager.free))  # hand out the last block first
     traces = [scattered.prefill()] + [scattered.step() for _ in range(6)]
@@ -147,25 +147,25 @@ def test_scattered_blocks_equal_consecutive_ones(tiny_model):
 def test_trace_memory_stays_bounded_over_500_steps(tiny_model):
     """Heavy tensors are kept for the latest steps only, so what a long run holds stops growing."""
     model = tiny_model("llama-long")
-    session = engine.DecodeSession(model, PROMPT, max_new_tokens=501, keep_full_traces=8)
-    session.prefill()
+    generation = engine.Generation(model, PROMPT, max_new_tokens=501, keep_full_traces=8)
+    generation.prefill()
 
     def held_bytes() -> int:
         return sum(
             t.numel() * t.element_size()
-            for trace in session.traces
+            for trace in generation.traces
             for name in trace.HEAVY
             for t in [getattr(trace, name)]
             if isinstance(t, torch.Tensor)
         )
 
     for _ in range(100):
-        session.step()
+        generation.step()
     at_100 = held_bytes()
     for _ in range(400):
-        session.step()
+        generation.step()
     at_500 = held_bytes()
-    assert sum(not t.is_slim for t in session.traces) == 8
+    assert sum(not t.is_slim for t in generation.traces) == 8
     # Only the attention rows of the 8 kept steps grow, with the context (108 → 508 positions).
     assert at_500 < at_100 * 508 / 108
     assert at_500 < 8 * 4 * (model.info.vocab + 2 * model.info.layers * model.info.q_heads * 520 + 4 * 64 * 3)
@@ -174,20 +174,20 @@ def test_trace_memory_stays_bounded_over_500_steps(tiny_model):
 # -- rebuilding an old step from the cache ------------------------------------------------------
 
 
-def pool_state(session) -> tuple:
+def pool_state(generation) -> tuple:
     """Everything a rebuild must leave as it was: K/V bytes (unwritten slots too), ref counts, free
     order, the block table, the tokens and which traces are slim."""
-    pool = session.pool
+    pool = generation.pool
     return (
         pool.k.view(torch.uint8).clone(),
         pool.v.view(torch.uint8).clone(),
         list(pool.block_manager.ref_count),
         list(pool.block_manager.free),
-        list(session.table.blocks),
-        session.table.length,
-        list(session.generated),
-        [trace.is_slim for trace in session.traces],
-        session.text,
+        list(generation.table.blocks),
+        generation.table.length,
+        list(generation.generated),
+        [trace.is_slim for trace in generation.traces],
+        generation.text,
     )
 
 
@@ -216,7 +216,7 @@ def counting_forwards(monkeypatch) -> list:
 
 @pytest.mark.parametrize("kv_splits", [1, 3])
 def test_rebuilding_an_old_step_is_one_forward_pass_equal_to_the_original(kv_splits, tiny_model, monkeypatch):
-    session = engine.DecodeSession(
+    generation = engine.Generation(
         tiny_model("llama"),
         PROMPT,
         sampling=engine.Sampling(temperature=1.0, seed=7),
@@ -225,74 +225,76 @@ def test_rebuilding_an_old_step_is_one_forward_pass_equal_to_the_original(kv_spl
         keep_full_traces=4,
         max_new_tokens=40,
     )
-    originals = [copy.copy(session.prefill())] + [copy.copy(session.step()) for _ in range(29)]  # keep the tensors
-    assert session.traces[5].is_slim and session.traces[0].is_slim
-    before = pool_state(session)
+    originals = [copy.copy(generation.prefill())] + [
+        copy.copy(generation.step()) for _ in range(29)
+    ]  # keep the tensors
+    assert generation.traces[5].is_slim and generation.traces[0].is_slim
+    before = pool_state(generation)
     calls = counting_forwards(monkeypatch)
     for index in (5, 0, 29):
-        rebuilt = session.rebuild(index)
+        rebuilt = generation.rebuild(index)
         assert_same_trace(rebuilt, originals[index])
         if kv_splits > 1:
             torch.testing.assert_close(rebuilt.split.merged, originals[index].split.merged, atol=1e-5, rtol=0)
-    assert [len(positions) for positions in calls] == [1, len(session.prompt_ids), 1]  # one pass each
-    assert_same_state(before, pool_state(session))
-    assert session.traces[5].is_slim  # the session's own record stays slim: the rebuilt trace is a copy
-    session.step()  # and the run goes on as if nothing happened
+    assert [len(positions) for positions in calls] == [1, len(generation.prompt_ids), 1]  # one pass each
+    assert_same_state(before, pool_state(generation))
+    assert generation.traces[5].is_slim  # the generation's own record stays slim: the rebuilt trace is a copy
+    generation.step()  # and the run goes on as if nothing happened
 
 
 def test_kept_traces_stay_within_their_bytes_and_the_newest_always_keeps_its_own(tiny_model):
     model = tiny_model("llama")
-    session = engine.DecodeSession(model, PROMPT, kv_splits=3, keep_full_traces=8, max_new_tokens=20)
-    session.prefill()
-    step = session.step().nbytes
-    session.full_trace_bytes = int(2.5 * step)  # room for two steps' tensors, not three
-    originals = [copy.copy(session.step()) for _ in range(6)]
-    full = [index for index, trace in enumerate(session.traces) if not trace.is_slim]
-    assert full == [len(session.traces) - 2, len(session.traces) - 1], full
-    assert_same_trace(session.rebuild(len(session.traces) - 3), originals[-3])  # a slimmed one comes back whole
-    session.full_trace_bytes = 1  # less than one step's: the newest keeps its own
-    session.step()
-    assert [trace.is_slim for trace in session.traces[-2:]] == [True, False]
+    generation = engine.Generation(model, PROMPT, kv_splits=3, keep_full_traces=8, max_new_tokens=20)
+    generation.prefill()
+    step = generation.step().nbytes
+    generation.full_trace_bytes = int(2.5 * step)  # room for two steps' tensors, not three
+    originals = [copy.copy(generation.step()) for _ in range(6)]
+    full = [index for index, trace in enumerate(generation.traces) if not trace.is_slim]
+    assert full == [len(generation.traces) - 2, len(generation.traces) - 1], full
+    assert_same_trace(generation.rebuild(len(generation.traces) - 3), originals[-3])  # a slimmed one comes back whole
+    generation.full_trace_bytes = 1  # less than one step's: the newest keeps its own
+    generation.step()
+    assert [trace.is_slim for trace in generation.traces[-2:]] == [True, False]
 
 
 def test_rebuilding_a_prefill_after_a_prefix_hit_reads_the_reused_kv(tiny_model, monkeypatch):
     model = tiny_model("llama")
     cache = engine.PrefixCache(model, policy="radix", block_size=4, capacity_blocks=64)
-    with engine.DecodeSession(model, PROMPT, prefix_cache=cache) as first:
+    with engine.Generation(model, PROMPT, prefix_cache=cache) as first:
         first.prefill()
-    session = engine.DecodeSession(
+    generation = engine.Generation(
         model,
         PROMPT + " and reads them back",
         prefix_cache=cache,
         keep_full_traces=1,
         sampling=engine.Sampling(temperature=0.8, seed=3),
     )
-    prefill = copy.copy(session.prefill())
+    prefill = copy.copy(generation.prefill())
     assert prefill.prefix.reused_tokens > 0 and prefill.positions[0] == prefill.prefix.reused_tokens
     for _ in range(3):
-        session.step()
-    before, evictions, held = pool_state(session), list(cache.reclaims), cache.cached_blocks
+        generation.step()
+    before, evictions, held = pool_state(generation), list(cache.reclaims), cache.cached_blocks
     calls = counting_forwards(monkeypatch)
-    rebuilt = session.rebuild(0)
+    rebuilt = generation.rebuild(0)
     assert [len(positions) for positions in calls] == [prefill.prefix.computed_tokens]  # not the reused ones
     assert_same_trace(rebuilt, prefill)
     assert rebuilt.prefix == prefill.prefix
-    assert_same_state(before, pool_state(session))
+    assert_same_state(before, pool_state(generation))
     assert list(cache.reclaims) == evictions and cache.cached_blocks == held
-    session.close()
+    generation.close()
 
 
 def test_rebuild_refuses_what_it_cannot_rebuild(tiny_model):
-    session = engine.DecodeSession(tiny_model("llama"), PROMPT, keep_full_traces=1)
-    with pytest.raises(engine.SessionStateError, match="has not run"):
-        session.rebuild(0)
-    session.prefill()
-    session.step()
-    with pytest.raises(engine.SessionStateError, match="has not run"):
-        session.rebuild(2)
-    session.traces[1].token_id += 1  # a record that no longer matches the cache: a bug, never a silent wrong trace
+    generation = engine.Generation(tiny_model("llama"), PROMPT, keep_full_traces=1)
+    with pytest.raises(engine.GenerationStateError, match="has not run"):
+        generation.rebuild(0)
+    generation.prefill()
+    generation.step()
+    with pytest.raises(engine.GenerationStateError, match="has not run"):
+        generation.rebuild(2)
+    generation.traces[1].token_id += 1  # a record that no longer matches the cache: a bug, never a silent wrong trace
     with pytest.raises(RuntimeError, match="drew token"):
-        session.rebuild(1)
-    session.close()
-    with pytest.raises(engine.SessionStateError, match="closed"):
-        session.rebuild(0)
+        generation.rebuild(1)
+    generation.close()
+    with pytest.raises(engine.GenerationStateError, match="closed"):
+        generation.rebuild(0)

@@ -156,7 +156,7 @@ def assert_step_counter(page, lang: str, model) -> None:
     """The header at step 8 of the default prompt: "step 8 · decode · position P" with this step's input and
     output named. Step 1 is the prefill of positions 0…n−1; step k ≥ 2 feeds the token at position n + k − 2."""
     chat = parse_query({"lang": lang})[0].chat  # the language's default (off for the Chinese base model)
-    prompt_tokens = len(engine.DecodeSession(model, default_prompt(lang), chat=chat).prompt_ids)
+    prompt_tokens = len(engine.Generation(model, default_prompt(lang), chat=chat).prompt_ids)
     assert page.locator(".kv-counter").inner_text() == strings.t(
         "counter_decode", lang, step=8, position=prompt_tokens + 6
     )
@@ -175,7 +175,7 @@ def assert_server_counter(page, lang: str, model) -> None:
 
 def assert_pass_counter(page, lang: str, model) -> None:
     """The speculative view's header at step 8: its run's pass 8 (or its last), the tokens it and all passes so far
-    added (the engine's own session on the view's code edit, tests/test_speculative_view.py)."""
+    added (the engine's own generation on the view's code edit, tests/test_speculative_view.py)."""
     chat = parse_query({"lang": lang})[0].chat
     passes = reference_passes(model, lang, chat)[:8]
     assert page.locator(".kv-counter").inner_text() == strings.t(

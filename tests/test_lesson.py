@@ -43,9 +43,9 @@ def lesson_text(at) -> str:
 
 @cache
 def own_trace(model: engine.Model, prompt: str, step: int, block_size: int, kv_splits: int, chat: bool = True):
-    """The trace of `step` on the page's default run, from a session of our own."""
-    session, traces = decode(model, prompt, step - 1, chat=chat, block_size=block_size, kv_splits=kv_splits)
-    return session, traces[step - 1]
+    """The trace of `step` on the page's default run, from a generation of our own."""
+    generation, traces = decode(model, prompt, step - 1, chat=chat, block_size=block_size, kv_splits=kv_splits)
+    return generation, traces[step - 1]
 
 
 def case_reuse(model: engine.Model, case: str) -> dict:
@@ -54,9 +54,9 @@ def case_reuse(model: engine.Model, case: str) -> dict:
     for policy in engine.REUSE_POLICIES:
         cache_ = engine.PrefixCache(model, policy=policy, block_size=CASE_BLOCK_SIZE)
         for prompt in (CASE_CACHED, CASES[case]):
-            session = engine.DecodeSession(model, prompt, prefix_cache=cache_, max_new_tokens=1)
-            out[policy] = session.prefill().prefix.reused_tokens
-            session.close()
+            generation = engine.Generation(model, prompt, prefix_cache=cache_, max_new_tokens=1)
+            out[policy] = generation.prefill().prefix.reused_tokens
+            generation.close()
     return out
 
 
@@ -127,7 +127,7 @@ def run_of(chapter, model: engine.Model, lang: str, prompt: str | None = None) -
         tokenizer = model.tokenizer
         cached, new = tokenizer.encode(CASE_CACHED), tokenizer.encode(CASES[chapter.case])
         return Run(model, len(new), len(new), None, new, reuse=case_reuse(model, chapter.case), cached=cached)
-    session, trace = own_trace(
+    generation, trace = own_trace(
         model,
         prompt or chapter_prompt(chapter, model, lang),
         chapter.step,
@@ -135,14 +135,14 @@ def run_of(chapter, model: engine.Model, lang: str, prompt: str | None = None) -
         chapter.settings["kv_splits"],
         page_chat(model, lang),
     )
-    n, context = len(session.prompt_ids), trace.context_length
+    n, context = len(generation.prompt_ids), trace.context_length
     return Run(
         model,
         n,
         context,
         trace,
-        session.prompt_ids + session.generated[: context - n],
-        shown=session.prompt_ids + session.generated[: chapter.step],
+        generation.prompt_ids + generation.generated[: context - n],
+        shown=generation.prompt_ids + generation.generated[: chapter.step],
     )
 
 
@@ -786,8 +786,8 @@ def test_a_lone_byte_chip_is_explained(embedded_model):
     """On SmolLM2, Case 2's first answer token can be a character's first bytes (⟨ef bc⟩ of "，"): where the run's
     last token leaves a character unfinished (the engine's grouping), the chapter says what the chip is."""
     chapter = next(c for c in CHAPTERS if c.key == "prefix_case2")
-    session, _ = decode(embedded_model, CASES["case2"], 0, chat=False, block_size=CASE_BLOCK_SIZE)
-    cells = token_cells(embedded_model.tokenizer, session.prompt_ids, session.generated[:1])
+    generation, _ = decode(embedded_model, CASES["case2"], 0, chat=False, block_size=CASE_BLOCK_SIZE)
+    cells = token_cells(embedded_model.tokenizer, generation.prompt_ids, generation.generated[:1])
     at = start(chapter=chapter.number)
     captions = [c.value for c in at.container("chapter").caption]
     if cells[-1].group.state == "unfinished":
@@ -960,13 +960,13 @@ def test_a_revisited_chapter_reads_the_run_its_first_visit_computed(embedded_mod
         if number > first:
             at.button(key="b_chapter_next").click().run()
         assert_clean(at)
-        seen[number] = at.query_params["step"], at.session_state["page"].runner.session.generated[:]
+        seen[number] = at.query_params["step"], at.session_state["page"].runner.generation.generated[:]
     built = store.built
     for number in range(last - 1, first - 1, -1):  # back to the first: all visited
         at.button(key="b_chapter_back").click().run()
         assert_clean(at)
         assert at.query_params["chapter"] == str(number)
-        assert (at.query_params["step"], at.session_state["page"].runner.session.generated[:]) == seen[number]
+        assert (at.query_params["step"], at.session_state["page"].runner.generation.generated[:]) == seen[number]
     assert store.built == built
 
 

@@ -42,13 +42,13 @@ def peak_bytes(run) -> int:
 
 
 def prefill_peak(model, kv_splits: int) -> int:
-    session = engine.DecodeSession(
+    generation = engine.Generation(
         model, PROMPT, kv_splits=kv_splits, max_new_tokens=2, capture=engine.Capture(residuals=False)
     )
     try:
-        return peak_bytes(session.prefill)
+        return peak_bytes(generation.prefill)
     finally:
-        session.close()
+        generation.close()
 
 
 def test_the_measure_sees_tensors_alive_together():
@@ -75,11 +75,11 @@ def test_prefill_peak_memory_does_not_grow_with_the_split_count(tiny_model):
 
 def test_engine_refuses_split_counts_over_its_limit(tiny_model):
     model = tiny_model("llama")
-    engine.DecodeSession(model, "fine", kv_splits=256).close()
+    engine.Generation(model, "fine", kv_splits=256).close()
     with pytest.raises(engine.InvalidSettingError, match="256"):
-        engine.DecodeSession(model, "too many", kv_splits=257)
+        engine.Generation(model, "too many", kv_splits=257)
     with pytest.raises(engine.InvalidSettingError, match="256"):
-        engine.DecodeSession(model, "far too many", kv_splits=20_000)
+        engine.Generation(model, "far too many", kv_splits=20_000)
 
 
 def test_budget_sets_the_app_limits(tiny_model):

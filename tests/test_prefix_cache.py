@@ -27,11 +27,11 @@ def expected_reuse(policy, cached, new, block_size):
 
 
 def prefill_then_close(model, cache, prompt, steps=0):
-    session = engine.DecodeSession(model, prompt, prefix_cache=cache, max_new_tokens=steps + 1)
-    trace = session.prefill()
+    generation = engine.Generation(model, prompt, prefix_cache=cache, max_new_tokens=steps + 1)
+    trace = generation.prefill()
     for _ in range(steps):
-        session.step()
-    session.close()
+        generation.step()
+    generation.close()
     return trace
 
 
@@ -85,8 +85,8 @@ def test_prefix_hit_logits_equal_cold_run(policy, tiny_model):
     cache = PrefixCache(model, policy=policy, block_size=4)
     prefill_then_close(model, cache, a, steps=3)
     for prompt in (b, c):
-        warm = engine.DecodeSession(model, prompt, prefix_cache=cache, max_new_tokens=12)
-        cold = engine.DecodeSession(model, prompt, max_new_tokens=12)
+        warm = engine.Generation(model, prompt, prefix_cache=cache, max_new_tokens=12)
+        cold = engine.Generation(model, prompt, max_new_tokens=12)
         pairs = [(warm.prefill(), cold.prefill())]
         assert pairs[0][0].prefix.reused_tokens > 0 or policy == "whole" and prompt is b
         while not cold.finished:
@@ -102,7 +102,7 @@ def test_a_hit_shares_blocks_without_copying_whole_ones(tiny_model):
     cache = PrefixCache(model, policy="radix", block_size=4)
     a = list(range(500, 520))
     first_blocks = prefill_then_close(model, cache, a).block_table
-    second = engine.DecodeSession(model, a[:10] + [1, 2, 3], prefix_cache=cache, max_new_tokens=1)
+    second = engine.Generation(model, a[:10] + [1, 2, 3], prefix_cache=cache, max_new_tokens=1)
     trace = second.prefill()
     assert trace.prefix.reused_tokens == 10
     assert trace.prefix.shared_blocks == first_blocks[:2]  # positions 0–7, by reference
@@ -114,13 +114,13 @@ def test_only_prompt_tokens_are_published_and_only_on_close(tiny_model):
     model = tiny_model("llama")
     cache = PrefixCache(model, policy="radix", block_size=4)
     a = list(range(600, 610))
-    session = engine.DecodeSession(model, a, prefix_cache=cache, max_new_tokens=6)
-    session.prefill()
+    generation = engine.Generation(model, a, prefix_cache=cache, max_new_tokens=6)
+    generation.prefill()
     for _ in range(5):
-        session.step()
+        generation.step()
     assert prefill_then_close(model, cache, a).prefix.reused_tokens == 0  # not published yet
-    generated = list(session.generated)
-    session.close()
+    generated = list(generation.generated)
+    generation.close()
     trace = prefill_then_close(model, cache, a + generated)
     assert trace.prefix.reused_tokens == len(a)  # the answer's K/V is not shared
 
@@ -129,16 +129,16 @@ def test_reclaiming_keeps_in_use_blocks_and_forgets_reclaimed_ones(tiny_model):
     model = tiny_model("llama")
     cache = PrefixCache(model, policy="block", block_size=2, capacity_blocks=8)
     a, b = [11, 12, 13, 14, 15], [21, 22, 23, 24, 25]
-    first = engine.DecodeSession(model, a, prefix_cache=cache, max_new_tokens=1)
+    first = engine.Generation(model, a, prefix_cache=cache, max_new_tokens=1)
     first.prefill()
     a_blocks = list(first.table.blocks)
     first.close()  # publishes a's 2 full blocks; all 3 go to the back of the free list, last first
     prefill_then_close(model, cache, b)  # then b's, behind a's
     assert cache.cached_blocks == 4
-    holder = engine.DecodeSession(model, b + [1], prefix_cache=cache, max_new_tokens=8)
+    holder = engine.Generation(model, b + [1], prefix_cache=cache, max_new_tokens=8)
     holder.prefill()  # b's 2 cached blocks are in use again, plus one new block
     held = set(holder.table.blocks)
-    hog = engine.DecodeSession(model, [31, 32, 33, 34, 35, 36, 37], prefix_cache=cache, max_new_tokens=2)
+    hog = engine.Generation(model, [31, 32, 33, 34, 35, 36, 37], prefix_cache=cache, max_new_tokens=2)
     trace = hog.prefill()  # 4 blocks from the front: the never-used one, then a's, given back last first
     assert trace.reclaimed_blocks == [a_blocks[1], a_blocks[0]], "a's tail goes before its head"
     assert not held & set(trace.reclaimed_blocks), "nothing in use is reclaimed"
@@ -147,7 +147,7 @@ def test_reclaiming_keeps_in_use_blocks_and_forgets_reclaimed_ones(tiny_model):
     assert prefill_then_close(model, cache, a).prefix.reused_tokens == 0  # a's blocks hold other K/V now
     holder.close()
     assert prefill_then_close(model, cache, b + [9]).prefix.reused_tokens == 4  # b survived while in use
-    too_big = engine.DecodeSession(model, list(range(100, 120)), prefix_cache=cache, max_new_tokens=2)
+    too_big = engine.Generation(model, list(range(100, 120)), prefix_cache=cache, max_new_tokens=2)
     with pytest.raises(engine.CacheFullError):
         too_big.prefill()  # 10 blocks > 8
     too_big.close()
@@ -185,25 +185,25 @@ def test_pool_stays_consistent_over_random_sessions(policy, ops, tiny_model):
     for op in ops:
         if op[0] == "open" and len(open_sessions) < 2:
             _, prompt, steps = op
-            session = engine.DecodeSession(model, prompt, prefix_cache=cache, max_new_tokens=steps + 1)
+            generation = engine.Generation(model, prompt, prefix_cache=cache, max_new_tokens=steps + 1)
             try:
-                trace = session.prefill()
+                trace = generation.prefill()
                 for _ in range(steps):
-                    session.step()
+                    generation.step()
             except engine.CacheFullError:
-                session.close()
+                generation.close()
                 continue
             key = tuple(prompt)
             if key not in cold_logits:
-                cold_logits[key] = engine.DecodeSession(model, prompt, max_new_tokens=1).prefill().logits
+                cold_logits[key] = engine.Generation(model, prompt, max_new_tokens=1).prefill().logits
             assert (trace.logits - cold_logits[key]).abs().max().item() <= 1e-4
-            open_sessions.append(session)
+            open_sessions.append(generation)
         elif op[0] == "close" and open_sessions:
             open_sessions.pop(op[1] % len(open_sessions)).close()
         # Invariants: counts add up, references match the open tables, in-use blocks are never free.
         users = [0] * pool.num_blocks
-        for session in open_sessions:
-            for block in session.table.blocks:
+        for generation in open_sessions:
+            for block in generation.table.blocks:
                 users[block] += 1
         assert users == pool.block_manager.ref_count
         assert set(pool.block_manager.free) == {b for b in range(pool.num_blocks) if users[b] == 0}
@@ -213,8 +213,8 @@ def test_pool_stays_consistent_over_random_sessions(policy, ops, tiny_model):
             for b in range(pool.num_blocks)
             if cache.holds(b) and b not in pool.block_manager.free
         ), "a block the index finds is free or held"
-    for session in open_sessions:
-        session.close()
+    for generation in open_sessions:
+        generation.close()
     assert pool.block_manager.used == 0
 
 
@@ -246,7 +246,7 @@ def pool_state(cache, *prompts):
 
 
 def cold_logits(model, prompt):
-    return engine.DecodeSession(model, prompt, max_new_tokens=1).prefill().logits
+    return engine.Generation(model, prompt, max_new_tokens=1).prefill().logits
 
 
 @pytest.mark.parametrize("policy", ["radix", "block"])
@@ -255,22 +255,27 @@ def test_a_full_pool_after_a_hit_does_not_poison_the_cache(policy, tiny_model):
     cache = PrefixCache(model, policy=policy, block_size=4, capacity_blocks=3)
     published = list(range(100, 110))
     prefill_then_close(model, cache, published)  # 3 blocks, now free and cached
-    holder = engine.DecodeSession(model, [7, 8], prefix_cache=cache, max_new_tokens=4)
+    holder = engine.Generation(model, [7, 8], prefix_cache=cache, max_new_tokens=4)
     holder.prefill()  # takes 1 of the 3 blocks
     sharing = published[:8] + [300, 301, 302, 303]  # reuses 2 blocks, needs a third: none is left
     unrelated = published[:8] + [500, 501]
-    session = engine.DecodeSession(model, sharing, prefix_cache=cache, max_new_tokens=4)
+    generation = engine.Generation(model, sharing, prefix_cache=cache, max_new_tokens=4)
     before = pool_state(cache, published, sharing, unrelated)
     for _ in range(2):  # the retry is refused the same way while the pool is still full
         with pytest.raises(engine.CacheFullError, match="pool is full"):
-            session.prefill()
-        assert (session.table.blocks, session.table.length, session.generated, session.traces) == ([], 0, [], [])
+            generation.prefill()
+        assert (generation.table.blocks, generation.table.length, generation.generated, generation.traces) == (
+            [],
+            0,
+            [],
+            [],
+        )
         assert pool_state(cache, published, sharing, unrelated) == before
     holder.close()
-    trace = session.prefill()  # room now: the retry equals a cold run
+    trace = generation.prefill()  # room now: the retry equals a cold run
     assert trace.prefix.reused_tokens == 8
     assert (trace.logits - cold_logits(model, sharing)).abs().max().item() <= 1e-4
-    session.close()
+    generation.close()
     later = prefill_then_close(model, cache, unrelated)  # a bystander reusing the same 8 tokens
     assert later.prefix.reused_tokens == 8
     assert (later.logits - cold_logits(model, unrelated)).abs().max().item() <= 1e-4
@@ -309,44 +314,50 @@ session_operation = st.one_of(
 @functools.cache
 def cold_run(model, prompt: tuple[int, ...]) -> list:
     """The traces of a run without a prefix cache (the paged layout does not change them: test_kv_cache)."""
-    reference = engine.DecodeSession(model, list(prompt), max_new_tokens=MAX_STEPS + 1)
+    reference = engine.Generation(model, list(prompt), max_new_tokens=MAX_STEPS + 1)
     return [reference.prefill()] + [reference.step() for _ in range(MAX_STEPS)]
 
 
-def session_extent(session):
-    return list(session.table.blocks), session.table.length, list(session.generated), len(session.traces), session.text
+def session_extent(generation):
+    return (
+        list(generation.table.blocks),
+        generation.table.length,
+        list(generation.generated),
+        len(generation.traces),
+        generation.text,
+    )
 
 
-def advanced(session, cold) -> bool:
+def advanced(generation, cold) -> bool:
     """Prefill or step once; the result must equal the cold run's, a failure must leave no trace."""
-    before = session_extent(session)
+    before = session_extent(generation)
     try:
-        trace = session.prefill() if not session.traces else session.step()
+        trace = generation.prefill() if not generation.traces else generation.step()
     except (engine.CacheFullError, RuntimeError):
-        assert session_extent(session) == before  # nothing of the failed call is left
+        assert session_extent(generation) == before  # nothing of the failed call is left
         return False
-    expected = cold[tuple(session.prompt_ids)][trace.step]
+    expected = cold[tuple(generation.prompt_ids)][trace.step]
     assert trace.token_id == expected.token_id
     assert (trace.logits - expected.logits).abs().max().item() <= 1e-4
     return True
 
 
-def check_pool(cache, sessions):
+def check_pool(cache, generations):
     """References match the open tables and in-use blocks are never free."""
     pool = cache.pool
     users = [0] * pool.num_blocks
-    for session in sessions:
-        assert len(session.table.blocks) == -(-session.table.length // pool.block_size)
-        for block in session.table.blocks:
+    for generation in generations:
+        assert len(generation.table.blocks) == -(-generation.table.length // pool.block_size)
+        for block in generation.table.blocks:
             users[block] += 1
     assert users == pool.block_manager.ref_count
     assert set(pool.block_manager.free) == {b for b in range(pool.num_blocks) if users[b] == 0}
     # Forward passes run unlocked and write at positions ≥ their table's length, so a block that others
     # can read (another table's, or one the index finds) must lie wholly below that length.
-    for session in sessions:
-        for k, block in enumerate(session.table.blocks):
+    for generation in generations:
+        for k, block in enumerate(generation.table.blocks):
             if users[block] > 1 or cache.holds(block):
-                assert (k + 1) * pool.block_size <= session.table.length
+                assert (k + 1) * pool.block_size <= generation.table.length
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -362,33 +373,31 @@ def test_forced_failures_never_yield_a_hit_that_differs_from_a_cold_run(
     model = tiny_model("llama")
     cold = {tuple(prompt): cold_run(model, tuple(prompt)) for prompt in FAULT_PROMPTS}  # before the faults
     cache = PrefixCache(model, policy=policy, block_size=block_size, capacity_blocks=capacity)
-    sessions = []
+    generations = []
     with monkeypatch.context() as patch:
         allocation = Fault(cache.block_manager.allocate, engine.CacheFullError("forced: no block"))
         forward = Fault(engine.Model.forward, RuntimeError("forced: the forward pass failed"), after=True)
         patch.setattr(cache.block_manager, "allocate", allocation)
         patch.setattr(engine.Model, "forward", lambda self, *args, **kwargs: forward(self, *args, **kwargs))
         for op in ops:
-            if op[0] in ("open", "advance") and (sessions if op[0] == "advance" else len(sessions) < 3):
+            if op[0] in ("open", "advance") and (generations if op[0] == "advance" else len(generations) < 3):
                 if op[0] == "open":
-                    sessions.append(
-                        engine.DecodeSession(
-                            model, FAULT_PROMPTS[op[1]], prefix_cache=cache, max_new_tokens=MAX_STEPS + 1
-                        )
+                    generations.append(
+                        engine.Generation(model, FAULT_PROMPTS[op[1]], prefix_cache=cache, max_new_tokens=MAX_STEPS + 1)
                     )
-                session = sessions[-1] if op[0] == "open" else sessions[op[1] % len(sessions)]
+                generation = generations[-1] if op[0] == "open" else generations[op[1] % len(generations)]
                 for _ in range(2):  # a failed call is retried at once: it works, or is refused again
-                    if session.finished or advanced(session, cold):
+                    if generation.finished or advanced(generation, cold):
                         break
-            elif op[0] == "close" and sessions:
-                sessions.pop(op[1] % len(sessions)).close()
+            elif op[0] == "close" and generations:
+                generations.pop(op[1] % len(generations)).close()
             elif op[0] == "fail_allocation":
                 allocation.countdown = op[1]
             elif op[0] == "fail_forward":
                 forward.countdown = op[1]
-            check_pool(cache, sessions)
-        for session in sessions:
-            session.close()
+            check_pool(cache, generations)
+        for generation in generations:
+            generation.close()
     assert cache.pool.block_manager.used == 0
 
 
@@ -400,11 +409,11 @@ def test_a_reclaim_that_cuts_a_radix_subtree_forgets_its_blocks_where_they_wait(
     free = cache.block_manager.free
 
     def run(prompt, hold=False):
-        session = engine.DecodeSession(model, prompt, prefix_cache=cache, max_new_tokens=1)
-        session.prefill()
+        generation = engine.Generation(model, prompt, prefix_cache=cache, max_new_tokens=1)
+        generation.prefill()
         if not hold:
-            session.close()
-        return session
+            generation.close()
+        return generation
 
     run([3, 4, 5])  # blocks: [3 4] [5]
     extended = run([3, 4, 5, 6, 7], hold=True)  # shares [3 4], copies [5] from its block (released at once)

@@ -106,10 +106,10 @@ def test_end_of_text_typed_without_chat_is_not_the_eos_id(tokenizer_of_kind):
 
 def test_the_session_reads_typed_markup_as_text(tiny_model):
     model = tiny_model("llama")  # the SmolLM2 tokenizer
-    session = engine.DecodeSession(model, INJECTION, chat=True, max_new_tokens=2)
-    assert special_count(model.tokenizer, session.prompt_ids) == 5
-    session.prefill()
-    session.close()
+    generation = engine.Generation(model, INJECTION, chat=True, max_new_tokens=2)
+    assert special_count(model.tokenizer, generation.prompt_ids) == 5
+    generation.prefill()
+    generation.close()
 
 
 def test_segments_tell_the_template_from_the_user_text(tokenizer_of_kind):

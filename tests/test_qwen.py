@@ -90,11 +90,11 @@ def test_it_steps_as_transformers_does(qwen3_shaped_dir, qwen3_shaped):
     from transformers import AutoModelForCausalLM
 
     ids = tokenize_prompt(qwen3_shaped, PROMPT, chat=True)
-    with engine.DecodeSession(qwen3_shaped, ids, max_new_tokens=4) as session:
-        session.prefill()
-        while not session.finished and len(session.generated) < 4:
-            session.step()
-        ours = session.generated
+    with engine.Generation(qwen3_shaped, ids, max_new_tokens=4) as generation:
+        generation.prefill()
+        while not generation.finished and len(generation.generated) < 4:
+            generation.step()
+        ours = generation.generated
     hf = AutoModelForCausalLM.from_pretrained(qwen3_shaped_dir, dtype=QWEN3_SHAPED_DTYPE).eval()
     with torch.no_grad():
         out = hf.generate(

@@ -44,7 +44,7 @@ def test_heatmap_grown_from_decode_rows_equals_a_fresh_computation(tiny_model, m
         runner.advance_to(step)
         grown = runner.full_attention(step, layer=1, head=3)  # grown by one recorded row
         n = len(runner.prompt_ids) + step - 1
-        fresh = original((runner.prompt_ids + runner.session.generated)[:n], 1, 4)
+        fresh = original((runner.prompt_ids + runner.generation.generated)[:n], 1, 4)
         assert grown[0].shape == (n, n)
         torch.testing.assert_close(grown[0], fresh[0][3], atol=1e-6, rtol=0)
         torch.testing.assert_close(grown[1], fresh[1][3], atol=1e-5, rtol=0)
@@ -71,14 +71,14 @@ def test_back_past_the_kept_traces_is_one_forward_pass(tiny_model, monkeypatch):
     runner = Runner(model, cache_tokens=256, keep_full_traces=4)
     runner.configure(config(kv_splits=3))
     assert keeps_all.advance_to(30) == runner.advance_to(30) == 30
-    assert runner.session.traces[4].is_slim
-    before = pool_state(runner.session)
+    assert runner.generation.traces[4].is_slim
+    before = pool_state(runner.generation)
     calls = counting_forwards(monkeypatch)
     back = runner.trace(5)
     assert runner.trace(5) is back  # the page's reruns at that step reuse it
     assert len(calls) == 1  # not a replay from the prefill
     assert_same_trace(back, keeps_all.trace(5))
-    assert_same_state(before, pool_state(runner.session))
+    assert_same_state(before, pool_state(runner.generation))
     prefill = runner.trace(1)
     assert prefill.phase == "prefill" and len(calls) == 2  # the prefill too: one more pass
     assert_same_trace(prefill, keeps_all.trace(1))
@@ -95,7 +95,7 @@ def test_the_busy_pool_goes_forward_one_pass_a_step_and_back_with_none(tiny_mode
     runner = Runner(model, cache_tokens=512, keep_full_traces=64)
     runner.configure(config("Paged attention stores the cache in blocks of four", block_size=2))
     runner.advance_to(12)
-    session = runner.session
+    generation = runner.generation
     calls = counting_forwards(monkeypatch)
     runner.busy_pool(3)
     assert len(calls) == 3  # the prefill and two decode steps
@@ -108,10 +108,10 @@ def test_the_busy_pool_goes_forward_one_pass_a_step_and_back_with_none(tiny_mode
         picture = runner.busy_pool(step)
         assert calls == []  # back: no forward pass
         monkeypatch.undo()
-        passes = [(session.prompt_ids, list(range(len(session.prompt_ids))))]
-        passes += [(t.input_ids, t.positions) for t in session.traces[1 : max(1, step)]]
+        passes = [(generation.prompt_ids, list(range(len(generation.prompt_ids))))]
+        passes += [(t.input_ids, t.positions) for t in generation.traces[1 : max(1, step)]]
         length = sum(len(ids) for ids, _ in passes)
-        capacity = len(session.prompt_ids) + runner.config.max_new_tokens  # the pool the runner's replay sized
+        capacity = len(generation.prompt_ids) + runner.config.max_new_tokens  # the pool the runner's replay sized
         fresh = BusyPoolReplay(model, passes, 2, capacity).picture(lambda layer: runner.cached_kv(layer, length))
         assert (picture.block_table, picture.length, picture.others, picture.freed) == (
             fresh.block_table,
@@ -131,7 +131,7 @@ def test_a_dropped_runner_gives_its_classroom_blocks_back(tiny_model):
     gone = Runner(model, cache_tokens=256, runs=classroom)
     gone.configure(config())
     gone.advance_to(4)
-    pool = gone.session.pool
+    pool = gone.generation.pool
     assert pool.block_manager.used > 0
     del gone  # what Streamlit does when the browser session ends: its state is dropped
     gc.collect()
@@ -166,22 +166,22 @@ def test_an_expired_lease_gives_blocks_back_and_the_run_is_rebuilt_on_return(tin
     away = Runner(model, cache_tokens=256, runs=classroom)
     away.configure(config())
     away.advance_to(5)
-    tokens, pool = list(away.session.generated), away.session.pool
+    tokens, pool = list(away.generation.generated), away.generation.pool
     present = Runner(model, cache_tokens=256, runs=classroom)
     present.configure(config("another student"))
     present.advance_to(1)
-    held_by_present = len(present.session.table.blocks)
+    held_by_present = len(present.generation.table.blocks)
     assert pool.block_manager.used > held_by_present
     clock.now = 400
     present.advance_to(2)  # within the lease: nothing is closed
-    assert not away.session.closed
+    assert not away.generation.closed
     clock.now = 1001  # `away` last seen at 0, `present` at 400
     present.advance_to(3)
-    assert away.session.closed and not present.session.closed
-    assert pool.block_manager.used == len(present.session.table.blocks)  # only the present student's blocks
+    assert away.generation.closed and not present.generation.closed
+    assert pool.block_manager.used == len(present.generation.table.blocks)  # only the present student's blocks
     assert away.advance_to(5) == 5  # back: rebuilt from its settings, the same tokens
-    assert away.session.generated == tokens and not away.session.closed
-    assert pool.block_manager.used > len(present.session.table.blocks)
+    assert away.generation.generated == tokens and not away.generation.closed
+    assert pool.block_manager.used > len(present.generation.table.blocks)
 
 
 def test_the_class_keeps_a_few_pools_and_drops_the_least_recently_used(tiny_model):
@@ -193,7 +193,7 @@ def test_the_class_keeps_a_few_pools_and_drops_the_least_recently_used(tiny_mode
     kept = classroom.get("radix", 8)
     classroom.get("radix", 16)
     assert classroom.kept == [("radix", 8), ("radix", 16)]
-    assert first() is runner.session.prefix_cache  # dropped from the class, alive while its run uses it
+    assert first() is runner.generation.prefix_cache  # dropped from the class, alive while its run uses it
     runner.advance_to(2)
     assert classroom.get("radix", 8) is kept  # a kept pool is reused, and becomes the most recent
     assert classroom.kept == [("radix", 16), ("radix", 8)]
@@ -367,7 +367,7 @@ def test_a_prefill_gives_way_between_two_layers_to_a_press_that_waits(tiny_model
 
     def press():
         with turns.turn(turns.EXPLORER):
-            traces_seen.append(len(runner.session.traces))
+            traces_seen.append(len(runner.generation.traces))
             seen.set()
             assert press_done.wait(5)
 
@@ -384,7 +384,7 @@ def test_a_prefill_gives_way_between_two_layers_to_a_press_that_waits(tiny_model
     press_done.set()
     prefilling.join(5)
     pressing.join(5)
-    assert len(runner.session.traces) == 1
-    alone = engine.DecodeSession(model, config().prompt, sampling=config().sampling, block_size=4, max_new_tokens=40)
-    assert torch.equal(runner.session.traces[0].logits, alone.prefill().logits)
+    assert len(runner.generation.traces) == 1
+    alone = engine.Generation(model, config().prompt, sampling=config().sampling, block_size=4, max_new_tokens=40)
+    assert torch.equal(runner.generation.traces[0].logits, alone.prefill().logits)
     alone.close()

@@ -51,7 +51,7 @@ def test_filter_chain_equals_transformers_processors(logits, temperature, top_k,
 
 
 def test_filtered_distributions_on_real_logits(embedded_model):
-    logits = engine.DecodeSession(embedded_model, "Once upon a time", max_new_tokens=2).prefill().logits
+    logits = engine.Generation(embedded_model, "Once upon a time", max_new_tokens=2).prefill().logits
     sampling = engine.Sampling(temperature=0.7, top_k=50, top_p=0.9)
     stages = filter_logits(logits, sampling)
     assert torch.equal(stages.temperature, hf_filter(logits, 0.7, 0, 1))
@@ -62,8 +62,8 @@ def test_filtered_distributions_on_real_logits(embedded_model):
 
 
 def generate(model, sampling, steps=12):
-    session, traces = decode(model, "Once upon a time", sampling=sampling, max_new_tokens=steps)
-    return session.generated, traces
+    generation, traces = decode(model, "Once upon a time", sampling=sampling, max_new_tokens=steps)
+    return generation.generated, traces
 
 
 def test_same_seed_same_tokens_every_run(embedded_model):

@@ -1,5 +1,5 @@
 """Many requests served from one pool (engine/server.py): each request's greedy tokens and logits equal its own
-`DecodeSession` run alone, on every family, through chunked prefills, shared prefix blocks and preemption."""
+`Generation` run alone, on every family, through chunked prefills, shared prefix blocks and preemption."""
 
 import pytest
 import torch
@@ -23,15 +23,15 @@ def prompts(model) -> list[list[int]]:
 
 
 def alone(model, ids: list[int], steps: int):
-    session = engine.DecodeSession(model, ids, max_new_tokens=steps, capture=engine.NO_RECORD)
+    generation = engine.Generation(model, ids, max_new_tokens=steps, capture=engine.NO_RECORD)
     logits, tokens = [], []
-    trace = session.prefill()
+    trace = generation.prefill()
     while True:
         logits.append(trace.logits)
         tokens.append(trace.token_id)
         if len(tokens) == steps or trace.token_id in model.eos_ids:
             return tokens, logits
-        trace = session.step()
+        trace = generation.step()
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -48,11 +48,11 @@ def reference_steps(model, setup) -> list:
 
 
 def alone(model, ids, max_tokens: int) -> tuple[list[int], str]:
-    session = engine.DecodeSession(model, list(ids), max_new_tokens=max_tokens, capture=engine.NO_RECORD)
-    session.prefill()
-    while not session.finished:
-        session.step()
-    return list(session.generated), session.text_after(len(session.generated))
+    generation = engine.Generation(model, list(ids), max_new_tokens=max_tokens, capture=engine.NO_RECORD)
+    generation.prefill()
+    while not generation.finished:
+        generation.step()
+    return list(generation.generated), generation.text_after(len(generation.generated))
 
 
 @pytest.fixture(params=PAGES, ids=lambda p: f"{p[0]}-{p[1]}")

@@ -17,18 +17,18 @@ class EngineCalls:
 
     def __init__(self, monkeypatch):
         self.prefills = self.steps = 0
-        prefill, step = engine.DecodeSession.prefill, engine.DecodeSession.step
+        prefill, step = engine.Generation.prefill, engine.Generation.step
 
-        def counted_prefill(session):
-            self.prefills += session.max_new_tokens > 1  # a seed prompt's prefill asks for one token
-            return prefill(session)
+        def counted_prefill(generation):
+            self.prefills += generation.max_new_tokens > 1  # a seed prompt's prefill asks for one token
+            return prefill(generation)
 
-        def counted_step(session):
+        def counted_step(generation):
             self.steps += 1
-            return step(session)
+            return step(generation)
 
-        monkeypatch.setattr(engine.DecodeSession, "prefill", counted_prefill)
-        monkeypatch.setattr(engine.DecodeSession, "step", counted_step)
+        monkeypatch.setattr(engine.Generation, "prefill", counted_prefill)
+        monkeypatch.setattr(engine.Generation, "step", counted_step)
 
 
 def pages(model, store, count=2):
@@ -52,7 +52,7 @@ def test_pages_with_the_same_settings_read_one_run(tiny_model, monkeypatch):
         assert page.advance_to(6) == 6
     assert first.run is second.run and store.built == 1
     assert (calls.prefills, calls.steps) == (1, 5)  # the second page computed nothing
-    alone = engine.DecodeSession(model, config().prompt, sampling=config().sampling, block_size=4, max_new_tokens=40)
+    alone = engine.Generation(model, config().prompt, sampling=config().sampling, block_size=4, max_new_tokens=40)
     alone.prefill()
     for _ in range(5):
         alone.step()
@@ -78,7 +78,7 @@ def test_a_changed_setting_forks_and_the_other_page_keeps_its_run(tiny_model):
     second.configure(config(sampling=engine.Sampling(temperature=1.0, seed=5)))
     second.advance_to(4)
     assert second.run is not shared and first.run is shared and store.built == 2
-    assert shared.session.generated[:4] == first.session.generated[:4] and not shared.closed
+    assert shared.generation.generated[:4] == first.generation.generated[:4] and not shared.closed
 
 
 def test_a_page_prompt_history_is_part_of_what_it_shares(tiny_model):
@@ -97,9 +97,9 @@ def test_a_page_prompt_history_is_part_of_what_it_shares(tiny_model):
     assert first.prefix_hit().reused_tokens > 0 and fresh.prefix_hit().reused_tokens == 0
     # the hit is the one a prefix cache holding the earlier prompt gives
     cache = engine.PrefixCache(model, policy="radix", block_size=4, capacity_blocks=200)
-    with engine.DecodeSession(model, cached, prefix_cache=cache) as before:
+    with engine.Generation(model, cached, prefix_cache=cache) as before:
         before.prefill()
-    with engine.DecodeSession(model, edited, prefix_cache=cache, sampling=config().sampling) as after:
+    with engine.Generation(model, edited, prefix_cache=cache, sampling=config().sampling) as after:
         hit = after.prefill().prefix
     assert first.prefix_hit() == hit
 
@@ -139,7 +139,7 @@ def test_a_step_drawn_while_another_page_extends_the_run_keeps_its_tensors(tiny_
     reader.advance_to(3)
     drawn = reader.trace(3)
     stepper.advance_to(12)  # keep_full_traces=4: step 3 is slimmed in the run
-    assert reader.run.session.traces[2].is_slim
+    assert reader.run.generation.traces[2].is_slim
     assert drawn.logits is not None and drawn.attention is not None  # the page's copy is whole
     rebuilt = reader.trace(3)  # a later draw rebuilds it, once for every page
     torch.testing.assert_close(rebuilt.logits, drawn.logits, atol=1e-5, rtol=0)

@@ -37,7 +37,7 @@ def same_step(rebuilt: engine.StepTrace, original: engine.StepTrace) -> None:
 def test_a_step_past_the_window_is_rebuilt_equal_to_the_run(tiny_model, kv_splits):
     """Steps whose window the run has handed back, oldest and newest, in any order: each equals the run's own."""
     model = tiny_model("gemma3")
-    session, traces = decode(
+    generation, traces = decode(
         model,
         list(range(1000, 1006)),
         4 * W,
@@ -46,16 +46,16 @@ def test_a_step_past_the_window_is_rebuilt_equal_to_the_run(tiny_model, kv_split
         max_new_tokens=4 * W + 1,
         keep_full_traces=10**6,
     )
-    window = session.table.window
+    window = generation.table.window
     gone = [t for t in traces if t.positions[0] - W + 1 < window.first_position]
     assert len(gone) > W, "the window has handed back what most steps read"
     for index in (gone[-1].step, 0, 1, gone[len(gone) // 2].step, len(traces) - 1):  # a newer one, then older
-        same_step(session.rebuild(index), traces[index])
-    assert session.table.window.first_position == window.first_position, "rebuilding changed nothing of the run"
-    assert session.replay_nbytes > 0
-    session.close()
-    pool = session.pool
-    assert session.replay_nbytes == 0 and pool.block_manager.used == 0 and pool.window.block_manager.used == 0
+        same_step(generation.rebuild(index), traces[index])
+    assert generation.table.window.first_position == window.first_position, "rebuilding changed nothing of the run"
+    assert generation.replay_nbytes > 0
+    generation.close()
+    pool = generation.pool
+    assert generation.replay_nbytes == 0 and pool.block_manager.used == 0 and pool.window.block_manager.used == 0
 
 
 def test_a_reused_prefix_past_the_window_is_rebuilt_from_what_was_reused(tiny_model):
@@ -63,38 +63,38 @@ def test_a_reused_prefix_past_the_window_is_rebuilt_from_what_was_reused(tiny_mo
     they were taken, so the prefill and the steps after it rebuild exactly even once the window handed them back."""
     model = tiny_model("gemma3")
     cache = PrefixCache(model, policy="radix", block_size=4, capacity_blocks=64)
-    first = engine.DecodeSession(model, list(range(2000, 2007)), prefix_cache=cache, max_new_tokens=2)
+    first = engine.Generation(model, list(range(2000, 2007)), prefix_cache=cache, max_new_tokens=2)
     first.prefill()
     first.close()
-    session = engine.DecodeSession(
+    generation = engine.Generation(
         model, list(range(2000, 2007)) + [5, 6, 7], prefix_cache=cache, max_new_tokens=3 * W, keep_full_traces=10**6
     )
-    traces = [session.prefill()]
+    traces = [generation.prefill()]
     assert traces[0].prefix.reused_tokens > 0
-    while not session.finished:
-        traces.append(session.step())
-    assert session.table.window.first_position > 0
+    while not generation.finished:
+        traces.append(generation.step())
+    assert generation.table.window.first_position > 0
     for index in (0, 1, len(traces) // 2):
-        same_step(session.rebuild(index), traces[index])
-    session.close()
+        same_step(generation.rebuild(index), traces[index])
+    generation.close()
 
 
 @pytest.fixture(scope="module")
 def long_run(embedded_zh_model):
     """Gemma 3 270M (as the app holds it) on 500 positions of prompt, then decoding past its window of 512; after
-    each step, the blocks its window pool has in use (what the pool says, not the session)."""
+    each step, the blocks its window pool has in use (what the pool says, not the generation)."""
     prompt = [embedded_zh_model.tokenizer.bos_token_id] + list(range(1000, 1499))
-    session = engine.DecodeSession(embedded_zh_model, prompt, block_size=16, max_new_tokens=57, keep_full_traces=10**6)
-    traces, in_use = [session.prefill()], []
-    in_use.append(session.pool.window.block_manager.used)
-    while not session.finished:
-        traces.append(session.step())
-        in_use.append(session.pool.window.block_manager.used)
-    return session, traces, in_use
+    generation = engine.Generation(embedded_zh_model, prompt, block_size=16, max_new_tokens=57, keep_full_traces=10**6)
+    traces, in_use = [generation.prefill()], []
+    in_use.append(generation.pool.window.block_manager.used)
+    while not generation.finished:
+        traces.append(generation.step())
+        in_use.append(generation.pool.window.block_manager.used)
+    return generation, traces, in_use
 
 
 def test_gemma_local_layers_stop_at_the_window_and_hand_blocks_back_while_global_ones_grow(long_run, embedded_zh_model):
-    session, traces, in_use = long_run
+    generation, traces, in_use = long_run
     info = embedded_zh_model.info
     window, size = info.sliding_window, 16
     assert window == 512
@@ -113,17 +113,17 @@ def test_gemma_local_layers_stop_at_the_window_and_hand_blocks_back_while_global
     assert max(in_use) < len(traces[-1].block_table), "the local layers hold fewer blocks than a global one"
     # What a view reads now: a local layer's last positions only, a global layer's every one.
     for layer, kind in enumerate(info.layer_kinds):
-        k, _, start = session.table.read(layer)
+        k, _, start = generation.table.read(layer)
         assert start == (traces[-1].window_start if kind == "local" else 0)
-        assert start + k.shape[0] == session.table.length
+        assert start + k.shape[0] == generation.table.length
 
 
 def test_gemma_steps_before_the_window_are_rebuilt_equal_to_the_run(long_run):
     """← from past the window to before it: every step rebuilds to the trace the run computed."""
-    session, traces, _ = long_run
+    generation, traces, _ = long_run
     for trace in reversed(traces[-12:]):
-        same_step(session.rebuild(trace.step), trace)
-    same_step(session.rebuild(0), traces[0])
+        same_step(generation.rebuild(trace.step), trace)
+    same_step(generation.rebuild(0), traces[0])
 
 
 # -- the lesson's chapter on it, on the page -----------------------------------------------------------------------
@@ -163,8 +163,8 @@ def test_the_window_chapter_on_gemma_shows_local_rows_lose_their_oldest_columns_
     at = start(chapter=chapter.number, lang="zh")
     assert_clean(at)
     head = int(at.session_state["w_head"]) if "w_head" in at.session_state else 0
-    session = at.session_state["page"].runner.session
-    assert session.prompt_ids == traces[0].input_ids and session.traces[0].context_length > window - size
+    generation = at.session_state["page"].runner.generation
+    assert generation.prompt_ids == traces[0].input_ids and generation.traces[0].context_length > window - size
     seen = {}
     for step in range(chapter.step, chapter.step + further + 1):
         if step > chapter.step:
@@ -183,13 +183,13 @@ def test_the_window_chapter_on_gemma_shows_local_rows_lose_their_oldest_columns_
         held_from = (trace.context_length - window + 1) // size * size  # blocks wholly before it went back
         assert [line["x0"] for line in lines] == ([held_from - 0.5] if held_from else [])
         # the page's run: its local layers' table starts there, its window pool holds only that table's blocks
-        table, pool = session.table, session.pool.window
+        table, pool = generation.table, generation.pool.window
         assert table.window.first_position == held_from and len(table.blocks) == -(-table.length // size)
         assert pool.block_manager.used == len(table.window.blocks), "a chapter's run starts on an empty prefix cache"
         seen[step] = rows
     assert seen[chapter.step + further].shape[1] - np.isnan(seen[chapter.step + further][local[0]]).sum() == window
     returned_then = traces[chapter.step - 1].window_start // size
-    assert session.table.window.first_position // size == returned_then + 2, "two more blocks went back"
+    assert generation.table.window.first_position // size == returned_then + 2, "two more blocks went back"
     for step in range(chapter.step + further - 1, 0, -1):  # ← past the kept traces, back to before any went back
         at.button(key="b_back").click().run()
         assert_clean(at)

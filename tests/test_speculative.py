@@ -10,7 +10,7 @@ import torch
 
 import engine
 from engine.drafts import EarlyExit, Guesses, NoDraft, PromptLookup, make_draft, prompt_lookup
-from engine.speculative import SpeculativeSession, acceptance, judge_greedy, judge_sampled, residual
+from engine.speculative import SpeculativeGeneration, acceptance, judge_greedy, judge_sampled, residual
 from tests.conftest import FAMILIES
 
 # Repeats itself, so prompt lookup has something to find even on a random model's answer.
@@ -27,11 +27,11 @@ ZH_CODE_EDIT = (
 
 
 def plain_greedy(model, prompt, max_new_tokens, chat=False) -> list[int]:
-    with engine.DecodeSession(model, prompt, chat=chat, max_new_tokens=max_new_tokens) as session:
-        session.prefill()
-        while not session.finished:
-            session.step()
-        return list(session.generated)
+    with engine.Generation(model, prompt, chat=chat, max_new_tokens=max_new_tokens) as generation:
+        generation.prefill()
+        while not generation.finished:
+            generation.step()
+        return list(generation.generated)
 
 
 def held_blocks(table) -> int:
@@ -121,9 +121,9 @@ def test_greedy_keeps_guesses_while_they_equal_the_argmax():
 # -- the run --------------------------------------------------------------------------------------------------------
 
 
-def check_blocks(session: SpeculativeSession) -> None:
+def check_blocks(generation: SpeculativeGeneration) -> None:
     """The pool holds exactly the table's blocks, and the table as many as its positions need."""
-    table = session.table
+    table = generation.table
     assert len(table.blocks) == math.ceil(table.length / table.pool.block_size)
     assert pool_used(table) == held_blocks(table), "a block left in use by nothing, or a block given back twice"
 
@@ -133,32 +133,32 @@ def test_speculative_greedy_equals_plain_greedy_on_every_family(tiny_model, fami
     model = tiny_model(family)
     plain = plain_greedy(model, LOOPING, 24)
     for draft in (NoDraft(), PromptLookup(4), EarlyExit(3, 1, model.info.layers)):
-        with SpeculativeSession(model, LOOPING, draft, block_size=4, max_new_tokens=24) as session:
-            while not session.finished:
-                done = session.step()
+        with SpeculativeGeneration(model, LOOPING, draft, block_size=4, max_new_tokens=24) as generation:
+            while not generation.finished:
+                done = generation.step()
                 assert done.rows_written == len(done.fed) and done.kept_rows <= done.rows_written
-                check_blocks(session)
-            assert session.generated == plain, draft.name
-            assert sum(len(p.added) for p in session.passes) == len(plain)
+                check_blocks(generation)
+            assert generation.generated == plain, draft.name
+            assert sum(len(p.added) for p in generation.passes) == len(plain)
             if draft.name == "lookup":
-                assert any(p.guesses for p in session.passes), "the looping prompt gave prompt lookup nothing"
-        assert pool_used(session.table) == 0, "closing leaves a block held"
+                assert any(p.guesses for p in generation.passes), "the looping prompt gave prompt lookup nothing"
+        assert pool_used(generation.table) == 0, "closing leaves a block held"
 
 
 def test_speculative_greedy_equals_plain_greedy_on_smollm2(embedded_model):
     plain = plain_greedy(embedded_model, CODE_EDIT, 32, chat=True)
     for draft, tokens in ((PromptLookup(5), 32), (EarlyExit(4, 10, embedded_model.info.layers), 12)):
-        with SpeculativeSession(embedded_model, CODE_EDIT, draft, chat=True, max_new_tokens=tokens) as session:
-            assert session.run() == plain[:tokens], draft.name
+        with SpeculativeGeneration(embedded_model, CODE_EDIT, draft, chat=True, max_new_tokens=tokens) as generation:
+            assert generation.run() == plain[:tokens], draft.name
             if draft.name == "lookup":
-                assert len(session.passes) < tokens * 0.75, "a code edit quotes itself: several tokens a pass"
+                assert len(generation.passes) < tokens * 0.75, "a code edit quotes itself: several tokens a pass"
 
 
 def test_speculative_greedy_equals_plain_greedy_on_gemma(embedded_zh_model):
     plain = plain_greedy(embedded_zh_model, ZH_CODE_EDIT, 24)
     for draft, tokens in ((PromptLookup(5), 24), (EarlyExit(3, 6, embedded_zh_model.info.layers), 8)):
-        with SpeculativeSession(embedded_zh_model, ZH_CODE_EDIT, draft, max_new_tokens=tokens) as session:
-            assert session.run() == plain[:tokens], draft.name
+        with SpeculativeGeneration(embedded_zh_model, ZH_CODE_EDIT, draft, max_new_tokens=tokens) as generation:
+            assert generation.run() == plain[:tokens], draft.name
 
 
 class OtherMisses:
@@ -186,10 +186,10 @@ def test_rejected_rows_leave_no_trace_in_the_cache(tiny_model, family):
     and make the same tokens: nothing of a discarded row is read later (a row left in the table would be). Against a
     plain run the K/V agree to float32 rounding only: a matrix product's rounding depends on its row count."""
     model = tiny_model(family)
-    first = SpeculativeSession(model, LOOPING, PromptLookup(6), block_size=4, max_new_tokens=24)
+    first = SpeculativeGeneration(model, LOOPING, PromptLookup(6), block_size=4, max_new_tokens=24)
     first.run()
     assert any(p.rows_discarded for p in first.passes), "no pass rejected a guess: nothing to check"
-    second = SpeculativeSession(
+    second = SpeculativeGeneration(
         model, LOOPING, OtherMisses(first.passes, model.info.vocab), block_size=4, max_new_tokens=24
     )
     second.run()
@@ -199,7 +199,7 @@ def test_rejected_rows_leave_no_trace_in_the_cache(tiny_model, family):
         k1, v1, start = first.table.read(layer)
         k2, v2, _ = second.table.read(layer)
         assert torch.equal(k1, k2) and torch.equal(v1, v2), layer
-    with engine.DecodeSession(model, LOOPING, block_size=4, max_new_tokens=24) as plain:
+    with engine.Generation(model, LOOPING, block_size=4, max_new_tokens=24) as plain:
         plain.prefill()
         while not plain.finished:
             plain.step()
@@ -213,15 +213,15 @@ def test_rejected_rows_leave_no_trace_in_the_cache(tiny_model, family):
 
 def test_a_block_only_rejected_rows_used_goes_back_to_the_pool(tiny_model):
     model = tiny_model("llama")
-    with SpeculativeSession(model, LOOPING, PromptLookup(8), block_size=2, max_new_tokens=24) as session:
-        pool = session.table.pool
-        while not session.finished:
-            done = session.step()
-            check_blocks(session)
+    with SpeculativeGeneration(model, LOOPING, PromptLookup(8), block_size=2, max_new_tokens=24) as generation:
+        pool = generation.table.pool
+        while not generation.finished:
+            done = generation.step()
+            check_blocks(generation)
             manager = pool.block_manager
             assert all(manager.ref_count[b] == 0 and b in manager.free for b in done.blocks_returned)
             assert {b for b, _ in done.slots[: done.kept_rows]} <= set(done.block_table), "a kept row's block left"
-        assert any(p.blocks_returned for p in session.passes), "no pass handed a block back: nothing checked"
+        assert any(p.blocks_returned for p in generation.passes), "no pass handed a block back: nothing checked"
 
 
 def test_sampled_speculative_runs_repeat_with_their_seed(tiny_model):
@@ -229,8 +229,8 @@ def test_sampled_speculative_runs_repeat_with_their_seed(tiny_model):
     sampling = engine.Sampling(temperature=0.8, top_k=20, seed=3)
 
     def answer(draft):
-        with SpeculativeSession(model, LOOPING, draft, sampling=sampling, max_new_tokens=16) as session:
-            return session.run(), [p.accepted for p in session.passes]
+        with SpeculativeGeneration(model, LOOPING, draft, sampling=sampling, max_new_tokens=16) as generation:
+            return generation.run(), [p.accepted for p in generation.passes]
 
     for draft in (PromptLookup(4), EarlyExit(3, 1, model.info.layers)):
         assert answer(draft) == answer(draft), draft.name
@@ -260,5 +260,5 @@ def test_guesses_past_the_context_are_refused(tiny_model):
     model = tiny_model("llama")
     prompt = list(range(10, 10 + model.info.context_limit - 4))
     with pytest.raises(engine.InvalidSettingError, match="context"):
-        SpeculativeSession(model, prompt, PromptLookup(5))
-    SpeculativeSession(model, prompt, PromptLookup(3)).close()
+        SpeculativeGeneration(model, prompt, PromptLookup(5))
+    SpeculativeGeneration(model, prompt, PromptLookup(3)).close()

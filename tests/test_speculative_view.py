@@ -9,7 +9,7 @@ import pytest
 from playwright.sync_api import expect
 
 from engine.drafts import PromptLookup
-from engine.speculative import SpeculativeSession
+from engine.speculative import SpeculativeGeneration
 from engine.timing import weight_bytes_read
 from tests.app_helpers import assert_clean, start
 from tests.helpers import choose, idle, until_link, widget
@@ -24,12 +24,12 @@ CHAPTER = next(c for c in CHAPTERS if c.key == "speculative")
 
 @functools.cache
 def reference_passes(model, lang: str, chat: bool, which: str = "edit", k: int = 5):
-    """The view's prompt decoded by the engine's speculative session directly, with prompt lookup (once a test run)."""
-    with SpeculativeSession(
+    """The view's prompt decoded by the engine's speculative generation itself, with prompt lookup (once a test run)."""
+    with SpeculativeGeneration(
         model, PROMPTS[(which, lang, chat)], PromptLookup(k), chat=chat, max_new_tokens=MAX_TOKENS
-    ) as session:
-        session.run()
-        return session.passes
+    ) as generation:
+        generation.run()
+        return generation.passes
 
 
 def bytes_per_token(model, passes) -> tuple[float, float]:
@@ -70,13 +70,13 @@ def plain_answer_equal(model, lang: str, chat: bool, step: int) -> bool:
     import engine
 
     ids = [t for p in reference_passes(model, lang, chat)[:step] for t in p.added]
-    with engine.DecodeSession(
+    with engine.Generation(
         model, PROMPTS[("edit", lang, chat)], chat=chat, max_new_tokens=len(ids), capture=engine.NO_RECORD
-    ) as session:
-        session.prefill()
-        while not session.finished:
-            session.step()
-        return session.generated == ids
+    ) as generation:
+        generation.prefill()
+        while not generation.finished:
+            generation.step()
+        return generation.generated == ids
 
 
 def free_guesses_worse(model, lang: str, chat: bool) -> bool:

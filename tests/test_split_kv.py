@@ -91,9 +91,9 @@ def test_whole_generations_through_split_kv_equal_unsplit(family, tiny_model):
 def test_split_trace_shapes_and_merge(tiny_model):
     model = tiny_model("llama")
     info = model.info
-    session = engine.DecodeSession(model, "one two three four five six", kv_splits=3, max_new_tokens=5)
-    session.prefill()
-    trace = session.step()
+    generation = engine.Generation(model, "one two three four five six", kv_splits=3, max_new_tokens=5)
+    generation.prefill()
+    trace = generation.step()
     split = trace.split
     length = trace.context_length
     assert split.ranges == split_ranges(length, 3)
@@ -102,7 +102,7 @@ def test_split_trace_shapes_and_merge(tiny_model):
     # The recorded partials merge to the recorded merged output, and unsplit is Σ a_j v_j.
     rebuilt = merge(engine.split_kv.Partials(split.max_score, split.exp_sum, split.partial))
     assert torch.allclose(rebuilt.output, split.merged, atol=1e-6)
-    k, v = session.pool.read(0, session.table.device_blocks(), length)
+    k, v = generation.pool.read(0, generation.table.device_blocks(), length)
     group = info.q_heads // info.kv_heads
     for head in range(info.q_heads):
         expected = trace.attention[0, head, -1] @ v[:, head // group]

@@ -1,4 +1,4 @@
-"""The one stopping rule (engine/stopping.py) that decode sessions, speculative sessions, eviction runs and served
+"""The one stopping rule (engine/stopping.py) that generations, speculative generations, eviction runs and served
 requests follow, on its edges: EOS first, then the answer's limit, then the context; teacher forcing reads past EOS."""
 
 import pytest

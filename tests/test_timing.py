@@ -5,11 +5,11 @@ from engine.timing import warm_up
 
 
 def greedy_tokens(model) -> list[int]:
-    with engine.DecodeSession(model, "Paged blocks hold K and V", max_new_tokens=5) as session:
-        session.prefill()
-        while not session.finished:
-            session.step()
-        return list(session.generated)
+    with engine.Generation(model, "Paged blocks hold K and V", max_new_tokens=5) as generation:
+        generation.prefill()
+        while not generation.finished:
+            generation.step()
+        return list(generation.generated)
 
 
 def test_warm_up_runs_the_model_and_changes_nothing_a_session_sees(tiny_model):

@@ -170,8 +170,8 @@ def test_the_apps_candidates_show_characters_and_bytes_never_u_fffd(embedded_mod
     from tests.app_helpers import assert_clean, start
     from ui.text import strings
 
-    session = engine.DecodeSession(embedded_model, "解释什么是Transformer", chat=False)
-    first = session.prefill().token_id
+    generation = engine.Generation(embedded_model, "解释什么是Transformer", chat=False)
+    first = generation.prefill().token_id
     assert tokenizer.decode([first]).endswith(REPLACEMENT)  # the case this test is about
     at = start(prompt="解释什么是Transformer", chat=0, step=2, lang="zh", model="embedded")  # SmolLM2: byte tokens
     assert_clean(at)

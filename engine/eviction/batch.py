@@ -24,7 +24,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.errors import InvalidSettingError, SessionStateError
+from engine.errors import GenerationStateError, InvalidSettingError
 from engine.eviction.budgets import DecodeBudget, StreamingWindow
 from engine.eviction.policies import Policy
 from engine.eviction.records import EvictionStep
@@ -119,7 +119,7 @@ class EvictionBatch:
     def add(self, variant: Variant) -> EvictionRun:
         """A run of `variant` added before the prefill: one of `runs`, prefilled with them."""
         if self.context is not None:
-            raise SessionStateError("a run is added before prefill(); after it, it joins (join())")
+            raise GenerationStateError("a run is added before prefill(); after it, it joins (join())")
         run = self._run(variant)
         self.runs.append(run)
         return run
@@ -128,7 +128,7 @@ class EvictionBatch:
         """A run of `variant` that joins after the prefill, in this batch's pool: evicted from the context as the
         prefill's runs were, no pass made yet (`passes` makes them). Not one of `runs` until appended."""
         if self.context is None:
-            raise SessionStateError("a run joins after prefill(); before it, pass its variant to the batch")
+            raise GenerationStateError("a run joins after prefill(); before it, pass its variant to the batch")
         run = self._run(variant)
         table = self.context.fork()
         observe = run.start_prefill(table)

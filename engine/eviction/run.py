@@ -32,7 +32,7 @@ import torch
 
 from engine.attention import AttentionResult
 from engine.checks import require_integer
-from engine.errors import SessionStateError
+from engine.errors import GenerationStateError
 from engine.eviction.budgets import HIDDEN_STATES_BUFFER, DecodeBudget, StreamingWindow
 from engine.eviction.evict import evict_by_position, evict_by_score, evicted_share
 from engine.eviction.policies import Policy
@@ -186,9 +186,9 @@ class EvictionRun:
         """Ready the rows for the context's prefill into `table` (this run's, or one its batch shares); what
         must observe that prefill's attention to evict after it (None: nothing to evict)."""
         if self.closed:
-            raise SessionStateError("the run is closed")
+            raise GenerationStateError("the run is closed")
         if self.steps:
-            raise SessionStateError("prefill() runs once, at the start; call step() to decode")
+            raise GenerationStateError("prefill() runs once, at the start; call step() to decode")
         n = len(self.prompt_ids) - 1
         self.rows = {i: LayerRows(self.model.info.kv_heads, n, self.model.device) for i in self.evicting}
         return self._prefill_evictor(n, table) if self.compression_ratio > 0 else None
@@ -198,11 +198,11 @@ class EvictionRun:
         or `input_id`: teacher forcing, a given text read pass by pass (a greedy EOS does not end it; only
         max_new_tokens passes or the context limit do)."""
         if self.closed:
-            raise SessionStateError("the run is closed")
+            raise GenerationStateError("the run is closed")
         if not self.steps:
-            raise SessionStateError("call prefill() before step()")
+            raise GenerationStateError("call prefill() before step()")
         if self.finished if input_id is None else self._out_of_room:
-            raise SessionStateError("the run has ended")
+            raise GenerationStateError("the run has ended")
         if input_id is not None:
             require_integer("input_id", input_id, 0, self.model.info.vocab - 1)
         return self._solo_pass(self.generated[-1] if input_id is None else input_id, self.table.length)

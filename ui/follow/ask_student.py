@@ -50,7 +50,7 @@ def send_guess() -> None:
     def token() -> int:
         runner, step = page_session().runner, page_session().step
         text = class_answers.checked_guess(str(view_controls.get(GUESS, "")), control_texts(runner.model.tokenizer))
-        ids = runner.prompt_ids + runner.session.generated[:step]
+        ids = runner.prompt_ids + runner.generation.generated[:step]
         prompt, answer = runner.texts(step)
         return class_answers.guess_token(runner.model.tokenizer, ids[-1], prompt + answer, text)
 

@@ -1,7 +1,7 @@
 """Which of a chapter's variants (ui/lesson/lesson.toml) hold on a run: each chapter whose text holds only on some
-runs names, from the run's facts (`ui.lesson.chapter_facts.facts`), the variants to use, first the one to use. A variant's
-parts replace the chapter's own (`ui.lesson.chapters.Chapter.part`), its choices too: so the class's vote knows
-which choice is right on the run shown."""
+runs names, from the run's facts (`ui.lesson.chapter_facts.facts`), the variants to use, first the one to use. A
+variant's parts replace the chapter's own (`ui.lesson.chapters.Chapter.part`), its choices too: so the class's vote
+knows which choice is right on the run shown."""
 
 from __future__ import annotations
 

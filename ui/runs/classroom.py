@@ -29,7 +29,7 @@ class ClassroomCache:
 
     The class owns its students' leases (`ClassroomLease`), and blocks come back when a student is gone: a
     lease that is garbage-collected (Streamlit drops a session's state when its browser session ends) leaves its
-    decode session in `orphaned`, closed at the class's next check-in rather than inside the collector, which
+    generation in `orphaned`, closed at the class's next check-in rather than inside the collector, which
     may run in the middle of a pool's bookkeeping. And a lease checks in on each use: one not seen for
     `lease_seconds` (a tab left open, a session Streamlit has not ended yet) has its run closed; when the student
     returns, the lease rebuilds it from its settings.
@@ -51,7 +51,7 @@ class ClassroomCache:
         self._lock = threading.Lock()  # guards the two dicts below, nothing else
         self._caches: OrderedDict[tuple[str, int], engine.PrefixCache] = OrderedDict()  # oldest use first
         self._seen: weakref.WeakKeyDictionary[ClassroomLease, float] = weakref.WeakKeyDictionary()
-        self.orphaned: deque[engine.DecodeSession] = deque()  # appended by finalizers: no lock needed
+        self.orphaned: deque[engine.Generation] = deque()  # appended by finalizers: no lock needed
 
     def get(self, policy: str, block_size: int) -> engine.PrefixCache:
         with self._lock:
@@ -136,7 +136,7 @@ class ClassroomLease(Lease):
     def _open(self) -> Run:
         run = self._build()
         # a shared pool must get the blocks back of a page that is gone
-        self._finalizer = weakref.finalize(self, self._classroom.orphaned.append, run.session)
+        self._finalizer = weakref.finalize(self, self._classroom.orphaned.append, run.generation)
         self._finalizer.atexit = False
         return run
 

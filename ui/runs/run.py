@@ -1,4 +1,4 @@
-"""Computed runs that pages read: a `Run` (a decode session on its prefix cache, and what pages computed from it)
+"""Computed runs that pages read: a `Run` (a generation on its prefix cache, and what pages computed from it)
 and a page's `Lease` on one, the single shape every source of runs hands out (`RunSource`): `OwnRuns` here, the
 `RunStore` that shares runs between pages (`ui.runs.store`), the class's shared prefix cache (`ui.runs.classroom`).
 
@@ -48,7 +48,7 @@ MEMO = 4  # rebuilt steps and attention heatmaps a run keeps for the pages readi
 
 
 class Run:
-    """One computed run: a decode session on a prefix cache, and what pages computed from it (rebuilt older steps,
+    """One computed run: a generation on a prefix cache, and what pages computed from it (rebuilt older steps,
     full attention heatmaps). A run is fully determined by its config and its cache's starting content (`seeds`),
     so pages with the same ones can read one run; stepping further extends it for all of them (under `lock`).
 
@@ -78,12 +78,12 @@ class Run:
                 capacity_blocks=-(-tokens // config.block_size) + 2,
             )
             for ids in seeds:
-                with engine.DecodeSession(
+                with engine.Generation(
                     model, list(ids), prefix_cache=cache, max_new_tokens=1, keep_full_traces=1, capture=engine.NO_RECORD
                 ) as seed:
                     seed.prefill()  # it only fills the cache: closing publishes its prompt's K/V
         self.cache = cache
-        session = engine.DecodeSession(
+        generation = engine.Generation(
             model,
             config.prompt,
             chat=config.chat,
@@ -97,12 +97,12 @@ class Run:
             full_trace_bytes=TRACE_BYTES,
             capture=CAPTURE,
         )
-        if len(session.prompt_ids) > config.max_prompt_tokens:
-            session.close()
+        if len(generation.prompt_ids) > config.max_prompt_tokens:
+            generation.close()
             raise engine.PromptTooLongError(
-                f"the prompt is {len(session.prompt_ids)} tokens; this app allows at most {config.max_prompt_tokens}"
+                f"the prompt is {len(generation.prompt_ids)} tokens; this app allows at most {config.max_prompt_tokens}"
             )
-        self.session = session
+        self.generation = generation
         self._rebuilt = Memo(MEMO)  # step → its rebuilt trace
         self._attention = Memo(MEMO)  # (layer, head) → (probs, scores)
         self._cells = Memo(MEMO)  # tokens generated → the token cells
@@ -115,46 +115,46 @@ class Run:
         the page's turn (`turns.share`) between two layers of a pass, and between two passes with the run's lock let
         go: a long catch-up or prefill does not hold up the pages waiting behind it. `progress(tokens)` is told after
         each pass but the last."""
-        session = self.session
+        generation = self.generation
         while True:
             with self.lock, engine.between_layers(turns.share):
                 if self._short_of(step):
                     with press_log.timed("engine"):
-                        session.step() if session.traces else session.prefill()
+                        generation.step() if generation.traces else generation.prefill()
                 if not self._short_of(step):  # no turn shared after the last pass: the page draws next
-                    return min(step, len(session.generated))
+                    return min(step, len(generation.generated))
             if progress is not None:
-                progress(len(session.generated))
+                progress(len(generation.generated))
             turns.share()
 
     def _short_of(self, step: int) -> bool:
         """Whether another pass is needed for `step` tokens (a prefill first)."""
-        session = self.session
-        return (step >= 1 and not session.traces) or (len(session.generated) < step and not session.finished)
+        generation = self.generation
+        return (step >= 1 and not generation.traces) or (len(generation.generated) < step and not generation.finished)
 
     def trace(self, step: int) -> StepTrace | None:
         """The trace that produced token `step` (1-based), with its tensors: if it was slimmed, rebuilt by one
         forward pass over the K/V the run's cache holds (kept for the next pages that draw it)."""
-        if step < 1 or step > len(self.session.traces):
+        if step < 1 or step > len(self.generation.traces):
             return None
-        trace = self.session.traces[step - 1]
+        trace = self.generation.traces[step - 1]
         if not trace.is_slim:
             return trace
         with self.lock:
-            return self._rebuilt.made(step, lambda: self.session.rebuild(step - 1))
+            return self._rebuilt.made(step, lambda: self.generation.rebuild(step - 1))
 
     @functools.cached_property
     def prompt_text(self) -> str:
         """The prompt as the model read it (its template's text included)."""
-        return self.model.tokenizer.decode(self.session.prompt_ids)
+        return self.model.tokenizer.decode(self.generation.prompt_ids)
 
     def cells(self, step: int) -> list[TokenCell]:
         """The prompt's tokens and the first `step` generated ones, one cell each: made once for every page that
         draws this step (a class following one teacher), and only read by them."""
-        session = self.session
-        count = min(step, len(session.generated))  # a step not reached yet is never kept under its number
+        generation = self.generation
+        count = min(step, len(generation.generated))  # a step not reached yet is never kept under its number
         return self._cells.made(
-            count, lambda: token_cells(self.model.tokenizer, session.prompt_ids, session.generated[:count])
+            count, lambda: token_cells(self.model.tokenizer, generation.prompt_ids, generation.generated[:count])
         )
 
     def candidate_cells(self, step: int, candidate_ids: list[int]) -> list[TokenCell]:
@@ -162,8 +162,8 @@ class Run:
         (see `engine.tokens.candidate_cells`); made once for every page that draws them, and only read."""
 
         def made() -> list[TokenCell]:
-            session = self.session
-            context = (session.prompt_ids + session.generated)[: len(session.prompt_ids) + step - 1]
+            generation = self.generation
+            context = (generation.prompt_ids + generation.generated)[: len(generation.prompt_ids) + step - 1]
             return candidate_cells(self.model.tokenizer, context, candidate_ids)
 
         return self._candidates.made((step, tuple(candidate_ids)), made)
@@ -174,8 +174,8 @@ class Run:
         Computed once by a fresh prefill, then grown row by row from the decode steps' own recorded
         rows, so stepping forward costs one row, not a prefill. Only the shown heads are kept.
         """
-        session = self.session
-        n = len(session.prompt_ids) + max(0, step - 1)
+        generation = self.generation
+        n = len(generation.prompt_ids) + max(0, step - 1)
         with self.lock:
             kept = self._attention.get((layer, head))
             if kept is not None:
@@ -185,15 +185,15 @@ class Run:
                 self._attention.put((layer, head), (probs, scores))
                 if probs.shape[0] >= n:
                     return probs[:n, :n], scores[:n, :n]
-            probs, scores = self.model.full_attention(session.ids[:n], layer, self.config.block_size)
+            probs, scores = self.model.full_attention(generation.ids[:n], layer, self.config.block_size)
             return self._attention.put((layer, head), (probs[head].clone(), scores[head].clone()))
 
     def _decode_row(self, length: int, layer: int, head: int):
         """The row a decode step recorded when the sequence reached `length` positions, if still kept."""
-        index = length - len(self.session.prompt_ids)  # traces[index] is that decode step
-        if not 1 <= index < len(self.session.traces):
+        index = length - len(self.generation.prompt_ids)  # traces[index] is that decode step
+        if not 1 <= index < len(self.generation.traces):
             return None
-        trace = self.session.traces[index]
+        trace = self.generation.traces[index]
         if trace.is_slim:
             return None
         return trace.attention[layer, head, 0], trace.scores[layer, head, 0]
@@ -204,7 +204,7 @@ class Run:
         layer (Gemma 3) only its last positions, in whole blocks, and none (n = 0, start ≥ `length`) at an early
         step the window has long passed."""
         with self.lock:
-            k, v, start = self.session.table.read(layer)
+            k, v, start = self.generation.table.read(layer)
         held = max(0, length - start)
         return k[:held], v[:held], start
 
@@ -213,9 +213,9 @@ class Run:
         compared with this run's own K/V. One replay per run, a pass further for each step further than any
         page asked before, and every step's picture kept: going back costs no forward pass."""
         with self.lock:
-            session = self.session
+            generation = self.generation
             if self._busy is None:
-                prompt = session.prompt_ids
+                prompt = generation.prompt_ids
                 self._busy = BusyPoolReplay(
                     self.model,
                     [(prompt, list(range(len(prompt))))],
@@ -225,7 +225,7 @@ class Run:
             replay, pictures = self._busy, self._busy_pictures
             while len(pictures) < max(1, step):
                 if pictures:  # step 1's pass is the prefill, made with the replay
-                    trace = session.traces[len(pictures)]
+                    trace = generation.traces[len(pictures)]
                     replay.add(trace.input_ids, trace.positions)
                 pictures.append(replay.picture(lambda layer: self.cached_kv(layer, replay.table.length)))
             return pictures[max(1, step) - 1]
@@ -239,16 +239,16 @@ class Run:
         memo = sum(t.nbytes for t in self._rebuilt.values())
         memo += sum(p.nbytes + s.nbytes for p, s in self._attention.values())  # a copy: other pages add to it
         memo += self._busy.nbytes if self._busy is not None else 0
-        return sum(t.nbytes for t in self.session.traces) + kv + memo + self.session.replay_nbytes
+        return sum(t.nbytes for t in self.generation.traces) + kv + memo + self.generation.replay_nbytes
 
     @property
     def closed(self) -> bool:
-        return self.session.closed
+        return self.generation.closed
 
     def close(self) -> None:
         """Publish the prompt to the cache (if prefilled) and give the blocks back: for a run on the class's cache."""
         with self.lock:
-            self.session.close()
+            self.generation.close()
             self._busy, self._busy_pictures = None, []
 
 

@@ -70,8 +70,8 @@ class Runner(Experiments):
         return None if self.lease is None else self.lease.run
 
     @property
-    def session(self) -> engine.DecodeSession:
-        return self.run.session
+    def generation(self) -> engine.Generation:
+        return self.run.generation
 
     @property
     def cache(self) -> engine.PrefixCache:
@@ -118,22 +118,22 @@ class Runner(Experiments):
                 return
             self.lease.release()
             if self._saw_prefill:
-                self.history.add(self.lease.run.session.prompt_ids)
+                self.history.add(self.lease.run.generation.prompt_ids)
             self.lease, self._saw_prefill = None, False
 
     # -- stepping ------------------------------------------------------------------------------
 
     @property
     def prompt_ids(self) -> list[int]:
-        return self.session.prompt_ids
+        return self.generation.prompt_ids
 
     @property
     def generated(self) -> int:
-        return len(self.session.generated)
+        return len(self.generation.generated)
 
     @property
     def finished(self) -> bool:
-        return self.session.finished
+        return self.generation.finished
 
     def advance_to(self, step: int, progress: Callable[[int], None] | None = None) -> int:
         """Run prefill/decode until `step` tokens exist (or the run ends); return the step reached. `progress(tokens)`
@@ -141,7 +141,7 @@ class Runner(Experiments):
         with self.lock:
             lease = self.lease
             with lease.held() as run:
-                before = len(run.session.generated)
+                before = len(run.generation.generated)
                 try:
                     reached = run.advance_to(step, progress)
                 except engine.CacheFullError:
@@ -161,7 +161,7 @@ class Runner(Experiments):
 
     def texts(self, step: int) -> tuple[str, str]:
         """The prompt as the model read it, and the answer text after `step` tokens."""
-        return self.run.prompt_text, self.session.text_after(min(step, len(self.session.generated)))
+        return self.run.prompt_text, self.generation.text_after(min(step, len(self.generation.generated)))
 
     def short_of_memory(self) -> bool:
         """Whether the server is too close to the host's memory for this page's costliest figures (ui.host.memory)."""
@@ -169,7 +169,7 @@ class Runner(Experiments):
 
     def heatmap_span(self, step: int) -> tuple[int, int]:
         """The positions step `step`'s full heatmap spans, and the most this server's step memory allows."""
-        return len(self.session.prompt_ids) + max(0, step - 1), self.max_attention_tokens
+        return len(self.generation.prompt_ids) + max(0, step - 1), self.max_attention_tokens
 
     def full_attention(self, step: int, layer: int, head: int):
         """Probabilities and scores (n, n) of one head of `layer` over the sequence step `step` attended."""
@@ -195,7 +195,7 @@ class Runner(Experiments):
         _, v, start = self.cached_kv(layer, length)
         return split_demo(trace.scores[layer, head, -1, start:], v[:, head // self.model.info.gqa_group])
 
-    # -- the window the views read: concept-named, plain data (never the session, pool or tokenizer) --
+    # -- the window the views read: concept-named, plain data (never the generation, pool or tokenizer) --
 
     @property
     def info(self) -> engine.ModelInfo:
@@ -203,7 +203,7 @@ class Runner(Experiments):
 
     @property
     def stop_reason(self) -> str | None:
-        return self.session.stop_reason
+        return self.generation.stop_reason
 
     @property
     def chat(self) -> bool:
@@ -248,7 +248,7 @@ class Runner(Experiments):
 
     def prompt_tail_text(self, keep: int) -> str:
         """The text of the prompt's last `keep` tokens: what a truncated prompt would still say."""
-        return self.model.tokenizer.decode(self.session.prompt_ids[len(self.session.prompt_ids) - keep :])
+        return self.model.tokenizer.decode(self.generation.prompt_ids[len(self.generation.prompt_ids) - keep :])
 
     def prompt_segments(self) -> list[PromptSegment]:
         """The prompt as the model reads it, split into the chat template's text and the user's."""
@@ -266,7 +266,7 @@ class Runner(Experiments):
 
     def step_traces(self, step: int) -> list[StepTrace]:
         """The traces of the first `step` steps (older ones slimmed: ids, timings, candidates)."""
-        return self.session.traces[:step]
+        return self.generation.traces[:step]
 
     def busy_pool(self, step: int) -> BusyPoolPicture:
         """This run's first `step` steps replayed in a pool other requests used first: where its blocks land."""
@@ -287,15 +287,15 @@ class Runner(Experiments):
 
     def prefix_hit(self) -> PrefixHit | None:
         """How this run's prefill used the prefix cache (None before the prefill)."""
-        return self.session.traces[0].prefix if self.session.traces else None
+        return self.generation.traces[0].prefix if self.generation.traces else None
 
     def blocks_reclaimed(self) -> int:
         """Cached blocks the prefix cache has handed out again for new K/V so far (the last 1,000 are remembered)."""
         return len(self.cache.reclaims)
 
     def policy_reuse(self) -> dict[str, PolicyReuse]:
-        return self.history.predicted_reuse(self.session.prompt_ids, self.config.block_size)
+        return self.history.predicted_reuse(self.generation.prompt_ids, self.config.block_size)
 
     def closest_cached(self) -> tuple[list[int], int] | None:
         """The published prompt sharing the longest prefix with this one, and where they first differ."""
-        return self.history.closest(self.session.prompt_ids)
+        return self.history.closest(self.generation.prompt_ids)

@@ -18,7 +18,7 @@ import engine
 from engine.drafts import make_draft
 from engine.prompt import tokenize_prompt
 from engine.sampler import Sampling
-from engine.speculative import SpeculativeSession, VerifyPass
+from engine.speculative import SpeculativeGeneration, VerifyPass
 from ui.runs import turns
 from ui.runs.store import RunStore
 
@@ -69,18 +69,18 @@ class SpeculativeRun:
 
     def __init__(self, model: engine.Model, setup: SpeculativeSetup):
         self.model, self.setup = model, setup
-        self.session = session_of(model, setup, setup.draft)
+        self.generation = generation_of(model, setup, setup.draft)
         self.lock = turns.TurnLock()  # one page runs a pass at a time; others read the passes it has
         self.measured: Measured | None = None  # plain decoding against each draft, once a page asked (`measure`)
         self._measuring = turns.TurnLock()
 
     @property
     def passes(self) -> list[VerifyPass]:
-        return self.session.passes
+        return self.generation.passes
 
     @property
     def finished(self) -> bool:
-        return self.session.finished
+        return self.generation.finished
 
     def advance_to(self, count: int) -> int:
         """Run passes until `count` are recorded (or the answer ended); return the passes there are up to `count`."""
@@ -88,7 +88,7 @@ class SpeculativeRun:
             with self.lock:
                 if len(self.passes) >= count or self.finished:
                     return min(count, len(self.passes))
-                self.session.step()
+                self.generation.step()
             turns.share()
 
     def measure(self) -> Measured:
@@ -107,14 +107,14 @@ class SpeculativeRun:
     @property
     def nbytes(self) -> int:
         """The pool's K/V (held whole for the run) and the passes' records."""
-        pool = self.session.table.pool
+        pool = self.generation.table.pool
         return pool.num_blocks * pool.block_size * pool.bytes_per_token + 1_000 * len(self.passes)
 
 
-def session_of(
+def generation_of(
     model: engine.Model, setup: SpeculativeSetup, draft: str, tokens: int = MAX_TOKENS
-) -> SpeculativeSession:
-    return SpeculativeSession(
+) -> SpeculativeGeneration:
+    return SpeculativeGeneration(
         model,
         list(setup.prompt_ids),
         make_draft(draft, setup.k, setup.layers, model),
@@ -149,26 +149,26 @@ def measure(model: engine.Model, setup: SpeculativeSetup) -> Measured:
     interleaved (a busy moment slows all three alike) and only the passes timed: between two, the page gives way to
     others (`turns.share`). Long (early exit's drafts the most): the page says it is measuring."""
     drafts = ("none", "lookup", "early_exit")
-    sessions = {d: session_of(model, setup, d, MEASURED_TOKENS) for d in drafts}
+    generations = {d: generation_of(model, setup, d, MEASURED_TOKENS) for d in drafts}
     seconds = dict.fromkeys(drafts, 0.0)
     try:
-        while not all(s.finished for s in sessions.values()):
-            for draft, session in sessions.items():
-                if not session.finished:
+        while not all(s.finished for s in generations.values()):
+            for draft, generation in generations.items():
+                if not generation.finished:
                     start = time.perf_counter()
-                    session.step()
+                    generation.step()
                     seconds[draft] += time.perf_counter() - start
                     turns.share()
-        plain = sessions["none"].generated
+        plain = generations["none"].generated
         return Measured(
             tuple(
                 Timed(d, len(s.passes), len(s.generated), 1000 * seconds[d] / len(s.generated), s.generated == plain)
-                for d, s in sessions.items()
+                for d, s in generations.items()
             )
         )
     finally:
-        for session in sessions.values():
-            session.close()
+        for generation in generations.values():
+            generation.close()
 
 
 def run_for(store: RunStore, model: engine.Model, setup: SpeculativeSetup) -> SpeculativeRun:

@@ -81,7 +81,7 @@ def render(ctx: ViewContext) -> None:
                 lambda: pass_figure(
                     done,
                     ctx.token_text,
-                    run.session.table.pool.block_size,
+                    run.generation.table.pool.block_size,
                     ctx.t("spec_pass_title", step=step, rows=done.rows_written, kept=done.kept_rows),
                     ctx.large,
                     words(ctx),

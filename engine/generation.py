@@ -1,16 +1,16 @@
-"""A decode session: one prompt, prefilled once, then decoded one token per step, with a trace per step.
+"""A generation: one prompt, prefilled once, then decoded one token per step, with a trace per step.
 
-    session = DecodeSession(model, "What is a KV cache?", chat=True, sampling=Sampling(temperature=0.7, seed=1))
-    first = session.prefill()          # all prompt tokens in one pass → the first answer token
-    while not session.finished:
-        trace = session.step()         # the last token's embedding row → every layer → the next token
-    session.close()                    # the session's KV blocks go back to the pool
+    generation = Generation(model, "What is a KV cache?", chat=True, sampling=Sampling(temperature=0.7, seed=1))
+    first = generation.prefill()          # all prompt tokens in one pass → the first answer token
+    while not generation.finished:
+        trace = generation.step()         # the last token's embedding row → every layer → the next token
+    generation.close()                    # the generation's KV blocks go back to the pool
 
-The session owns the run's state (ids, traces, text, block table) and the order of calls; it leans on
+The generation owns the run's state (ids, traces, text, block table) and the order of calls; it leans on
 `settings` (argument checks), `prompt` (chat template), `sampler` (the draw and its candidates),
 `detokenizer` (the answer text) and `stopwatch` (step timings).
 
-The session's KV cache is private to it and freed at the end. With a `PrefixCache`, its blocks come
+The generation's KV cache is private to it and freed at the end. With a `PrefixCache`, its blocks come
 from the cache's pool: the prefill reuses what the cache holds, and on close the prompt's blocks
 are published there for later prompts.
 """
@@ -25,7 +25,7 @@ from dataclasses import replace
 
 from engine.checks import is_integer
 from engine.detokenizer import IncrementalDetokenizer
-from engine.errors import SessionStateError
+from engine.errors import GenerationStateError
 from engine.kv_cache import DEFAULT_BLOCK_SIZE, BlockPool, BlockTable
 from engine.model import Model
 from engine.prefix_cache import PrefixCache
@@ -39,7 +39,7 @@ from engine.stopwatch import Stopwatch
 from engine.trace import Capture, StepTrace
 
 
-class DecodeSession:
+class Generation:
     """Step-by-step generation for one prompt.
 
     prompt: text, or a list of token ids. With `chat=True` a text prompt is wrapped as a user message
@@ -120,7 +120,7 @@ class DecodeSession:
         A piece holds back the bytes of an unfinished character until a later token completes it (see
         `engine.detokenizer`), so this is never a broken character."""
         if not is_integer(count) or not 0 <= count <= len(self.generated):
-            raise SessionStateError(
+            raise GenerationStateError(
                 f"text_after takes a token count from 0 to {len(self.generated)} (the answer's "
                 f"length so far), got {count!r}"
             )
@@ -131,9 +131,9 @@ class DecodeSession:
     def prefill(self) -> StepTrace:
         """All prompt tokens in one pass; their K/V fill the cache; the last position gives the first token."""
         if self.closed:
-            raise SessionStateError("the session is closed")
+            raise GenerationStateError("the generation is closed")
         if self.traces:
-            raise SessionStateError("prefill() runs once, at the start; call step() to decode")
+            raise GenerationStateError("prefill() runs once, at the start; call step() to decode")
         with self._undone_on_error():
             with self.pool.block_manager.lock:
                 cache = self.prefix_cache
@@ -147,17 +147,17 @@ class DecodeSession:
     def step(self) -> StepTrace:
         """One decode step: the last sampled token goes in, the next token comes out."""
         if self.closed:
-            raise SessionStateError("the session is closed")
+            raise GenerationStateError("the generation is closed")
         if not self.traces:
-            raise SessionStateError("call prefill() before step()")
+            raise GenerationStateError("call prefill() before step()")
         if self.finished:
-            raise SessionStateError(f"generation has ended ({self.stop_reason})")
+            raise GenerationStateError(f"generation has ended ({self.stop_reason})")
         position = len(self.prompt_ids) + len(self.generated) - 1
         with self._undone_on_error():
             return self._run("decode", [self.generated[-1]], [position])
 
     def close(self) -> None:
-        """Publish the prompt's K/V to the prefix cache (if any), then return this session's blocks."""
+        """Publish the prompt's K/V to the prefix cache (if any), then return this generation's blocks."""
         if self.closed:
             return
         with self.pool.block_manager.lock:
@@ -170,7 +170,7 @@ class DecodeSession:
         self._reused_window_kv = []
         self.closed = True
 
-    def __enter__(self) -> DecodeSession:
+    def __enter__(self) -> Generation:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -183,15 +183,15 @@ class DecodeSession:
 
         The pass computes only that step's own input tokens and reads the K/V the cache holds for the
         positions before them (for a prefill after a prefix-cache hit: the reused ones). It writes
-        nothing, so the pool, the cache and the session are unchanged, and it needs no pool lock: the
-        blocks it reads are this session's own. Where a sliding window has handed back K/V that step read,
-        they are recomputed first (`engine.replay`: the session's passes again, once, in a pool of their own).
+        nothing, so the pool, the cache and the generation are unchanged, and it needs no pool lock: the
+        blocks it reads are this generation's own. Where a sliding window has handed back K/V that step read,
+        they are recomputed first (`engine.replay`: the generation's passes again, once, in a pool of their own).
         The draw is made again with the same seed and step and must give the recorded token.
         """
         if self.closed:
-            raise SessionStateError("the session is closed: its cached K/V are gone")
+            raise GenerationStateError("the generation is closed: its cached K/V are gone")
         if not is_integer(index) or not 0 <= index < len(self.traces):
-            raise SessionStateError(f"step {index!r} has not run; steps 0…{len(self.traces) - 1} have")
+            raise GenerationStateError(f"step {index!r} has not run; steps 0…{len(self.traces) - 1} have")
         original = self.traces[index]
         record = self.model.forward(
             original.input_ids,
@@ -217,7 +217,7 @@ class DecodeSession:
     # -- internals ---------------------------------------------------------------------------
 
     def _table_after(self, trace: StepTrace) -> BlockTable:
-        """The table as it was after `trace`'s step; a view only: the session holds the blocks' references.
+        """The table as it was after `trace`'s step; a view only: the generation holds the blocks' references.
 
         A sliding-window layer's blocks are the ones held now, while they still reach back to the window of that
         step's first position; once the window has handed them back, a replay's (`_replayed`)."""
@@ -235,7 +235,7 @@ class DecodeSession:
         return then
 
     def _replayed(self, trace: StepTrace) -> BlockTable:
-        """The K/V `trace`'s step read, recomputed: the session's passes before it replayed (once; a later call
+        """The K/V `trace`'s step read, recomputed: the generation's passes before it replayed (once; a later call
         for an older step reads the same replay, one for a newer step extends it)."""
         if self._replay is None:
             capacity = min(len(self.prompt_ids) + self.max_new_tokens, self.model.info.context_limit)
@@ -252,7 +252,7 @@ class DecodeSession:
 
     @contextmanager
     def _undone_on_error(self) -> Iterator[None]:
-        """A prefill or step as one transaction: if anything in it raises, the session is put back as it
+        """A prefill or step as one transaction: if anything in it raises, the generation is put back as it
         was (block table and the blocks it took, tokens, traces, text), so a retry runs as on a fresh
         start. The blocks it allocated were never published, so no cache entry points at them."""
         mark = self.table.mark()
@@ -270,7 +270,8 @@ class DecodeSession:
     def _run(self, phase: str, ids: list[int], positions: list[int]) -> StepTrace:
         model = self.model
         clock = Stopwatch()
-        with self.pool.block_manager.lock:  # bookkeeping only: forward passes of sessions sharing the pool run at once
+        # bookkeeping only under the lock: forward passes of generations sharing the pool run at once
+        with self.pool.block_manager.lock:
             placed = self.table.append(len(ids))
             reclaimed = self.prefix_cache.take_reclaimed() if self.prefix_cache is not None else []
         record = model.forward(ids, positions, self.table, self.capture, self.kv_splits, prefill=phase == "prefill")

@@ -389,6 +389,7 @@ class ClassRun:
     errors: list[str] = field(default_factory=list)  # why
     presses: list[Press] = field(default_factory=list)  # each explorer's press, for where it went
     press_log: Path | None = None  # the server's record of where presses went (`--explore`)
+    roles: dict[str, str] = field(default_factory=dict)  # session id → role, for the turns each role held
     cpu: tuple = ()  # CPU seconds during the presses: the server's, everything else's; and the seconds they took
 
 
@@ -586,6 +587,7 @@ def run_exploring_class(root: Path, label: str, args, prompts: dict, late_step: 
         result.peak = result.class_peak = memory.peak()
         result.hwm = memory.read()["VmHWM"]
         result.joined_rss = result.idle
+        result.roles = {s.session_id: s.seat.role for s in students}
         for student in students:
             student.close()
     report_exploring(result)
@@ -619,6 +621,8 @@ def report_exploring(run: ClassRun) -> None:
     if run.press_log is not None and run.press_log.exists():
         print(f"  where presses went ({run.label}; ms, press → step sent):")
         print(press_parts.table(press_parts.breakdown(run.presses, run.press_log)), flush=True)
+        print(f"  the turns pages held ({run.label}):")
+        print(press_parts.turns_held(run.roles, run.press_log), flush=True)
 
 
 # -- the figures ----------------------------------------------------------------------------------------------

@@ -75,3 +75,22 @@ def table(rows: dict[str, dict[str, str]]) -> str:
     return "\n".join(
         lines + [f"| {name} | " + " | ".join(cells[c] for c in columns) + " |" for name, cells in rows.items()]
     )
+
+
+def turns_held(roles: dict[str, str], path: Path) -> str:
+    """Who the waits were behind: per role (`roles`: session id → role), the turns its pages held (opens and
+    presses alike), as a markdown table: how many, the seconds in all and their share, and a turn's p50 / p90 / longest
+    in ms."""
+    held: dict[str, list[float]] = defaultdict(list)
+    for session, record in stretches(path).items():
+        held[roles.get(session, "other")] += [end - start for part, start, end in record if part == "turn held"]
+    everything = sum(map(sum, held.values())) or 1.0
+    lines = ["| role | turns held | s in all | share | p50 / p90 / longest, ms |", "|---|---:|---:|---:|---:|"]
+    for role, spans in sorted(((r, s) for r, s in held.items() if s), key=lambda item: -sum(item[1])):
+        ordered = sorted(spans)
+        p50, p90 = ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+        lines.append(
+            f"| {role} | {len(spans)} | {sum(spans):.0f} | {sum(spans) / everything:.0%} | "
+            f"{1000 * p50:.0f} / {1000 * p90:.0f} / {1000 * ordered[-1]:.0f} |"
+        )
+    return "\n".join(lines)

@@ -1,6 +1,6 @@
-"""Where a press spends its time (`ui.host.press_log`): a wait for a turn, a wait for another page's step of the
-same run, and the engine's and the figures' work are each written as one line the bench reads, on an injected
-clock; nothing is written unless a file is named. Threads stand for page runs (as in tests/test_turns.py)."""
+"""Where a press spends its time (`ui.host.press_log`): a wait for a turn, a turn held, a wait for another page's
+step of the same run, and the engine's and the figures' work are each written as one line the bench reads, on an
+injected clock; nothing is written unless a file is named. Threads stand for page runs (as in tests/test_turns.py)."""
 
 import itertools
 import json
@@ -56,13 +56,17 @@ def test_an_explorer_waiting_behind_the_leader_records_its_wait_for_a_turn(log):
     leader.done()
     assert explorer.began.wait(WAIT)
     explorer.done()
-    assert [(line["part"], line["seconds"]) for line in lines(log)] == [("turn", 1.5)]
+    parts = [line["part"] for line in lines(log)]
+    assert parts == ["turn held", "turn", "turn held"]  # the leader's turn, the wait behind it, the explorer's turn
+    leader_held, wait, _ = lines(log)
+    given_back = leader_held["at"] + leader_held["seconds"]
+    assert wait["at"] < given_back <= wait["at"] + wait["seconds"]  # it waited until the leader gave its turn back
 
 
-def test_a_turn_taken_at_once_records_nothing(log):
+def test_a_turn_taken_at_once_records_no_wait_only_its_holding(log):
     with turns.turn(EXPLORER):
         pass
-    assert lines(log) == []
+    assert [(line["part"], line["seconds"]) for line in lines(log)] == [("turn held", 1.5)]
 
 
 def test_a_wait_for_a_lock_another_page_holds_is_a_run_lock_stretch(log, monkeypatch):

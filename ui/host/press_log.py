@@ -7,7 +7,8 @@ bench reads too). The parts (`PARTS`):
 - "turn": waiting for a turn of its role (ui/runs/turns.py): the first take, and each take back after sharing;
 - "run lock": waiting while another page steps the same shared run (`turns.TurnLock`);
 - "engine": decoding: a run's prefill and steps, an eviction lab's batched steps (turns shared inside included);
-- "figures": building a view's figures and tables for the pages that show them (ui/views/figures.py).
+- "figures": building a view's figures and tables for the pages that show them (ui/views/figures.py);
+- "turn held": holding a turn, from taking it to giving it back (what the pages waiting for one wait behind).
 The bench adds a press's stretches up between the press being sent and its run ending; what is left is the page's
 other work (Streamlit's elements, the paint gap, sending).
 """
@@ -23,7 +24,7 @@ from contextlib import contextmanager
 
 from ui.host.streamlit_internals import current_session_id
 
-PARTS = ("turn", "run lock", "engine", "figures")
+PARTS = ("turn", "run lock", "engine", "figures", "turn held")
 PATH = os.environ.get("KVSCOPE_PRESS_LOG") or None
 clock = time.perf_counter  # CLOCK_MONOTONIC on Linux: one clock for the server and the bench
 

@@ -119,7 +119,13 @@ def _leave(role: str, ticket: int) -> None:
     _changed.notify_all()  # the next in line, or an explorer waiting for this follower's queue to empty
 
 
+def _hold(role: str) -> None:
+    """This thread holds a turn of `role` from now."""
+    _held.role, _held.since, _held.took = role, clock(), press_log.clock()
+
+
 def _give_back(role: str) -> None:
+    press_log.record("turn held", _held.took, press_log.clock() - _held.took)
     with _changed:
         _drawing[role] -= 1
         _changed.notify_all()
@@ -134,7 +140,7 @@ def turn(role: str, waiting: Callable[[bool], None] | None = None) -> Iterator[N
         yield
         return
     _take(role, waiting)
-    _held.role, _held.since = role, clock()
+    _hold(role)
     try:
         yield
     finally:
@@ -159,7 +165,7 @@ def share() -> None:
     try:
         _take(role, None, resuming=True)
     finally:
-        _held.role, _held.since = role, clock()
+        _hold(role)
 
 
 @contextmanager
@@ -176,7 +182,7 @@ def aside() -> Iterator[None]:
         yield
     finally:
         _take(role, None, ahead=True)  # it was drawing: back before the pages that queued meanwhile
-        _held.role, _held.since = role, clock()
+        _hold(role)
 
 
 class TurnLock:

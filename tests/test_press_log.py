@@ -116,3 +116,21 @@ def test_a_press_counts_each_instant_once_for_its_innermost_part():
         ("figures", 18.0, 25.0),  # built past the header: cut at it
     ]
     assert parts_of(press, record) == {"turn": 3.0, "run lock": 0.0, "figures": 2.0, "engine": 4.0, "other": 1.0}
+
+
+def test_a_slimmed_step_rebuilt_or_a_fresh_heatmap_shares_the_turn_between_layers(log, tiny_model, monkeypatch):
+    """Work on a run besides its steps is long work too: on a heavy link a rebuild held its page's turn for 50 s."""
+    from tests.test_shared_runs import on_one_link
+
+    model = tiny_model("llama")
+    (page,) = on_one_link(model, count=1)
+    assert page.advance_to(12) == 12  # keep_full_traces=4: step 3 is slimmed
+    run = page.run
+    assert run.generation.traces[2].is_slim
+    shared = []
+    monkeypatch.setattr(turns, "share", lambda: shared.append("share"))
+    assert not run.trace(3).is_slim
+    assert len(shared) == model.info.layers  # one pass: a chance to give way after each layer
+    run.full_attention(12, layer=0, head=0)
+    assert len(shared) == 2 * model.info.layers
+    assert [line["part"] for line in lines(log)][-2:] == ["engine", "engine"]

@@ -127,6 +127,14 @@ class Run:
                 progress(len(generation.generated))
             turns.share()
 
+    @contextmanager
+    def _computing(self) -> Iterator[None]:
+        """Work on the run besides its steps (a slimmed step rebuilt, a layer's attention by a fresh prefill, the
+        busy pool's replay): under its lock, and, as its steps do, sharing the page's turn between two layers of a
+        pass (a heavy link's rebuild held its turn for 50 s on the AVX2 VM before), recorded as the engine's time."""
+        with self.lock, engine.between_layers(turns.share), press_log.timed("engine"):
+            yield
+
     def _short_of(self, step: int) -> bool:
         """Whether another pass is needed for `step` tokens (a prefill first)."""
         generation = self.generation
@@ -140,7 +148,7 @@ class Run:
         trace = self.generation.traces[step - 1]
         if not trace.is_slim:
             return trace
-        with self.lock:
+        with self._computing():
             return self._rebuilt.made(step, lambda: self.generation.rebuild(step - 1))
 
     @functools.cached_property
@@ -176,7 +184,7 @@ class Run:
         """
         generation = self.generation
         n = len(generation.prompt_ids) + max(0, step - 1)
-        with self.lock:
+        with self._computing():
             kept = self._attention.get((layer, head))
             if kept is not None:
                 probs, scores = kept
@@ -212,7 +220,7 @@ class Run:
         """The first `step` steps of this run replayed in a pool other requests used first (engine.busy_pool),
         compared with this run's own K/V. One replay per run, a pass further for each step further than any
         page asked before, and every step's picture kept: going back costs no forward pass."""
-        with self.lock:
+        with self._computing():
             generation = self.generation
             if self._busy is None:
                 prompt = generation.prompt_ids

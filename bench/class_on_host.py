@@ -51,7 +51,8 @@ roles; `--langs en,zh` (the default) as above.
 presses → `--presses` times, each press as soon as the last one's run ended. 8 open the heaviest links (as above,
 4 per model), 5 the eviction view at step 32 of the default prompt, each with another policy (half on each model),
 the rest ordinary links. Printed: the ordinary, heavy and eviction presses (→ step sent, p50 / p90), each role's
-page opening times, the peak RSS, and the server's CPU seconds per press.
+page opening times, the peak RSS, and the server's CPU seconds per press; where presses went (the server's record,
+KVSCOPE_PRESS_LOG: bench/press_parts.py), and the turns each role's pages held.
 `--before <ref>`: the same class first against a `git worktree` of `ref`, then against this checkout, in one run;
 both side by side. The output ends with a markdown table. Memory and speed are measured here, never asserted in
 tests. Run by hand, not in CI.

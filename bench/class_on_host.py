@@ -634,7 +634,7 @@ def p50_p90(values: list[float]) -> tuple[float, float] | None:
     if not values:
         return None
     ordered = sorted(values)
-    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+    return statistics.median(ordered), ordered[press_parts.nearest_rank(ordered, 0.9)]
 
 
 def ms(values: list[float]) -> str:

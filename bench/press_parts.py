@@ -29,6 +29,11 @@ class Press:
     sent_bytes: int  # what the server sent the page from the press to the end of its run
 
 
+def nearest_rank(ordered: list, share: float) -> int:
+    """The index in `ordered` (sorted) of its `share` quantile, by nearest rank (0.9: the p90)."""
+    return min(len(ordered) - 1, int(share * len(ordered)))
+
+
 def stretches(path: Path) -> dict[str, list[tuple[str, float, float]]]:
     """The server's record by browser session: (part, start, end) each."""
     by_session: dict[str, list[tuple[str, float, float]]] = defaultdict(list)
@@ -58,7 +63,7 @@ def breakdown(presses: list[Press], path: Path) -> dict[str, dict[str, str]]:
     rows: dict[str, dict[str, str]] = {}
     for role in sorted({press.role for press in presses}):
         mine = sorted((p for p in presses if p.role == role), key=lambda p: p.shown - p.sent)
-        slow = mine[min(len(mine) - 1, int(0.9 * len(mine))) :]
+        slow = mine[nearest_rank(mine, 0.9) :]
         for name, group, middle in (("typical", mine, statistics.median), ("slowest tenth", slow, statistics.fmean)):
             parts = [parts_of(p, record.get(p.session, [])) for p in group]
             cells = {column: f"{1000 * middle([part[column] for part in parts]):.0f}" for column in COLUMNS}
@@ -88,7 +93,7 @@ def turns_held(roles: dict[str, str], path: Path) -> str:
     lines = ["| role | turns held | s in all | share | p50 / p90 / longest, ms |", "|---|---:|---:|---:|---:|"]
     for role, spans in sorted(((r, s) for r, s in held.items() if s), key=lambda item: -sum(item[1])):
         ordered = sorted(spans)
-        p50, p90 = ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+        p50, p90 = ordered[nearest_rank(ordered, 0.5)], ordered[nearest_rank(ordered, 0.9)]
         lines.append(
             f"| {role} | {len(spans)} | {sum(spans):.0f} | {sum(spans) / everything:.0%} | "
             f"{1000 * p50:.0f} / {1000 * p90:.0f} / {1000 * ordered[-1]:.0f} |"

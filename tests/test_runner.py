@@ -377,7 +377,7 @@ def test_a_prefill_gives_way_between_two_layers_to_a_press_that_waits(tiny_model
     pressing = threading.Thread(target=press, daemon=True)
     pressing.start()
     with turns._changed:  # noqa: SLF001 — the press waits for a turn
-        assert turns._changed.wait_for(lambda: turns._queued[turns.EXPLORER], 5)  # noqa: SLF001
+        assert turns._changed.wait_for(lambda: turns._lines[turns.EXPLORER], 5)  # noqa: SLF001
     go.set()
     assert seen.wait(5)
     assert traces_seen == [0]  # the press drew while the prefill's pass was under way

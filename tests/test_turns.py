@@ -49,7 +49,7 @@ def queued(role: str, count: int = 1) -> None:
     """Wait until `count` runs of `role` wait for a turn (the test's threads got there)."""
     with turns._changed:  # noqa: SLF001
         assert turns._changed.wait_for(
-            lambda: len(turns._queued[role]) + len(turns._resuming[role]) >= count,  # noqa: SLF001
+            lambda: len(turns._lines[role]) >= count,  # noqa: SLF001
             WAIT,
         )
 
@@ -212,6 +212,31 @@ def test_long_work_resumes_behind_the_presses_that_came_while_it_waited(monkeypa
     assert first.finished.wait(WAIT) and second.finished.wait(WAIT)
 
 
+def test_a_press_that_shares_its_turn_comes_back_before_long_work_that_has_done_more(monkeypatch, now):
+    """A press whose one step outlasts SHARE_SECONDS gives way in the middle; it queues again by the work it has
+    done, so it goes before a catch-up that has held its turn longer, though the catch-up queued first."""
+    monkeypatch.setattr(turns, "EXPLORERS", 1)
+    heavy = LongWork(3)
+    assert heavy.started[0].wait(WAIT)
+    press = LongWork(2)
+    queued(EXPLORER)
+    now[0] += 10 * turns.SHARE_SECONDS
+    heavy.go[0].set()  # after a second of catch-up: gives way to the press
+    assert press.started[0].wait(WAIT)
+    queued(EXPLORER)  # the catch-up waits to resume, with a second done
+    now[0] += turns.SHARE_SECONDS
+    press.go[0].set()  # the press's step passed SHARE_SECONDS: it gives way to the catch-up, which queued first...
+    assert press.started[1].wait(WAIT)  # ...but has done more: the press comes back first
+    assert not heavy.started[1].is_set()
+    press.go[1].set()
+    assert press.finished.wait(WAIT)
+    assert heavy.started[1].wait(WAIT)
+    heavy.go[1].set()
+    assert heavy.started[2].wait(WAIT)
+    heavy.go[2].set()
+    assert heavy.finished.wait(WAIT)
+
+
 def test_a_page_waiting_for_a_shared_runs_lock_gives_its_turn_to_the_page_stepping_it(monkeypatch, now):
     """A page sharing its turn in the middle of a shared run's pass holds the run's lock; a page that takes the turn
     and then asks for that run waits aside, and the first page's pass goes on at once (not after a patience)."""
@@ -286,7 +311,7 @@ def test_a_run_stopped_while_it_waits_leaves_the_line(monkeypatch):
     thread = threading.Thread(target=lambda: failed.append(pytest.raises(RuntimeError, turns._take, EXPLORER, stopped)))
     thread.start()
     thread.join(WAIT)
-    assert failed and not turns._queued[EXPLORER]  # noqa: SLF001
+    assert failed and not turns._lines[EXPLORER]  # noqa: SLF001
     after = Page(EXPLORER)
     queued(EXPLORER)
     holder.done()
@@ -304,5 +329,4 @@ def test_a_thread_takes_no_second_turn():
 def no_turn_left_held():
     yield
     assert turns.drawing() == {LEADER: 0, FOLLOWER: 0, EXPLORER: 0}
-    assert {role: len(q) for role, q in turns._queued.items()} == {FOLLOWER: 0, EXPLORER: 0}  # noqa: SLF001
-    assert {role: len(q) for role, q in turns._resuming.items()} == {FOLLOWER: 0, EXPLORER: 0}  # noqa: SLF001
+    assert {role: len(line) for role, line in turns._lines.items()} == {FOLLOWER: 0, EXPLORER: 0}  # noqa: SLF001

@@ -9,16 +9,17 @@ event loop, which sends every page's messages, too little of the interpreter to 
 - **explorers** (a page on its own: a student exploring, anyone without a room) start only while no leader or
   follower draws or waits, `EXPLORERS` at a time; a page that must wait is told so (`waiting`).
 
-Pages waiting for a turn of one role go in the order they came. Long work never holds a turn through its whole
-length: between its steps, and between two layers of a pass (a link's catch-up of a hundred steps, a prefill of
-seven hundred tokens in 64 KV splits, the eviction lab's steps), a page that has held its turn for `SHARE_SECONDS`
-gives way to the pages waiting ahead of its role, and to the leader while it draws (`share`), then queues again
-behind every page that waits for a fresh turn: an ordinary press that arrives while long work goes on goes before
-it, and the long work still goes on between presses. A student's wait is then the work ahead of them, at most
-about one layer's pass of long work per turn. No page waits for ever all the same: a follower past `TURN_WAIT`,
-an explorer past `EXPLORER_WAIT`, draws anyway. A turn is given up while its page only waits (the paint gap before
-its figures, `aside`; another page's step of a shared run, `TurnLock`), except the leader's: the teacher's figures
-come next, and a student's heavy step started meanwhile would hold them up.
+Pages waiting for a turn of one role go by the work their press has done so far, least first, and in the order they
+came among equals: a fresh press has done none. Long work never holds a turn through its whole length: between its
+steps, and between two layers of a pass (a link's catch-up of a hundred steps, a prefill of seven hundred tokens in
+64 KV splits, the eviction lab's steps), a page that has held its turn for `SHARE_SECONDS` gives way to the pages
+waiting ahead of its role, and to the leader while it draws (`share`), then queues again by the work it has done:
+an ordinary press whose step outlasts `SHARE_SECONDS` comes back before a catch-up of many seconds, and the long work
+still goes on between presses. A student's wait is then the short work ahead of them, plus at most about one layer's
+pass of long work. No page waits for ever all the same: a follower past `TURN_WAIT`, an explorer past
+`EXPLORER_WAIT`, draws anyway. A turn is given up while its page only waits (the paint gap before its figures,
+`aside`; another page's step of a shared run, `TurnLock`), except the leader's: the teacher's figures come next, and
+a student's heavy step started meanwhile would hold them up; a page back from waiting goes first.
 
 Lock order: a page's own run lock, then a turn, then a shared run's `TurnLock` or a memo's build lock. A page
 never waits for a turn while it holds one, and never for a `TurnLock` while it holds a turn: a page sharing its
@@ -30,7 +31,6 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -46,19 +46,17 @@ clock = time.monotonic  # when a turn was taken (tests set their own)
 
 _changed = threading.Condition()  # guards the counts and queues below
 _drawing = {LEADER: 0, FOLLOWER: 0, EXPLORER: 0}  # runs drawing now, by role
-_queued: dict[str, deque[int]] = {FOLLOWER: deque(), EXPLORER: deque()}  # tickets of the runs waiting, by role
-_resuming: dict[str, deque[int]] = {FOLLOWER: deque(), EXPLORER: deque()}  # tickets of long work that shared its turn
+# the runs waiting, by role: each ticket's place in line, (0 back from `aside` or 1, seconds of work done, ticket)
+_lines: dict[str, dict[int, tuple[int, float, int]]] = {FOLLOWER: {}, EXPLORER: {}}
 _tickets = itertools.count()
 _held = threading.local()  # the role this thread holds a turn for, if any, and since when
 
 
 def _free(role: str, ticket: int) -> bool:
     """Whether the run of `role` holding `ticket` may start now (under `_changed`): nobody of its role waits ahead of
-    it (long work resuming after `share` waits behind every fresh turn), and its role has room."""
-    fresh, resuming = _queued.get(role), _resuming.get(role)
-    if fresh and fresh[0] != ticket:
-        return False
-    if resuming and ticket in resuming and resuming[0] != ticket:
+    it, and its role has room."""
+    line = _lines.get(role)
+    if line and min(line.values())[2] != ticket:
         return False
     if role == FOLLOWER:
         return _drawing[FOLLOWER] < FOLLOWERS
@@ -69,20 +67,24 @@ def _free(role: str, ticket: int) -> bool:
 
 def _waiting(role: str) -> bool:
     """Whether a run of `role` waits for a turn (under `_changed`)."""
-    return bool(_queued[role] or _resuming[role])
+    return bool(_lines[role])
 
 
-def _take(role: str, waiting: Callable[[bool], None] | None, ahead: bool = False, resuming: bool = False) -> None:
-    """Wait for a turn of `role` behind the runs of its role already waiting, or before them (`ahead`: a page coming
-    back from `aside`, which was drawing), or behind every fresh turn (`resuming`: long work after `share`), at most
-    its wait (then it draws anyway), and count it as drawing. `waiting(class_first)` is told before it waits: whether
-    the teacher's class (the leader or a follower) goes first."""
+def _take(
+    role: str, waiting: Callable[[bool], None] | None, done: float = 0.0, ahead: bool = False, handing_over=False
+) -> None:
+    """Wait for a turn of `role` behind the runs of its role that have done less work than `done` seconds (or as
+    much, and came first), or before them all (`ahead`: a page coming back from `aside`, which was drawing), at
+    most its wait (then it draws anyway), and count it as drawing. `waiting(class_first)` is told before it waits:
+    whether the teacher's class (the leader or a follower) goes first. `handing_over`: the thread's turn (let go of)
+    is given back in the same breath as it queues, so nobody behind it takes the turn first."""
     patience = {FOLLOWER: TURN_WAIT, EXPLORER: EXPLORER_WAIT}.get(role, 0.0)
     with _changed:
+        if handing_over:
+            _drawing[role] -= 1
         ticket = next(_tickets)
-        queue = (_resuming if resuming else _queued).get(role)
-        if queue is not None:
-            queue.appendleft(ticket) if ahead else queue.append(ticket)
+        if role in _lines:
+            _lines[role][ticket] = (0 if ahead else 1, done, ticket)
         if _free(role, ticket):
             _start(role, ticket)
             return
@@ -113,9 +115,7 @@ def _start(role: str, ticket: int) -> None:
 
 def _leave(role: str, ticket: int) -> None:
     """`ticket` leaves the line (under `_changed`): a ticket left behind would hold up every run after it."""
-    for queue in (_queued.get(role), _resuming.get(role)):
-        if queue is not None and ticket in queue:
-            queue.remove(ticket)
+    _lines.get(role, {}).pop(ticket, None)
     _changed.notify_all()  # the next in line, or an explorer waiting for this follower's queue to empty
 
 
@@ -124,8 +124,15 @@ def _hold(role: str) -> None:
     _held.role, _held.since, _held.took = role, clock(), press_log.clock()
 
 
-def _give_back(role: str) -> None:
+def _let_go() -> None:
+    """This thread's turn ends: its length counts as work done, and is recorded."""
+    _held.role = None
+    _held.done += clock() - _held.since
     press_log.record("turn held", _held.took, press_log.clock() - _held.took)
+
+
+def _give_back(role: str) -> None:
+    _let_go()
     with _changed:
         _drawing[role] -= 1
         _changed.notify_all()
@@ -140,18 +147,18 @@ def turn(role: str, waiting: Callable[[bool], None] | None = None) -> Iterator[N
         yield
         return
     _take(role, waiting)
+    _held.done = 0.0  # seconds this run has held its turn: its place when it queues again
     _hold(role)
     try:
         yield
     finally:
-        _held.role = None
         _give_back(role)
 
 
 def share() -> None:
     """Between two steps of long work, or two layers of its pass: once this thread has held its turn for
     `SHARE_SECONDS`, give way to the pages waiting ahead of its role (a follower to followers; an explorer to
-    followers, explorers, and the leader while it draws), and queue behind every fresh turn for the turn back. No-op
+    followers, explorers, and the leader while it draws), and queue by the work done for the turn back. No-op
     for the leader, for a thread without a turn, or when nobody waits."""
     role = getattr(_held, "role", None)
     if role in (None, LEADER) or clock() - _held.since < SHARE_SECONDS:
@@ -160,10 +167,9 @@ def share() -> None:
         ahead = _waiting(FOLLOWER) or (role == EXPLORER and (_waiting(EXPLORER) or _drawing[LEADER]))
     if not ahead:
         return
-    _held.role = None
-    _give_back(role)
+    _let_go()
     try:
-        _take(role, None, resuming=True)
+        _take(role, None, done=_held.done, handing_over=True)
     finally:
         _hold(role)
 
@@ -176,12 +182,11 @@ def aside() -> Iterator[None]:
     if role in (None, LEADER):
         yield
         return
-    _held.role = None
     _give_back(role)
     try:
         yield
     finally:
-        _take(role, None, ahead=True)  # it was drawing: back before the pages that queued meanwhile
+        _take(role, None, done=_held.done, ahead=True)  # it was drawing: back before the pages that queued meanwhile
         _hold(role)
 
 

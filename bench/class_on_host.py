@@ -49,7 +49,7 @@ The server's /proc/<pid>/status is read every 100 ms (VmRSS, RssAnon, RssFile). 
 roles; `--langs en,zh` (the default) as above.
 `--explore`: a class exploring on its own, no teacher: every student opens their own link at the same moment and
 presses → `--presses` times, each press as soon as the last one's run ended. 8 open the heaviest links (as above,
-4 per model), 5 the eviction view at step 32 of the default prompt, each with another policy (half on each model),
+4 per model), 5 the eviction view at step 32 or 64 of the default prompt, each with another policy (half on each model),
 the rest ordinary links. Printed: the ordinary, heavy and eviction presses (→ step sent, p50 / p90), each role's
 page opening times, the peak RSS, and the server's CPU seconds per press; where presses went (the server's record,
 KVSCOPE_PRESS_LOG: bench/press_parts.py), and the turns each role's pages held.
@@ -99,7 +99,7 @@ LIMIT_BYTES = int(2.7 * 2**30)  # Streamlit Community Cloud's memory for one app
 COUNTER = re.compile(rb'kv-counter">\D*?(\d+)')  # the header's step: "step 8 · …" or "第 8 步 · …"
 LIGHT_VIEWS = ("split", "prefix", "costs", "flow")
 EVICTION_POLICIES = ("snapkv", "tova", "knorm", "streaming_llm", "observed_attention")
-EVICTION_STEP = 32
+EVICTION_STEPS = (32, 64)  # the eviction pages open at these steps in turn (issue 55's class)
 HEAVY_VIEWS = ("attention", "kv")
 FINISHED = (ForwardMsg.FINISHED_SUCCESSFULLY, ForwardMsg.FINISHED_FRAGMENT_RUN_SUCCESSFULLY)
 OPEN_S = 900  # the explorers' first runs, all at once on 2 cores
@@ -178,7 +178,7 @@ def link_for(seat: Seat, follow_query: str, prompt: str, late_step: int) -> str:
         return f"step=1&view={LIGHT_VIEWS[seat.number % 4]}&temperature=1&seed={100 + seat.number}{lang}"
     if seat.role == "evict":
         policy = EVICTION_POLICIES[seat.number % len(EVICTION_POLICIES)]
-        return f"step={EVICTION_STEP}&view=eviction&evict={policy}&ratio=0.5{lang}"
+        return f"step={EVICTION_STEPS[seat.number % 2]}&view=eviction&evict={policy}&ratio=0.5{lang}"
     return (
         f"prompt={quote(prompt)}&chat=0&block_size=1&kv_splits={APP_MAX_KV_SPLITS}&step={late_step}"
         f"&view={HEAVY_VIEWS[seat.number // 2 % 2]}{lang}"

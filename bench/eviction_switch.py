@@ -6,7 +6,14 @@ last is the floor under any first pair: the prompt's greedy decode to step N ove
 nothing.
 
     HF_HUB_OFFLINE=1 python3 bench/eviction_switch.py [--step 64] [--prompt-tokens 382] [--before /old/checkout]
-        [--threads 1]
+        [--threads 1] [--pages]
+
+`--pages`: what a student waits for instead, the whole page: a server of the checkout (`streamlit run`, its own
+defaults) is warmed by one page of the default link, then new pages open the eviction view at step N of the prompt,
+one after another on the otherwise idle server: SnapKV (the first pair), TOVA (a policy the lab lacks), SnapKV
+again (one it has); each timed from the page's first message until its run ended with live step buttons, figures
+included (bench/class_on_host.py's `Student`). The floor is timed in the same run: the full cache's greedy decode
+of the same prompt to step N on one thread, recording nothing, in a fresh process of the checkout.
 
 SmolLM2 (the embedded model) in float32, one torch thread as the app computes (`--threads`: more). With --before,
 the same runs first on the code of another checkout (e.g. a `git worktree` of the previous commit), each checkout
@@ -24,6 +31,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # bench.class_on_host and tests.server, for --pages
 
 MEASURE = """
 import json, sys, time, torch
@@ -77,18 +85,81 @@ def measure(root: Path, step: int, tokens: int, threads: int) -> list:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+FLOOR = """
+import sys, time, torch
+torch.set_num_threads(1)
+import engine
+from engine.prompt import tokenize_prompt
+step, text = int(sys.argv[1]), sys.stdin.read()
+model = engine.load_model("embedded", device="cpu")
+ids = tokenize_prompt(model, text, chat=False)
+wall = time.perf_counter()
+alone = engine.Generation(model, ids, max_new_tokens=step, capture=engine.NO_RECORD)
+alone.prefill()
+while len(alone.generated) < step:
+    alone.step()
+print(len(ids), time.perf_counter() - wall)
+"""
+PAGES = (
+    ("first pair (SnapKV)", "snapkv"),
+    ("a policy the lab lacks (TOVA)", "tova"),
+    ("one it has (SnapKV)", "snapkv"),
+)
+
+
+def open_pages(root: Path, step: int, tokens: int) -> list[tuple[str, float]]:
+    """Seconds until each page of `PAGES` is drawn at `step` on a server of `root`, then the floor's."""
+    import tempfile
+    from urllib.parse import quote
+
+    from bench.class_on_host import Seat, Student, exact_prompt, wait_for
+    from tests.server import running_server
+
+    prompt = exact_prompt("en", tokens, 0)
+    log = Path(tempfile.gettempdir()) / f"kvscope-eviction-pages-{root.name}.log"
+    rows = []
+    with running_server(log, root=root) as (url, _):
+        warm = Student(url, "step=1", Seat("warm-up", "en", 0))
+        assert wait_for(warm.ready, 600, every=0.2), "the model did not load"
+        warm.close()
+        for number, (label, policy) in enumerate(PAGES):
+            link = f"prompt={quote(prompt)}&chat=0&step={step}&view=eviction&evict={policy}&ratio=0.5"
+            start = time.perf_counter()
+            page = Student(url, link, Seat("evict", "en", number))
+            assert wait_for(page.ready, 600, every=0.02), f"{label}: the page did not open in 10 minutes"
+            rows.append((label, time.perf_counter() - start))
+            page.close()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(root)}
+    done = subprocess.run(
+        [sys.executable, "-c", FLOOR, str(step)], input=prompt, cwd=root, env=env, capture_output=True, text=True
+    )
+    if done.returncode:
+        raise RuntimeError(done.stderr[-2000:])
+    count, floor = done.stdout.split()[-2:]
+    rows.append((f"the floor (the full cache alone, {count} prompt tokens)", float(floor)))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--step", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=382)
     parser.add_argument("--before", type=Path, help="another checkout, measured first")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the app's default: 1 per page)")
+    parser.add_argument("--pages", action="store_true", help="real pages on a server, each against the floor")
     args = parser.parse_args()
     roots = ([("before", args.before)] if args.before else []) + [("after", ROOT)]
     print(
         f"step {args.step}, a {args.prompt_tokens}-token prompt; seconds to have each policy's pair there "
         f"(wall / CPU); load average {os.getloadavg()[0]:.2f}"
     )
+    if args.pages:
+        for name, root in roots:
+            rows = open_pages(root, args.step, args.prompt_tokens)
+            floor = rows[-1][1]
+            cells = "  ".join(f"{label} {seconds:.2f} s ({seconds / floor:.2f}×)" for label, seconds in rows[:-1])
+            print(f"{name:6}  {cells}  {rows[-1][0]} {floor:.2f} s", flush=True)
+        return
     for name, root in roots:
         started = time.perf_counter()
         rows = measure(root, args.step, args.prompt_tokens, args.threads)

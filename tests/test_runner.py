@@ -352,6 +352,7 @@ def test_a_prefill_gives_way_between_two_layers_to_a_press_that_waits(tiny_model
     waiting for a turn draws before the prefill's pass ends, and the prefill's numbers are those of a pass alone."""
     model = tiny_model("llama")
     monkeypatch.setattr(turns, "EXPLORERS", 1)
+    monkeypatch.setattr(turns, "SHORT_SECONDS", 0.0)  # no short lane: the press waits for the prefill's turn
     ticks = iter(range(10**6))
     monkeypatch.setattr(turns, "clock", lambda: float(next(ticks)))  # every check is a second later: it shares
     runner = Runner(model, cache_tokens=256)

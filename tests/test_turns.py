@@ -237,6 +237,48 @@ def test_a_press_that_shares_its_turn_comes_back_before_long_work_that_has_done_
     assert heavy.finished.wait(WAIT)
 
 
+def test_a_short_press_draws_beside_long_work_in_the_short_lane_one_at_a_time(monkeypatch, now):
+    """A layer of long work cannot be cut: a press that has done little takes the short lane beside it at once,
+    one press at a time."""
+    monkeypatch.setattr(turns, "EXPLORERS", 1)
+    monkeypatch.setattr(turns, "SHORT_SECONDS", 1.0)
+    heavy = LongWork(1)
+    assert heavy.started[0].wait(WAIT)
+    press = Page(EXPLORER)
+    assert press.began.wait(WAIT) and not press.told.is_set()  # beside the heavy page's layer, without a wait
+    second = Page(EXPLORER)
+    queued(EXPLORER)  # the lane holds one press
+    assert not second.began.is_set()
+    press.done()
+    assert second.began.wait(WAIT)
+    second.done()
+    heavy.go[0].set()
+    assert heavy.finished.wait(WAIT)
+
+
+def test_long_work_past_short_seconds_waits_for_a_turn_not_the_lane(monkeypatch, now):
+    monkeypatch.setattr(turns, "EXPLORERS", 1)
+    monkeypatch.setattr(turns, "SHORT_SECONDS", 1.0)
+    first = LongWork(2)
+    assert first.started[0].wait(WAIT)
+    second = LongWork(2)  # nothing done yet: short, in the lane
+    assert second.started[0].wait(WAIT)
+    press = Page(EXPLORER)
+    queued(EXPLORER)  # the turn and the lane are held
+    now[0] += 2.0
+    second.go[0].set()  # two seconds done: gives way to the press, which has done less, and takes the lane
+    assert press.began.wait(WAIT)
+    press.done()
+    assert not second.started[1].wait(0.2)  # the lane is free, but the second page's work is long now
+    first.go[0].set()  # gives way to it (as much done, and queued first)
+    assert second.started[1].wait(WAIT)
+    second.go[1].set()
+    assert second.finished.wait(WAIT)
+    assert first.started[1].wait(WAIT)
+    first.go[1].set()
+    assert first.finished.wait(WAIT)
+
+
 def test_a_page_waiting_for_a_shared_runs_lock_gives_its_turn_to_the_page_stepping_it(monkeypatch, now):
     """A page sharing its turn in the middle of a shared run's pass holds the run's lock; a page that takes the turn
     and then asks for that run waits aside, and the first page's pass goes on at once (not after a patience)."""
@@ -323,6 +365,13 @@ def test_a_thread_takes_no_second_turn():
     with turns.turn(FOLLOWER):
         with turns.turn(EXPLORER):
             assert turns.drawing() == {LEADER: 0, FOLLOWER: 1, EXPLORER: 0}
+
+
+@pytest.fixture(autouse=True)
+def lane_closed(monkeypatch):
+    """The turns and the lines, tested with the short lane closed (no press is short); the lane's own tests open
+    it."""
+    monkeypatch.setattr(turns, "SHORT_SECONDS", 0.0)
 
 
 @pytest.fixture(autouse=True)

@@ -7,16 +7,19 @@ event loop, which sends every page's messages, too little of the interpreter to 
 - the **leader** (the teacher's page) never waits for a turn, and while it draws nobody else starts;
 - **followers** draw the teacher's step one at a time, each sent while the next is drawn (`FOLLOWERS`);
 - **explorers** (a page on its own: a student exploring, anyone without a room) start only while no leader or
-  follower draws or waits, `EXPLORERS` at a time; a page that must wait is told so (`waiting`).
+  follower draws or waits, `EXPLORERS` at a time, and one more press whose work is short (`SHORT_SECONDS`, the
+  short lane) while the others hold theirs; a page that must wait is told so (`waiting`).
 
 Pages waiting for a turn of one role go by the work their press has done so far, least first, and in the order they
 came among equals: a fresh press has done none. Long work never holds a turn through its whole length: between its
 steps, and between two layers of a pass (a link's catch-up of a hundred steps, a prefill of seven hundred tokens in
 64 KV splits, the eviction lab's steps), a page that has held its turn for `SHARE_SECONDS` gives way to the pages
-waiting ahead of its role, and to the leader while it draws (`share`), then queues again by the work it has done:
-an ordinary press whose step outlasts `SHARE_SECONDS` comes back before a catch-up of many seconds, and the long work
-still goes on between presses. A student's wait is then the short work ahead of them, plus at most about one layer's
-pass of long work. No page waits for ever all the same: a follower past `TURN_WAIT`, an explorer past
+waiting ahead of it (with less work done), and to the leader while it draws (`share`), then queues again by the work
+it has done: an ordinary press whose step outlasts `SHARE_SECONDS` comes back before a catch-up of many seconds, and
+the long work still goes on between presses. One layer of long work cannot be cut (a layer of Gemma's 686-token
+prefill in 64 KV splits takes 2 s on one core of the AVX2 VM), so a short press does not wait for one: it takes the
+short lane beside two pages' long work. A student's wait is then the short work ahead of them. No page waits for
+ever all the same: a follower past `TURN_WAIT`, an explorer past
 `EXPLORER_WAIT`, draws anyway. A turn is given up while its page only waits (the paint gap before its figures,
 `aside`; another page's step of a shared run, `TurnLock`), except the leader's: the teacher's figures come next, and
 a student's heavy step started meanwhile would hold them up; a page back from waiting goes first.
@@ -29,6 +32,7 @@ turn in the middle of a shared run's pass (holding the run's lock) gets it back 
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -42,6 +46,7 @@ EXPLORERS = 2  # explorers drawing at once, when the class is quiet: one per cor
 TURN_WAIT = 3.0  # seconds a follower waits at most (it never holds up a class for good)
 EXPLORER_WAIT = 10.0  # seconds an explorer waits at most: a class that keeps drawing never starves a student
 SHARE_SECONDS = 0.1  # a turn held this long gives way, between two steps or layers, to the pages waiting ahead
+SHORT_SECONDS = 1.0  # a press that has held its turn less than this is short: it may take the short lane
 clock = time.monotonic  # when a turn was taken (tests set their own)
 
 _changed = threading.Condition()  # guards the counts and queues below
@@ -49,20 +54,25 @@ _drawing = {LEADER: 0, FOLLOWER: 0, EXPLORER: 0}  # runs drawing now, by role
 # the runs waiting, by role: each ticket's place in line, (0 back from `aside` or 1, seconds of work done, ticket)
 _lines: dict[str, dict[int, tuple[int, float, int]]] = {FOLLOWER: {}, EXPLORER: {}}
 _tickets = itertools.count()
+_lane = 0  # explorers drawing in the short lane, beyond EXPLORERS (0 or 1)
 _held = threading.local()  # the role this thread holds a turn for, if any, and since when
 
 
-def _free(role: str, ticket: int) -> bool:
-    """Whether the run of `role` holding `ticket` may start now (under `_changed`): nobody of its role waits ahead of
-    it, and its role has room."""
+def _free(role: str, ticket: int) -> str | None:
+    """How the run of `role` holding `ticket` may start now (under `_changed`), when nobody of its role waits ahead of
+    it: "turn" where its role has room, "lane" for a short press beside explorers' turns (None: not now)."""
     line = _lines.get(role)
     if line and min(line.values())[2] != ticket:
-        return False
+        return None
     if role == FOLLOWER:
-        return _drawing[FOLLOWER] < FOLLOWERS
+        return "turn" if _drawing[FOLLOWER] < FOLLOWERS else None
     if role == EXPLORER:
-        return not (_drawing[LEADER] or _drawing[FOLLOWER] or _waiting(FOLLOWER)) and _drawing[EXPLORER] < EXPLORERS
-    return True
+        if _drawing[LEADER] or _drawing[FOLLOWER] or _waiting(FOLLOWER):
+            return None
+        if _drawing[EXPLORER] < EXPLORERS:
+            return "turn"
+        return "lane" if not _lane and line[ticket][1] < SHORT_SECONDS else None
+    return "turn"
 
 
 def _waiting(role: str) -> bool:
@@ -81,12 +91,12 @@ def _take(
     patience = {FOLLOWER: TURN_WAIT, EXPLORER: EXPLORER_WAIT}.get(role, 0.0)
     with _changed:
         if handing_over:
-            _drawing[role] -= 1
+            _release(role)
         ticket = next(_tickets)
         if role in _lines:
             _lines[role][ticket] = (0 if ahead else 1, done, ticket)
-        if _free(role, ticket):
-            _start(role, ticket)
+        if how := _free(role, ticket):
+            _start(role, ticket, how)
             return
         class_first = bool(_drawing[LEADER] or _drawing[FOLLOWER] or _waiting(FOLLOWER))
         _changed.notify_all()  # one more waiting (what `drawing`'s readers and the tests watch)
@@ -96,9 +106,9 @@ def _take(
             waiting(class_first)  # outside the lock: it draws on the page
         deadline = time.monotonic() + patience
         with _changed:
-            while not _free(role, ticket) and (left := deadline - time.monotonic()) > 0:
+            while not (how := _free(role, ticket)) and (left := deadline - time.monotonic()) > 0:
                 _changed.wait(left)
-            _start(role, ticket)
+            _start(role, ticket, how or "anyway")
             started = True
         press_log.record("turn", since, press_log.clock() - since)
     finally:
@@ -107,10 +117,22 @@ def _take(
                 _leave(role, ticket)
 
 
-def _start(role: str, ticket: int) -> None:
-    """Count the run holding `ticket` as drawing (under `_changed`)."""
+def _start(role: str, ticket: int, how: str) -> None:
+    """Count the run holding `ticket` as drawing (under `_changed`), in the short lane or not (`how`)."""
+    global _lane
     _leave(role, ticket)
     _drawing[role] += 1
+    _held.lane = how == "lane"
+    _lane += _held.lane
+
+
+def _release(role: str) -> None:
+    """This thread's run no longer draws (under `_changed`)."""
+    global _lane
+    _drawing[role] -= 1
+    _lane -= _held.lane
+    _held.lane = False
+    _changed.notify_all()
 
 
 def _leave(role: str, ticket: int) -> None:
@@ -134,8 +156,7 @@ def _let_go() -> None:
 def _give_back(role: str) -> None:
     _let_go()
     with _changed:
-        _drawing[role] -= 1
-        _changed.notify_all()
+        _release(role)
 
 
 @contextmanager
@@ -157,14 +178,19 @@ def turn(role: str, waiting: Callable[[bool], None] | None = None) -> Iterator[N
 
 def share() -> None:
     """Between two steps of long work, or two layers of its pass: once this thread has held its turn for
-    `SHARE_SECONDS`, give way to the pages waiting ahead of its role (a follower to followers; an explorer to
-    followers, explorers, and the leader while it draws), and queue by the work done for the turn back. No-op
-    for the leader, for a thread without a turn, or when nobody waits."""
+    `SHARE_SECONDS`, give way to the pages waiting ahead of it (a follower to followers with less work done; an
+    explorer to followers, to the leader while it draws, and to explorers with less work done), and queue by the work
+    done for the turn back. No-op for the leader, for a thread without a turn, or when nobody waits ahead."""
     role = getattr(_held, "role", None)
-    if role in (None, LEADER) or clock() - _held.since < SHARE_SECONDS:
+    if role in (None, LEADER) or (now := clock()) - _held.since < SHARE_SECONDS:
         return
+    place = (1, _held.done + now - _held.since, math.inf)  # where it would queue: after the waiting as far on
     with _changed:
-        ahead = _waiting(FOLLOWER) or (role == EXPLORER and (_waiting(EXPLORER) or _drawing[LEADER]))
+        followers, explorers = _lines[FOLLOWER], _lines[EXPLORER]
+        if role == FOLLOWER:
+            ahead = bool(followers) and min(followers.values()) < place
+        else:
+            ahead = bool(followers or _drawing[LEADER] or explorers and min(explorers.values()) < place)
     if not ahead:
         return
     _let_go()

@@ -256,6 +256,33 @@ def test_a_short_press_draws_beside_long_work_in_the_short_lane_one_at_a_time(mo
     assert heavy.finished.wait(WAIT)
 
 
+def test_the_short_lane_stays_closed_while_a_class_is_led(monkeypatch, now):
+    """A third thread on two cores slows the teacher's press: while a leader drew within LED_SECONDS, a short press
+    waits for a turn as it did before the lane."""
+    monkeypatch.setattr(turns, "EXPLORERS", 1)
+    monkeypatch.setattr(turns, "SHORT_SECONDS", 1.0)
+    leader = Page(LEADER)
+    assert leader.began.wait(WAIT)
+    leader.done()
+    heavy = LongWork(1)
+    assert heavy.started[0].wait(WAIT)
+    press = Page(EXPLORER)
+    queued(EXPLORER)
+    now[0] += turns.LED_SECONDS - 0.5  # the class is still led
+    heavy.go[0].set()
+    assert press.began.wait(WAIT)  # its turn came when the heavy page's layer ended
+    press.done()
+    assert heavy.finished.wait(WAIT)
+    heavy = LongWork(1)
+    assert heavy.started[0].wait(WAIT)
+    now[0] += 1.0  # the teacher has not drawn for LED_SECONDS: the lane opens
+    press = Page(EXPLORER)
+    assert press.began.wait(WAIT)
+    press.done()
+    heavy.go[0].set()
+    assert heavy.finished.wait(WAIT)
+
+
 def test_long_work_past_short_seconds_waits_for_a_turn_not_the_lane(monkeypatch, now):
     monkeypatch.setattr(turns, "EXPLORERS", 1)
     monkeypatch.setattr(turns, "SHORT_SECONDS", 1.0)
@@ -372,6 +399,7 @@ def lane_closed(monkeypatch):
     """The turns and the lines, tested with the short lane closed (no press is short); the lane's own tests open
     it."""
     monkeypatch.setattr(turns, "SHORT_SECONDS", 0.0)
+    monkeypatch.setattr(turns, "_led_at", -float("inf"))  # no class led before the test
 
 
 @pytest.fixture(autouse=True)

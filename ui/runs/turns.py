@@ -8,7 +8,8 @@ event loop, which sends every page's messages, too little of the interpreter to 
 - **followers** draw the teacher's step one at a time, each sent while the next is drawn (`FOLLOWERS`);
 - **explorers** (a page on its own: a student exploring, anyone without a room) start only while no leader or
   follower draws or waits, `EXPLORERS` at a time, and one more press whose work is short (`SHORT_SECONDS`, the
-  short lane) while the others hold theirs; a page that must wait is told so (`waiting`).
+  short lane) while the others hold theirs, unless a class is led (a third thread on two cores slowed the
+  teacher's press); a page that must wait is told so (`waiting`).
 
 Pages waiting for a turn of one role go by the work their press has done so far, least first, and in the order they
 came among equals: a fresh press has done none. Long work never holds a turn through its whole length: between its
@@ -47,6 +48,7 @@ TURN_WAIT = 3.0  # seconds a follower waits at most (it never holds up a class f
 EXPLORER_WAIT = 10.0  # seconds an explorer waits at most: a class that keeps drawing never starves a student
 SHARE_SECONDS = 0.1  # a turn held this long gives way, between two steps or layers, to the pages waiting ahead
 SHORT_SECONDS = 1.0  # a press that has held its turn less than this is short: it may take the short lane
+LED_SECONDS = 10.0  # a leader that drew this recently leads a class: the short lane stays closed
 clock = time.monotonic  # when a turn was taken (tests set their own)
 
 _changed = threading.Condition()  # guards the counts and queues below
@@ -55,6 +57,7 @@ _drawing = {LEADER: 0, FOLLOWER: 0, EXPLORER: 0}  # runs drawing now, by role
 _lines: dict[str, dict[int, tuple[int, float, int]]] = {FOLLOWER: {}, EXPLORER: {}}
 _tickets = itertools.count()
 _lane = 0  # explorers drawing in the short lane, beyond EXPLORERS (0 or 1)
+_led_at = -math.inf  # when a leader last started or stopped drawing
 _held = threading.local()  # the role this thread holds a turn for, if any, and since when
 
 
@@ -71,7 +74,8 @@ def _free(role: str, ticket: int) -> str | None:
             return None
         if _drawing[EXPLORER] < EXPLORERS:
             return "turn"
-        return "lane" if not _lane and line[ticket][1] < SHORT_SECONDS else None
+        short = line[ticket][1] < SHORT_SECONDS
+        return "lane" if short and not _lane and clock() - _led_at >= LED_SECONDS else None
     return "turn"
 
 
@@ -119,17 +123,19 @@ def _take(
 
 def _start(role: str, ticket: int, how: str) -> None:
     """Count the run holding `ticket` as drawing (under `_changed`), in the short lane or not (`how`)."""
-    global _lane
+    global _lane, _led_at
     _leave(role, ticket)
     _drawing[role] += 1
+    _led_at = clock() if role == LEADER else _led_at
     _held.lane = how == "lane"
     _lane += _held.lane
 
 
 def _release(role: str) -> None:
     """This thread's run no longer draws (under `_changed`)."""
-    global _lane
+    global _lane, _led_at
     _drawing[role] -= 1
+    _led_at = clock() if role == LEADER else _led_at
     _lane -= _held.lane
     _held.lane = False
     _changed.notify_all()

@@ -215,6 +215,19 @@ def test_a_change_of_policy_reads_runs_the_lab_has_computed(embedded_model):
         alone.close()
 
 
+def test_a_pair_catching_up_tells_its_passes_as_they_come(embedded_model):
+    """A page's pair says how far the lab got (the page shows it while it waits): the first pair each pass from the
+    prefill on, a policy joining later each pass it catches up, once each."""
+    ids = engine.Generation(embedded_model, PROMPT, chat=False).prompt_ids
+    store, told = RunStore(10**9), []
+    for policy in ("snapkv", "tova", "snapkv"):
+        pair = pair_for(store, embedded_model, ids, EvictionSettings(policy, "prefill", 0.5, 32, 8, 28), STEP, 2000)
+        told.append([])
+        assert pair.advance_to(STEP, told[-1].append) == STEP
+    passes = list(range(1, STEP + 1))
+    assert told == [passes, passes, []]  # the prefill on; TOVA's catch-up; a policy the lab has: nothing to wait for
+
+
 def test_a_policy_joins_the_lab_only_while_the_step_memory_holds_it(embedded_model):
     """A lab is planned for its pair and a joining twin: on a host whose step memory holds just that, the first
     page's policy runs and another is refused with the policies the lab compares, which still run."""

@@ -40,11 +40,10 @@ from ui.views import ask as ask_part
 from ui.views.chapter_part import CHAPTER_FIGURE, ChapterFigure
 from ui.views.context import ViewContext
 from ui.views.paint import TEXT_SENT
-from ui.views.widgets import HEAD_VIEWS, opened
+from ui.views.widgets import HEAD_VIEWS, ProgressNotice, opened
 
 log = logging.getLogger("kvscope")
-clock = time.monotonic  # the page's clock: Play's ticks, a catch-up's notice (tests set their own)
-NOTICE_SECONDS = 0.5  # a catch-up's notice: after this long, and no oftener (each is a message to the page)
+clock = time.monotonic  # the page's clock: Play's ticks (tests set their own)
 CHAPTER_FIGURE_HEIGHT = {False: 480, True: 440}  # px: what the first screen has below the lesson's header
 
 
@@ -100,28 +99,6 @@ def reset_session() -> None:
     request_whole_page()  # the page builds the session's new run
 
 
-class CatchUpNotice:
-    """While the page computes many steps to reach the one asked (a link opened at a late step), it says how far it
-    got: once the work has taken `NOTICE_SECONDS`, and again at most that often. A press's one step says nothing."""
-
-    def __init__(self, place, step: int):
-        self.place, self.step, self.since = place, step, clock()
-        self.slot = None  # made in `place` at the notice's first words
-
-    def __call__(self, done: int) -> None:
-        now = clock()
-        if now - self.since < NOTICE_SECONDS:
-            return
-        if self.slot is None:
-            self.slot = self.place.empty()
-        self.slot.caption(t("catching_up", done=done, step=self.step))
-        self.since = now
-
-    def clear(self) -> None:
-        if self.slot is not None:
-            self.slot.empty()
-
-
 def draw_step(model: engine.Model, runner: Runner) -> None:
     """The step counter, the step buttons and Play in one row, the token stream, then the chosen view (its main
     figure first) and the step's text and candidates: at 1280×720 the main figure starts on the first screen.
@@ -147,7 +124,7 @@ def draw_step(model: engine.Model, runner: Runner) -> None:
     for problem in problems:
         settings[problem.param] = getattr(state, problem.param)
     own = own_steps()  # the Serving and speculative views step a run of their own: a server's step, a verify pass
-    catching_up = CatchUpNotice(places.controls, requested)
+    catching_up = ProgressNotice(places.controls, lambda done: t("catching_up", done=done, step=requested))
     room = serving_room.room_for(state) if state.view == "serving" else None
     page.step = (
         own.advance_to(runner, state, requested, room.served if room else None)

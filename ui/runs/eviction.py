@@ -15,6 +15,7 @@ capped to what fits, or the lab is refused (`ui.runs.eviction_settings.plan`).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -137,10 +138,12 @@ class EvictionLab:
         self.joining: dict[str, tuple[RecordedVariant, RecordedVariant]] = {}
         self.lock = threading.Lock()  # one page steps the lab at a time; others read the passes it has
 
-    def advance_to(self, count: int, name: str | None = None) -> None:
+    def advance_to(self, count: int, name: str | None = None, progress: Callable[[int], None] | None = None) -> None:
         """The full cache's run and `name`'s (joined first where the lab lacks it) to `count` answer tokens, with every
         other run of the lab, or as far as they go; the page's turn shared between two passes (`turns.share`), with
-        the lab's lock let go."""
+        the lab's lock let go. `progress(passes)` is told each time the pair has more: the passes `name`'s run has
+        while it joins, else the full cache's."""
+        told = 0
         while True:
             with press_log.held(self.lock):
                 work = self._next_work(count, name)
@@ -148,6 +151,11 @@ class EvictionLab:
                     return
                 with press_log.timed("engine"):
                     work()
+                joining = self.joining.get(name)
+                done = len((joining[1] if joining else self.runs[None]).passes)
+            if progress is not None and done > told:
+                told = done
+                progress(done)
             turns.share()
 
     def _next_work(self, count: int, name: str | None):
@@ -220,9 +228,9 @@ class EvictionPair:
     def evicting(self) -> RecordedVariant:
         return self.lab.runs[self.name]
 
-    def advance_to(self, count: int) -> int:
-        """Both runs to `count` answer tokens (or as far as they go); the passes both have."""
-        self.lab.advance_to(min(count, self.plan.steps), self.name)
+    def advance_to(self, count: int, progress: Callable[[int], None] | None = None) -> int:
+        """Both runs to `count` answer tokens (or as far as they go); the passes both have. `progress`: the lab's."""
+        self.lab.advance_to(min(count, self.plan.steps), self.name, progress)
         return min(len(self.full.passes), len(self.evicting.passes))  # a lab decodes at most plan.steps
 
 

@@ -4,6 +4,8 @@ experiment, the Serving view's class and the speculative view's run. `Runner` op
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import engine
 from engine.context_kv import TokenInContexts, token_in_contexts
 from engine.prompt import word_end
@@ -39,10 +41,12 @@ class Experiments:
         info = self.model.info
         return self.store.get(("contexts", info.name, info.dtype, first, second, word), build)
 
-    def eviction_pair(self, settings: EvictionSettings, step: int) -> tuple[EvictionPair, int]:
+    def eviction_pair(
+        self, settings: EvictionSettings, step: int, progress: Callable[[int], None] | None = None
+    ) -> tuple[EvictionPair, int]:
         """The full cache's run and the policy's on this run's prompt (`ui.runs.eviction`: from the lab of the
         settings' timing, which every page shares), advanced to `step` answer tokens; and the passes both have.
-        Raises InvalidSettingError where the settings cannot run."""
+        `progress(passes)` is told as the lab catches up. Raises InvalidSettingError where the settings cannot run."""
         pair = pair_for(
             self.store,
             self.model,
@@ -51,7 +55,7 @@ class Experiments:
             self.limits.max_new_tokens,
             self.limits.step_memory_mb,
         )
-        passes = pair.advance_to(max(step, 1))
+        passes = pair.advance_to(max(step, 1), progress)
         self.store.trim()  # the lab may have grown past the store's bytes: older runs go first
         return pair, passes
 

@@ -16,7 +16,7 @@ from ui.views.eviction_cost import cost
 from ui.views.eviction_shown import EvictionShown, check, error_message, kept_counts, policy_label, shown_eviction
 from ui.views.eviction_streaming import streaming
 from ui.views.figures import figure, memo_key
-from ui.views.widgets import layer_head_pickers, titled, words
+from ui.views.widgets import ProgressNotice, layer_head_pickers, titled, words
 from viz.eviction import (
     KEPT,
     bytes_figure,
@@ -43,14 +43,12 @@ def render(ctx: ViewContext) -> None:
         st.info(ctx.t("short_of_memory", left_out=ctx.t("left_out_eviction")))
         return
     try:
-        runs = EvictionSettings.of(ctx.state).variants(len(ctx.runner.prompt_ids) - 1)
-        what = (
-            ctx.t("evict_computing_stream")
-            if ctx.state.evict_at == "stream"
-            else ctx.t("evict_computing_policies", count=len(runs) - 1)
-        )
+        what = policy_label(ctx, EvictionSettings.of(ctx.state))  # a lab computes only the policies pages ask for
+        # its place made on every run: an element that came only on slow runs would move the ones after it
+        notice = ProgressNotice(st.empty(), lambda done: ctx.t("evict_catching_up", done=done, step=ctx.step))
         with st.spinner(ctx.t("evict_computing", what=what)):
-            data = shown_eviction(ctx)
+            data = shown_eviction(ctx, notice)
+        notice.clear()
     except InvalidSettingError as error:
         st.warning(error_message(ctx, error))
         return

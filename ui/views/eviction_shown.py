@@ -5,6 +5,7 @@ arrays the figures draw. Also the page-language message for settings that cannot
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -82,10 +83,11 @@ class EvictionShown:
         return "".join(full[:cut]), "".join(full[cut:]), "".join(evicting[cut:])
 
 
-def shown_eviction(ctx: ViewContext) -> EvictionShown:
-    """The pair for the page's settings, advanced to its step (raises InvalidSettingError where they cannot run)."""
+def shown_eviction(ctx: ViewContext, progress: Callable[[int], None] | None = None) -> EvictionShown:
+    """The pair for the page's settings, advanced to its step (raises InvalidSettingError where they cannot run);
+    `progress(passes)` is told as the lab catches up."""
     settings = EvictionSettings.of(ctx.state)
-    pair, passes = ctx.runner.eviction_pair(settings, ctx.step)
+    pair, passes = ctx.runner.eviction_pair(settings, ctx.step, progress)
     return EvictionShown(settings, pair, passes)
 
 

@@ -4,6 +4,8 @@ only while open, the figures' words in the page's language."""
 from __future__ import annotations
 
 import html
+import time
+from collections.abc import Callable
 
 import streamlit as st
 
@@ -13,6 +15,8 @@ from ui.views.context import ViewContext
 # The views that draw `layer_head_pickers` (tests/test_views_read_state.py checks the list): before they are drawn,
 # the step opens the pickers on a focused head (`ui.page.page_state.open_on_focused_head`).
 HEAD_VIEWS = frozenset({"attention", "kv", "split", "eviction"})
+NOTICE_SECONDS = 0.5  # long work's notice: after this long, and no oftener (each is a message to the page)
+clock = time.monotonic  # long work's notice (tests set their own)
 
 
 def words(ctx: ViewContext) -> dict[str, str]:
@@ -68,3 +72,26 @@ def counter_line(text: str) -> str:
         f'<div class="kv-header" style="font-size:1rem;line-height:1.8">'
         f'<b class="kv-counter">{html.escape(text)}</b></div>'
     )
+
+
+class ProgressNotice:
+    """While long work goes on (a link opened at a late step, a policy's runs catching up), it says how far it got, in
+    `place`: `words(done)`, once the work has taken `NOTICE_SECONDS`, and again at most that often. Short work (a
+    press's one step) says nothing."""
+
+    def __init__(self, place, words: Callable[[int], str]):
+        self.place, self.words, self.since = place, words, clock()
+        self.slot = None  # made in `place` at the notice's first words
+
+    def __call__(self, done: int) -> None:
+        now = clock()
+        if now - self.since < NOTICE_SECONDS:
+            return
+        if self.slot is None:
+            self.slot = self.place.empty()
+        self.slot.caption(self.words(done))
+        self.since = now
+
+    def clear(self) -> None:
+        if self.slot is not None:
+            self.slot.empty()

@@ -20,10 +20,10 @@ it has done: an ordinary press whose step outlasts `SHARE_SECONDS` comes back be
 the long work still goes on between presses. One layer of long work cannot be cut (a layer of Gemma's 686-token
 prefill in 64 KV splits takes 2 s on one core of the AVX2 VM), so a short press does not wait for one: it takes the
 short lane beside two pages' long work. A student's wait is then the short work ahead of them. No page waits for
-ever all the same: a follower past `TURN_WAIT`, an explorer past
-`EXPLORER_WAIT`, draws anyway. A turn is given up while its page only waits (the paint gap before its figures,
-`aside`; another page's step of a shared run, `TurnLock`), except the leader's: the teacher's figures come next, and
-a student's heavy step started meanwhile would hold them up; a page back from waiting goes first.
+ever all the same: a follower past `TURN_WAIT`, an explorer past `EXPLORER_WAIT`, draws anyway. A turn is given up
+while its page only waits (the paint gap before its figures, `aside`; another page's step of a shared run,
+`TurnLock`), except the leader's: the teacher's figures come next, and a student's heavy step started meanwhile would
+hold them up; a page back from waiting goes first.
 
 Lock order: a page's own run lock, then a turn, then a shared run's `TurnLock` or a memo's build lock. A page
 never waits for a turn while it holds one, and never for a `TurnLock` while it holds a turn: a page sharing its
@@ -85,7 +85,11 @@ def _waiting(role: str) -> bool:
 
 
 def _take(
-    role: str, waiting: Callable[[bool], None] | None, done: float = 0.0, ahead: bool = False, handing_over=False
+    role: str,
+    waiting: Callable[[bool], None] | None,
+    done: float = 0.0,
+    ahead: bool = False,
+    handing_over: bool = False,
 ) -> None:
     """Wait for a turn of `role` behind the runs of its role that have done less work than `done` seconds (or as
     much, and came first), or before them all (`ahead`: a page coming back from `aside`, which was drawing), at

@@ -43,16 +43,15 @@ def render(ctx: ViewContext) -> None:
         st.info(ctx.t("short_of_memory", left_out=ctx.t("left_out_eviction")))
         return
     try:
-        what = policy_label(ctx, EvictionSettings.of(ctx.state))  # a lab computes only the policies pages ask for
+        policy = policy_label(ctx, EvictionSettings.of(ctx.state))  # a lab computes only the policies pages ask for
         # its place made on every run: an element that came only on slow runs would move the ones after it
         notice = ProgressNotice(st.empty(), lambda done: ctx.t("evict_catching_up", done=done, step=ctx.step))
-        with st.spinner(ctx.t("evict_computing", what=what)):
+        with st.spinner(ctx.t("evict_computing", what=policy)):
             data = shown_eviction(ctx, notice)
         notice.clear()
     except InvalidSettingError as error:
         st.warning(error_message(ctx, error))
         return
-    policy = policy_label(ctx, data.settings)
     if main.shown:
         with main:
             kept_map(ctx, data, own_cache, policy)

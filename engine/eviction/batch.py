@@ -14,8 +14,8 @@ same `EvictionRun` alone (to float rounding of the batched products: tests/test_
 
 A run may also join after the prefill (`join`, room for `spare` of them in the pool): its table shares the
 context's K/V the prefill wrote, and where it evicts after the prefill, the context's attention is computed again
-for it without writing anything (`forward(write=False)`: the same numbers). `passes([run, …])` then catches it up
-(with a full-cache twin where its comparison needs one), and it steps with the others once appended to `runs`.
+for it without writing anything (`forward(write=False)`: the same numbers). `passes([run])` then catches it up, and
+it steps with the others once appended to `runs`.
 """
 
 from __future__ import annotations

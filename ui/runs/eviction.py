@@ -73,9 +73,9 @@ class RecordedVariant:
         self.passes: list[PassRecord] = []
         self.agrees = True  # every pass so far made the full cache's token
 
-    def record(self, step, full_step=None) -> None:
-        """Record `step`, this run's newest pass; `full_step`, the full cache's pass for the same answer token (None
-        for the full cache's run itself), gives its KL while both texts agree so far."""
+    def record(self, step, full: tuple[torch.Tensor, int] | None = None) -> None:
+        """Record `step`, this run's newest pass; `full`, the full cache's logits and token for the same answer
+        token (None for the full cache's run itself), gives its KL while both texts agree so far."""
         info, run = self.model.info, self.run
         length = step.position + 1
         kept = np.ones((info.layers, info.kv_heads, length), dtype=np.int8)
@@ -85,9 +85,10 @@ class RecordedVariant:
             else:  # a sliding-window layer (or no eviction): its window is what it reads
                 kept[layer, :, : length - info.cached_positions(layer, length)] = OUTSIDE_WINDOW
         kl = None
-        if full_step is not None and self.agrees:
-            kl = next_token_kl(full_step.logits, step.logits)
-            self.agrees = step.token_id == full_step.token_id
+        if full is not None and self.agrees:
+            full_logits, full_token = full
+            kl = next_token_kl(full_logits, step.logits)
+            self.agrees = step.token_id == full_token
         # copies: a view of the pass's attention would hold all of it, every position's, while the lab lives
         evicted_share = step.evicted_share.float().numpy().copy()
         sink_share = step.attention[:, :, 0].float().numpy().copy()
@@ -118,10 +119,9 @@ class EvictionLab:
     """The full cache's run and the run of each policy a page asked for, with one set of lab settings (when to evict
     and how much), on one prompt, stepped together: one batched pass a step for all of them
     (`engine.eviction.batch`). A policy asked for first is in the lab from its prefill; one asked for later joins it,
-    catching up in batched passes of its own beside a twin of the full cache's run (the lab keeps only the latest
-    logits, and a joining run's KL needs the full cache's at every pass), then steps with the others while the twin
-    goes. So a lab computes what its pages look at, not every policy: a batched pass costs about one run's time per
-    row."""
+    catching up in passes of its own, then steps with the others. The lab keeps the full cache's logits of every
+    pass (in the model's dtype, which holds them exactly: lm_head computes in it), so a policy's KL, from the start
+    or joining, reads them. So a lab computes what its pages look at, not every policy."""
 
     def __init__(
         self, model: engine.Model, prompt_ids: list[int], lab_settings: EvictionSettings, steps: int, budget_bytes: int
@@ -132,10 +132,10 @@ class EvictionLab:
         self.variants = lab_settings.variants(len(prompt_ids) - 1)  # every run it may hold (the full cache: None)
         self.batch = EvictionBatch(
             model, prompt_ids, [self.variants[None]], max_new_tokens=steps, keep_full_steps=1, spare=len(self.variants)
-        )  # every policy, and one twin at a time
+        )
         self.runs = {None: RecordedVariant(model, self.batch.runs[0])}
-        # name → (the twin, the policy's), catching up
-        self.joining: dict[str, tuple[RecordedVariant, RecordedVariant]] = {}
+        self.full_logits: list[torch.Tensor] = []  # the full cache's pass i's logits, in the model's dtype
+        self.joining: dict[str, RecordedVariant] = {}  # name → the policy's run, catching up
         self.lock = threading.Lock()  # one page steps the lab at a time; others read the passes it has
 
     def advance_to(self, count: int, name: str | None = None, progress: Callable[[int], None] | None = None) -> None:
@@ -151,8 +151,7 @@ class EvictionLab:
                     return
                 with press_log.timed("engine"):
                     work()
-                joining = self.joining.get(name)
-                done = len((joining[1] if joining else self.runs[None]).passes)
+                done = len(self.joining.get(name, self.runs[None]).passes)
             if progress is not None and done > told:
                 told = done
                 progress(done)
@@ -166,9 +165,9 @@ class EvictionLab:
                 return lambda: self._add(name)
             if name not in self.joining:
                 return lambda: self._start_joining(name)
-            twin, joiner = self.joining[name]
+            joiner = self.joining[name]
             if len(joiner.passes) < len(full.passes) and not (joiner.passes and joiner.run.finished):
-                return lambda: self._record(self.batch.passes([twin.run, joiner.run]), [twin, joiner])
+                return lambda: self._record(self.batch.passes([joiner.run]), [joiner])
             return lambda: self._admit(name)
         if self._short_of(count):
             members = list(self.runs.values())
@@ -179,25 +178,28 @@ class EvictionLab:
         self.runs[name] = RecordedVariant(self.model, self.batch.add(self.variants[name]))
 
     def _start_joining(self, name: str) -> None:
-        held = len(self.runs) + 2 * len(self.joining) + 2  # with this one and its twin
+        held = len(self.runs) + len(self.joining) + 1  # with this one
         if lab_bytes(self.model.info, self.prompt, self.steps, self.lab_settings, held) > self.budget_bytes:
             raise EvictionLabFull([n for n in self.runs if n is not None])
-        twin = RecordedVariant(self.model, self.batch.join(self.variants[None]))
-        self.joining[name] = (twin, RecordedVariant(self.model, self.batch.join(self.variants[name])))
+        self.joining[name] = RecordedVariant(self.model, self.batch.join(self.variants[name]))
 
     def _admit(self, name: str) -> None:
-        twin, joiner = self.joining.pop(name)
-        twin.run.close()
+        joiner = self.joining.pop(name)
         self.batch.runs.append(joiner.run)
         self.runs[name] = joiner
 
-    @staticmethod
-    def _record(steps, recorded: list[RecordedVariant]) -> None:
-        """Record a batched pass's steps (the first run the full cache's, or its twin's) with each run's KL."""
-        full = steps[0]
+    def _record(self, steps, recorded: list[RecordedVariant]) -> None:
+        """Record a batched pass's steps, the full cache's first where it is one of them, each policy's with its KL
+        from the full cache's pass for the same answer token."""
         for run, step in zip(recorded, steps):
-            if step is not None:
-                run.record(step, None if step is full else full)
+            if step is None:
+                continue
+            if run is self.runs[None]:
+                self.full_logits.append(step.logits.to(self.model.weights.lm_head.dtype))
+                run.record(step)
+            else:  # past the full cache's end (its EOS) there is nothing to compare with
+                i, full = len(run.passes), self.runs[None].passes
+                run.record(step, (self.full_logits[i], full[i].token_id) if i < len(full) else None)
 
     def _short_of(self, count: int) -> bool:
         """Whether some run that can go on has fewer than `count` passes."""
@@ -205,11 +207,12 @@ class EvictionLab:
 
     @property
     def nbytes(self) -> int:
-        """The pool's blocks in use and every run's records (those joining too). Read from copies of the two dicts: a
-        page may add a run meanwhile."""
+        """The pool's blocks in use, every run's records (those joining too) and the full cache's logits. Read from
+        copies: a page may add a run meanwhile."""
         pool = self.batch.pool
-        runs = list(self.runs.values()) + [r for pair in list(self.joining.values()) for r in pair]
-        return pool.block_manager.used * pool.block_size * pool.bytes_per_token + sum(r.nbytes for r in runs)
+        runs = list(self.runs.values()) + list(self.joining.values())
+        logits = sum(t.nbytes for t in list(self.full_logits))
+        return pool.block_manager.used * pool.block_size * pool.bytes_per_token + sum(r.nbytes for r in runs) + logits
 
 
 @dataclass

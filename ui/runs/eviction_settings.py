@@ -116,10 +116,9 @@ def evictions(settings: EvictionSettings, steps: int) -> int:
     return {"prefill": 1, "stream": steps, "decode": -(-steps // settings.interval)}[settings.at]
 
 
-def planned_runs(settings: EvictionSettings) -> int:
-    """What a lab is planned for: the full cache and the first page's policy, and a joining policy's twin (the
-    streaming window is its lab's one run: nothing joins)."""
-    return 2 if settings.at == "stream" else 3
+# What a lab is planned for: the full cache and the first page's policy (or the streaming window). Further policies
+# join it while they fit (`EvictionLab`).
+PLANNED_RUNS = 2
 
 
 def lab_bytes(
@@ -130,24 +129,25 @@ def lab_bytes(
     prompt's K/V once, each run's answer and a copied block of its own); per pass and run, the record's mask of what
     each (layer, KV head) read (int8), the engine's mask of its latest pass (bool) and the shares recorded (three
     float32 per layer and Q head); per eviction of a policy's run, its rows (positions and rows int64, scores
-    float32); each run's latest attention and logits; the prefill's one layer of n × n probabilities and scores.
-    By default, the runs it is planned for."""
-    runs = planned_runs(settings) if runs is None else runs
+    float32); each run's latest attention and logits; the full cache's logits of every pass, kept for a policy's
+    KL; the prefill's one layer of n × n probabilities and scores. By default, the runs it is planned for."""
+    runs = PLANNED_RUNS if runs is None else runs
     length = prompt + steps
     pool = (prompt + runs * (steps + 2 * DEFAULT_BLOCK_SIZE)) * info.kv_bytes_per_token
     masks = runs * (steps + 1) * info.layers * info.kv_heads * length
     shares = runs * steps * 3 * info.layers * info.q_heads * 4
     evicted = (runs - 1) * evictions(settings, steps) * info.layers * info.kv_heads * length * 20
     latest = runs * (info.layers * info.q_heads * length * 4 + info.vocab * 4)
+    full_logits = steps * info.vocab * info.element_bytes
     prefill = info.q_heads * prompt * prompt * 4 * 2
-    return pool + masks + shares + evicted + latest + prefill
+    return pool + masks + shares + evicted + latest + full_logits + prefill
 
 
 def plan(
     info: engine.ModelInfo, prompt: int, wanted: int, settings: EvictionSettings, budget_bytes: int
 ) -> EvictionPlan:
     """The most steps (up to `wanted`) whose pair fits `budget_bytes` (0: not even one): a lab is planned for the
-    pair and a joining run's twin; further policies join it while they fit (`EvictionLab`)."""
+    pair (`PLANNED_RUNS`)."""
     fits = lambda s: lab_bytes(info, prompt, s, settings) <= budget_bytes  # noqa: E731 — grows with s
     low, high = 0, wanted
     while low < high:

@@ -37,3 +37,4 @@ class EvictionStep:
     attention: torch.Tensor | None  # (layers, q_heads, position + 1): the probabilities it used (0 where evicted)
     evicted_share: torch.Tensor  # (layers, q_heads): the share full attention puts on the positions `kept` hid
     evictions: list[Eviction | None]  # per layer: what was evicted after this pass (None: nothing)
+    final_hidden: torch.Tensor | None = None  # (hidden,) the final norm's output: the logits are lm_head's of it

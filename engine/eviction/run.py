@@ -248,12 +248,13 @@ class EvictionRun:
             attention=probs,
             evicted_share=evicted_share(scores, kept, self.model.info.gqa_group),
             evictions=self._evict_after_pass(record.attention),
+            final_hidden=record.final_hidden,
         )
         self.generated.append(step.token_id)
         self.steps.append(step)
         if len(self.steps) > self.keep_full_steps:
             old = self.steps[-self.keep_full_steps - 1]
-            old.logits = old.attention = old.kept = None
+            old.logits = old.attention = old.kept = old.final_hidden = None
         return step
 
     def _prefill_evictor(self, n: int, table: BlockTable) -> Observer:

@@ -119,9 +119,10 @@ class EvictionLab:
     """The full cache's run and the run of each policy a page asked for, with one set of lab settings (when to evict
     and how much), on one prompt, stepped together: one batched pass a step for all of them
     (`engine.eviction.batch`). A policy asked for first is in the lab from its prefill; one asked for later joins it,
-    catching up in passes of its own, then steps with the others. The lab keeps the full cache's logits of every
-    pass (in the model's dtype, which holds them exactly: lm_head computes in it), so a policy's KL, from the start
-    or joining, reads them. So a lab computes what its pages look at, not every policy."""
+    catching up alone, one row a pass, then steps with the others. Its KL needs the full cache's logits at every
+    pass, which the lab does not keep (a vocabulary's worth each): it keeps the full cache's final hidden state of
+    every pass (a hidden's worth) and a joining pass computes their logits again with lm_head. So a lab computes what
+    its pages look at, not every policy."""
 
     def __init__(
         self, model: engine.Model, prompt_ids: list[int], lab_settings: EvictionSettings, steps: int, budget_bytes: int
@@ -134,7 +135,7 @@ class EvictionLab:
             model, prompt_ids, [self.variants[None]], max_new_tokens=steps, keep_full_steps=1, spare=len(self.variants)
         )
         self.runs = {None: RecordedVariant(model, self.batch.runs[0])}
-        self.full_logits: list[torch.Tensor] = []  # the full cache's pass i's logits, in the model's dtype
+        self.full_hidden: list[torch.Tensor] = []  # the full cache's pass i's final hidden state, for a joining KL
         self.joining: dict[str, RecordedVariant] = {}  # name → the policy's run, catching up
         self.lock = threading.Lock()  # one page steps the lab at a time; others read the passes it has
 
@@ -190,16 +191,25 @@ class EvictionLab:
 
     def _record(self, steps, recorded: list[RecordedVariant]) -> None:
         """Record a batched pass's steps, the full cache's first where it is one of them, each policy's with its KL
-        from the full cache's pass for the same answer token."""
+        from the full cache's pass for the same answer token: that pass's own logits, or for a policy catching up,
+        lm_head's of its kept final hidden state."""
+        full_run, full_step = self.runs[None], None
         for run, step in zip(recorded, steps):
             if step is None:
                 continue
-            if run is self.runs[None]:
-                self.full_logits.append(step.logits.to(self.model.weights.lm_head.dtype))
+            if run is full_run:
+                full_step = step
+                if self.lab_settings.joinable:
+                    self.full_hidden.append(step.final_hidden)
                 run.record(step)
-            else:  # past the full cache's end (its EOS) there is nothing to compare with
-                i, full = len(run.passes), self.runs[None].passes
-                run.record(step, (self.full_logits[i], full[i].token_id) if i < len(full) else None)
+                continue
+            i = len(run.passes)
+            if full_step is not None:
+                run.record(step, (full_step.logits, full_step.token_id))
+            elif i < len(full_run.passes):
+                run.record(step, (self.model.logits(self.full_hidden[i]), full_run.passes[i].token_id))
+            else:  # past the full cache's end (its EOS): nothing to compare with
+                run.record(step)
 
     def _short_of(self, count: int) -> bool:
         """Whether some run that can go on has fewer than `count` passes."""
@@ -207,12 +217,12 @@ class EvictionLab:
 
     @property
     def nbytes(self) -> int:
-        """The pool's blocks in use, every run's records (those joining too) and the full cache's logits. Read from
-        copies: a page may add a run meanwhile."""
+        """The pool's blocks in use, every run's records (those joining too) and the full cache's final hidden
+        states. Read from copies: a page may add a run meanwhile."""
         pool = self.batch.pool
         runs = list(self.runs.values()) + list(self.joining.values())
-        logits = sum(t.nbytes for t in list(self.full_logits))
-        return pool.block_manager.used * pool.block_size * pool.bytes_per_token + sum(r.nbytes for r in runs) + logits
+        hidden = sum(t.nbytes for t in list(self.full_hidden))
+        return pool.block_manager.used * pool.block_size * pool.bytes_per_token + sum(r.nbytes for r in runs) + hidden
 
 
 @dataclass

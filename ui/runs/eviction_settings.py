@@ -90,6 +90,12 @@ class EvictionSettings:
             runs[name] = Variant(policy, ratio, budget)
         return runs
 
+    @property
+    def joinable(self) -> bool:
+        """Whether a lab of these settings may take policies after its prefill: not the streaming window's, which
+        is its lab's one run."""
+        return self.at != "stream"
+
 
 def fits_budget(policy: Policy, budget: DecodeBudget) -> bool:
     """Whether the policy can keep this decode budget (the engine's own check)."""
@@ -125,12 +131,12 @@ def lab_bytes(
     info: engine.ModelInfo, prompt: int, steps: int, settings: EvictionSettings, runs: int | None = None
 ) -> int:
     """What a lab of `runs` runs decoding `steps` tokens after a `prompt`-token prompt holds at most, in bytes: one
-    paged pool (the
-    prompt's K/V once, each run's answer and a copied block of its own); per pass and run, the record's mask of what
-    each (layer, KV head) read (int8), the engine's mask of its latest pass (bool) and the shares recorded (three
-    float32 per layer and Q head); per eviction of a policy's run, its rows (positions and rows int64, scores
-    float32); each run's latest attention and logits; the full cache's logits of every pass, kept for a policy's
-    KL; the prefill's one layer of n × n probabilities and scores. By default, the runs it is planned for."""
+    paged pool (the prompt's K/V once, each run's answer and a copied block of its own); per pass and run, the
+    record's mask of what each (layer, KV head) read (int8), the engine's mask of its latest pass (bool) and the
+    shares recorded (three float32 per layer and Q head); per eviction of a policy's run, its rows (positions and
+    rows int64, scores float32); each run's latest attention and logits; the full cache's final hidden state of every
+    pass where a policy may join (for its KL); the prefill's one layer of n × n probabilities and scores. By
+    default, the runs it is planned for."""
     runs = PLANNED_RUNS if runs is None else runs
     length = prompt + steps
     pool = (prompt + runs * (steps + 2 * DEFAULT_BLOCK_SIZE)) * info.kv_bytes_per_token
@@ -138,9 +144,9 @@ def lab_bytes(
     shares = runs * steps * 3 * info.layers * info.q_heads * 4
     evicted = (runs - 1) * evictions(settings, steps) * info.layers * info.kv_heads * length * 20
     latest = runs * (info.layers * info.q_heads * length * 4 + info.vocab * 4)
-    full_logits = steps * info.vocab * info.element_bytes
+    full_hidden = steps * info.hidden * info.element_bytes if settings.joinable else 0
     prefill = info.q_heads * prompt * prompt * 4 * 2
-    return pool + masks + shares + evicted + latest + full_logits + prefill
+    return pool + masks + shares + evicted + latest + full_hidden + prefill
 
 
 def plan(

@@ -249,8 +249,8 @@ def test_a_policy_joins_the_lab_only_while_the_step_memory_holds_it(embedded_mod
 
 def test_a_joining_policy_catches_up_alone_against_the_full_caches_kept_hidden_states(embedded_zh_model):
     """A policy that joins a lab steps one row a pass, its own (no second run of the full cache beside it), and reads
-    its KL from the full cache's logits computed again from the final hidden states the lab kept: on Gemma in
-    bfloat16, within a rounding of the full cache's own logits (lm_head over one row instead of a batch's)."""
+    its KL from the full cache's logits computed again from the final hidden states the lab kept (its few passes at
+    once): on Gemma in bfloat16, within a rounding of the full cache's own logits (lm_head over other rows)."""
     model, steps = embedded_zh_model, 4
     ids = engine.Generation(model, "KV 缓存里存的是", chat=False).prompt_ids
     store = RunStore(10**9)
@@ -259,7 +259,7 @@ def test_a_joining_policy_catches_up_alone_against_the_full_caches_kept_hidden_s
     assert pair.advance_to(steps) == steps
     lab = pair.lab
     assert [tuple(h.shape) for h in lab.full_hidden] == [(model.info.hidden,)] * steps
-    again, own = model.logits(lab.full_hidden[-1]), lab.runs[None].run.steps[-1].logits
+    again, own = model.logits(torch.stack(lab.full_hidden))[-1], lab.runs[None].run.steps[-1].logits
     torch.testing.assert_close(again, own, rtol=0, atol=float(own.abs().max()) * 2**-8)
     rows, forward_batch = [], model.forward_batch
 

@@ -13,7 +13,8 @@ defaults) is warmed by one page of the default link, then new pages open the evi
 one after another on the otherwise idle server: SnapKV (the first pair), TOVA (a policy the lab lacks), SnapKV
 again (one it has); each timed from the page's first message until its run ended with live step buttons, figures
 included (bench/class_on_host.py's `Student`). The floor is timed in the same run: the full cache's greedy decode
-of the same prompt to step N on one thread, recording nothing, in a fresh process of the checkout.
+of the same prompt to step N on one thread, recording nothing, in a fresh process of the checkout (the median of
+`FLOOR_RUNS`).
 
 SmolLM2 (the embedded model) in float32, one torch thread as the app computes (`--threads`: more). With --before,
 the same runs first on the code of another checkout (e.g. a `git worktree` of the previous commit), each checkout
@@ -27,6 +28,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -94,20 +96,24 @@ def measure(root: Path, step: int, tokens: int, threads: int) -> list:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+FLOOR_RUNS = 3  # the floor's median of three: this VM's speed drifts by a tenth within a minute
 FLOOR = (
     """
-import sys, time, torch
+import statistics, sys, time, torch
 torch.set_num_threads(1)
 import engine
 from engine.prompt import tokenize_prompt
-step, text = int(sys.argv[1]), sys.stdin.read()
+step, text, runs = int(sys.argv[1]), sys.stdin.read(), int(sys.argv[2])
 model = engine.load_model("embedded", device="cpu")
 ids = tokenize_prompt(model, text, chat=False)
-wall = time.perf_counter()
+times = []
+for _ in range(runs):
+    wall = time.perf_counter()
 """
-    + FULL_CACHE_ALONE
+    + textwrap.indent(FULL_CACHE_ALONE, "    ")
     + """
-print(len(ids), time.perf_counter() - wall)
+    times.append(time.perf_counter() - wall)
+print(len(ids), statistics.median(times))
 """
 )
 PAGES = (
@@ -141,12 +147,17 @@ def open_pages(root: Path, step: int, tokens: int) -> list[tuple[str, float]]:
             page.close()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(root)}
     done = subprocess.run(
-        [sys.executable, "-c", FLOOR, str(step)], input=prompt, cwd=root, env=env, capture_output=True, text=True
+        [sys.executable, "-c", FLOOR, str(step), str(FLOOR_RUNS)],
+        input=prompt,
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     if done.returncode:
         raise RuntimeError(done.stderr[-2000:])
     count, floor = done.stdout.split()[-2:]
-    rows.append((f"the floor (the full cache alone, {count} prompt tokens)", float(floor)))
+    rows.append((f"the floor (the full cache alone, {count} prompt tokens, median of {FLOOR_RUNS})", float(floor)))
     return rows
 
 

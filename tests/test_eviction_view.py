@@ -350,7 +350,7 @@ def test_the_lab_records_each_policys_next_token_kl_from_the_full_cache(embedded
     store = RunStore(10**9)
     pair = pair_for(store, embedded_model, ids, EvictionSettings("snapkv", "prefill", 0.5, 32, 8, 28), steps, 2000)
     assert pair.advance_to(steps) == steps
-    for policy in EVICTION_POLICIES:  # each joins the lab at its last step: its KL reads the full cache's kept logits
+    for policy in EVICTION_POLICIES:  # each joins the lab at its last step: its KL from the full cache's logits again
         pair_for(
             store, embedded_model, ids, EvictionSettings(policy, "prefill", 0.5, 32, 8, 28), steps, 2000
         ).advance_to(steps - 2)

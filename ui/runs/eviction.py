@@ -123,9 +123,9 @@ class EvictionLab:
     and how much), on one prompt, stepped together: one batched pass a step for all of them
     (`engine.eviction.batch`). A policy asked for first is in the lab from its prefill; one asked for later joins it,
     catching up alone, one row a pass, then steps with the others. Its KL needs the full cache's logits at every
-    pass, which the lab does not keep (a vocabulary's worth each): it keeps the full cache's final hidden state of
-    every pass (a hidden's worth) and a joining pass computes their logits again with lm_head. So a lab computes what
-    its pages look at, not every policy."""
+    pass, which the lab does not keep (a vocabulary's worth each): where a policy may join, it keeps the full cache's
+    final hidden state of every pass (a hidden's worth) and a joining pass computes their logits again with lm_head.
+    So a lab computes what its pages look at, not every policy."""
 
     def __init__(
         self, model: engine.Model, prompt_ids: list[int], lab_settings: EvictionSettings, steps: int, budget_bytes: int
